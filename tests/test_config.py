@@ -1,0 +1,120 @@
+"""Config loading, validation messages and overrides."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from transformer_mt.config import Config, ConfigError, from_dict, load_config, save_config, to_dict
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "x.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults_are_the_paper_base_model():
+    cfg = load_config(None)
+    m = cfg.model
+    assert (m.encoder_layers, m.decoder_layers, m.d_model, m.d_ff, m.heads, m.dropout) == (6, 6, 512, 2048, 8, 0.1)
+    assert cfg.train.label_smoothing == 0.1 and cfg.train.optimizer_betas == (0.9, 0.98) and cfg.train.optimizer_eps == 1e-9
+    assert cfg.train.warmup_updates == 4000 and cfg.decode.beam == 4 and cfg.decode.lenpen == 0.6 and cfg.decode.max_len_b == 50
+
+
+def test_shipped_configs_load_with_paper_sizes():
+    base = load_config(REPO / "configs/transformer_base.yaml", check_files=False)
+    big = load_config(REPO / "configs/transformer_big.yaml", check_files=False)
+    assert (base.model.d_model, base.model.d_ff, base.model.heads, base.model.dropout) == (512, 2048, 8, 0.1)
+    assert (big.model.d_model, big.model.d_ff, big.model.heads, big.model.dropout) == (1024, 4096, 16, 0.3)
+    for path in sorted((REPO / "configs").glob("*.yaml")):
+        load_config(path, check_files=False)
+
+
+def test_yaml_values_are_loaded_and_typed(tmp_path):
+    path = write(tmp_path, "model:\n  d_model: 256\n  heads: 4\n  norm: pre\ntrain:\n  lr: 7e-4\n  optimizer_betas: [0.9, 0.997]\n")
+    cfg = load_config(path)
+    assert cfg.model.d_model == 256 and cfg.model.norm == "pre"
+    assert cfg.train.lr == pytest.approx(7e-4) and cfg.train.optimizer_betas == (0.9, 0.997)
+
+
+def test_unknown_key_names_key_file_and_closest(tmp_path):
+    path = write(tmp_path, "model:\n  d_modle: 256\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    msg = str(err.value)
+    assert str(path) in msg and "model.d_modle" in msg and "did you mean 'd_model'" in msg
+
+
+def test_unknown_section_suggests(tmp_path):
+    with pytest.raises(ConfigError, match="unknown section 'trian'; did you mean 'train'"):
+        load_config(write(tmp_path, "trian:\n  lr: 1\n"))
+
+
+def test_wrong_type(tmp_path):
+    with pytest.raises(ConfigError, match=r"model\.heads: expected an integer, got 'eight'"):
+        load_config(write(tmp_path, "model:\n  heads: eight\n"))
+    with pytest.raises(ConfigError, match=r"model\.heads: expected an integer, got 2\.5"):
+        load_config(write(tmp_path, "model:\n  heads: 2.5\n"))
+
+
+def test_d_model_not_divisible_by_heads(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, "model:\n  d_model: 500\n  heads: 8\n"))
+    assert "500 is not divisible by model.heads=8" in str(err.value) and "multiple of heads" in str(err.value)
+
+
+def test_dropout_outside_unit_interval(tmp_path):
+    with pytest.raises(ConfigError, match=r"model\.dropout: 1\.0 is outside \[0, 1\)"):
+        load_config(write(tmp_path, "model:\n  dropout: 1.0\n"))
+    with pytest.raises(ConfigError, match=r"train\.label_smoothing: -0\.1 is outside"):
+        load_config(write(tmp_path, "train:\n  label_smoothing: -0.1\n"))
+
+
+def test_bad_choice(tmp_path):
+    with pytest.raises(ConfigError, match=r"model\.norm: 'middle' is not one of post, pre"):
+        load_config(write(tmp_path, "model:\n  norm: middle\n"))
+
+
+def test_missing_data_file(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, "data:\n  train_src: nowhere/train.en\n"))
+    assert "data.train_src" in str(err.value) and "nowhere/train.en" in str(err.value) and "not found" in str(err.value)
+
+
+def test_missing_config_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="line 3 is not valid YAML"):
+        load_config(write(tmp_path, "model:\n  d_model: 256\n    heads: 4\n"))
+
+
+def test_share_all_needs_joint_vocab(tmp_path):
+    with pytest.raises(ConfigError, match="share_all_embeddings: needs a joint vocabulary"):
+        load_config(write(tmp_path, "tokenizer:\n  joint: false\n"))
+
+
+def test_overrides_apply_and_validate(tmp_path):
+    path = write(tmp_path, "model:\n  d_model: 256\n  heads: 4\n")
+    cfg = load_config(path, ["model.encoder_layers=3", "train.lr=7e-4", "model.norm=pre", "train.optimizer_betas=[0.9, 0.99]"])
+    assert cfg.model.encoder_layers == 3 and cfg.train.lr == pytest.approx(7e-4) and cfg.model.norm == "pre"
+    assert cfg.train.optimizer_betas == (0.9, 0.99)
+    with pytest.raises(ConfigError, match=r"--set model\.layer: unknown key 'model\.layer'; did you mean"):
+        load_config(path, ["model.layer=3"])
+    with pytest.raises(ConfigError, match="expected section.key=value"):
+        load_config(path, ["layers3"])
+    with pytest.raises(ConfigError, match="not divisible"):
+        load_config(path, ["model.heads=3"])
+
+
+def test_round_trip_through_yaml_and_dict(tmp_path):
+    cfg = load_config(None, ["model.d_model=256", "model.heads=4", "train.seed=7"])
+    save_config(cfg, tmp_path / "config.yaml")
+    again = load_config(tmp_path / "config.yaml")
+    assert again == cfg
+    assert from_dict(yaml.safe_load(yaml.safe_dump(to_dict(cfg)))) == cfg
+    assert isinstance(Config().model.d_model, int)

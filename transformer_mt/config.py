@@ -1,0 +1,317 @@
+"""Typed configuration: one dataclass per concern, loaded from YAML and validated.
+
+A YAML file has up to five top-level sections, ``data``, ``tokenizer``, ``model``,
+``train`` and ``decode``; every field has a default, so a file states only what it
+changes. Unknown keys, wrong types and impossible values raise :class:`ConfigError`
+with one line that names the file, the key and what to change. Dotted overrides
+(``model.layers=3``) go through the same checks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration mistake, worded for the user (one line, names the key and the fix)."""
+
+
+@dataclass
+class DataConfig:
+    """Where the parallel corpus lives and how it is filtered."""
+
+    train_src: str = ""  # training source text, one sentence per line
+    train_tgt: str = ""  # training target text, line i translates line i of train_src
+    valid_src: str = ""  # validation source text (loss, perplexity and BLEU during training)
+    valid_tgt: str = ""  # validation target text
+    max_len: int = 256  # training pairs with more tokens than this on either side are dropped
+    max_len_ratio: float = 3.0  # pairs whose longer side has more than this times the tokens of the shorter are dropped
+    min_len_for_ratio: int = 5  # the ratio filter applies only when the longer side has at least this many tokens
+    cache_dir: str = ""  # where encoded corpora are cached; empty = <train.out_dir>/cache
+
+
+@dataclass
+class TokenizerConfig:
+    """The sentencepiece model(s): reuse existing ones or train them at the start of `tmt train`."""
+
+    model: str = ""  # joint (or source) .model file; empty = train one into <train.out_dir>
+    tgt_model: str = ""  # target .model when joint is false; empty = train one
+    joint: bool = True  # one vocabulary for both languages (needed for model.share_all_embeddings)
+    model_type: str = "unigram"  # sentencepiece algorithm: unigram or bpe
+    vocab_size: int = 8000  # pieces per model, special symbols included
+    character_coverage: float = 1.0  # share of characters covered; 0.9995 suits large alphabets
+    input_sentence_size: int = 2_000_000  # sentences sampled for training the tokenizer (0 = all)
+
+
+@dataclass
+class ModelConfig:
+    """Transformer sizes (Table 3 of the paper); the defaults are the base model."""
+
+    encoder_layers: int = 6  # N for the encoder
+    decoder_layers: int = 6  # N for the decoder
+    d_model: int = 512  # width of embeddings and every residual stream
+    heads: int = 8  # h, attention heads per layer
+    head_dim: int = 0  # d_k, query/key size per head; 0 = d_model / heads (Table 3 row B changes it)
+    value_dim: int = 0  # d_v, value size per head; 0 = d_model / heads
+    d_ff: int = 2048  # inner size of the position-wise feed-forward network
+    dropout: float = 0.1  # P_drop on sublayer outputs and on embeddings + positions
+    attention_dropout: float = 0.0  # dropout on attention weights (0 in the paper)
+    activation_dropout: float = 0.0  # dropout after the FFN activation (0 in the paper)
+    activation: str = "relu"  # FFN activation: relu or gelu
+    norm: str = "post"  # post = LayerNorm(x + sublayer(x)) (paper); pre = x + sublayer(LayerNorm(x))
+    positions: str = "sinusoidal"  # sinusoidal (paper) or learned (Table 3 row E)
+    max_positions: int = 1024  # longest sequence the model accepts (size of the learned table)
+    share_all_embeddings: bool = True  # one matrix for source, target and output (needs a joint vocabulary)
+    share_decoder_embeddings: bool = True  # tie target embedding and output projection
+
+
+@dataclass
+class TrainConfig:
+    """The optimisation loop, its schedule, checkpoints and stopping rules."""
+
+    out_dir: str = "runs/default"  # checkpoints, logs, metrics and the resolved config go here
+    seed: int = 1  # seeds parameters, dropout and batch order
+    device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps
+    threads: int = 0  # CPU threads for torch; 0 = torch's default
+    dtype: str = "float32"  # float32, bfloat16 (autocast, CPU or CUDA) or float16 (autocast + loss scaling, CUDA)
+    max_tokens: int = 4096  # token budget per batch (the larger of source and target tokens, padding included)
+    update_freq: int = 1  # batches whose gradients are accumulated into one update
+    label_smoothing: float = 0.1  # eps_ls of section 5.4
+    optimizer_betas: tuple[float, float] = (0.9, 0.98)  # Adam beta1, beta2 (section 5.3)
+    optimizer_eps: float = 1e-9  # Adam epsilon (section 5.3)
+    weight_decay: float = 0.0  # decoupled weight decay (AdamW); 0 = plain Adam as in the paper
+    lr_schedule: str = "noam"  # noam: d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) * lr_scale; inverse_sqrt: peaks at lr
+    lr: float = 5e-4  # peak learning rate of the inverse_sqrt schedule
+    lr_scale: float = 1.0  # multiplier of the paper's noam formula
+    warmup_updates: int = 4000  # warmup_steps of section 5.3
+    clip_norm: float = 0.0  # clip the gradient norm to this; 0 = no clipping
+    max_updates: int = 0  # stop after this many updates; 0 = no limit
+    max_epochs: int = 0  # stop after this many epochs; 0 = no limit
+    max_time: float = 0.0  # stop after this many minutes of training; 0 = no limit
+    validate_every: int = 1000  # updates between validations (and checkpoint saves)
+    save_every: int = 0  # updates between numbered checkpoints kept on disk; 0 = at every validation
+    keep_last: int = 5  # numbered checkpoints kept (the newest ones); 0 = keep all
+    best_metric: str = "bleu"  # bleu (higher is better) or loss (lower is better) picks checkpoint_best.pt
+    patience: int = 0  # stop after this many validations without improvement; 0 = never
+    valid_bleu_sentences: int = 0  # sentences of the validation set decoded for BLEU; 0 = all, -1 = skip BLEU
+    log_every: int = 100  # updates between lines of the log and metrics file
+
+
+@dataclass
+class DecodeConfig:
+    """Search settings used by `tmt translate`, `tmt evaluate` and validation BLEU."""
+
+    beam: int = 4  # beam size (section 6.1); 1 = greedy
+    lenpen: float = 0.6  # alpha of the GNMT length penalty ((5 + len) / 6) ** alpha
+    max_len_a: float = 1.0  # max output length = a * source length + b
+    max_len_b: int = 50  # (paper: input length + 50)
+    batch_tokens: int = 4096  # source tokens per decoding batch
+    nbest: int = 1  # hypotheses printed per input
+
+
+@dataclass
+class Config:
+    """A whole experiment."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+
+SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)}
+_SECTION_TYPES = get_type_hints(Config)
+CHOICES = {
+    "tokenizer.model_type": ("unigram", "bpe"),
+    "model.activation": ("relu", "gelu"),
+    "model.norm": ("post", "pre"),
+    "model.positions": ("sinusoidal", "learned"),
+    "train.dtype": ("float32", "bfloat16", "float16"),
+    "train.lr_schedule": ("noam", "inverse_sqrt"),
+    "train.best_metric": ("bleu", "loss"),
+}
+PATH_KEYS = ("data.train_src", "data.train_tgt", "data.valid_src", "data.valid_tgt", "tokenizer.model", "tokenizer.tgt_model")
+
+
+def _suggest(name: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
+    if close:
+        return f"did you mean '{close[0]}'?"
+    return "valid keys: " + ", ".join(valid)
+
+
+def _coerce(value: Any, typ: Any, where: str) -> Any:
+    """Convert a YAML (or override) value to the field's type or raise ConfigError."""
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if typ is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        try:
+            as_float = float(value)
+        except ValueError:
+            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
+        if not as_float.is_integer():
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return int(as_float)
+    if typ is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+    if typ is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return "" if value is None else str(value)
+    if getattr(typ, "__origin__", None) is tuple:
+        if isinstance(value, str):
+            value = yaml.safe_load(value if value.startswith("[") else f"[{value}]")
+        args = typ.__args__
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise ConfigError(f"{where}: expected a list of {len(args)} numbers, got {value!r}")
+        return tuple(_coerce(v, t, where) for v, t in zip(value, args))
+    raise ConfigError(f"{where}: unsupported type {typ}")  # pragma: no cover - a programming error
+
+
+def _apply(cfg: Config, section: str, key: str, value: Any, source: str) -> None:
+    if section not in _SECTION_TYPES:
+        raise ConfigError(f"{source}: unknown section '{section}'; {_suggest(section, list(_SECTION_TYPES))}")
+    sub = getattr(cfg, section)
+    hints = get_type_hints(type(sub))
+    if key not in hints:
+        raise ConfigError(f"{source}: unknown key '{section}.{key}'; {_suggest(key, list(hints))}")
+    setattr(sub, key, _coerce(value, hints[key], f"{source}: {section}.{key}"))
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None, *, check_files: bool = True) -> Config:
+    """Read a YAML config (or start from the defaults), apply ``section.key=value`` overrides, validate.
+
+    Relative data and tokenizer paths are resolved against the current directory, as users type them.
+    """
+    cfg = Config()
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"{path}: config file not found; check the path given to --config")
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            line = f" line {mark.line + 1}" if mark else ""
+            raise ConfigError(f"{path}:{line} is not valid YAML ({getattr(exc, 'problem', exc)}); fix the syntax") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections (data, tokenizer, model, train, decode) at the top")
+        for section, values in raw.items():
+            if section not in _SECTION_TYPES:
+                raise ConfigError(f"{path}: unknown section '{section}'; {_suggest(str(section), list(_SECTION_TYPES))}")
+            if values is None:
+                continue
+            if not isinstance(values, dict):
+                raise ConfigError(f"{path}: section '{section}' must be a mapping of key: value")
+            for key, value in values.items():
+                _apply(cfg, section, str(key), value, str(path))
+    for item in overrides or []:
+        if "=" not in item or "." not in item.split("=", 1)[0]:
+            raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. model.layers=3")
+        dotted, value = item.split("=", 1)
+        section, key = dotted.strip().split(".", 1)
+        _apply(cfg, section, key, yaml.safe_load(value) if value.strip() else "", f"--set {dotted.strip()}")
+    validate(cfg, source=str(path) if path is not None else "config", check_files=check_files)
+    return cfg
+
+
+def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -> None:
+    """Raise ConfigError on the first impossible value."""
+
+    def fail(key: str, msg: str) -> None:
+        raise ConfigError(f"{source}: {key}: {msg}")
+
+    for dotted, allowed in CHOICES.items():
+        section, key = dotted.split(".")
+        value = getattr(getattr(cfg, section), key)
+        if value not in allowed:
+            fail(dotted, f"{value!r} is not one of {', '.join(allowed)}")
+    m, t, d, tok = cfg.model, cfg.train, cfg.decode, cfg.tokenizer
+    for key in ("encoder_layers", "decoder_layers", "d_model", "heads", "d_ff", "max_positions"):
+        if getattr(m, key) < 1:
+            fail(f"model.{key}", f"must be at least 1, got {getattr(m, key)}")
+    if m.head_dim < 0 or m.value_dim < 0:
+        fail("model.head_dim", "must be 0 (= d_model / heads) or positive")
+    if (m.head_dim == 0 or m.value_dim == 0) and m.d_model % m.heads:
+        fail("model.d_model", f"{m.d_model} is not divisible by model.heads={m.heads}; choose d_model as a multiple of heads (or set model.head_dim and model.value_dim)")
+    for key in ("dropout", "attention_dropout", "activation_dropout"):
+        if not 0.0 <= getattr(m, key) < 1.0:
+            fail(f"model.{key}", f"{getattr(m, key)} is outside [0, 1); use e.g. 0.1")
+    if not 0.0 <= t.label_smoothing < 1.0:
+        fail("train.label_smoothing", f"{t.label_smoothing} is outside [0, 1); the paper uses 0.1")
+    if m.share_all_embeddings and not tok.joint:
+        fail("model.share_all_embeddings", "needs a joint vocabulary; set tokenizer.joint: true or model.share_all_embeddings: false")
+    if tok.vocab_size < 8:
+        fail("tokenizer.vocab_size", f"{tok.vocab_size} is too small; use at least a few thousand for real data")
+    if not 0.0 < tok.character_coverage <= 1.0:
+        fail("tokenizer.character_coverage", f"{tok.character_coverage} must be in (0, 1]; use 1.0 or 0.9995")
+    for key in ("max_tokens", "update_freq", "validate_every", "log_every"):
+        if getattr(t, key) < 1:
+            fail(f"train.{key}", f"must be at least 1, got {getattr(t, key)}")
+    for key in ("max_updates", "max_epochs", "max_time", "save_every", "keep_last", "patience", "warmup_updates", "weight_decay", "clip_norm", "threads"):
+        if getattr(t, key) < 0:
+            fail(f"train.{key}", f"must be 0 or positive, got {getattr(t, key)}")
+    if t.lr <= 0 or t.lr_scale <= 0:
+        fail("train.lr", "learning rate and lr_scale must be positive")
+    if t.lr_schedule == "inverse_sqrt" and t.warmup_updates < 1:
+        fail("train.warmup_updates", "inverse_sqrt needs warmup_updates >= 1")
+    if not all(0.0 <= b < 1.0 for b in t.optimizer_betas):
+        fail("train.optimizer_betas", f"{t.optimizer_betas} must both be in [0, 1); the paper uses [0.9, 0.98]")
+    if d.beam < 1 or d.nbest < 1 or d.nbest > d.beam:
+        fail("decode.nbest", f"need 1 <= nbest <= beam, got beam={d.beam} nbest={d.nbest}")
+    if d.batch_tokens < 1:
+        fail("decode.batch_tokens", "must be at least 1")
+    if cfg.data.max_len < 1 or cfg.data.max_len_ratio < 1.0:
+        fail("data.max_len", "max_len must be >= 1 and max_len_ratio >= 1")
+    if cfg.data.max_len + 2 > m.max_positions:
+        fail("data.max_len", f"{cfg.data.max_len} + BOS/EOS exceeds model.max_positions={m.max_positions}; lower data.max_len or raise model.max_positions")
+    if check_files:
+        for dotted in PATH_KEYS:
+            section, key = dotted.split(".")
+            value = getattr(getattr(cfg, section), key)
+            if value and not Path(value).is_file():
+                fail(dotted, f"file '{value}' not found; check the path (relative paths start from the current directory)")
+
+
+def to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
+    """Plain nested dict (tuples as lists) for YAML files and checkpoints."""
+    out = dataclasses.asdict(cfg)
+    for section in out.values():
+        for key, value in section.items():
+            if isinstance(value, tuple):
+                section[key] = list(value)
+    return out
+
+
+def from_dict(raw: dict[str, dict[str, Any]], *, source: str = "checkpoint") -> Config:
+    """Inverse of :func:`to_dict`; checks types and values but not that files still exist."""
+    cfg = Config()
+    for section, values in raw.items():
+        for key, value in values.items():
+            _apply(cfg, section, key, value, source)
+    validate(cfg, source=source, check_files=False)
+    return cfg
+
+
+def save_config(cfg: Config, path: str | os.PathLike) -> None:
+    """Write the fully resolved config, so a run can be reproduced with `tmt train --config`."""
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")
