@@ -131,6 +131,146 @@ def train(
     train_from_cli(config=config, overrides=set_, resume=resume)
 
 
+# ---------------------------------------------------------------- translate / evaluate
+_BEAM_HELP = "Beam size (1 = greedy). Default: the checkpoint's decode.beam."
+_LENPEN_HELP = "GNMT length penalty alpha, ((5+len)/6)^alpha. Default: decode.lenpen."
+
+
+@app.command()
+def translate(
+    checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="A checkpoint written by `tmt train` or `tmt average`."),
+    input: Optional[Path] = typer.Argument(None, help="Source text file (default: stdin, translated as lines arrive)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output file (default: stdout)."),
+    beam: Optional[int] = typer.Option(None, "--beam", "-b", help=_BEAM_HELP),
+    lenpen: Optional[float] = typer.Option(None, "--lenpen", help=_LENPEN_HELP),
+    nbest: int = typer.Option(1, "--nbest", help="Hypotheses per input; >1 prints INDEX<TAB>SCORE<TAB>TEXT lines."),
+    batch_tokens: Optional[int] = typer.Option(None, "--batch-tokens", help="Source tokens per batch. Default: decode.batch_tokens."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16 (GPU)."),
+    threads: int = typer.Option(0, "--threads", help="CPU threads (0 = torch default)."),
+) -> None:
+    """Translate raw text with greedy or beam search: one output line per input line."""
+    from transformer_mt.translate import Translator, count_lines, file_chunks, stdin_chunks, translate_stream
+
+    tr = Translator.from_checkpoint(checkpoint, device=device, dtype=dtype, threads=threads)
+    beam, lenpen = _decode_args(tr, beam, lenpen, nbest)
+    chunks = file_chunks(input) if input is not None and str(input) != "-" else stdin_chunks()
+    bar = None
+    if input is not None and str(input) != "-" and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        bar = tqdm(total=count_lines(input), unit=" lines", desc="translate", leave=False)
+    out = _open_out(output)
+    try:
+        translate_stream(tr, chunks, out, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, progress=bar)
+    finally:
+        if bar is not None:
+            bar.close()
+        if out is not sys.stdout:
+            out.close()
+    if tr.warning():
+        typer.echo(tr.warning(), err=True)
+
+
+def _decode_args(tr, beam: Optional[int], lenpen: Optional[float], nbest: int) -> tuple[int, float]:
+    from transformer_mt.translate import TranslateError
+
+    beam = tr.cfg.decode.beam if beam is None else beam
+    lenpen = tr.cfg.decode.lenpen if lenpen is None else lenpen
+    if beam < 1 or not 1 <= nbest <= beam:
+        raise TranslateError(f"--beam {beam} --nbest {nbest}: need beam >= 1 and 1 <= nbest <= beam")
+    return beam, lenpen
+
+
+@app.command()
+def evaluate(
+    checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint to evaluate."),
+    src: Path = typer.Option(..., "--src", help="Source text file."),
+    ref: List[Path] = typer.Option(..., "--ref", help="Reference file (repeat for several references)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Where to write the hypotheses (default: SRC name + .hyp next to the checkpoint)."),
+    beam: Optional[int] = typer.Option(None, "--beam", "-b", help=_BEAM_HELP),
+    lenpen: Optional[float] = typer.Option(None, "--lenpen", help=_LENPEN_HELP),
+    batch_tokens: Optional[int] = typer.Option(None, "--batch-tokens", help="Source tokens per batch."),
+    lowercase: bool = typer.Option(False, "--lowercase", "-lc", help="Case-insensitive BLEU and chrF."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
+    dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16 (GPU)."),
+    threads: int = typer.Option(0, "--threads", help="CPU threads (0 = torch default)."),
+    json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
+) -> None:
+    """Translate SRC, write the hypotheses, print BLEU, chrF, sentences/s and target tokens/s."""
+    import json
+
+    from transformer_mt.metrics import read_lines, score
+    from transformer_mt.translate import Translator, file_chunks, translate_stream
+
+    refs = [read_lines(r) for r in ref]  # read first: a bad reference fails before the long part
+    tr = Translator.from_checkpoint(checkpoint, device=device, dtype=dtype, threads=threads)
+    beam, lenpen = _decode_args(tr, beam, lenpen, 1)
+    output = output or checkpoint.parent / f"{src.name}.{checkpoint.stem}.hyp"
+    with open(output, "w", encoding="utf-8") as out:
+        stats = translate_stream(tr, file_chunks(src), out, beam=beam, lenpen=lenpen, batch_tokens=batch_tokens)
+    results = score(read_lines(output), refs, metrics=("bleu", "chrf"), lowercase=lowercase, hyp_name=str(output), ref_names=[str(r) for r in ref])
+    report = {"bleu": round(results["bleu"]["score"], 2), "chrf": round(results["chrf"]["score"], 2),
+              "sentences_per_s": round(stats.lines / stats.seconds, 2), "tgt_tokens_per_s": round(stats.tgt_tokens / stats.seconds, 1),
+              "seconds": round(stats.seconds, 2), "beam": beam, "lenpen": lenpen, "hypotheses": str(output),
+              "bleu_signature": results["bleu"]["signature"], "chrf_signature": results["chrf"]["signature"]}
+    if tr.warning():
+        typer.echo(tr.warning(), err=True)
+    if json_out:
+        typer.echo(json.dumps(report))
+        return
+    typer.echo(results["bleu"]["text"])
+    typer.echo(results["chrf"]["text"])
+    typer.echo(f"{stats.lines} sentences in {stats.seconds:.1f} s: {report['sentences_per_s']} sentences/s, "
+               f"{report['tgt_tokens_per_s']} target tokens/s (beam {beam}, lenpen {lenpen}); hypotheses in {output}")
+
+
+# ---------------------------------------------------------------- bleu / average
+@app.command()
+def bleu(
+    ref: List[Path] = typer.Option(..., "--ref", "-r", help="Reference file (repeat for several references)."),
+    hyp: Optional[Path] = typer.Argument(None, help="Hypothesis file (default: stdin)."),
+    lowercase: bool = typer.Option(False, "--lowercase", "-lc", help="Case-insensitive BLEU and chrF."),
+    tokenize: Optional[str] = typer.Option(None, "--tokenize", "-tok", help="BLEU tokenizer (sacreBLEU's; default 13a)."),
+    ter: bool = typer.Option(False, "--ter", help="Also compute TER."),
+    json_out: bool = typer.Option(False, "--json", help="sacreBLEU's JSON output."),
+    width: int = typer.Option(1, "--width", "-w", help="Decimals to print."),
+) -> None:
+    """Corpus BLEU and chrF (and TER) with sacreBLEU, signature included."""
+    from transformer_mt.metrics import MetricsError, format_json, format_text, read_lines, score
+
+    if hyp is None or str(hyp) == "-":
+        hyps, hyp_name = [line.rstrip() for line in sys.stdin.read().split("\n")], "<stdin>"
+        if hyps and hyps[-1] == "":
+            hyps.pop()
+    else:
+        hyps, hyp_name = read_lines(hyp), str(hyp)
+    if not ref:
+        raise MetricsError("give at least one --ref file")
+    results = score(hyps, [read_lines(r) for r in ref], metrics=("bleu", "chrf"), lowercase=lowercase, tokenize=tokenize,
+                    ter=ter, hyp_name=hyp_name, ref_names=[str(r) for r in ref])
+    typer.echo(format_json(results, width=width) if json_out else format_text(results, width=width))
+
+
+@app.command()
+def average(
+    checkpoints: List[Path] = typer.Argument(None, help="Checkpoint files to average (or give --run and --last)."),
+    run: Optional[Path] = typer.Option(None, "--run", help="Run directory: average its newest numbered checkpoints."),
+    last: int = typer.Option(5, "--last", help="With --run: how many of the newest checkpoints."),
+    output: Path = typer.Option(..., "--output", "-o", help="Where to write the averaged checkpoint."),
+) -> None:
+    """Average model parameters of several checkpoints (the paper averages the last 5 or 20)."""
+    from transformer_mt.checkpoint import CheckpointError, average_checkpoints, last_checkpoints, save_checkpoint
+
+    paths = list(checkpoints or [])
+    if run is not None:
+        paths += last_checkpoints(run, last)
+    if len(paths) < 2:
+        raise CheckpointError("give at least two checkpoints, or --run RUN_DIR --last N")
+    save_checkpoint(average_checkpoints(paths), output)
+    typer.echo(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {output}", err=True)
+
+
 # ---------------------------------------------------------------- helpers for the rest
 def main(argv: Optional[list[str]] = None) -> None:
     """Console entry point: runs the app and turns user errors into one line on stderr."""

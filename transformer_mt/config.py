@@ -101,6 +101,7 @@ class TrainConfig:
     best_metric: str = "bleu"  # bleu (higher is better) or loss (lower is better) picks checkpoint_best.pt
     patience: int = 0  # stop after this many validations without improvement; 0 = never
     valid_bleu_sentences: int = 0  # sentences of the validation set decoded for BLEU; 0 = all, -1 = skip BLEU
+    valid_beam: int = 1  # beam size for validation BLEU (1 = greedy, fastest); lenpen from decode.lenpen
     log_every: int = 100  # updates between lines of the log and metrics file
 
 
@@ -278,6 +279,8 @@ def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -
         fail("train.optimizer_betas", f"{t.optimizer_betas} must both be in [0, 1); the paper uses [0.9, 0.98]")
     if d.beam < 1 or d.nbest < 1 or d.nbest > d.beam:
         fail("decode.nbest", f"need 1 <= nbest <= beam, got beam={d.beam} nbest={d.nbest}")
+    if t.valid_beam < 1:
+        fail("train.valid_beam", f"must be at least 1, got {t.valid_beam}")
     if d.batch_tokens < 1:
         fail("decode.batch_tokens", "must be at least 1")
     if cfg.data.max_len < 1 or cfg.data.max_len_ratio < 1.0:

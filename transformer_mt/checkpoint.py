@@ -1,0 +1,367 @@
+"""Checkpoints: atomic save, safe load, retention of numbered files, and averaging.
+
+THE checkpoint format ("transformer_mt/1") is a dict of plain types only (tensors, dicts,
+lists, tuples, str, int, float, bool, None), so it loads with ``torch.load(weights_only=True)``
+and loading a file never runs code from it:
+
+    format      "transformer_mt/1"; written by :func:`save_checkpoint`, checked by :func:`load_checkpoint`
+    model       the model's ``state_dict()`` (parameter name -> tensor)
+    config      ``config.to_dict(cfg)``: the whole resolved experiment configuration
+    tokenizers  {"src": uint8 tensor, "tgt": uint8 tensor}: the sentencepiece model protos
+                (the same proto twice for a joint vocabulary); see :func:`pack_tokenizers`
+    # training state; absent (or None) in inference checkpoints such as averages
+    optimizer   ``optimizer.state_dict()``
+    scheduler   ``scheduler.state_dict()``
+    scaler      ``GradScaler.state_dict()`` or None when no loss scaling is used
+    rng         :func:`rng_state`: python / numpy / torch CPU / torch CUDA generator states
+    progress    {"update", "epoch", "epoch_batch" (batches consumed in the epoch), "best_metric",
+                 "bad_validations" (patience count), "elapsed" (seconds), ...}: owned by train.py
+    metrics     the last validation's results (loss, perplexity, BLEU, ...)
+
+Sentencepiece protos are stored as uint8 tensors, not ``bytes``: torch before 2.5 refuses
+``bytes`` under weights_only (pytorch/pytorch#133163), and the toolkit supports torch >= 2.2.
+
+A run directory keeps ``checkpoint_last.pt``, ``checkpoint_best.pt`` and numbered
+``checkpoint_<update>.pt`` files; :func:`prune_checkpoints` deletes the oldest numbered ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import random
+import re
+import uuid
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .config import Config, ConfigError, from_dict
+
+FORMAT = "transformer_mt/1"
+_NUMBERED = re.compile(r"checkpoint_(\d+)\.pt")
+# The training-state keys an averaged (inference) checkpoint does not carry.
+TRAINING_KEYS = ("optimizer", "scheduler", "scaler", "rng", "progress", "metrics")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint problem worded for the user: one line naming the path and the fix."""
+
+
+# ----------------------------------------------------------------------------- save / load
+
+
+def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
+    """Write ``state`` (plus the ``format`` key) to ``path`` atomically; returns the path.
+
+    The bytes go to a temporary file in the same directory, which is flushed, fsynced and
+    renamed over ``path`` (``os.replace`` is atomic on POSIX and Windows), then the directory
+    is fsynced so the rename survives a power cut (fairseq's ``torch_persistent_save`` does
+    the same dance). On any failure the temporary file is removed, whatever was at ``path``
+    before is left untouched, and CheckpointError says why and what to do.
+    """
+    path = Path(path)
+    _check_plain(state, "state")
+    payload = {"format": FORMAT, **{k: v for k, v in state.items() if k != "format"}}
+    existed = path.is_file()
+    tmp: str | None = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # Not tempfile.mkstemp: its files are mode 0600, and the checkpoint should get the umask's mode.
+        tmp = str(path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+        with open(tmp, "xb") as handle:
+            torch.save(payload, handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        tmp = None
+    except BaseException as exc:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: clean up, then let them through
+            raise
+        raise CheckpointError(_save_failure(path, exc, existed)) from exc
+    _fsync_dir(path.parent)
+    return path
+
+
+def _save_failure(path: Path, exc: Exception, existed: bool) -> str:
+    if isinstance(exc, OSError):
+        reason = exc.strerror or str(exc)
+        if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            fix = "free space or change train.out_dir"
+        elif exc.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+            fix = f"make {path.parent} writable or change train.out_dir"
+        else:
+            fix = "check the disk and train.out_dir"
+    else:
+        reason = f"{type(exc).__name__}: {exc}"
+        fix = "this is a bug in what was saved or in transformer_mt; please report it"
+    kept = "the previous checkpoint is intact" if existed else "no checkpoint was written"
+    return f"could not save checkpoint to {path}: {reason}; {fix}; {kept}"
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Persist a rename; a no-op where directories cannot be opened (Windows)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Read a checkpoint written by :func:`save_checkpoint`, with ``torch.load(weights_only=True)``.
+
+    A missing, truncated or corrupt file, or a file that is not a transformer_mt checkpoint,
+    raises CheckpointError naming the path and what to do.
+    """
+    path = Path(path)
+    if not path.is_file():
+        what = "is a directory, not a checkpoint file" if path.is_dir() else "checkpoint not found"
+        raise CheckpointError(f"{path}: {what}; give a .pt file from train.out_dir (checkpoint_last.pt, checkpoint_best.pt or checkpoint_<update>.pt)")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, ... depending on the damage
+        text = str(exc)
+        if "Weights only load failed" in text:
+            raise CheckpointError(
+                f"{path}: not a transformer_mt checkpoint (it holds Python objects that weights_only loading refuses); "
+                "give a checkpoint written by `tmt train` or `tmt average`"
+            ) from None
+        # torch's own text runs to several sentences; its first one is the useful part.
+        first = text.strip().splitlines()[0].split(". ")[0].rstrip(".") if text.strip() else type(exc).__name__
+        reason = "the file is empty" if path.stat().st_size == 0 else first
+        raise CheckpointError(
+            f"{path}: checkpoint is truncated or corrupt ({reason}); use another one, e.g. checkpoint_last.pt "
+            "or a numbered checkpoint_<update>.pt from the same run"
+        ) from None
+    if not isinstance(state, dict) or "format" not in state:
+        raise CheckpointError(f"{path}: not a transformer_mt checkpoint (no 'format' key); give a checkpoint written by `tmt train` or `tmt average`")
+    if state["format"] != FORMAT:
+        raise CheckpointError(f"{path}: checkpoint format {state['format']!r} is not {FORMAT!r}; use the transformer_mt version that wrote it")
+    return state
+
+
+# Exact types: numpy.float64 subclasses float yet pickles as a numpy global that weights_only refuses.
+_LEAF_TYPES = (str, int, float, bool, type(None), torch.dtype, torch.device)
+_DICT_TYPES = (dict, OrderedDict)  # module.state_dict() is an OrderedDict
+_SEQ_TYPES = (list, tuple, torch.Size)
+
+
+def _check_plain(obj: Any, where: str) -> None:
+    """Refuse, before writing anything, what ``torch.load(weights_only=True)`` would refuse later."""
+    if type(obj) in _DICT_TYPES:
+        for key, value in obj.items():
+            if type(key) not in (str, int):
+                raise CheckpointError(f"checkpoint {where} has a key {key!r} of type {type(key).__name__}; use str or int keys")
+            _check_plain(value, f"{where}[{key!r}]")
+    elif type(obj) in _SEQ_TYPES:
+        for i, value in enumerate(obj):
+            _check_plain(value, f"{where}[{i}]")
+    elif isinstance(obj, (bytes, bytearray)):
+        raise CheckpointError(f"checkpoint {where} is bytes, which torch < 2.5 refuses under weights_only; store bytes_to_tensor(value) instead")
+    elif not (isinstance(obj, torch.Tensor) or type(obj) in _LEAF_TYPES):
+        kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
+        raise CheckpointError(f"checkpoint {where} is a {kind}, which torch.load(weights_only=True) refuses; convert it to a tensor, str, int, float, bool, list or dict")
+
+
+# ----------------------------------------------------------------------------- plain-type helpers
+
+
+def bytes_to_tensor(data: bytes) -> torch.Tensor:
+    """``bytes`` -> 1-D uint8 tensor (a copy), storable under weights_only in every torch version."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
+
+
+def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
+    """Inverse of :func:`bytes_to_tensor`."""
+    if tensor.dtype != torch.uint8 or tensor.dim() != 1:
+        raise CheckpointError(f"expected a 1-D uint8 tensor of bytes, got {tensor.dtype} with shape {tuple(tensor.shape)}")
+    return tensor.cpu().numpy().tobytes() if _has_numpy() else bytes(tensor.tolist())
+
+
+def pack_tokenizers(src_proto: bytes, tgt_proto: bytes | None = None) -> dict[str, torch.Tensor]:
+    """The ``tokenizers`` entry: sentencepiece protos as tensors (joint vocabulary: tgt = src)."""
+    return {"src": bytes_to_tensor(src_proto), "tgt": bytes_to_tensor(src_proto if tgt_proto is None else tgt_proto)}
+
+
+def unpack_tokenizers(state: dict[str, Any], *, source: str = "checkpoint") -> tuple[bytes, bytes]:
+    """(src_proto, tgt_proto) from a loaded checkpoint; feed them to ``Tokenizer(proto)``."""
+    toks = state.get("tokenizers")
+    if not isinstance(toks, dict) or not {"src", "tgt"} <= toks.keys():
+        raise CheckpointError(f"{source}: checkpoint holds no sentencepiece models ('tokenizers' with 'src' and 'tgt'); give a checkpoint written by `tmt train`")
+    return tensor_to_bytes(toks["src"]), tensor_to_bytes(toks["tgt"])
+
+
+def config_from_checkpoint(state: dict[str, Any], *, source: str = "checkpoint") -> Config:
+    """The experiment Config stored in a loaded checkpoint (checked like a YAML file)."""
+    if not isinstance(state.get("config"), dict):
+        raise CheckpointError(f"{source}: checkpoint holds no 'config'; give a checkpoint written by `tmt train`")
+    try:
+        return from_dict(state["config"], source=source)
+    except ConfigError as exc:
+        raise CheckpointError(f"{exc}; the checkpoint may come from another transformer_mt version") from None
+
+
+def _has_numpy() -> bool:
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def rng_state() -> dict[str, Any]:
+    """Every generator a training run draws from, as plain types (resume == uninterrupted run).
+
+    Python's ``random.getstate()`` is (version, tuple of 625 ints, gauss_next); numpy's legacy
+    state holds a uint32 array, stored here as an int64 tensor (torch lacks full uint32 support).
+    """
+    version, internal, gauss_next = random.getstate()
+    out: dict[str, Any] = {"python": [version, list(internal), gauss_next], "torch": torch.get_rng_state()}
+    if _has_numpy():
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+        out["numpy"] = [str(kind), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]
+    if torch.cuda.is_available():
+        out["cuda"] = torch.cuda.get_rng_state_all()
+    return out
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore :func:`rng_state`. Generators missing here (numpy, CUDA) or there are skipped:
+    resuming a GPU run on CPU is allowed and only changes the random stream of the missing device."""
+    version, internal, gauss_next = state["python"]
+    random.setstate((int(version), tuple(int(x) for x in internal), gauss_next))
+    torch.set_rng_state(state["torch"].cpu())
+    if "numpy" in state and _has_numpy():
+        import numpy as np
+
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)))
+    if state.get("cuda") and torch.cuda.is_available():
+        saved = state["cuda"]
+        for device in range(min(len(saved), torch.cuda.device_count())):
+            torch.cuda.set_rng_state(saved[device].cpu(), device)
+
+
+# ----------------------------------------------------------------------------- retention
+
+
+def numbered_checkpoint_path(out_dir: str | os.PathLike, update: int) -> Path:
+    """``<out_dir>/checkpoint_<update>.pt``."""
+    if update < 0:
+        raise CheckpointError(f"update {update} is negative; numbered checkpoints are named by the update count")
+    return Path(out_dir) / f"checkpoint_{update}.pt"
+
+
+def numbered_checkpoints(out_dir: str | os.PathLike) -> list[Path]:
+    """The run's ``checkpoint_<update>.pt`` files, oldest first (sorted by update, not by name)."""
+    out_dir = Path(out_dir)
+    if not out_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in out_dir.iterdir() if (m := _NUMBERED.fullmatch(p.name)) and p.is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def prune_checkpoints(out_dir: str | os.PathLike, keep_last: int) -> list[Path]:
+    """Delete all but the ``keep_last`` newest numbered checkpoints (0 = keep all); returns the deleted.
+
+    ``checkpoint_best.pt``, ``checkpoint_last.pt`` and anything not named ``checkpoint_<int>.pt``
+    are never touched.
+    """
+    if keep_last < 0:
+        raise CheckpointError(f"keep_last={keep_last} is negative; use 0 to keep every checkpoint or a positive count")
+    found = numbered_checkpoints(out_dir)
+    doomed = found[:-keep_last] if keep_last else []
+    for path in doomed:
+        with contextlib.suppress(FileNotFoundError):  # a concurrent prune got there first
+            path.unlink()
+    return doomed
+
+
+def last_checkpoints(run_dir: str | os.PathLike, n: int) -> list[Path]:
+    """The ``n`` newest numbered checkpoints of a run, oldest first (so the newest is last)."""
+    if n < 1:
+        raise CheckpointError(f"cannot take the last {n} checkpoints; ask for at least 1")
+    found = numbered_checkpoints(run_dir)
+    if len(found) < n:
+        raise CheckpointError(
+            f"{run_dir}: asked for the last {n} checkpoints but the run has {len(found)} numbered checkpoint_<update>.pt files; "
+            "ask for fewer or raise train.keep_last for the next run"
+        )
+    return found[-n:]
+
+
+# ----------------------------------------------------------------------------- averaging
+
+
+def average_checkpoints(paths: list[str | os.PathLike]) -> dict[str, Any]:
+    """An inference checkpoint whose weights are the element-wise mean of those in ``paths``.
+
+    Floating-point tensors are summed in float64 and cast back to their dtype; integer and
+    bool buffers (counters, masks) are taken from the last checkpoint, as are ``config`` and
+    ``tokenizers``. Optimizer, scheduler, RNG and progress are dropped. Checkpoints of
+    different architectures (model config or parameter names and shapes) are refused.
+    """
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise CheckpointError("no checkpoints to average; give at least one path")
+    sums: dict[str, torch.Tensor] = {}
+    first_path, first = paths[0], None
+    last: dict[str, Any] = {}
+    for path in paths:
+        last = load_checkpoint(path)
+        if not isinstance(last.get("model"), dict):
+            raise CheckpointError(f"{path}: checkpoint has no 'model' weights; give checkpoints written by `tmt train`")
+        if first is None:
+            first = {"config": last.get("config"), "model": {k: (tuple(v.shape), v.dtype) for k, v in last["model"].items()}}
+        else:
+            _check_same_architecture(first_path, first, path, last)
+        for name, tensor in last["model"].items():
+            if tensor.is_floating_point():
+                acc = tensor.to(torch.float64)
+                sums[name] = acc if name not in sums else sums[name].add_(acc)
+    model = {}
+    for name, tensor in last["model"].items():
+        model[name] = (sums[name] / len(paths)).to(tensor.dtype) if name in sums else tensor
+    out = {k: v for k, v in last.items() if k not in TRAINING_KEYS}
+    out.update(model=model, averaged_from=[str(p) for p in paths])
+    return out
+
+
+def _check_same_architecture(path_a: Path, a: dict[str, Any], path_b: Path, b: dict[str, Any]) -> None:
+    def refuse(what: str) -> None:
+        raise CheckpointError(f"cannot average {path_a} and {path_b}: {what}; average checkpoints of one run (or of identically configured runs)")
+
+    model_a = (a.get("config") or {}).get("model", {})
+    model_b = (b.get("config") or {}).get("model", {})
+    for key in sorted(model_a.keys() | model_b.keys()):
+        if model_a.get(key) != model_b.get(key):
+            refuse(f"model.{key} differs ({model_a.get(key)!r} vs {model_b.get(key)!r})")
+    shapes_a = a["model"]
+    shapes_b = {k: (tuple(v.shape), v.dtype) for k, v in b["model"].items()}
+    for name in shapes_a:
+        if name not in shapes_b:
+            refuse(f"parameter {name!r} is missing from the second")
+        if shapes_a[name] != shapes_b[name]:
+            refuse(f"parameter {name!r} differs ({_describe(shapes_a[name])} vs {_describe(shapes_b[name])})")
+    for name in shapes_b:
+        if name not in shapes_a:
+            refuse(f"parameter {name!r} is missing from the first")
+
+
+def _describe(shape_dtype: tuple[tuple[int, ...], torch.dtype]) -> str:
+    shape, dtype = shape_dtype
+    return f"shape {list(shape)} {str(dtype).removeprefix('torch.')}"

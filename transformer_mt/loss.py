@@ -1,0 +1,67 @@
+"""Label-smoothed cross-entropy over non-pad target tokens (section 5.4 of the paper, eps_ls = 0.1).
+
+Smoothing convention (fairseq's ``label_smoothed_cross_entropy``): the smoothed target
+distribution puts 1 - eps on the reference token and eps / (V - 1) on each of the other V - 1
+tokens (PAD, BOS and UNK included), so the reference keeps exactly 1 - eps. Szegedy et al. and
+``F.cross_entropy(label_smoothing=eps)`` spread eps / V over all V tokens instead (the reference
+gets 1 - eps + eps / V); for V in the thousands the two differ by less than eps / V per token.
+With eps = 0 both are plain cross-entropy.
+
+Everything is summed, not averaged: the training loop divides by the number of target tokens
+of the whole (possibly accumulated) update, and reports loss per token = loss_sum / ntokens and
+perplexity = exp(nll_sum / ntokens), base e, from the *unsmoothed* NLL.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from transformer_mt.tokenizer import PAD_ID
+
+
+def label_smoothed_nll_loss(
+    logits: torch.Tensor, target: torch.Tensor, *, epsilon: float, ignore_index: int = PAD_ID
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Summed label-smoothed loss, summed plain NLL and the number of counted tokens.
+
+    logits: (..., V), any float dtype; the loss is computed in float32.
+    target: (...) long, the same leading shape; positions equal to ``ignore_index`` count for nothing.
+    Returns (loss_sum, nll_sum, ntokens): loss_sum a float32 scalar to backpropagate; nll_sum a
+    detached float32 scalar for reporting; ntokens a Python int (a device sync on GPU: the
+    ``Batch.ntokens`` of the same batch is the same number, known without one).
+
+    Memory: one (N, V) float32 tensor (the log-probabilities) besides the logits; the smoothing
+    term uses their row sums rather than an explicit smoothed target distribution.
+    """
+    vocab = logits.size(-1)
+    if not 0.0 <= epsilon < 1.0:
+        raise ValueError(f"epsilon={epsilon} is outside [0, 1); the paper uses 0.1")
+    if vocab < 2 and epsilon > 0:
+        raise ValueError("label smoothing needs a vocabulary of at least 2 tokens")
+    lprobs = F.log_softmax(logits.reshape(-1, vocab), dim=-1, dtype=torch.float32)  # (N, V)
+    target = target.reshape(-1)  # (N,)
+    pad = target == ignore_index
+    safe_target = target.masked_fill(pad, 0)  # any valid index; the row is masked out below
+    nll = -lprobs.gather(-1, safe_target.unsqueeze(-1)).squeeze(-1).masked_fill(pad, 0.0)  # (N,)
+    if epsilon > 0:
+        # -sum_v q(v) log p(v) with q = 1 - eps on the reference and eps / (V - 1) elsewhere:
+        # (1 - eps) * nll + eps / (V - 1) * (sum over all v of -log p(v) - nll)
+        smooth = (-lprobs.sum(-1)).masked_fill(pad, 0.0)  # (N,)
+        eps_i = epsilon / (vocab - 1)
+        loss = (1.0 - epsilon - eps_i) * nll + eps_i * smooth
+    else:
+        loss = nll
+    return loss.sum(), nll.detach().sum(), int((~pad).sum())
+
+
+def perplexity(nll_sum: float | torch.Tensor, ntokens: int) -> float:
+    """exp(nll_sum / ntokens), natural base; inf when it overflows, nan for zero tokens."""
+    if ntokens <= 0:
+        return math.nan
+    try:
+        return math.exp(float(nll_sum) / ntokens)
+    except OverflowError:
+        return math.inf

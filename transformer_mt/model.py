@@ -1,0 +1,407 @@
+"""The Transformer of "Attention Is All You Need": positions, attention, layers, the decoder cache.
+
+Entry points: :meth:`Transformer.encode`, :meth:`Transformer.decode` (teacher forcing),
+:meth:`Transformer.init_cache` + :meth:`Transformer.decode_step` (incremental decoding for search).
+
+Shapes: B batch, S source length, T target length, D d_model, H heads, Dk query/key size per head,
+Dv value size per head, V vocabulary, L decoder layers.
+
+Mask convention (one for the whole module):
+  * padding masks (``src_pad``, ``tgt_pad``) are bool, **True = padding position**; they are what
+    callers see (``EncoderOut.src_pad``, ``DecoderCache.src_pad``), built from ``PAD_ID``.
+  * attention masks (``allowed``) are bool, **True = this query may attend to this key**, the convention
+    of ``F.scaled_dot_product_attention``; they broadcast as (B, 1, 1, S) for key padding or
+    (B, 1, T, T) for causal + key padding, and are built only by :func:`_allowed` from padding masks.
+    :func:`_allowed` never leaves a query row with no key (an all-pad row would softmax to NaN, and
+    NaN values leak through later layers even under zero weights): such a row may attend everywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .config import ModelConfig
+from .tokenizer import PAD_ID
+
+
+class EncoderOut(NamedTuple):
+    memory: Tensor  # (B, S, D) encoder output
+    src_pad: Tensor  # (B, S) bool, True at padding positions
+
+
+class LayerAttention(NamedTuple):
+    """Attention weights of one decoder layer (heads kept apart), as returned by ``decode(return_attention=True)``."""
+
+    self_attn: Tensor  # (B, H, T, T), exactly 0 on future and padding keys
+    cross_attn: Tensor  # (B, H, T, S), exactly 0 on source padding
+
+
+def _allowed(pad: Tensor, *, causal: bool = False) -> Tensor:
+    """Padding mask (B, K) True = pad -> attention mask True = attend: (B, 1, 1, K), or (B, 1, K, K) if causal."""
+    allowed = ~pad[:, None, None, :]  # (B, K) -> (B, 1, 1, K)
+    if causal:  # section 3.2.3: position i sees positions <= i
+        allowed = allowed & torch.ones(pad.size(1), pad.size(1), dtype=torch.bool, device=pad.device).tril()
+    # A row with no allowed key (all-pad sentence, or a left-pad query) attends everywhere instead of giving NaN.
+    return allowed | ~allowed.any(-1, keepdim=True)
+
+
+def sinusoids(length: int, d_model: int, *, device: torch.device | str | None = None) -> Tensor:
+    """Section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same); returns (length, d_model) float32."""
+    # float64 for the angles: pos * 10000^(-2i/d) in float32 is off by ~1e-4 rad at pos ~ 1000.
+    pos = torch.arange(length, dtype=torch.float64, device=device)[:, None]  # (length, 1)
+    inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64, device=device) / d_model)  # (ceil(d/2),)
+    angles = pos * inv_freq  # (length, ceil(d/2))
+    pe = torch.empty(length, d_model, dtype=torch.float64, device=device)
+    pe[:, 0::2] = angles.sin()
+    pe[:, 1::2] = angles.cos()[:, : d_model // 2]  # odd d_model has one sine more than cosines
+    return pe.float()
+
+
+class MultiHeadAttention(nn.Module):
+    """Section 3.2.2: project Q, K, V per head (d_k for Q/K, d_v for V), attend, concatenate, project with W^O.
+
+    Q, K and V projections live in one (H*(2*Dk + Dv), D) matrix: self-attention does one fused matmul,
+    cross-attention slices the Q rows (decoder side) and the K/V rows (encoder side, once per sentence).
+    """
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        d, h = cfg.d_model, cfg.heads
+        self.heads = h
+        self.dk = cfg.head_dim or d // h
+        self.dv = cfg.value_dim or d // h
+        self.sizes = [h * self.dk, h * self.dk, h * self.dv]  # rows of W^Q, W^K, W^V in in_weight
+        self.in_weight = nn.Parameter(torch.empty(sum(self.sizes), d))
+        self.in_bias = nn.Parameter(torch.empty(sum(self.sizes)))
+        self.out = nn.Linear(h * self.dv, d)
+        self.dropout = cfg.attention_dropout
+
+    def reset_parameters(self) -> None:
+        # Each of W^Q, W^K, W^V gets its own Xavier bound, as three separate (D -> H*d) layers would.
+        for block in self.in_weight.split(self.sizes):
+            nn.init.xavier_uniform_(block)
+        nn.init.zeros_(self.in_bias)
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.heads, -1).transpose(1, 2)  # (B, T, H*d) -> (B, T, H, d) -> (B, H, T, d)
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention input (B, T, D) -> q, k (B, H, T, Dk), v (B, H, T, Dv) with one matmul."""
+        q, k, v = F.linear(x, self.in_weight, self.in_bias).split(self.sizes, dim=-1)
+        return self._split_heads(q), self._split_heads(k), self._split_heads(v)
+
+    def project_q(self, x: Tensor) -> Tensor:
+        """Decoder states (B, T, D) -> queries (B, H, T, Dk)."""
+        n = self.sizes[0]
+        return self._split_heads(F.linear(x, self.in_weight[:n], self.in_bias[:n]))
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Encoder output (B, S, D) -> keys (B, H, S, Dk), values (B, H, S, Dv)."""
+        n = self.sizes[0]
+        k, v = F.linear(memory, self.in_weight[n:], self.in_bias[n:]).split(self.sizes[1:], dim=-1)
+        return self._split_heads(k), self._split_heads(v)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, *, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """softmax(q k^T / sqrt(Dk)) v over heads, then W^O: (B, H, T, Dk) x (B, H, K, Dk|Dv) -> (B, T, D).
+
+        ``allowed``: bool, True = attend, broadcastable to (B, H, T, K); None = attend to all keys.
+        Fast path: SDPA (a fused kernel, e.g. flash attention on CPU when there is no attention dropout).
+        With ``need_weights`` the product is spelled out and the weights (B, H, T, K), taken before
+        attention dropout, come back too: masked keys get -inf before the softmax, so exactly 0 after it.
+        """
+        p = self.dropout if self.training else 0.0
+        weights = None
+        if need_weights:
+            scores = q @ k.transpose(-2, -1) * self.dk**-0.5  # (B, H, T, K); section 3.2.1 scaling
+            if allowed is not None:
+                scores = scores.masked_fill(~allowed, float("-inf"))
+            weights = scores.softmax(dim=-1)
+            out = F.dropout(weights, p, self.training) @ v  # (B, H, T, Dv)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p)  # scale 1/sqrt(Dk)
+        b, h, t, dv = out.shape
+        return self.out(out.transpose(1, 2).reshape(b, t, h * dv)), weights  # (B, H, T, Dv) -> (B, T, H*Dv)
+
+
+class FeedForward(nn.Module):
+    """Section 3.3: FFN(x) = act(x W1 + b1) W2 + b2, inner size d_ff; activation dropout after act."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.act = F.relu if cfg.activation == "relu" else F.gelu
+        self.dropout = cfg.activation_dropout
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, T, D) -> (B, T, D)
+        return self.fc2(F.dropout(self.act(self.fc1(x)), self.dropout, self.training))
+
+
+class _Block(nn.Module):
+    """Residual wiring shared by both layer kinds: post-norm LayerNorm(x + Dropout(f(x))) (section 5.4)
+    or pre-norm x + Dropout(f(LayerNorm(x)))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.pre = cfg.norm == "pre"
+        self.dropout = cfg.dropout
+
+    def _add(self, x: Tensor, y: Tensor, norm: nn.LayerNorm) -> Tensor:
+        x = x + F.dropout(y, self.dropout, self.training)  # P_drop on each sublayer output, before the add
+        return x if self.pre else norm(x)
+
+
+class EncoderLayer(_Block):
+    """Self-attention, then FFN; (B, S, D) -> (B, S, D)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.self_attn, self.ffn = MultiHeadAttention(cfg), FeedForward(cfg)
+        self.norm1, self.norm2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
+
+    def forward(self, x: Tensor, allowed: Tensor) -> Tensor:
+        """``allowed``: (B, 1, 1, S) bool, True = attend (the source key-padding mask)."""
+        h = self.norm1(x) if self.pre else x
+        x = self._add(x, self.self_attn.attend(*self.self_attn.project_qkv(h), allowed)[0], self.norm1)
+        h = self.norm2(x) if self.pre else x
+        return self._add(x, self.ffn(h), self.norm2)
+
+
+class DecoderLayer(_Block):
+    """Masked self-attention, cross-attention over the encoder output, then FFN; (B, T, D) -> (B, T, D)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.self_attn, self.cross_attn, self.ffn = MultiHeadAttention(cfg), MultiHeadAttention(cfg), FeedForward(cfg)
+        self.norm1, self.norm2, self.norm3 = (nn.LayerNorm(cfg.d_model) for _ in range(3))
+
+    def forward(
+        self, x: Tensor, cross_k: Tensor, cross_v: Tensor, *, self_allowed: Tensor | None, cross_allowed: Tensor,
+        cache: DecoderCache | None = None, layer: int = 0, need_weights: bool = False,
+    ) -> tuple[Tensor, LayerAttention | None]:
+        """x (B, T, D); cross_k/v (B, H, S, Dk|Dv) from the encoder output; masks bool, True = attend:
+        ``self_allowed`` (B, 1, T, T) causal + padding, ``cross_allowed`` (B, 1, 1, S).
+        With ``cache`` (incremental decoding, x holds only the new positions), this layer's self-attention
+        K/V are appended to the cache and the queries see every cached position, so no mask is needed."""
+        h = self.norm1(x) if self.pre else x
+        q, k, v = self.self_attn.project_qkv(h)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # (B, H, length + T, Dk|Dv)
+        h, self_w = self.self_attn.attend(q, k, v, self_allowed, need_weights=need_weights)
+        x = self._add(x, h, self.norm1)
+        h = self.norm2(x) if self.pre else x
+        h, cross_w = self.cross_attn.attend(self.cross_attn.project_q(h), cross_k, cross_v, cross_allowed, need_weights=need_weights)
+        x = self._add(x, h, self.norm2)
+        h = self.norm3(x) if self.pre else x
+        x = self._add(x, self.ffn(h), self.norm3)
+        return x, (LayerAttention(self_w, cross_w) if need_weights else None)
+
+
+class DecoderCache:
+    """Incremental-decoding state for one batch: per decoder layer, self-attention K/V grown by one
+    position per step, and cross-attention K/V computed once from the encoder output; plus the source
+    padding mask and the number of positions decoded so far (`length`).
+
+    Tensors: ``cross_k`` (L, B, H, S, Dk), ``cross_v`` (L, B, H, S, Dv), ``src_pad`` (B, S) bool True = pad,
+    ``cross_allowed`` (B, 1, 1, S) bool True = attend; ``self_k`` (L, B, H, capacity, Dk) and ``self_v``
+    (L, B, H, capacity, Dv), of which positions [0, length) are filled; capacity doubles when full, so
+    appending a step copies only the new position (amortised), unlike re-concatenating the prefix.
+    """
+
+    def __init__(self, cross_k: Tensor, cross_v: Tensor, src_pad: Tensor):
+        self.cross_k, self.cross_v, self.src_pad = cross_k, cross_v, src_pad
+        self.cross_allowed = _allowed(src_pad)
+        # Which original sentence each row holds: rows with the same id have identical cross K/V, which
+        # lets reorder() skip copying them when beams only move within their own sentence.
+        self._row_source = torch.arange(src_pad.size(0), device=src_pad.device)
+        self.reset()
+
+    @property
+    def batch_size(self) -> int:
+        return self.src_pad.size(0)
+
+    def reset(self) -> None:
+        """Forget the decoded prefix (self-attention K/V, length = 0); the source side stays as it is."""
+        self.self_k: Tensor | None = None
+        self.self_v: Tensor | None = None
+        self.length = 0
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write k (B, H, n, Dk), v (B, H, n, Dv) at positions [length, length + n) of ``layer`` and return
+        that layer's keys (B, H, length + n, Dk) and values (B, H, length + n, Dv) (views, no copy).
+        Every layer writes the same positions; the caller advances ``length`` once all layers are done."""
+        start, end = self.length, self.length + k.size(2)
+        if self.self_k is None or end > self.self_k.size(3):
+            self._grow(k, v, capacity=max(16, 2 * end))
+        self.self_k[layer, :, :, start:end] = k
+        self.self_v[layer, :, :, start:end] = v
+        return self.self_k[layer, :, :, :end], self.self_v[layer, :, :, :end]
+
+    def _grow(self, k: Tensor, v: Tensor, *, capacity: int) -> None:
+        n_layers, (b, h, _, dk), dv = self.cross_k.size(0), k.shape, v.size(-1)
+        new_k, new_v = k.new_empty(n_layers, b, h, capacity, dk), v.new_empty(n_layers, b, h, capacity, dv)
+        if self.self_k is not None:
+            new_k[:, :, :, : self.length] = self.self_k[:, :, :, : self.length]
+            new_v[:, :, :, : self.length] = self.self_v[:, :, :, : self.length]
+        self.self_k, self.self_v = new_k, new_v
+
+    def reorder(self, indices: Tensor) -> None:
+        """Row i becomes old row ``indices[i]`` (LongTensor (B',), any B'), for every tensor of the cache:
+        expand to B*beam, reorder beams, drop finished sentences."""
+        if self.self_k is not None:
+            self.self_k, self.self_v = self.self_k.index_select(1, indices), self.self_v.index_select(1, indices)
+        row_source = self._row_source.index_select(0, indices)
+        # Source-side tensors are unchanged when every row keeps its sentence (beams reordered within a
+        # sentence): skip the copy of the cross K/V, the biggest part of the cache (fairseq does the same).
+        if row_source.size(0) != self._row_source.size(0) or not torch.equal(row_source, self._row_source):
+            self.cross_k, self.cross_v = self.cross_k.index_select(1, indices), self.cross_v.index_select(1, indices)
+            self.src_pad, self.cross_allowed = self.src_pad.index_select(0, indices), self.cross_allowed.index_select(0, indices)
+        self._row_source = row_source
+
+
+def _check(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
+    for key, allowed in (("norm", ("post", "pre")), ("activation", ("relu", "gelu")), ("positions", ("sinusoidal", "learned"))):
+        if getattr(cfg, key) not in allowed:
+            raise ValueError(f"model.{key}={getattr(cfg, key)!r} is not one of {', '.join(allowed)}")
+    if (not cfg.head_dim or not cfg.value_dim) and cfg.d_model % cfg.heads:
+        raise ValueError(f"model.d_model={cfg.d_model} is not divisible by model.heads={cfg.heads}; choose d_model as a multiple of heads or set model.head_dim and model.value_dim")
+    if cfg.share_all_embeddings and src_vocab_size != tgt_vocab_size:
+        raise ValueError(
+            f"model.share_all_embeddings needs one vocabulary, but src_vocab_size={src_vocab_size} != tgt_vocab_size={tgt_vocab_size}; "
+            "use a joint tokenizer (tokenizer.joint: true) or set model.share_all_embeddings: false"
+        )
+
+
+class Transformer(nn.Module):
+    """Encoder-decoder Transformer (section 3). Token ids are padded with ``PAD_ID``; masks follow the
+    module docstring (padding masks True = pad; attention masks True = attend)."""
+
+    def __init__(self, cfg: ModelConfig, *, src_vocab_size: int, tgt_vocab_size: int):
+        super().__init__()
+        _check(cfg, src_vocab_size, tgt_vocab_size)
+        d = cfg.d_model
+        self.cfg = cfg
+        self.embed_scale = math.sqrt(d)  # section 3.4: embeddings multiplied by sqrt(d_model)
+        self.dropout = cfg.dropout
+        self.src_embed = nn.Embedding(src_vocab_size, d, padding_idx=PAD_ID)
+        # Section 3.4: one matrix for both embeddings and the pre-softmax layer (joint vocabulary); with
+        # separate vocabularies only the target embedding and the output layer can share.
+        self.tgt_embed = self.src_embed if cfg.share_all_embeddings else nn.Embedding(tgt_vocab_size, d, padding_idx=PAD_ID)
+        self.output_proj = nn.Linear(d, tgt_vocab_size, bias=False)
+        if cfg.share_all_embeddings or cfg.share_decoder_embeddings:
+            self.output_proj.weight = self.tgt_embed.weight
+        self.learned_positions = cfg.positions == "learned"
+        if self.learned_positions:  # Table 3 row (E)
+            self.pos_embed = nn.Embedding(cfg.max_positions, d)
+        else:  # not persistent: a function of the config, recomputed (and grown) rather than checkpointed
+            self.register_buffer("pe", sinusoids(cfg.max_positions, d), persistent=False)
+        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        # Pre-norm leaves the residual stream unnormalised: one final LayerNorm per stack.
+        self.encoder_norm = nn.LayerNorm(d) if cfg.norm == "pre" else None
+        self.decoder_norm = nn.LayerNorm(d) if cfg.norm == "pre" else None
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        # fairseq practice (transformer.py Embedding/Linear helpers): Xavier-uniform projections with
+        # zero biases keep activations unit-scale through the stack; embeddings ~ N(0, d^-0.5) so that
+        # after the sqrt(d) scale they are unit-scale too, which also suits a tied output layer; the
+        # PAD row is zero so padding adds nothing (and padding_idx keeps its gradient at zero).
+        std = self.cfg.d_model**-0.5
+        for module in self.modules():
+            if isinstance(module, MultiHeadAttention):
+                module.reset_parameters()
+            elif isinstance(module, nn.Linear) and module is not self.output_proj:
+                nn.init.xavier_uniform_(module.weight)
+                nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if module.padding_idx is not None:
+                    nn.init.zeros_(module.weight[module.padding_idx])
+        if self.output_proj.weight is not self.tgt_embed.weight:
+            nn.init.normal_(self.output_proj.weight, mean=0.0, std=std)
+
+    def _positions(self, start: int, n: int) -> Tensor:
+        """Position vectors for positions [start, start + n): (n, D)."""
+        end = start + n
+        if self.learned_positions:
+            if end > self.cfg.max_positions:
+                raise ValueError(
+                    f"sequence needs {end} positions but model.max_positions={self.cfg.max_positions} (learned positions); "
+                    "shorten the input (data.max_len, decode max length) or train with a larger model.max_positions"
+                )
+            return self.pos_embed.weight[start:end]
+        if end > self.pe.size(0):  # sinusoids extend to unseen lengths (section 3.5): grow the table
+            self.pe = sinusoids(max(end, 2 * self.pe.size(0)), self.cfg.d_model, device=self.pe.device).to(self.pe.dtype)
+        return self.pe[start:end]
+
+    def _embed(self, embed: nn.Embedding, tokens: Tensor, *, start: int = 0) -> Tensor:
+        """(B, T) ids at positions [start, start + T) -> (B, T, D): scaled embedding + position, dropout."""
+        x = embed(tokens) * self.embed_scale + self._positions(start, tokens.size(1))
+        return F.dropout(x, self.dropout, self.training)  # section 5.4: dropout on embeddings + positions
+
+    def encode(self, src: Tensor) -> EncoderOut:
+        """src (B, S) ids padded with PAD_ID -> EncoderOut(memory (B, S, D), src_pad (B, S) True = pad)."""
+        src_pad = src.eq(PAD_ID)
+        allowed = _allowed(src_pad)  # (B, 1, 1, S)
+        x = self._embed(self.src_embed, src)
+        for layer in self.encoder:
+            x = layer(x, allowed)
+        if self.encoder_norm is not None:
+            x = self.encoder_norm(x)
+        return EncoderOut(x, src_pad)
+
+    def decode(self, tgt_in: Tensor, enc: EncoderOut, *, return_attention: bool = False) -> Tensor | tuple[Tensor, list[LayerAttention]]:
+        """Teacher forcing: tgt_in (B, T) = BOS + target, padded with PAD_ID -> logits (B, T, V_tgt).
+
+        Position t sees target positions <= t (causal) that are not padding, and non-pad source positions.
+        With ``return_attention``, returns (logits, weights): weights[i] is decoder layer i's (bottom
+        first) LayerAttention(self_attn (B, H, T, T), cross_attn (B, H, T, S)); this takes the explicit,
+        slower attention path.
+        """
+        self_allowed = _allowed(tgt_in.eq(PAD_ID), causal=True)  # (B, 1, T, T)
+        cross_allowed = _allowed(enc.src_pad)  # (B, 1, 1, S)
+        x = self._embed(self.tgt_embed, tgt_in)
+        weights = []
+        for layer in self.decoder:
+            k, v = layer.cross_attn.project_kv(enc.memory)
+            x, w = layer(x, k, v, self_allowed=self_allowed, cross_allowed=cross_allowed, need_weights=return_attention)
+            weights.append(w)
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        logits = self.output_proj(x)
+        return (logits, weights) if return_attention else logits
+
+    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
+        """src (B, S), tgt_in (B, T) -> logits (B, T, V_tgt)."""
+        return self.decode(tgt_in, self.encode(src))
+
+    def init_cache(self, enc: EncoderOut) -> DecoderCache:
+        """Start incremental decoding of a batch: project the encoder output to every layer's cross K/V once."""
+        ks, vs = zip(*(layer.cross_attn.project_kv(enc.memory) for layer in self.decoder))
+        return DecoderCache(torch.stack(ks), torch.stack(vs), enc.src_pad)  # (L, B, H, S, Dk|Dv)
+
+    def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
+        """tokens (B,): the newest token of each row (BOS first), at position ``cache.length``
+        -> logits (B, V_tgt) for the next token. Only the new position is computed; its self-attention
+        K/V are appended to ``cache``, which then advances by one."""
+        x = self._embed(self.tgt_embed, tokens[:, None], start=cache.length)  # (B,) -> (B, 1, D)
+        for i, layer in enumerate(self.decoder):
+            # A single query attends to every cached position, all of them in its past: no mask.
+            x, _ = layer(x, cache.cross_k[i], cache.cross_v[i], self_allowed=None, cross_allowed=cache.cross_allowed, cache=cache, layer=i)
+        cache.length += 1
+        if self.decoder_norm is not None:
+            x = self.decoder_norm(x)
+        return self.output_proj(x[:, 0])  # (B, 1, D) -> (B, V)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable scalars, a shared (tied) matrix counted once: ``parameters()`` yields each
+    Parameter object once."""
+    return sum(p.numel() for p in model.parameters())

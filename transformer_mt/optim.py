@@ -1,0 +1,125 @@
+"""Adam (section 5.3 of the paper) and the learning-rate schedules, as pure functions of the update.
+
+Updates are counted from 1: update 1 is the first ``optimizer.step()``. The :class:`Scheduler`
+sets the learning rate of the *next* update, so it is called once after each
+``optimizer.step()`` (after every ``update_freq`` batches, not every batch).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Callable
+
+import torch
+from torch import nn
+
+from transformer_mt.config import TrainConfig
+
+
+def noam_lr(step: int, *, d_model: int, warmup: int, scale: float = 1.0) -> float:
+    """scale * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5), the formula of section 5.3.
+
+    Rises linearly for ``warmup`` updates, peaks at step == warmup with
+    scale * (d_model * warmup)^-0.5, then decays as step^-0.5. warmup = 0 means no warm-up.
+    """
+    if step < 1:
+        raise ValueError(f"update numbers start at 1, got {step}")
+    if warmup == 0:
+        return scale * d_model ** -0.5 * step ** -0.5
+    return scale * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+
+def inverse_sqrt_lr(step: int, *, peak: float, warmup: int) -> float:
+    """peak * min(step / warmup, sqrt(warmup / step)): fairseq's ``inverse_sqrt`` with warmup_init_lr = 0.
+
+    Linear warm-up from 0 (update 1 gets peak / warmup), exactly ``peak`` at step == warmup,
+    then peak * sqrt(warmup / step). It is the noam shape with the peak stated directly.
+    """
+    if step < 1:
+        raise ValueError(f"update numbers start at 1, got {step}")
+    if warmup < 1:
+        raise ValueError(f"inverse_sqrt needs warmup >= 1, got {warmup}")
+    return peak * min(step / warmup, math.sqrt(warmup / step))
+
+
+class Scheduler:
+    """Sets every param group's lr to ``lr_fn(update)`` for the coming update.
+
+    ``num_updates`` counts finished updates; the optimizer always holds ``lr_fn(num_updates + 1)``.
+    The state is that one integer, so resuming gives the same rates as an uninterrupted run.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, lr_fn: Callable[[int], float]):
+        self.optimizer = optimizer
+        self.lr_fn = lr_fn
+        self.num_updates = 0
+        self._apply()
+
+    @property
+    def lr(self) -> float:
+        """The learning rate of the coming update."""
+        return self.lr_fn(self.num_updates + 1)
+
+    def step(self) -> None:
+        """Call after each ``optimizer.step()``."""
+        self.num_updates += 1
+        self._apply()
+
+    def state_dict(self) -> dict:
+        return {"num_updates": self.num_updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.num_updates = int(state["num_updates"])
+        self._apply()
+
+    def _apply(self) -> None:
+        lr = self.lr
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, train_cfg: TrainConfig, *, d_model: int) -> Scheduler:
+    """The schedule named by ``train_cfg.lr_schedule`` (noam or inverse_sqrt), already applied for update 1."""
+    if train_cfg.lr_schedule == "noam":
+        fn = functools.partial(noam_lr, d_model=d_model, warmup=train_cfg.warmup_updates, scale=train_cfg.lr_scale)
+    elif train_cfg.lr_schedule == "inverse_sqrt":
+        fn = functools.partial(inverse_sqrt_lr, peak=train_cfg.lr, warmup=train_cfg.warmup_updates)
+    else:
+        raise ValueError(f"train.lr_schedule={train_cfg.lr_schedule!r} is not one of noam, inverse_sqrt")
+    return Scheduler(optimizer, fn)
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Trainable parameters split into a decayed group and a group without weight decay.
+
+    Decayed: matrices (2-D or more) of linear layers. Not decayed: biases and LayerNorm gains
+    (1-D: decay would pull them to 0, not towards the identity they start at) and nn.Embedding
+    tables (a rare token's row gets few gradients, so decay would shrink it towards 0 between
+    its appearances; with tied embeddings the output projection is that table too), as in minGPT.
+    """
+    embedding = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters(recurse=False)}
+    decay, no_decay = [], []
+    for p in model.parameters():  # shared (tied) parameters appear once
+        if p.requires_grad:
+            (no_decay if p.ndim < 2 or id(p) in embedding else decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def build_optimizer(model: nn.Module, train_cfg: TrainConfig) -> torch.optim.Optimizer:
+    """Adam with the paper's betas and eps, or AdamW (decoupled decay, see :func:`param_groups`) when
+    ``train_cfg.weight_decay`` > 0. Build it after moving the model to its device.
+
+    Uses the fused implementation where this torch has one for the parameters' device (CUDA;
+    CPU from torch 2.4), else foreach. The lr given here is a placeholder: the Scheduler sets it.
+    """
+    if train_cfg.weight_decay > 0:
+        cls, groups = torch.optim.AdamW, param_groups(model, train_cfg.weight_decay)
+    else:
+        cls, groups = torch.optim.Adam, [{"params": [p for p in model.parameters() if p.requires_grad]}]
+    kwargs = dict(lr=train_cfg.lr, betas=tuple(train_cfg.optimizer_betas), eps=train_cfg.optimizer_eps, weight_decay=0.0)
+    try:
+        return cls(groups, fused=True, **kwargs)
+    except (RuntimeError, ValueError, TypeError):  # no fused kernel for this device or dtype in this torch
+        return cls(groups, foreach=True, **kwargs)

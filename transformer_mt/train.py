@@ -1,0 +1,433 @@
+"""`tmt train`: the teacher-forced training loop, validation, checkpoints and exact resume.
+
+One update = `update_freq` token-budget batches whose gradients are summed, normalised by the
+update's target-token count, clipped, and applied by Adam under the warm-up schedule.
+Everything needed to continue exactly (weights, optimizer, scheduler, scaler, RNG states,
+epoch and position in the epoch) goes into `checkpoint_last.pt`, written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import signal
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from transformer_mt import runtime
+from transformer_mt.checkpoint import (
+    CheckpointError,
+    load_checkpoint,
+    numbered_checkpoint_path,
+    pack_tokenizers,
+    prune_checkpoints,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+    unpack_tokenizers,
+    config_from_checkpoint,
+)
+from transformer_mt.config import Config, ConfigError, load_config, save_config, to_dict
+from transformer_mt.data import ParallelData, load_parallel
+from transformer_mt.loss import label_smoothed_nll_loss
+from transformer_mt.metrics import read_lines, score
+from transformer_mt.model import Transformer, count_parameters
+from transformer_mt.optim import build_optimizer, build_scheduler
+from transformer_mt.tokenizer import Tokenizer, train_sentencepiece
+from transformer_mt.translate import translate_ids
+
+
+class TrainError(RuntimeError):
+    """A training problem worded for the user."""
+
+
+@dataclass
+class Progress:
+    """Where training stands; saved in every checkpoint so a resumed run continues exactly."""
+
+    update: int = 0  # optimizer updates done
+    epoch: int = 1  # current epoch (1-based)
+    batch_in_epoch: int = 0  # batches of the current epoch already consumed
+    best: float | None = None  # best validation metric so far
+    bad_validations: int = 0  # validations without improvement (for patience)
+    elapsed: float = 0.0  # training seconds before this process started
+    last_validated: int = -1  # update of the last validation
+
+
+@dataclass
+class TrainResult:
+    """What a finished (or interrupted) run reports."""
+
+    out_dir: Path
+    progress: Progress
+    stop_reason: str
+    last_validation: dict[str, float] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- entry points
+def train_from_cli(*, config: Path | None, overrides: list[str], resume: Path | None) -> TrainResult:
+    """Build the config (from --config, or from the run being resumed) and train; exits 130 when interrupted."""
+    if resume is not None:
+        cfg = resumed_config(resume, overrides)
+        if config is not None:
+            print(f"tmt train: resuming {resume}: its saved config is used, --config {config} is ignored (use --set to change values)", file=sys.stderr)
+    else:
+        if config is None:
+            raise ConfigError("tmt train needs --config FILE (see configs/) or --resume RUN_DIR")
+        cfg = load_config(config, overrides)
+    result = train(cfg, resume=resume is not None)
+    if result.stop_reason == "interrupted":
+        sys.exit(130)
+    return result
+
+
+def resumed_config(run_dir: Path, overrides: list[str]) -> Config:
+    """The config saved in RUN_DIR/checkpoint_last.pt, with --set overrides that do not change the architecture."""
+    path = Path(run_dir) / "checkpoint_last.pt"
+    if not path.is_file():
+        raise TrainError(f"{path}: no checkpoint to resume from; check the run directory given to --resume")
+    saved = config_from_checkpoint(load_checkpoint(path), source=str(path))
+    cfg = load_config(None, [f"{s}.{k}={json.dumps(v)}" for s, sec in to_dict(saved).items() for k, v in sec.items()] + list(overrides), check_files=False)
+    if cfg.model != saved.model or cfg.tokenizer != saved.tokenizer:
+        raise ConfigError(f"--resume {run_dir}: model.* and tokenizer.* cannot change when resuming; start a new run in another train.out_dir")
+    cfg.train.out_dir = str(run_dir)
+    return cfg
+
+
+def train(cfg: Config, *, resume: bool = False, on_update: Callable[[int, dict], None] | None = None) -> TrainResult:
+    """Train according to `cfg`; with `resume`, continue from cfg.train.out_dir/checkpoint_last.pt."""
+    return Trainer(cfg, resume=resume, on_update=on_update).run()
+
+
+# ---------------------------------------------------------------- the trainer
+class Trainer:
+    """Holds the model, optimizer and data of one run; `run()` is the loop."""
+
+    def __init__(self, cfg: Config, *, resume: bool, on_update: Callable[[int, dict], None] | None = None):
+        self.cfg, self.t = cfg, cfg.train
+        self.out = Path(self.t.out_dir)
+        self.on_update = on_update
+        last = self.out / "checkpoint_last.pt"
+        if not resume and last.exists():
+            raise TrainError(f"{self.out} already holds a run (checkpoint_last.pt); continue it with `tmt train --resume {self.out}` or set train.out_dir to a new directory")
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.log_file = open(self.out / "train.log", "a", encoding="utf-8")
+        self.metrics_file = open(self.out / "metrics.jsonl", "a", encoding="utf-8")
+        self.device = runtime.pick_device(self.t.device)
+        runtime.check_dtype(self.t.dtype, self.device)
+        runtime.set_threads(self.t.threads)
+        runtime.seed_everything(self.t.seed)
+
+        state = load_checkpoint(last, map_location="cpu") if resume else None
+        self.src_tok, self.tgt_tok = self._tokenizers(state)
+        self.model = Transformer(cfg.model, src_vocab_size=self.src_tok.vocab_size, tgt_vocab_size=self.tgt_tok.vocab_size).to(self.device)
+        self.optimizer = build_optimizer(self.model, self.t)
+        self.scheduler = build_scheduler(self.optimizer, self.t, d_model=cfg.model.d_model)
+        self.scaler = torch.amp.GradScaler("cuda") if self.t.dtype == "float16" else None
+        self.progress = Progress()
+        if state is not None:
+            self._restore(state)
+        save_config(cfg, self.out / "config.yaml")
+
+        cache_dir = Path(cfg.data.cache_dir or self.out / "cache")
+        quiet = not sys.stderr.isatty()
+        if not cfg.data.train_src or not cfg.data.train_tgt:
+            raise ConfigError("data.train_src and data.train_tgt must name the training files")
+        self.train_data: ParallelData = load_parallel(cfg.data.train_src, cfg.data.train_tgt, self.src_tok, self.tgt_tok, cfg.data, cache_dir=cache_dir, quiet=quiet)
+        self.log(f"training data: {self.train_data.summary.format()}")
+        if self.train_data.num_pairs == 0:
+            raise TrainError(f"{cfg.data.train_src}: no training pairs left after filtering; check the files and data.max_len")
+        self.valid_data: ParallelData | None = None
+        if cfg.data.valid_src and cfg.data.valid_tgt:
+            self.valid_data = load_parallel(cfg.data.valid_src, cfg.data.valid_tgt, self.src_tok, self.tgt_tok, cfg.data, cache_dir=cache_dir, filter_long=False, quiet=quiet)
+            self.log(f"validation data: {self.valid_data.summary.format()}")
+        self.log(f"model: {count_parameters(self.model):,} parameters; device {self.device}, dtype {self.t.dtype}, {torch.get_num_threads()} threads")
+        self.stop_requested: str | None = None
+
+    # ------------------------------------------------------------ setup helpers
+    def _tokenizers(self, state: dict | None) -> tuple[Tokenizer, Tokenizer]:
+        tok_cfg, data_cfg = self.cfg.tokenizer, self.cfg.data
+        if state is not None:
+            src, tgt = unpack_tokenizers(state)
+            return Tokenizer(src), Tokenizer(tgt)
+        if tok_cfg.model:
+            src = Tokenizer(tok_cfg.model)
+            tgt = src if tok_cfg.joint else Tokenizer(tok_cfg.tgt_model) if tok_cfg.tgt_model else self._train_spm([data_cfg.train_tgt], "spm.tgt")
+            return src, tgt
+        if tok_cfg.joint:
+            tok = self._train_spm([data_cfg.train_src, data_cfg.train_tgt], "spm")
+            return tok, tok
+        return self._train_spm([data_cfg.train_src], "spm.src"), self._train_spm([data_cfg.train_tgt], "spm.tgt")
+
+    def _train_spm(self, inputs: list[str], name: str) -> Tokenizer:
+        tok_cfg = self.cfg.tokenizer
+        self.log(f"training sentencepiece {tok_cfg.model_type} ({tok_cfg.vocab_size} pieces) on {', '.join(inputs)} -> {self.out / name}.model")
+        path = train_sentencepiece(inputs, self.out / name, vocab_size=tok_cfg.vocab_size, model_type=tok_cfg.model_type,
+                                   character_coverage=tok_cfg.character_coverage, input_sentence_size=tok_cfg.input_sentence_size)
+        return Tokenizer(path)
+
+    def _restore(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.progress = Progress(**state["progress"])
+        set_rng_state(state["rng"])
+        self.log(f"resumed from {self.out / 'checkpoint_last.pt'} at update {self.progress.update}, epoch {self.progress.epoch}")
+
+    # ------------------------------------------------------------ logging
+    def log(self, msg: str) -> None:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        self.log_file.write(f"{stamp} {msg}\n")
+        self.log_file.flush()
+        _tqdm_write(msg)
+
+    def metric(self, record: dict[str, Any]) -> None:
+        self.metrics_file.write(json.dumps(record) + "\n")
+        self.metrics_file.flush()
+
+    # ------------------------------------------------------------ the loop
+    def run(self) -> TrainResult:
+        t, p = self.t, self.progress
+        start = time.monotonic()
+        elapsed = lambda: p.elapsed + (time.monotonic() - start)  # noqa: E731 - tiny closure over start
+        previous = _install_signal_handlers(self._request_stop)
+        bar = _progress_bar(total=t.max_updates or None, initial=p.update)
+        window = _Window()
+        reason = ""
+        last_val: dict[str, float] = {}
+        try:
+            while not reason:
+                batches = self.train_data.batches(p.epoch, max_tokens=t.max_tokens, seed=t.seed)
+                while p.batch_in_epoch < len(batches) and not reason:
+                    group = batches[p.batch_in_epoch:p.batch_in_epoch + t.update_freq]
+                    stats = self._update([self.train_data.get_batch(idx) for idx in group])
+                    p.batch_in_epoch += len(group)
+                    p.update += 1
+                    window.add(stats)
+                    bar.update(1)
+                    if self.on_update is not None:
+                        self.on_update(p.update, stats)
+                    if p.update % t.log_every == 0:
+                        self._log_window(window, bar, elapsed())
+                    if self.valid_data is not None and p.update % t.validate_every == 0:
+                        last_val = self._validate_and_save(elapsed())
+                        if t.patience and p.bad_validations >= t.patience:
+                            reason = f"no improvement in {t.patience} validations (patience)"
+                    reason = reason or self.stop_requested or _limit_reached(t, p, elapsed())
+                if p.batch_in_epoch >= len(batches):
+                    p.epoch, p.batch_in_epoch = p.epoch + 1, 0
+                    if t.max_epochs and p.epoch > t.max_epochs:
+                        reason = reason or f"max_epochs={t.max_epochs} reached"
+        finally:
+            bar.close()
+            _restore_signal_handlers(previous)
+        if reason != "interrupted" and self.valid_data is not None and p.last_validated != p.update:
+            last_val = self._validate_and_save(elapsed())
+        p.elapsed = elapsed()
+        self._save(self.out / "checkpoint_last.pt", last_val)
+        if reason == "interrupted":
+            self.log(f"interrupted at update {p.update}: saved {self.out / 'checkpoint_last.pt'}; continue with `tmt train --resume {self.out}`")
+        else:
+            self.log(f"stopped at update {p.update} (epoch {p.epoch}): {reason}; checkpoints in {self.out}")
+        self.log_file.close()
+        self.metrics_file.close()
+        return TrainResult(self.out, p, reason, last_val)
+
+    def _request_stop(self) -> None:
+        self.stop_requested = "interrupted"
+
+    def _update(self, batches: list) -> dict[str, float]:
+        """One optimizer update over `batches` (gradient accumulation); returns summed stats."""
+        self.model.train()
+        total_tokens = sum(b.ntokens for b in batches)
+        loss_sum = nll_sum = 0.0
+        tic = time.perf_counter()
+        for batch in batches:
+            batch = batch.to(self.device)
+            with runtime.autocast(self.device, self.t.dtype):
+                logits = self.model(batch.src, batch.tgt_in)
+            loss, nll, _ = label_smoothed_nll_loss(logits, batch.tgt_out, epsilon=self.t.label_smoothing)
+            scaled = loss / total_tokens  # per-token mean over the whole update
+            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+            loss_sum += loss.item()
+            nll_sum += nll.item()
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
+        max_norm = self.t.clip_norm if self.t.clip_norm > 0 else float("inf")
+        gnorm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        lr = self.scheduler.lr  # the schedule already set it for this update
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)  # skips the step itself when gradients overflowed
+            self.scaler.update()
+        elif math.isfinite(gnorm):
+            self.optimizer.step()
+        else:
+            self.log(f"update {self.progress.update + 1}: gradient norm is {gnorm}; update skipped (NaN guard)")
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"loss": loss_sum, "nll": nll_sum, "ntokens": total_tokens, "lr": lr, "gnorm": gnorm,
+                "seconds": time.perf_counter() - tic}
+
+    def _log_window(self, window: "_Window", bar, wall: float) -> None:
+        rec = window.flush()
+        rec.update(update=self.progress.update, epoch=self.progress.epoch, wall=round(wall, 2))
+        self.metric(rec)
+        bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{rec['lr']:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}")
+        if bar.disable:
+            self.log(f"update {rec['update']} epoch {rec['epoch']}: loss {rec['loss']:.3f} ppl {rec['ppl']:.2f} lr {rec['lr']:.3e} {rec['tokens_per_s']:.0f} tgt tok/s")
+
+    # ------------------------------------------------------------ validation and checkpoints
+    def validate(self) -> dict[str, float]:
+        """Validation loss/perplexity over the whole validation set and BLEU on its first sentences."""
+        assert self.valid_data is not None
+        self.model.eval()
+        loss_sum = nll_sum = 0.0
+        ntokens = 0
+        with torch.inference_mode(), runtime.autocast(self.device, self.t.dtype):
+            for idx in self.valid_data.batches(0, max_tokens=self.t.max_tokens, seed=self.t.seed):
+                batch = self.valid_data.get_batch(idx).to(self.device)
+                loss, nll, n = label_smoothed_nll_loss(self.model(batch.src, batch.tgt_in), batch.tgt_out, epsilon=self.t.label_smoothing)
+                loss_sum, nll_sum, ntokens = loss_sum + loss.item(), nll_sum + nll.item(), ntokens + int(n)
+        result = {"val_loss": loss_sum / ntokens, "val_nll": nll_sum / ntokens, "val_ppl": math.exp(min(nll_sum / ntokens, 100.0))}
+        if self.t.valid_bleu_sentences >= 0:
+            result.update(self._valid_bleu())
+        return result
+
+    def _valid_bleu(self) -> dict[str, float]:
+        srcs, refs = _valid_pairs(self.cfg.data.valid_src, self.cfg.data.valid_tgt, self.t.valid_bleu_sentences)
+        d = self.cfg.decode
+        hyps = translate_ids(self.model, self.src_tok.encode(srcs), beam=self.t.valid_beam, lenpen=d.lenpen,
+                             max_len_a=d.max_len_a, max_len_b=d.max_len_b, batch_tokens=d.batch_tokens,
+                             device=self.device, dtype=self.t.dtype)
+        text = self.tgt_tok.decode([h[0].tokens for h in hyps])
+        return {"val_bleu": score(text, [refs], metrics=("bleu",))["bleu"]["score"]}
+
+    def _validate_and_save(self, wall: float) -> dict[str, float]:
+        p, t = self.progress, self.t
+        tic = time.perf_counter()
+        val = self.validate()
+        p.last_validated = p.update
+        metric = val.get("val_bleu") if t.best_metric == "bleu" and "val_bleu" in val else val["val_loss"]
+        higher_better = t.best_metric == "bleu" and "val_bleu" in val
+        improved = p.best is None or (metric > p.best if higher_better else metric < p.best)
+        if improved:
+            p.best, p.bad_validations = metric, 0
+        else:
+            p.bad_validations += 1
+        self.metric({"update": p.update, "epoch": p.epoch, **{k: round(v, 4) for k, v in val.items()}, "wall": round(wall, 2), "valid_seconds": round(time.perf_counter() - tic, 2)})
+        shown = ", ".join(f"{k[4:]} {v:.2f}" for k, v in val.items())
+        self.log(f"validation at update {p.update}: {shown}{' (best)' if improved else ''}")
+        self._save(self.out / "checkpoint_last.pt", val, elapsed=wall)
+        if improved:
+            self._save(self.out / "checkpoint_best.pt", val, elapsed=wall)
+        if t.save_every == 0 or p.update % t.save_every == 0:
+            self._save(numbered_checkpoint_path(self.out, p.update), val, elapsed=wall)
+            prune_checkpoints(self.out, t.keep_last)
+        return val
+
+    def _save(self, path: Path, val: dict[str, float], *, elapsed: float | None = None) -> None:
+        p = self.progress
+        progress = asdict(p)
+        if elapsed is not None:
+            progress["elapsed"] = elapsed
+        state = {
+            "format": "transformer_mt/1",
+            "model": self.model.state_dict(),
+            "config": to_dict(self.cfg),
+            "tokenizers": pack_tokenizers(self.src_tok.proto, self.tgt_tok.proto),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "rng": rng_state(),
+            "progress": progress,
+            "metrics": dict(val),
+        }
+        save_checkpoint(state, path)
+
+
+# ---------------------------------------------------------------- small helpers
+class _Window:
+    """Sums training stats between two log lines."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss = self.nll = self.tokens = self.seconds = 0.0
+        self.updates = 0
+        self.lr = self.gnorm = 0.0
+        self.tic = time.perf_counter()
+
+    def add(self, s: dict[str, float]) -> None:
+        self.loss += s["loss"]
+        self.nll += s["nll"]
+        self.tokens += s["ntokens"]
+        self.updates += 1
+        self.lr, self.gnorm = s["lr"], s["gnorm"]
+
+    def flush(self) -> dict[str, float]:
+        seconds = time.perf_counter() - self.tic
+        tokens = max(self.tokens, 1.0)
+        rec = {"loss": self.loss / tokens, "nll": self.nll / tokens, "ppl": math.exp(min(self.nll / tokens, 100.0)),
+               "lr": self.lr, "gnorm": round(self.gnorm, 4), "tokens_per_s": self.tokens / max(seconds, 1e-9),
+               "updates_per_s": self.updates / max(seconds, 1e-9)}
+        self.reset()
+        return rec
+
+
+def _limit_reached(t, p: Progress, elapsed: float) -> str:
+    if t.max_updates and p.update >= t.max_updates:
+        return f"max_updates={t.max_updates} reached"
+    if t.max_time and elapsed >= t.max_time * 60:
+        return f"max_time={t.max_time:g} minutes reached"
+    return ""
+
+
+def _valid_pairs(src_path: str, tgt_path: str, limit: int) -> tuple[list[str], list[str]]:
+    """The first `limit` (0 = all) validation pairs with text on both sides, as raw strings."""
+    pairs = [(s, r) for s, r in zip(read_lines(src_path), read_lines(tgt_path)) if s.strip() and r.strip()]
+    if limit > 0:
+        pairs = pairs[:limit]
+    return [s for s, _ in pairs], [r for _, r in pairs]
+
+
+def _install_signal_handlers(request_stop: Callable[[], None]) -> dict:
+    """First SIGINT/SIGTERM: finish the current update, save, exit. A second SIGINT aborts at once
+    (checkpoints are written atomically, so the last one stays intact)."""
+    previous = {}
+
+    def handler(signum, frame):  # noqa: ARG001 - signal handler signature
+        request_stop()
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _tqdm_write(f"\n{signal.Signals(signum).name} received: finishing this update and saving a checkpoint (Ctrl-C again to abort)")
+
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread (e.g. some test runners): no handlers
+        pass
+    return previous
+
+
+def _restore_signal_handlers(previous: dict) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
+def _progress_bar(*, total: int | None, initial: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, unit="upd", dynamic_ncols=True, disable=not sys.stderr.isatty(), leave=False)
+
+
+def _tqdm_write(msg: str) -> None:
+    from tqdm import tqdm
+
+    tqdm.write(msg, file=sys.stderr)

@@ -1,0 +1,239 @@
+"""Translating lists, files and streams in input order: one output line per input line.
+
+`translate_ids` is the batched core (sort by length, batch by source tokens, search, restore
+order); `Translator` adds the checkpoint, the tokenizers and the text rules:
+- an empty or whitespace-only input line gives an empty output line (the model is not run);
+- a line longer than the model allows is truncated, and one warning line counts them;
+- n-best output is `INDEX<TAB>SCORE<TAB>TEXT`, K lines per input line, INDEX 0-based, best first.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, TextIO
+
+import torch
+
+from transformer_mt import runtime
+from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, unpack_tokenizers
+from transformer_mt.config import Config
+from transformer_mt.model import Transformer
+from transformer_mt.search import Hypothesis, search
+from transformer_mt.tokenizer import EOS_ID, PAD_ID, Tokenizer
+
+
+class TranslateError(ValueError):
+    """A translation problem worded for the user."""
+
+
+def translate_ids(
+    model: Transformer,
+    src_ids: list[list[int]],
+    *,
+    beam: int = 4,
+    lenpen: float = 0.6,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    nbest: int = 1,
+    batch_tokens: int = 4096,
+    device: torch.device | str = "cpu",
+    dtype: str = "float32",
+) -> list[list[Hypothesis]]:
+    """Translate id sequences (without EOS; it is appended here) and return n-best lists in input order."""
+    device = torch.device(device)
+    order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]), reverse=True)
+    results: list[list[Hypothesis] | None] = [None] * len(src_ids)
+    was_training = model.training
+    model.eval()
+    with torch.inference_mode(), runtime.autocast(device, dtype):
+        for chunk in _token_batches(order, src_ids, batch_tokens):
+            width = len(src_ids[chunk[0]]) + 1  # longest first: the chunk is sorted by length
+            src = torch.full((len(chunk), width), PAD_ID, dtype=torch.long)
+            for row, i in enumerate(chunk):
+                seq = src_ids[i] + [EOS_ID]
+                src[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            hyps = search(model, src.to(device), beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, nbest=nbest)
+            for i, nbest_list in zip(chunk, hyps):
+                results[i] = nbest_list
+    model.train(was_training)
+    return results  # type: ignore[return-value]
+
+
+def _token_batches(order: list[int], src_ids: list[list[int]], batch_tokens: int) -> Iterator[list[int]]:
+    """Consecutive runs of `order` (sorted longest first) whose padded size stays within `batch_tokens`."""
+    chunk: list[int] = []
+    for i in order:
+        width = len(src_ids[chunk[0]]) + 1 if chunk else len(src_ids[i]) + 1
+        if chunk and (len(chunk) + 1) * width > batch_tokens:
+            yield chunk
+            chunk = []
+        chunk.append(i)
+    if chunk:
+        yield chunk
+
+
+@dataclass
+class TranslateStats:
+    """Counts for the end-of-run report."""
+
+    lines: int = 0
+    truncated: int = 0
+    tgt_tokens: int = 0
+    seconds: float = 0.0
+
+
+class Translator:
+    """A model, its tokenizers and decoding settings, ready to translate text."""
+
+    def __init__(self, model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, cfg: Config, *, device: torch.device, dtype: str = "float32"):
+        self.model, self.src_tok, self.tgt_tok, self.cfg = model.eval(), src_tok, tgt_tok, cfg
+        self.device, self.dtype = device, dtype
+        # The longest source the model accepts: learned positions have a fixed table; EOS takes one place.
+        self.max_src_tokens = cfg.model.max_positions - 1
+        self.stats = TranslateStats()
+
+    @classmethod
+    def from_checkpoint(cls, path: str | os.PathLike, *, device: str = "auto", dtype: str = "float32", threads: int = 0) -> "Translator":
+        dev = runtime.pick_device(device)
+        torch_dtype = runtime.check_dtype(dtype, dev)
+        runtime.set_threads(threads)
+        state = load_checkpoint(path)
+        cfg = config_from_checkpoint(state, source=str(path))
+        src_proto, tgt_proto = unpack_tokenizers(state, source=str(path))
+        src_tok, tgt_tok = Tokenizer(src_proto), Tokenizer(tgt_proto)
+        model = Transformer(cfg.model, src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size)
+        model.load_state_dict(state["model"])
+        # Inference in reduced precision: cast the weights once (cheaper per step than autocast).
+        model.to(device=dev, dtype=torch_dtype)
+        return cls(model, src_tok, tgt_tok, cfg, device=dev, dtype=dtype)
+
+    def translate(self, lines: list[str], *, beam: int, lenpen: float, nbest: int = 1, batch_tokens: int | None = None,
+                  max_len_a: float | None = None, max_len_b: int | None = None) -> list[list[tuple[float, str]]]:
+        """n-best (score, text) lists, one per input line, in input order; empty lines give [(0.0, "")] * nbest."""
+        d = self.cfg.decode
+        tic = time.perf_counter()
+        keep = [i for i, line in enumerate(lines) if line.strip()]
+        ids = self.src_tok.encode([lines[i] for i in keep])
+        for n, seq in enumerate(ids):
+            if len(seq) > self.max_src_tokens:
+                ids[n] = seq[: self.max_src_tokens]
+                self.stats.truncated += 1
+        hyps = translate_ids(self.model, ids, beam=beam, lenpen=lenpen, nbest=nbest,
+                             max_len_a=d.max_len_a if max_len_a is None else max_len_a,
+                             max_len_b=d.max_len_b if max_len_b is None else max_len_b,
+                             batch_tokens=batch_tokens or d.batch_tokens, device=self.device, dtype="float32")
+        out: list[list[tuple[float, str]]] = [[(0.0, "")] * nbest for _ in lines]
+        for i, nb in zip(keep, hyps):
+            texts = self.tgt_tok.decode([h.tokens for h in nb])
+            out[i] = [(h.score, t) for h, t in zip(nb, texts)]
+            self.stats.tgt_tokens += len(nb[0].tokens) + 1  # + EOS, as fairseq counts
+        self.stats.lines += len(lines)
+        self.stats.seconds += time.perf_counter() - tic
+        return out
+
+    def warning(self) -> str | None:
+        if not self.stats.truncated:
+            return None
+        s = "s" if self.stats.truncated > 1 else ""
+        return (f"tmt translate: warning: {self.stats.truncated} input line{s} longer than {self.max_src_tokens} tokens "
+                f"(model.max_positions={self.cfg.model.max_positions}) truncated")
+
+
+def write_results(results: list[list[tuple[float, str]]], out: TextIO, *, nbest: int, first_index: int) -> None:
+    for k, nb in enumerate(results):
+        if nbest == 1:
+            out.write(nb[0][1] + "\n")
+        else:
+            for score_, text in nb:
+                out.write(f"{first_index + k}\t{score_:.4f}\t{text}\n")
+
+
+def translate_stream(translator: Translator, lines: Iterable[list[str]], out: TextIO, *, beam: int, lenpen: float,
+                     nbest: int = 1, batch_tokens: int | None = None, progress=None) -> TranslateStats:
+    """Translate chunks of lines as they come and write them in order; flushes after each chunk."""
+    index = 0
+    for chunk in lines:
+        results = translator.translate(chunk, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens)
+        write_results(results, out, nbest=nbest, first_index=index)
+        out.flush()
+        index += len(chunk)
+        if progress is not None:
+            progress.update(len(chunk))
+    return translator.stats
+
+
+def file_chunks(path: Path, *, chunk_lines: int = 10_000) -> Iterator[list[str]]:
+    """Lines of a UTF-8 file in chunks (memory stays bounded on large inputs); errors name the line."""
+    if not path.is_file():
+        raise TranslateError(f"{path}: input file not found; check the path")
+    chunk: list[str] = []
+    with open(path, "rb") as handle:
+        for lineno, raw in enumerate(handle, 1):
+            try:
+                chunk.append(raw.decode("utf-8").rstrip("\r\n"))
+            except UnicodeDecodeError:
+                raise TranslateError(f"{path}:{lineno}: not valid UTF-8; convert the file to UTF-8 (e.g. iconv -t UTF-8)") from None
+            if len(chunk) >= chunk_lines:
+                yield chunk
+                chunk = []
+    if chunk:
+        yield chunk
+
+
+def stdin_chunks(stream: TextIO | None = None, *, max_lines: int = 1000) -> Iterator[list[str]]:
+    """Lines from stdin as they arrive: everything already readable is batched (pipes translate
+    in batches), and a lone interactive line is translated at once (no waiting for EOF)."""
+    stream = stream or sys.stdin
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (e.g. tests): plain line chunks
+        yield from _plain_chunks(stream, max_lines)
+        return
+    buffer = b""
+    lines: list[str] = []
+    lineno = 0
+    while True:
+        ready = bool(select.select([fd], [], [], 0)[0]) or not lines
+        data = os.read(fd, 1 << 16) if ready else b""
+        if ready and not data:  # EOF
+            if buffer:
+                lines.append(_decode(buffer, lineno + len(lines) + 1))
+            if lines:
+                yield lines
+            return
+        buffer += data
+        *complete, buffer = buffer.split(b"\n")
+        for raw in complete:
+            lines.append(_decode(raw.rstrip(b"\r"), lineno + len(lines) + 1))
+        if lines and (not ready or len(lines) >= max_lines or not select.select([fd], [], [], 0)[0]):
+            lineno += len(lines)
+            yield lines
+            lines = []
+
+
+def _plain_chunks(stream: TextIO, max_lines: int) -> Iterator[list[str]]:
+    chunk: list[str] = []
+    for line in stream:
+        chunk.append(line.rstrip("\r\n"))
+        if len(chunk) >= max_lines:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _decode(raw: bytes, lineno: int) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise TranslateError(f"<stdin>:{lineno}: not valid UTF-8; send UTF-8 text") from None
+
+
+def count_lines(path: Path) -> int:
+    with open(path, "rb") as handle:
+        return sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 20), b""))
