@@ -206,13 +206,18 @@ def make_batches(lengths_src, lengths_tgt, max_tokens: int, *, seed: int, epoch:
     rng = _rng(seed, epoch)
     tiebreak = rng.permutation(ls.size) if shuffle else np.arange(ls.size)
     order = tiebreak[np.lexsort((ls[tiebreak], lt[tiebreak]))]  # lexsort is stable: the last key is primary
-    cuts, start, max_s, max_t = [], 0, 0, 0
-    for i, (s, t) in enumerate(zip(ls[order].tolist(), lt[order].tolist())):
-        max_s, max_t = max(max_s, s), max(max_t, t)
-        if i > start and max(max_s, max_t) * (i - start + 1) > max_tokens:
-            cuts.append(i)
-            start, max_s, max_t = i, s, t
-    batches = np.split(order, cuts)
+    # Greedy cut along the sorted order. Target lengths never decrease along it, so a batch that
+    # starts at i holds at most max_tokens // lt[i] pairs, and its size max(running max) x count
+    # never decreases as pairs are added: one searchsorted per batch finds where it must end.
+    s_sorted, t_sorted = ls[order], lt[order]
+    cuts, i = [], 0
+    while i < order.size:
+        window = slice(i, i + max(1, max_tokens // max(int(s_sorted[i]), int(t_sorted[i]))))
+        longest = np.maximum(np.maximum.accumulate(s_sorted[window]), t_sorted[window])
+        sizes = longest * np.arange(1, longest.size + 1)
+        i += max(1, int(np.searchsorted(sizes, max_tokens, side="right")))  # a pair over budget goes alone
+        cuts.append(i)
+    batches = np.split(order, cuts[:-1])
     if shuffle:
         batches = [batches[i] for i in rng.permutation(len(batches))]
     return batches
@@ -267,7 +272,7 @@ class ParallelData:
         if self._memo is None or self._memo[0] != args:
             # +1: the EOS on the source and the BOS / EOS on the target occupy a position each
             self._memo = (args, make_batches(self.src_lengths + 1, self.tgt_lengths + 1, max_tokens, seed=seed, epoch=epoch, shuffle=shuffle))
-        return self._memo[1]
+        return list(self._memo[1])  # a copy: callers may reorder or slice it
 
     def get_batch(self, indices: Sequence[int]) -> Batch:
         """The :class:`Batch` of the pairs ``indices``, in that order."""
@@ -427,6 +432,38 @@ def _token_dtype(tok: Tokenizer) -> np.dtype:
     return np.dtype(np.uint16 if tok.vocab_size < 65536 else np.int32)
 
 
+class _CacheWriter:
+    """Appends kept pairs, chunk by chunk, to the array files of a (temporary) cache directory."""
+
+    def __init__(self, directory: Path, dtypes: dict[str, np.dtype]):
+        self.dtypes = dtypes
+        names = ["lines"] + [f"{side}.{name}" for side in dtypes for name in ("tokens", *_INDEX_FILES)]
+        self.files = {name: open(directory / name, "wb") for name in names}
+        self.stats = {side: {"tokens": 0, "unk": 0, "max": 0} for side in dtypes}
+
+    def add(self, numbers: list[int], encoded: dict[str, list[list[int]]], lengths: dict[str, np.ndarray], keep: np.ndarray) -> None:
+        np.asarray(numbers, dtype=np.int64)[keep].tofile(self.files["lines"])
+        rows = np.flatnonzero(keep)
+        for side, seqs in encoded.items():
+            kept, stats = lengths[side][keep], self.stats[side]
+            flat = np.fromiter(itertools.chain.from_iterable(seqs[i] for i in rows), self.dtypes[side], count=int(kept.sum()))
+            flat.tofile(self.files[f"{side}.tokens"])
+            (stats["tokens"] + np.cumsum(kept) - kept).astype(np.int64).tofile(self.files[f"{side}.offsets"])
+            kept.astype(np.int32).tofile(self.files[f"{side}.lengths"])
+            stats["tokens"] += flat.size
+            stats["unk"] += int(np.count_nonzero(flat == UNK_ID))
+            stats["max"] = max(stats["max"], int(kept.max(initial=0)))
+
+    def sync(self) -> None:
+        for handle in self.files.values():
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def close(self) -> None:
+        for handle in self.files.values():
+            handle.close()
+
+
 def _encode_corpus(src_path, tgt_path, src_tok, tgt_tok, cfg: DataConfig, directory: Path, key: str, inputs: dict, *, filter_long: bool, quiet: bool) -> None:
     """Encode, filter and write the cache for ``key`` into a temporary directory, then rename it into place."""
     n_src, n_tgt = _count_lines(src_path), _count_lines(tgt_path)
@@ -442,42 +479,30 @@ def _encode_corpus(src_path, tgt_path, src_tok, tgt_tok, cfg: DataConfig, direct
     tmp = directory.with_name(f"{directory.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
     tmp.mkdir()
     try:
-        names = ["lines"] + [f"{side}.{name}" for side in ("src", "tgt") for name in ("tokens", *_INDEX_FILES)]
-        files = {name: open(tmp / name, "wb") for name in names}
-        totals = {"src": 0, "tgt": 0}
+        writer = _CacheWriter(tmp, dtypes)
         bar = tqdm(total=n_src, unit=" lines", desc=f"encoding {src_path.name}-{tgt_path.name}", leave=False,
                    disable=quiet or not sys.stderr.isatty())
         try:
             for numbers, srcs, tgts, n_read, n_empty in _aligned_chunks(src_path, tgt_path):
-                enc = {"src": src_tok.encode(srcs), "tgt": tgt_tok.encode(tgts)}
-                lens = {side: np.fromiter(map(len, seqs), np.int64, count=len(seqs)) for side, seqs in enc.items()}
-                keep = _classify(lens["src"], lens["tgt"], cfg, filter_long, summary)
+                encoded = {"src": src_tok.encode(srcs), "tgt": tgt_tok.encode(tgts)}
+                lengths = {side: np.fromiter(map(len, seqs), np.int64, count=len(seqs)) for side, seqs in encoded.items()}
                 summary.pairs_read += n_read
                 summary.dropped_empty += n_empty
-                np.asarray(numbers, dtype=np.int64)[keep].tofile(files["lines"])
-                for side, seqs in enc.items():
-                    kept_lens = lens[side][keep]
-                    flat = np.fromiter(itertools.chain.from_iterable(seqs[i] for i in np.flatnonzero(keep)), dtypes[side], count=int(kept_lens.sum()))
-                    flat.tofile(files[f"{side}.tokens"])
-                    (totals[side] + np.cumsum(kept_lens) - kept_lens).astype(np.int64).tofile(files[f"{side}.offsets"])
-                    kept_lens.astype(np.int32).tofile(files[f"{side}.lengths"])
-                    totals[side] += int(kept_lens.sum())
-                    setattr(summary, f"{side}_unk", getattr(summary, f"{side}_unk") + int(np.count_nonzero(flat == UNK_ID)))
-                    setattr(summary, f"{side}_max", max(getattr(summary, f"{side}_max"), int(kept_lens.max(initial=0))))
+                writer.add(numbers, encoded, lengths, _classify(lengths["src"], lengths["tgt"], cfg, filter_long, summary))
                 bar.update(n_read)
+            writer.sync()  # data on disk before meta.json and the rename make it count
         finally:
             bar.close()
-            for handle in files.values():
-                handle.flush()
-                os.fsync(handle.fileno())
-                handle.close()
-        summary.src_tokens, summary.tgt_tokens = totals["src"], totals["tgt"]
-        if summary.pairs_read != n_src:  # the file changed while we read it
-            raise DataError(f"{src_path}: read {summary.pairs_read} lines, counted {n_src} before; a file changed during encoding, run again")
+            writer.close()
+        if summary.pairs_read != n_src:
+            raise DataError(f"{src_path}: read {summary.pairs_read} lines after counting {n_src}; a file changed while it was encoded, run again")
+        for side, stats in writer.stats.items():
+            setattr(summary, f"{side}_tokens", stats["tokens"])
+            setattr(summary, f"{side}_unk", stats["unk"])
+            setattr(summary, f"{side}_max", stats["max"])
         stored = {k: v for k, v in dataclasses.asdict(summary).items() if k not in ("cache", "from_cache")}
-        meta = {"format": FORMAT_VERSION, "key": key, "key_inputs": inputs, "num_pairs": summary.kept,
-                "src": {"dtype": dtypes["src"].name, "num_tokens": totals["src"]},
-                "tgt": {"dtype": dtypes["tgt"].name, "num_tokens": totals["tgt"]}, "summary": stored}
+        meta = {"format": FORMAT_VERSION, "key": key, "key_inputs": inputs, "num_pairs": summary.kept, "summary": stored}
+        meta.update({side: {"dtype": dtypes[side].name, "num_tokens": writer.stats[side]["tokens"]} for side in dtypes})
         with open(tmp / "meta.json", "w", encoding="utf-8") as handle:
             json.dump(meta, handle, indent=1)
             handle.flush()

@@ -144,7 +144,7 @@ class FeedForward(nn.Module):
 
 
 class _Block(nn.Module):
-    """Residual wiring shared by both layer kinds: post-norm LayerNorm(x + Dropout(f(x))) (section 5.4)
+    """Residual wiring shared by both layer kinds: post-norm LayerNorm(x + Dropout(f(x))) (sections 3.1, 5.4)
     or pre-norm x + Dropout(f(LayerNorm(x)))."""
 
     def __init__(self, cfg: ModelConfig):
@@ -270,7 +270,10 @@ def _check(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
         if getattr(cfg, key) not in allowed:
             raise ValueError(f"model.{key}={getattr(cfg, key)!r} is not one of {', '.join(allowed)}")
     if (not cfg.head_dim or not cfg.value_dim) and cfg.d_model % cfg.heads:
-        raise ValueError(f"model.d_model={cfg.d_model} is not divisible by model.heads={cfg.heads}; choose d_model as a multiple of heads or set model.head_dim and model.value_dim")
+        raise ValueError(
+            f"model.d_model={cfg.d_model} is not divisible by model.heads={cfg.heads}; "
+            "choose d_model as a multiple of heads or set model.head_dim and model.value_dim"
+        )
     if cfg.share_all_embeddings and src_vocab_size != tgt_vocab_size:
         raise ValueError(
             f"model.share_all_embeddings needs one vocabulary, but src_vocab_size={src_vocab_size} != tgt_vocab_size={tgt_vocab_size}; "
@@ -312,7 +315,7 @@ class Transformer(nn.Module):
         # fairseq practice (transformer.py Embedding/Linear helpers): Xavier-uniform projections with
         # zero biases keep activations unit-scale through the stack; embeddings ~ N(0, d^-0.5) so that
         # after the sqrt(d) scale they are unit-scale too, which also suits a tied output layer; the
-        # PAD row is zero so padding adds nothing (and padding_idx keeps its gradient at zero).
+        # PAD row is zero so padding adds nothing (padding_idx keeps lookups from updating it).
         std = self.cfg.d_model**-0.5
         for module in self.modules():
             if isinstance(module, MultiHeadAttention):
@@ -337,7 +340,9 @@ class Transformer(nn.Module):
                     "shorten the input (data.max_len, decode max length) or train with a larger model.max_positions"
                 )
             return self.pos_embed.weight[start:end]
-        if end > self.pe.size(0):  # sinusoids extend to unseen lengths (section 3.5): grow the table
+        # Sinusoids extend to unseen lengths (section 3.5): grow the table. Training never gets here
+        # (config keeps data.max_len + 2 <= max_positions), so DDP's buffer broadcast sees one size.
+        if end > self.pe.size(0):
             self.pe = sinusoids(max(end, 2 * self.pe.size(0)), self.cfg.d_model, device=self.pe.device).to(self.pe.dtype)
         return self.pe[start:end]
 

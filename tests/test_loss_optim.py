@@ -1,0 +1,208 @@
+"""Label-smoothed loss against a per-token loop, padding invariance, Adam set-up and the lr schedules."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tests.conftest import head
+from transformer_mt.config import ModelConfig, TrainConfig
+from transformer_mt.data import collate
+from transformer_mt.loss import label_smoothed_nll_loss, perplexity
+from transformer_mt.optim import Scheduler, build_optimizer, build_scheduler, inverse_sqrt_lr, noam_lr, param_groups
+from transformer_mt.tokenizer import PAD_ID, Tokenizer
+
+
+def naive_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, eps: float) -> tuple[float, float, int]:
+    """Loop over tokens with an explicit smoothed target: 1 - eps on the reference, eps / (V - 1) elsewhere."""
+    vocab = logits.size(-1)
+    loss = nll = 0.0
+    count = 0
+    for row, y in zip(logits.reshape(-1, vocab).double(), target.reshape(-1).tolist()):
+        if y == PAD_ID:
+            continue
+        logp = row - torch.logsumexp(row, 0)
+        q = torch.full((vocab,), eps / (vocab - 1), dtype=torch.float64)
+        q[y] = 1.0 - eps
+        loss += float(-(q * logp).sum())
+        nll += float(-logp[y])
+        count += 1
+    return loss, nll, count
+
+
+@pytest.fixture
+def logits_and_target():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 11, generator=g) * 3
+    target = torch.randint(4, 11, (3, 5), generator=g)
+    target[0, 3:] = PAD_ID
+    target[2, 1:] = PAD_ID
+    return logits, target
+
+
+@pytest.mark.parametrize("eps", [0.1, 0.3])
+def test_loss_matches_a_per_token_loop(logits_and_target, eps):
+    logits, target = logits_and_target
+    loss, nll, n = label_smoothed_nll_loss(logits, target, epsilon=eps)
+    want_loss, want_nll, want_n = naive_smoothed_loss(logits, target, eps)
+    assert n == want_n == 15 - 2 - 4
+    assert loss.dtype == nll.dtype == torch.float32
+    assert loss.item() == pytest.approx(want_loss, rel=1e-6)
+    assert nll.item() == pytest.approx(want_nll, rel=1e-6)
+
+
+def test_gradient_is_softmax_minus_smoothed_target_and_zero_on_padding(logits_and_target):
+    logits, target = logits_and_target
+    logits = logits.clone().requires_grad_(True)
+    eps, vocab = 0.1, logits.size(-1)
+    label_smoothed_nll_loss(logits, target, epsilon=eps)[0].backward()
+    q = torch.full(logits.shape, eps / (vocab - 1)).scatter(-1, target.unsqueeze(-1), 1.0 - eps)
+    want = (logits.detach().softmax(-1) - q) * (target != PAD_ID).unsqueeze(-1)
+    torch.testing.assert_close(logits.grad, want, atol=1e-6, rtol=1e-5)
+
+
+def test_epsilon_zero_is_cross_entropy_and_bf16_is_computed_in_float32(logits_and_target):
+    logits, target = logits_and_target
+    loss, nll, n = label_smoothed_nll_loss(logits, target, epsilon=0.0)
+    ce = F.cross_entropy(logits.reshape(-1, 11), target.reshape(-1), ignore_index=PAD_ID, reduction="sum")
+    assert loss.item() == pytest.approx(ce.item(), rel=1e-6) and nll.item() == pytest.approx(ce.item(), rel=1e-6)
+    half = logits.bfloat16()
+    loss16, nll16, _ = label_smoothed_nll_loss(half, target, epsilon=0.1)
+    loss32, nll32, _ = label_smoothed_nll_loss(half.float(), target, epsilon=0.1)
+    assert loss16.dtype == torch.float32 and loss16.item() == pytest.approx(loss32.item(), rel=1e-6)
+    # another ignore_index, e.g. -100 as in torch
+    other = target.masked_fill(target == PAD_ID, -100)
+    assert label_smoothed_nll_loss(logits, other, epsilon=0.1, ignore_index=-100)[0].item() == pytest.approx(
+        label_smoothed_nll_loss(logits, target, epsilon=0.1)[0].item(), rel=1e-6)
+
+
+def test_perplexity_is_exp_of_nll_per_token():
+    assert perplexity(20 * math.log(7.0), 20) == pytest.approx(7.0)
+    assert perplexity(torch.tensor(0.0), 5) == 1.0
+    assert perplexity(1e6, 1) == math.inf and math.isnan(perplexity(1.0, 0))
+
+
+def tiny_model(vocab: int):
+    from transformer_mt.model import Transformer
+
+    cfg = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, heads=4, d_ff=64, dropout=0.0)
+    torch.manual_seed(0)
+    return Transformer(cfg, src_vocab_size=vocab, tgt_vocab_size=vocab).eval()
+
+
+def test_padding_does_not_change_the_loss(spm_model, multi30k):
+    tok = Tokenizer(spm_model)
+    model = tiny_model(tok.vocab_size)
+    pairs = list(zip(tok.encode(head(multi30k / "val.en", 6)), tok.encode(head(multi30k / "val.de", 6))))
+    with torch.no_grad():
+        batch = collate(pairs)
+        together = label_smoothed_nll_loss(model(batch.src, batch.tgt_in), batch.tgt_out, epsilon=0.1)
+        alone = [label_smoothed_nll_loss(model(b.src, b.tgt_in), b.tgt_out, epsilon=0.1) for b in (collate([p]) for p in pairs)]
+        pad = lambda x, n: F.pad(x, (0, n), value=PAD_ID)  # noqa: E731 - extra PAD columns
+        padded = label_smoothed_nll_loss(model(pad(batch.src, 7), pad(batch.tgt_in, 5)), pad(batch.tgt_out, 5), epsilon=0.1)
+    assert together[2] == sum(a[2] for a in alone) == padded[2] == batch.ntokens
+    assert together[0].item() == pytest.approx(sum(a[0].item() for a in alone), rel=1e-5)
+    assert padded[0].item() == pytest.approx(together[0].item(), rel=1e-5)
+    assert padded[1].item() == pytest.approx(together[1].item(), rel=1e-5)
+    assert batch.src.eq(PAD_ID).any() and batch.tgt_out.eq(PAD_ID).any()  # the batch really had padding
+
+
+# --------------------------------------------------------------------------- schedules
+
+
+def test_noam_is_the_paper_formula_and_peaks_at_warmup():
+    for step in (1, 10, 3999, 4000, 4001, 100_000):
+        want = 512 ** -0.5 * min(step ** -0.5, step * 4000 ** -1.5)
+        assert noam_lr(step, d_model=512, warmup=4000, scale=1.0) == pytest.approx(want, rel=1e-12)
+    assert noam_lr(4000, d_model=512, warmup=4000) == pytest.approx(1 / math.sqrt(512 * 4000))  # 6.99e-4
+    assert noam_lr(1, d_model=512, warmup=4000) == pytest.approx(512 ** -0.5 * 4000 ** -1.5)
+    assert noam_lr(16_000, d_model=512, warmup=4000, scale=2.0) == pytest.approx(2.0 * 512 ** -0.5 / 126.49110640673517)
+    rates = [noam_lr(s, d_model=256, warmup=100) for s in range(1, 1001)]
+    assert max(range(1000), key=rates.__getitem__) + 1 == 100
+    assert all(a < b for a, b in zip(rates[:99], rates[1:100])) and all(a > b for a, b in zip(rates[99:], rates[100:]))
+    with pytest.raises(ValueError):
+        noam_lr(0, d_model=512, warmup=4000)
+
+
+def test_inverse_sqrt_reaches_peak_exactly_at_warmup():
+    assert inverse_sqrt_lr(4000, peak=5e-4, warmup=4000) == 5e-4
+    assert inverse_sqrt_lr(1, peak=5e-4, warmup=4000) == pytest.approx(5e-4 / 4000)
+    assert inverse_sqrt_lr(2000, peak=5e-4, warmup=4000) == pytest.approx(2.5e-4)
+    assert inverse_sqrt_lr(16_000, peak=5e-4, warmup=4000) == pytest.approx(2.5e-4)
+    rates = [inverse_sqrt_lr(s, peak=1e-3, warmup=50) for s in range(1, 500)]
+    assert max(rates) == 1e-3 and rates.index(max(rates)) + 1 == 50
+
+
+@pytest.mark.parametrize("schedule", ["noam", "inverse_sqrt"])
+def test_scheduler_sets_lr_per_update_and_state_round_trips(schedule):
+    cfg = TrainConfig(lr_schedule=schedule, warmup_updates=10, lr=1e-3, lr_scale=2.0)
+    fn = (lambda s: noam_lr(s, d_model=64, warmup=10, scale=2.0)) if schedule == "noam" else (lambda s: inverse_sqrt_lr(s, peak=1e-3, warmup=10))
+
+    def fresh():
+        model = nn.Linear(4, 4)
+        opt = build_optimizer(model, cfg)
+        return model, opt, build_scheduler(opt, cfg, d_model=64)
+
+    model, opt, sched = fresh()
+    seen = []
+    for _ in range(15):
+        seen.append(opt.param_groups[0]["lr"])
+        assert sched.lr == seen[-1]
+        model(torch.ones(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+    assert seen == pytest.approx([fn(s) for s in range(1, 16)], rel=1e-12)
+    state = sched.state_dict()
+    assert state == {"num_updates": 15}
+    _, opt2, sched2 = fresh()
+    sched2.load_state_dict(state)
+    assert opt2.param_groups[0]["lr"] == sched2.lr == opt.param_groups[0]["lr"] == pytest.approx(fn(16))
+    sched.step()
+    sched2.step()
+    assert sched2.lr == sched.lr == pytest.approx(fn(17))
+
+
+# --------------------------------------------------------------------------- optimizer
+
+
+def test_adam_uses_the_paper_settings_and_matches_reference_adam():
+    cfg = TrainConfig(lr=1e-2)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))
+    ref_model = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))
+    ref_model.load_state_dict(model.state_dict())
+    opt = build_optimizer(model, cfg)
+    ref = torch.optim.Adam(ref_model.parameters(), lr=1e-2, betas=(0.9, 0.98), eps=1e-9, foreach=False)
+    assert type(opt) is torch.optim.Adam and opt.defaults["betas"] == (0.9, 0.98) and opt.defaults["eps"] == 1e-9
+    x = torch.randn(8, 5)
+    for _ in range(3):
+        for m, o in ((model, opt), (ref_model, ref)):
+            o.zero_grad()
+            m(x).pow(2).sum().backward()
+            o.step()
+    for p, q in zip(model.parameters(), ref_model.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=1e-5)
+
+
+def test_weight_decay_skips_biases_layernorm_and_embeddings():
+    model = tiny_model(64)
+    opt = build_optimizer(model, TrainConfig(weight_decay=0.01))
+    assert type(opt) is torch.optim.AdamW
+    decay, no_decay = (opt.param_groups[0], opt.param_groups[1])
+    assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+    ids = lambda group: {id(p) for p in group["params"]}  # noqa: E731
+    assert not ids(decay) & ids(no_decay) and len(ids(decay) | ids(no_decay)) == len(list(model.parameters()))
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert all(p.ndim >= 2 and "embed" not in names[id(p)] for p in decay["params"])
+    assert id(model.src_embed.weight) in ids(no_decay) and id(model.output_proj.weight) in ids(no_decay)  # tied
+    assert any(isinstance(m, nn.LayerNorm) for m in model.modules())
+    for m in model.modules():
+        if isinstance(m, (nn.LayerNorm, nn.Linear)) and getattr(m, "bias", None) is not None:
+            assert id(m.bias) in ids(no_decay)
+    assert len(param_groups(nn.Linear(3, 3, bias=False), 0.1)) == 1
+    assert isinstance(build_scheduler(opt, TrainConfig(), d_model=32), Scheduler)

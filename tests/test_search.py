@@ -1,0 +1,329 @@
+"""Greedy and beam search on tiny real Transformers.
+
+Expectations come from independent computations: the length penalty from its formula, log-probs
+from a teacher-forced ``model.forward`` over BOS + tokens, and beam search from a by-the-book
+reference that recomputes every prefix and never stops early (so it also checks the early-stop
+bound). A module fixture trains a tiny model on a toy reversal task for a few seconds, so its
+outputs are peaked enough for beam and greedy search to be compared meaningfully.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from transformer_mt.config import ModelConfig
+from transformer_mt.model import Transformer
+from transformer_mt.search import SearchError, beam_search, greedy_search, length_penalty, search
+from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+VOCAB = 16  # 4 specials + 12 symbols
+
+
+def tiny_config(**changes) -> ModelConfig:
+    cfg = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=32, heads=4, d_ff=64, dropout=0.0, max_positions=64)
+    for key, value in changes.items():
+        setattr(cfg, key, value)
+    return cfg
+
+
+def pad_batch(seqs: list[list[int]]) -> torch.Tensor:
+    """Sources (each already ending in EOS) -> (B, S) padded with PAD_ID."""
+    out = torch.full((len(seqs), max(map(len, seqs))), PAD_ID, dtype=torch.long)
+    for i, seq in enumerate(seqs):
+        out[i, : len(seq)] = torch.tensor(seq)
+    return out
+
+
+def reversal_batch(gen: torch.Generator, n: int, lo: int = 1, hi: int = 7):
+    """The toy task: target = source symbols reversed. Returns src (B, S), tgt_in (B, T), tgt_out (B, T)."""
+    src, tgt_in, tgt_out = [], [], []
+    for length in torch.randint(lo, hi + 1, (n,), generator=gen).tolist():
+        x = torch.randint(4, VOCAB, (length,), generator=gen).tolist()
+        src.append(x + [EOS_ID])
+        tgt_in.append([BOS_ID] + x[::-1])
+        tgt_out.append(x[::-1] + [EOS_ID])
+    return pad_batch(src), pad_batch(tgt_in), pad_batch(tgt_out)
+
+
+@pytest.fixture(scope="module")
+def trained() -> Transformer:
+    """A 1+1-layer model trained ~150 Adam steps on reversal: peaked, but not yet always right."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls: threads only add overhead
+    try:
+        torch.manual_seed(0)
+        model = Transformer(tiny_config(), src_vocab_size=VOCAB, tgt_vocab_size=VOCAB)
+        opt = torch.optim.Adam(model.parameters(), lr=5e-3, betas=(0.9, 0.98))
+        gen = torch.Generator().manual_seed(0)
+        for _ in range(150):
+            src, tgt_in, tgt_out = reversal_batch(gen, 32)
+            loss = F.cross_entropy(model(src, tgt_in).view(-1, VOCAB), tgt_out.view(-1), ignore_index=PAD_ID)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    finally:
+        torch.set_num_threads(threads)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def untrained() -> Transformer:
+    """Random weights: near-uniform outputs, so many sentences run to the length limit."""
+    torch.manual_seed(1)
+    return Transformer(tiny_config(), src_vocab_size=VOCAB, tgt_vocab_size=VOCAB).eval()
+
+
+@pytest.fixture(scope="module")
+def sources() -> torch.Tensor:
+    """Eight test sentences of 1..9 symbols (+ EOS), padded: (8, S)."""
+    gen = torch.Generator().manual_seed(123)
+    seqs = [torch.randint(4, VOCAB, (n,), generator=gen).tolist() + [EOS_ID] for n in (5, 1, 9, 3, 7, 2, 8, 4)]
+    return pad_batch(seqs)
+
+
+def unpadded(src: torch.Tensor, i: int) -> torch.Tensor:
+    return src[i][src[i] != PAD_ID]
+
+
+def max_len(src: torch.Tensor, i: int, a: float, b: int) -> int:
+    return math.floor(a * int((src[i] != PAD_ID).sum()) + b)
+
+
+def teacher_forced_logprob(model: Transformer, src_row: torch.Tensor, tokens: list[int], *, eos: bool) -> float:
+    """Sum of log p(y_t | y_<t, x) over tokens (+ EOS), from one full forward over BOS + tokens."""
+    target = tokens + [EOS_ID] if eos else tokens
+    tgt_in = torch.tensor([[BOS_ID] + target[:-1]])
+    with torch.no_grad():
+        lprobs = torch.log_softmax(model(src_row[None], tgt_in).float(), dim=-1)[0]  # (T, V)
+    return lprobs[torch.arange(len(target)), torch.tensor(target)].sum().item()
+
+
+def reference_beam(model: Transformer, src_row: torch.Tensor, *, beam: int, lenpen: float, max_len: int) -> list[tuple[list[int], float, float]]:
+    """Beam search by the book: every step recomputes every prefix with model.forward and it runs to
+    max_len (no early stop). Same rules as the module: top 2*beam of beam*V candidates, EOS within the
+    top beam finishes, the first beam non-EOS candidates stay open, open beams finish at max_len, ties
+    to the lower flat index. Returns all finished (tokens, logprob, score), best score first."""
+    opens: list[tuple[list[int], float]] = [([], 0.0)]
+    finished = []
+    for step in range(max_len):
+        tgt_in = torch.tensor([[BOS_ID] + toks for toks, _ in opens])
+        with torch.no_grad():
+            lprobs = torch.log_softmax(model(src_row.expand(len(opens), -1), tgt_in)[:, -1].float(), dim=-1)
+        cands = []
+        for j, (toks, cum) in enumerate(opens):
+            for v, lp in enumerate(lprobs[j].tolist()):
+                if v not in (PAD_ID, BOS_ID):
+                    cands.append((cum + lp, j * VOCAB + v, toks, v))
+        cands.sort(key=lambda c: (-c[0], c[1]))
+        cands = cands[: 2 * beam]
+        for cum, _, toks, v in cands[:beam]:
+            if v == EOS_ID:
+                finished.append((toks, cum, cum / ((5 + step + 1) / 6) ** lenpen))
+        opens = [(toks + [v], cum) for cum, _, toks, v in cands if v != EOS_ID][:beam]
+        if step + 1 == max_len:
+            finished += [(toks, cum, cum / ((5 + max_len) / 6) ** lenpen) for toks, cum in opens]
+    return sorted(finished, key=lambda f: -f[2])
+
+
+class Recording(Transformer):
+    """The real model, counting encode / init_cache calls and the rows of every decode_step."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.encodes, self.inits, self.rows = 0, 0, []
+
+    def encode(self, src):
+        self.encodes += 1
+        return super().encode(src)
+
+    def init_cache(self, enc):
+        self.inits += 1
+        return super().init_cache(enc)
+
+    def decode_step(self, tokens, cache):
+        self.rows.append(tokens.size(0))
+        return super().decode_step(tokens, cache)
+
+
+class NeverEos(Transformer):
+    """The real model with EOS made impossible, so every hypothesis runs to the length limit."""
+
+    def decode(self, tgt_in, enc, *, return_attention=False):
+        assert not return_attention
+        logits = super().decode(tgt_in, enc)  # (B, T, V)
+        logits[..., EOS_ID] = float("-inf")
+        return logits
+
+    def decode_step(self, tokens, cache):
+        logits = super().decode_step(tokens, cache)  # (B, V)
+        logits[:, EOS_ID] = float("-inf")
+        return logits
+
+
+def clone_as(cls, model: Transformer, **cfg_changes) -> Transformer:
+    other = cls(tiny_config(**cfg_changes), src_vocab_size=VOCAB, tgt_vocab_size=VOCAB)
+    other.load_state_dict(model.state_dict(), strict=False)
+    return other.eval()
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def test_length_penalty_is_the_gnmt_formula():
+    assert length_penalty(1, 1.0) == pytest.approx(1.0)  # (5 + 1) / 6
+    assert length_penalty(7, 1.0) == pytest.approx(2.0)  # 12 / 6
+    assert length_penalty(13, 0.5) == pytest.approx(math.sqrt(3.0))  # sqrt(18 / 6)
+    assert length_penalty(25, 0.6) == pytest.approx(5.0**0.6)  # (30 / 6) ** 0.6
+    assert length_penalty(40, 0.0) == 1.0
+    assert torch.allclose(length_penalty(torch.tensor([1.0, 7.0, 19.0]), 2.0), torch.tensor([1.0, 4.0, 16.0]))
+
+
+@pytest.mark.parametrize("which", ["trained", "untrained"])
+def test_beam_size_one_is_greedy(which, request, sources):
+    model = request.getfixturevalue(which)
+    greedy = greedy_search(model, sources, max_len_a=1.0, max_len_b=4)
+    beam1 = beam_search(model, sources, beam=1, lenpen=0.0, max_len_a=1.0, max_len_b=4)
+    assert [h.tokens for h in greedy] == [hyps[0].tokens for hyps in beam1]
+    assert [h.logprob for h in greedy] == pytest.approx([hyps[0].logprob for hyps in beam1], abs=1e-6)
+    if which == "untrained":  # make sure the length limit was exercised, not only EOS
+        assert any(len(h.tokens) == max_len(sources, i, 1.0, 4) for i, h in enumerate(greedy))
+    # With lenpen > 0 a 1-wide beam follows the greedy path to greedy's EOS and may only improve on it
+    # afterwards (the bound keeps the runner-up open); search() maps beam 1 to greedy exactly.
+    greedy_lp = greedy_search(model, sources, max_len_a=1.0, max_len_b=4, lenpen=0.6)
+    beam1_lp = beam_search(model, sources, beam=1, lenpen=0.6, max_len_a=1.0, max_len_b=4)
+    assert all(b[0].score >= g.score - 1e-6 for g, b in zip(greedy_lp, beam1_lp))
+    assert search(model, sources, beam=1, lenpen=0.6, max_len_a=1.0, max_len_b=4, nbest=1) == [[h] for h in greedy_lp]
+
+
+def test_beam_beats_greedy_and_reports_teacher_forced_logprobs(trained, sources):
+    a, b = 1.0, 4
+    greedy = greedy_search(trained, sources, max_len_a=a, max_len_b=b)
+    beams = beam_search(trained, sources, beam=4, lenpen=0.0, max_len_a=a, max_len_b=b)
+    improved = 0
+    for i, (g, hyps) in enumerate(zip(greedy, beams)):
+        row, limit = unpadded(sources, i), max_len(sources, i, a, b)
+        g_lp = teacher_forced_logprob(trained, row, g.tokens, eos=len(g.tokens) < limit)
+        best = hyps[0]
+        best_lp = teacher_forced_logprob(trained, row, best.tokens, eos=len(best.tokens) < limit)
+        assert g.logprob == pytest.approx(g_lp, abs=1e-4)
+        assert best.logprob == pytest.approx(best_lp, abs=1e-4)
+        assert best.score == pytest.approx(best.logprob, abs=1e-6)  # lenpen 0: score = log-prob
+        assert best_lp >= g_lp - 1e-4
+        improved += best_lp > g_lp + 1e-3
+    assert improved >= 1, "the toy model should leave beam search something to improve on"
+
+
+def test_nbest_sorted_distinct_and_scored_by_the_formula(trained, sources):
+    a, b, alpha = 1.0, 4, 0.6
+    nbests = beam_search(trained, sources, beam=5, lenpen=alpha, max_len_a=a, max_len_b=b, nbest=5)
+    assert len(nbests) == sources.size(0)
+    for i, hyps in enumerate(nbests):
+        assert len(hyps) == 5
+        assert len({tuple(h.tokens) for h in hyps}) == 5
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        row, limit = unpadded(sources, i), max_len(sources, i, a, b)
+        for h in hyps:
+            assert all(t not in (PAD_ID, BOS_ID, EOS_ID) for t in h.tokens)
+            has_eos = len(h.tokens) < limit
+            assert len(h.tokens) <= limit
+            # A finished hypothesis that kept growing would no longer match its own log-prob.
+            assert h.logprob == pytest.approx(teacher_forced_logprob(trained, row, h.tokens, eos=has_eos), abs=1e-4)
+            length = len(h.tokens) + has_eos
+            assert h.score == pytest.approx(h.logprob / ((5 + length) / 6) ** alpha, rel=1e-5)
+
+
+@pytest.mark.parametrize("lenpen", [0.0, 0.6, 1.5])
+def test_early_stopping_returns_what_running_to_max_length_returns(trained, sources, lenpen):
+    a, b, k = 1.0, 4, 3
+    rec = clone_as(Recording, trained)
+    nbests = beam_search(rec, sources, beam=k, lenpen=lenpen, max_len_a=a, max_len_b=b, nbest=k)
+    for i, hyps in enumerate(nbests):
+        ref = reference_beam(trained, unpadded(sources, i), beam=k, lenpen=lenpen, max_len=max_len(sources, i, a, b))[:k]
+        assert [h.tokens for h in hyps] == [toks for toks, _, _ in ref]
+        assert [h.score for h in hyps] == pytest.approx([score for _, _, score in ref], abs=1e-4)
+    # The bound did stop some sentences early: fewer steps than the longest limit, or fewer rows.
+    assert len(rec.rows) < max(max_len(sources, i, a, b) for i in range(sources.size(0))) or rec.rows[-1] < rec.rows[0]
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_batched_equals_one_sentence_at_a_time(trained, sources, beam):
+    def run(src):
+        return search(trained, src, beam=beam, lenpen=0.6, max_len_a=1.0, max_len_b=4, nbest=min(beam, 2))
+
+    batched = run(sources)
+    for i in range(sources.size(0)):
+        alone = run(unpadded(sources, i)[None])[0]
+        assert [h.tokens for h in batched[i]] == [h.tokens for h in alone]
+        assert [h.score for h in batched[i]] == pytest.approx([h.score for h in alone], abs=1e-4)
+
+
+def test_cache_used_once_per_step_and_finished_rows_dropped(trained, sources):
+    rec = clone_as(Recording, trained)
+    greedy = greedy_search(rec, sources, max_len_a=1.0, max_len_b=4)
+    limits = [max_len(sources, i, 1.0, 4) for i in range(sources.size(0))]
+    ends = [len(h.tokens) + (len(h.tokens) < lim) for h, lim in zip(greedy, limits)]  # steps each sentence ran
+    assert (rec.encodes, rec.inits) == (1, 1)
+    assert len(rec.rows) == max(ends)  # one decode_step per output position
+    assert rec.rows == [sum(e > t for e in ends) for t in range(max(ends))]  # exactly the unfinished rows
+
+    rec = clone_as(Recording, trained)
+    beam_search(rec, sources, beam=4, lenpen=0.6, max_len_a=1.0, max_len_b=4)
+    assert (rec.encodes, rec.inits) == (1, 1)
+    assert rec.rows[0] == 4 * sources.size(0) and all(r % 4 == 0 for r in rec.rows)
+    assert rec.rows == sorted(rec.rows, reverse=True) and rec.rows[-1] < rec.rows[0]
+
+
+@pytest.mark.parametrize("a, b", [(1.0, 3), (0.5, 2), (0.0, 1)])
+def test_max_length_is_respected_without_eos(trained, sources, a, b):
+    model = clone_as(NeverEos, trained)
+    limits = [max_len(sources, i, a, b) for i in range(sources.size(0))]
+    greedy = greedy_search(model, sources, max_len_a=a, max_len_b=b)
+    assert [len(h.tokens) for h in greedy] == limits
+    nbests = beam_search(model, sources, beam=3, lenpen=0.6, max_len_a=a, max_len_b=b, nbest=3)
+    for i, hyps in enumerate(nbests):
+        assert [len(h.tokens) for h in hyps] == [limits[i]] * 3
+        for h in hyps:  # finished as is: no EOS term in the log-prob, length = the limit
+            assert h.logprob == pytest.approx(teacher_forced_logprob(model, unpadded(sources, i), h.tokens, eos=False), abs=1e-4)
+            assert h.score == pytest.approx(h.logprob / length_penalty(limits[i], 0.6), rel=1e-5)
+
+
+def test_learned_positions_cap_the_length(trained, sources):
+    model = clone_as(NeverEos, trained, positions="learned", max_positions=10)
+    for hyps in search(model, sources, beam=2, lenpen=0.6, max_len_a=1.0, max_len_b=50, nbest=2):
+        assert [len(h.tokens) for h in hyps] == [10, 10]
+    assert [len(h.tokens) for h in greedy_search(model, sources, max_len_a=1.0, max_len_b=50)] == [10] * sources.size(0)
+
+
+def test_bfloat16_autocast_and_bfloat16_weights(trained, sources):
+    bf16_weights = copy.deepcopy(trained).to(torch.bfloat16)
+    limits = [max_len(sources, i, 1.0, 4) for i in range(sources.size(0))]
+    with torch.inference_mode():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            runs = [search(trained, sources, beam=beam, lenpen=0.6, max_len_a=1.0, max_len_b=4, nbest=1) for beam in (1, 4)]
+        runs += [search(bf16_weights, sources, beam=beam, lenpen=0.6, max_len_a=1.0, max_len_b=4, nbest=1) for beam in (1, 4)]
+    for run in runs:
+        for i, (h,) in enumerate(run):
+            assert isinstance(h.logprob, float) and math.isfinite(h.logprob) and h.logprob <= 0
+            assert len(h.tokens) <= limits[i] and all(0 <= t < VOCAB and t not in (PAD_ID, BOS_ID, EOS_ID) for t in h.tokens)
+            length = len(h.tokens) + (len(h.tokens) < limits[i])
+            assert h.score == pytest.approx(h.logprob / length_penalty(length, 0.6), rel=1e-5)
+
+
+def test_bad_requests_are_refused(trained, sources):
+    with pytest.raises(SearchError, match="nbest"):
+        beam_search(trained, sources, beam=2, lenpen=0.6, max_len_a=1.0, max_len_b=4, nbest=3)
+    with pytest.raises(SearchError, match="nbest"):
+        search(trained, sources, beam=1, lenpen=0.6, max_len_a=1.0, max_len_b=4, nbest=2)
+    with pytest.raises(SearchError, match="vocabulary"):
+        beam_search(trained, sources, beam=8, lenpen=0.6, max_len_a=1.0, max_len_b=4)
+    trained.train()
+    try:
+        with pytest.raises(SearchError, match="eval"):
+            greedy_search(trained, sources)
+    finally:
+        trained.eval()

@@ -1,0 +1,209 @@
+"""Training: it learns, it resumes exactly, it never loses a checkpoint, and bad data gets one clear line."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import head
+from transformer_mt.checkpoint import CheckpointError, load_checkpoint
+from transformer_mt.cli import main
+from transformer_mt.config import load_config
+from transformer_mt.tokenizer import Tokenizer
+from transformer_mt.train import TrainError, train
+from transformer_mt.translate import translate_ids
+
+TINY = ["model.encoder_layers=2", "model.decoder_layers=2", "model.d_model=64", "model.heads=4", "model.d_ff=128"]
+
+
+@pytest.fixture(scope="module")
+def pairs64(multi30k, tmp_path_factory) -> dict[str, Path]:
+    """64 short real training pairs (target of at most 10 words) and 16 validation pairs."""
+    en, de = head(multi30k / "train.en", 3000), head(multi30k / "train.de", 3000)
+    chosen = [(s, t) for s, t in zip(en, de) if len(t.split()) <= 10][:64]
+    root = tmp_path_factory.mktemp("pairs64")
+    files = {}
+    for name, lines in (("train.en", [s for s, _ in chosen]), ("train.de", [t for _, t in chosen]),
+                        ("val.en", head(multi30k / "val.en", 16)), ("val.de", head(multi30k / "val.de", 16))):
+        files[name] = root / name
+        files[name].write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return files
+
+
+def tiny_config(files, spm_model, out_dir, *extra):
+    return load_config(None, [
+        f"data.train_src={files['train.en']}", f"data.train_tgt={files['train.de']}",
+        f"data.valid_src={files['val.en']}", f"data.valid_tgt={files['val.de']}",
+        f"tokenizer.model={spm_model}", f"train.out_dir={out_dir}", "train.threads=1", *TINY, *extra,
+    ])
+
+
+def test_tiny_model_overfits_64_real_pairs(pairs64, spm_model, tmp_path):
+    cfg = tiny_config(pairs64, spm_model, tmp_path / "run", "model.dropout=0.0", "train.label_smoothing=0.0",
+                      "train.lr_schedule=inverse_sqrt", "train.lr=0.003", "train.warmup_updates=30",
+                      "train.max_updates=400", "train.max_tokens=4096", "train.validate_every=400",
+                      "train.valid_bleu_sentences=4", "train.log_every=50")
+    losses = []
+    result = train(cfg, on_update=lambda update, s: losses.append(s["loss"] / s["ntokens"]))
+    assert result.progress.update == 400
+    assert losses[0] > 5.0, "an untrained model starts near log(vocab)"
+    assert sum(losses[-10:]) / 10 < 0.15, f"training loss should fall near 0, got {losses[-10:]}"
+    # greedy decoding reproduces most training targets exactly
+    state = load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")
+    from transformer_mt.model import Transformer
+
+    tok = Tokenizer(spm_model)
+    model = Transformer(cfg.model, src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size)
+    model.load_state_dict(state["model"])
+    src = head(pairs64["train.en"], 64)
+    tgt = head(pairs64["train.de"], 64)
+    hyps = translate_ids(model, tok.encode(src), beam=1, batch_tokens=2000)
+    out = tok.decode([h[0].tokens for h in hyps])
+    exact = sum(o == " ".join(t.split()) for o, t in zip(out, tgt))
+    assert exact >= 48, f"only {exact}/64 training targets reproduced"
+    # the metrics file has a line per log interval and per validation
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in records if "loss" in r] == list(range(50, 401, 50))
+    assert any("val_bleu" in r for r in records)
+    assert (tmp_path / "run" / "config.yaml").is_file() and (tmp_path / "run" / "checkpoint_best.pt").is_file()
+
+
+def test_resume_gives_the_same_parameters_and_losses(pairs64, spm_model, tmp_path):
+    common = ["train.max_tokens=300", "train.update_freq=2", "train.validate_every=5", "train.valid_bleu_sentences=3",
+              "train.lr_schedule=inverse_sqrt", "train.lr=0.002", "train.warmup_updates=5", "model.dropout=0.1"]
+    straight, first, second = [], [], []
+    train(tiny_config(pairs64, spm_model, tmp_path / "a", *common, "train.max_updates=20"),
+          on_update=lambda u, s: straight.append(s["loss"]))
+    res = train(tiny_config(pairs64, spm_model, tmp_path / "b", *common, "train.max_updates=10"),
+                on_update=lambda u, s: first.append(s["loss"]))
+    assert res.progress.update == 10 and res.progress.epoch >= 1
+    from transformer_mt.train import resumed_config
+
+    cfg = resumed_config(tmp_path / "b", ["train.max_updates=20"])
+    train(cfg, resume=True, on_update=lambda u, s: second.append(s["loss"]))
+    assert len(straight) == 20 and len(first) + len(second) == 20
+    assert first + second == pytest.approx(straight, rel=1e-6, abs=1e-6)
+    a = load_checkpoint(tmp_path / "a" / "checkpoint_last.pt")["model"]
+    b = load_checkpoint(tmp_path / "b" / "checkpoint_last.pt")["model"]
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6)
+    # 64 pairs in 300-token batches span several epochs: the resumed run crossed an epoch boundary too
+    assert load_checkpoint(tmp_path / "b" / "checkpoint_last.pt")["progress"]["epoch"] > 1
+
+
+def test_failed_save_keeps_the_last_good_checkpoint(pairs64, spm_model, tmp_path, monkeypatch):
+    cfg = tiny_config(pairs64, spm_model, tmp_path / "run", "train.max_updates=12", "train.validate_every=4",
+                      "train.valid_bleu_sentences=-1", "train.max_tokens=300")
+    real_save = torch.save
+    calls = {"n": 0}
+
+    def flaky_save(obj, f, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 3:  # the saves of update 4 succeed (last, best, numbered); the disk fills at update 8
+            f.write(b"partial bytes")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", flaky_save)
+    with pytest.raises(CheckpointError, match="No space left on device.*previous checkpoint is intact"):
+        train(cfg)
+    monkeypatch.setattr(torch, "save", real_save)
+    state = load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")
+    assert state["progress"]["update"] == 4
+    assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith(".") or p.suffix == ".tmp"]
+
+
+def test_sigint_saves_a_resumable_checkpoint(pairs64, spm_model, tmp_path):
+    run = tmp_path / "run"
+    cfg_path = tmp_path / "cfg.yaml"
+    cfg_path.write_text(json.dumps({
+        "data": {"train_src": str(pairs64["train.en"]), "train_tgt": str(pairs64["train.de"])},
+        "tokenizer": {"model": str(spm_model)},
+        "model": {"encoder_layers": 1, "decoder_layers": 1, "d_model": 32, "heads": 2, "d_ff": 64},
+        "train": {"out_dir": str(run), "max_updates": 100000, "log_every": 1, "max_tokens": 300, "threads": 1},
+    }))
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "transformer_mt.cli", "train", "-c", str(cfg_path)],
+                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    metrics = run / "metrics.jsonl"
+    deadline = time.time() + 60
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "continue with `tmt train --resume" in err
+    state = load_checkpoint(run / "checkpoint_last.pt")
+    done = state["progress"]["update"]
+    assert done >= 3
+    cfg = load_config(None, [f"train.out_dir={run}"], check_files=False)
+    from transformer_mt.train import resumed_config
+
+    cfg = resumed_config(run, [f"train.max_updates={done + 2}"])
+    result = train(cfg, resume=True)
+    assert result.progress.update == done + 2
+
+
+def cli(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    captured = capsys.readouterr()
+    return exit_.value.code, captured.err
+
+
+def write_cfg(tmp_path, src, tgt, spm_model, **train):
+    path = tmp_path / "cfg.yaml"
+    path.write_text(json.dumps({
+        "data": {"train_src": str(src), "train_tgt": str(tgt), "max_len": 30},
+        "tokenizer": {"model": str(spm_model)},
+        "model": {"encoder_layers": 1, "decoder_layers": 1, "d_model": 32, "heads": 2, "d_ff": 64, "max_positions": 64},
+        "train": {"out_dir": str(tmp_path / "run"), "max_updates": 3, "threads": 1, **train},
+    }))
+    return path
+
+
+def test_mismatched_line_counts_is_one_line(tmp_path, spm_model, capsys):
+    (tmp_path / "a.en").write_text("one\ntwo\nthree\n")
+    (tmp_path / "a.de").write_text("eins\nzwei\n")
+    code, err = cli(["train", "-c", str(write_cfg(tmp_path, tmp_path / "a.en", tmp_path / "a.de", spm_model))], capsys)
+    assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert "a.en" in err and "a.de" in err and "3" in err and "2" in err
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path, spm_model, capsys):
+    (tmp_path / "a.en").write_bytes(b"one\ntwo\nth\xffree\n")
+    (tmp_path / "a.de").write_text("eins\nzwei\ndrei\n")
+    code, err = cli(["train", "-c", str(write_cfg(tmp_path, tmp_path / "a.en", tmp_path / "a.de", spm_model))], capsys)
+    assert code == 2 and err.count("\n") == 1 and "a.en" in err and ":3" in err and "UTF-8" in err
+
+
+def test_existing_run_is_not_overwritten(pairs64, spm_model, tmp_path):
+    cfg = tiny_config(pairs64, spm_model, tmp_path / "run", "train.max_updates=1", "train.valid_bleu_sentences=-1")
+    train(cfg)
+    with pytest.raises(TrainError, match="already holds a run.*--resume"):
+        train(cfg)
+
+
+def test_empty_lines_and_long_pairs_are_dropped_and_counted(tmp_path, pairs64, spm_model, capsys):
+    src = head(pairs64["train.en"], 20)
+    tgt = head(pairs64["train.de"], 20)
+    src[3], tgt[7] = "", "   "  # two empty pairs (one per side)
+    src[10] = " ".join(["a man walks"] * 20)  # 60 words: over max_len=30 pieces
+    tgt[12] = " ".join(["Hund"] * 40)
+    (tmp_path / "e.en").write_text("\n".join(src) + "\n")
+    (tmp_path / "e.de").write_text("\n".join(tgt) + "\n")
+    code, err = cli(["train", "-c", str(write_cfg(tmp_path, tmp_path / "e.en", tmp_path / "e.de", spm_model))], capsys)
+    assert code in (0, None), err
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "20 pairs read, 16 kept" in log
+    assert "2 empty" in log and "2 over 30 pieces" in log
