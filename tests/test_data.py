@@ -161,6 +161,17 @@ def test_cache_is_invalidated_by_data_tokenizer_and_settings(tmp_path, corpus_sl
     assert load_parallel(src, tgt, tok, tok, DataConfig(), cache_dir=cache, quiet=True).summary.from_cache  # b's cache is still there
 
 
+def test_cache_is_found_from_another_working_directory(tmp_path, corpus_slice, tok, monkeypatch):
+    shutil.copy(corpus_slice["val.en"], tmp_path / "w.en")
+    shutil.copy(corpus_slice["val.de"], tmp_path / "w.de")
+    monkeypatch.chdir(tmp_path)
+    a = load_parallel("w.en", "w.de", tok, tok, DataConfig(), cache_dir="cache", quiet=True)
+    monkeypatch.chdir(tmp_path.parent)
+    b = load_parallel(tmp_path / "w.en", tmp_path / "w.de", tok, tok, DataConfig(), cache_dir=tmp_path / "cache", quiet=True)
+    assert b.summary.from_cache and b.directory.name == a.directory.name
+    assert b.texts("src")[:3] == head(corpus_slice["val.en"], 3)  # paths as given now, not as when written
+
+
 def test_crash_mid_encode_leaves_no_valid_looking_cache(tmp_path, corpus_slice, tok, monkeypatch):
     monkeypatch.setattr(data, "CHUNK_LINES", 500)
     calls = []
@@ -227,6 +238,25 @@ def test_batch_order_is_a_function_of_seed_and_epoch(tmp_path, corpus_slice, tok
     assert not same(e1, e2) and [b[0] for b in e1[:10]] != [b[0] for b in e2[:10]]
     assert not same(e1, d1.batches(1, max_tokens=800, seed=4))
     assert not same(d1.batches(1, max_tokens=800, seed=2), d1.batches(2, max_tokens=800, seed=1))  # not seed + epoch
+
+
+def test_batches_equal_a_naive_greedy_loop():
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        n = int(rng.integers(1, 400))
+        ls, lt = rng.integers(1, 80, n), rng.integers(1, int(rng.integers(2, 80)), n)
+        max_tokens = int(rng.integers(1, 600))
+        order = sorted(range(n), key=lambda i: (lt[i], ls[i], i))
+        want, current = [], []
+        for i in order:  # add while max(len) x count stays within budget on both sides
+            grown = current + [i]
+            if current and len(grown) * max(max(ls[grown]), max(lt[grown])) > max_tokens:
+                want.append(current)
+                grown = [i]
+            current = grown
+        want.append(current)
+        got = make_batches(ls, lt, max_tokens, seed=5, epoch=0, shuffle=False)
+        assert [b.tolist() for b in got] == want
 
 
 def test_single_pair_over_budget_gets_its_own_batch_and_shard():

@@ -79,6 +79,16 @@ def untrained() -> Transformer:
 
 
 @pytest.fixture(scope="module")
+def peaked() -> Transformer:
+    """Random weights with the output layer (untied) scaled up: confident, arbitrary choices."""
+    torch.manual_seed(1)
+    model = Transformer(tiny_config(share_all_embeddings=False, share_decoder_embeddings=False), src_vocab_size=VOCAB, tgt_vocab_size=VOCAB)
+    with torch.no_grad():
+        model.output_proj.weight.mul_(3.0)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
 def sources() -> torch.Tensor:
     """Eight test sentences of 1..9 symbols (+ EOS), padded: (8, S)."""
     gen = torch.Generator().manual_seed(123)
@@ -165,6 +175,31 @@ class NeverEos(Transformer):
         return logits
 
 
+class LengthBait(Transformer):
+    """The real model's logits damped, plus a bias by output position: the first output is EOS
+    (p ~ 0.29) or else most likely token 5 (p ~ 0.17); after that token 4 is all but certain and EOS
+    impossible. EOS at once wins with lenpen 0; with lenpen >= 0.6 the long hypothesis 5 4 4 ... wins,
+    and only a search whose early stop bounds future scores with lp(max_len) finds it."""
+
+    @staticmethod
+    def _bait(logits, *, first: bool):  # (..., V) -> (..., V)
+        bias = torch.zeros(logits.size(-1))
+        if first:
+            bias[EOS_ID], bias[5] = 2.0, 1.5
+        else:
+            bias[4], bias[EOS_ID] = 10.0, float("-inf")
+        return 0.1 * logits.float() + bias
+
+    def decode(self, tgt_in, enc, *, return_attention=False):
+        assert not return_attention
+        logits = super().decode(tgt_in, enc)  # (B, T, V)
+        return torch.cat([self._bait(logits[:, :1], first=True), self._bait(logits[:, 1:], first=False)], dim=1)
+
+    def decode_step(self, tokens, cache):
+        first = cache.length == 0
+        return self._bait(super().decode_step(tokens, cache), first=first)
+
+
 def clone_as(cls, model: Transformer, **cfg_changes) -> Transformer:
     other = cls(tiny_config(**cfg_changes), src_vocab_size=VOCAB, tgt_vocab_size=VOCAB)
     other.load_state_dict(model.state_dict(), strict=False)
@@ -237,17 +272,35 @@ def test_nbest_sorted_distinct_and_scored_by_the_formula(trained, sources):
             assert h.score == pytest.approx(h.logprob / ((5 + length) / 6) ** alpha, rel=1e-5)
 
 
+@pytest.mark.parametrize("which", ["trained", "peaked"])
 @pytest.mark.parametrize("lenpen", [0.0, 0.6, 1.5])
-def test_early_stopping_returns_what_running_to_max_length_returns(trained, sources, lenpen):
+def test_early_stopping_returns_what_running_to_max_length_returns(which, lenpen, request, sources):
+    model = request.getfixturevalue(which)
     a, b, k = 1.0, 4, 3
-    rec = clone_as(Recording, trained)
-    nbests = beam_search(rec, sources, beam=k, lenpen=lenpen, max_len_a=a, max_len_b=b, nbest=k)
+    nbests = beam_search(model, sources, beam=k, lenpen=lenpen, max_len_a=a, max_len_b=b, nbest=k)
     for i, hyps in enumerate(nbests):
-        ref = reference_beam(trained, unpadded(sources, i), beam=k, lenpen=lenpen, max_len=max_len(sources, i, a, b))[:k]
+        ref = reference_beam(model, unpadded(sources, i), beam=k, lenpen=lenpen, max_len=max_len(sources, i, a, b))[:k]
         assert [h.tokens for h in hyps] == [toks for toks, _, _ in ref]
         assert [h.score for h in hyps] == pytest.approx([score for _, _, score in ref], abs=1e-4)
-    # The bound did stop some sentences early: fewer steps than the longest limit, or fewer rows.
-    assert len(rec.rows) < max(max_len(sources, i, a, b) for i in range(sources.size(0))) or rec.rows[-1] < rec.rows[0]
+
+
+def test_early_stopping_happens(trained, sources):
+    rec = clone_as(Recording, trained)
+    beam_search(rec, sources, beam=3, lenpen=0.6, max_len_a=1.0, max_len_b=4)
+    assert len(rec.rows) < max(max_len(sources, i, 1.0, 4) for i in range(sources.size(0)))
+
+
+@pytest.mark.parametrize("beam", [1, 2])
+def test_early_stop_bound_keeps_long_hypotheses_the_length_penalty_favours(untrained, sources, beam):
+    model = clone_as(LengthBait, untrained)
+    for lenpen in (0.0, 0.6, 1.0, 2.0):
+        nbests = beam_search(model, sources, beam=beam, lenpen=lenpen, max_len_a=1.0, max_len_b=4, nbest=beam)
+        for i, hyps in enumerate(nbests):
+            limit = max_len(sources, i, 1.0, 4)
+            assert hyps[0].tokens == ([] if lenpen == 0.0 else [5] + [4] * (limit - 1))
+            ref = reference_beam(model, unpadded(sources, i), beam=beam, lenpen=lenpen, max_len=limit)[:beam]
+            assert [h.tokens for h in hyps] == [toks for toks, _, _ in ref]
+            assert [h.score for h in hyps] == pytest.approx([score for _, _, score in ref], abs=1e-4)
 
 
 @pytest.mark.parametrize("beam", [1, 4])

@@ -285,8 +285,8 @@ def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -
         fail("decode.batch_tokens", "must be at least 1")
     if cfg.data.max_len < 1 or cfg.data.max_len_ratio < 1.0:
         fail("data.max_len", "max_len must be >= 1 and max_len_ratio >= 1")
-    if cfg.data.max_len + 2 > m.max_positions:
-        fail("data.max_len", f"{cfg.data.max_len} + BOS/EOS exceeds model.max_positions={m.max_positions}; lower data.max_len or raise model.max_positions")
+    if cfg.data.max_len + 1 > m.max_positions:  # + EOS on the source, + BOS on the decoder input
+        fail("data.max_len", f"{cfg.data.max_len} + 1 (EOS or BOS) exceeds model.max_positions={m.max_positions}; lower data.max_len or raise model.max_positions")
     if check_files:
         for dotted in PATH_KEYS:
             section, key = dotted.split(".")

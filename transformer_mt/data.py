@@ -206,9 +206,9 @@ def make_batches(lengths_src, lengths_tgt, max_tokens: int, *, seed: int, epoch:
     rng = _rng(seed, epoch)
     tiebreak = rng.permutation(ls.size) if shuffle else np.arange(ls.size)
     order = tiebreak[np.lexsort((ls[tiebreak], lt[tiebreak]))]  # lexsort is stable: the last key is primary
-    # Greedy cut along the sorted order. Target lengths never decrease along it, so a batch that
-    # starts at i holds at most max_tokens // lt[i] pairs, and its size max(running max) x count
-    # never decreases as pairs are added: one searchsorted per batch finds where it must end.
+    # Greedy cut along the sorted order: a batch starting at i holds at most
+    # max_tokens // max(ls[i], lt[i]) pairs, and as pairs are added its size, max(running max) x
+    # count, never decreases (target lengths are sorted), so one searchsorted finds where it ends.
     s_sorted, t_sorted = ls[order], lt[order]
     cuts, i = [], 0
     while i < order.size:
@@ -246,9 +246,11 @@ class ParallelData:
     ``line_numbers`` (N,) int64 are 0-based lines of the text files the pairs came from.
     """
 
-    def __init__(self, directory: Path, meta: dict, *, from_cache: bool):
+    def __init__(self, directory: Path, meta: dict, src_path: Path, tgt_path: Path, *, from_cache: bool):
         self.directory = directory
-        self.summary = CorpusSummary(**meta["summary"], cache=str(directory), from_cache=from_cache)
+        # the paths as given now: the cache may have been written from another working directory
+        stored = {**meta["summary"], "src_path": str(src_path), "tgt_path": str(tgt_path)}
+        self.summary = CorpusSummary(**stored, cache=str(directory), from_cache=from_cache)
         self.num_pairs = int(meta["num_pairs"])
         arrays = _map_arrays(directory, meta)
         self._src_tokens, self._tgt_tokens = arrays["src.tokens"], arrays["tgt.tokens"]
@@ -318,12 +320,12 @@ def load_parallel(
     directory = Path(cache_dir) / f"{src_path.name}-{tgt_path.name}-{key[:16]}"
     meta = _read_meta(directory, key)
     if meta is not None:
-        return ParallelData(directory, meta, from_cache=True)
+        return ParallelData(directory, meta, src_path, tgt_path, from_cache=True)
     _encode_corpus(src_path, tgt_path, src_tok, tgt_tok, data_cfg, directory, key, inputs, filter_long=filter_long, quiet=quiet)
     meta = _read_meta(directory, key)
     if meta is None:
         raise DataError(f"{directory}: the cache just written does not read back; check the disk (space, permissions) and delete the directory")
-    return ParallelData(directory, meta, from_cache=False)
+    return ParallelData(directory, meta, src_path, tgt_path, from_cache=False)
 
 
 # --------------------------------------------------------------------------- cache key and files

@@ -27,7 +27,7 @@ def label_smoothed_nll_loss(
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
     """Summed label-smoothed loss, summed plain NLL and the number of counted tokens.
 
-    logits: (..., V), any float dtype; the loss is computed in float32.
+    logits: (..., V), any float dtype; the loss is computed in float32 (float64 stays float64).
     target: (...) long, the same leading shape; positions equal to ``ignore_index`` count for nothing.
     Returns (loss_sum, nll_sum, ntokens): loss_sum a float32 scalar to backpropagate; nll_sum a
     detached float32 scalar for reporting; ntokens a Python int (a device sync on GPU: the
@@ -41,7 +41,8 @@ def label_smoothed_nll_loss(
         raise ValueError(f"epsilon={epsilon} is outside [0, 1); the paper uses 0.1")
     if vocab < 2 and epsilon > 0:
         raise ValueError("label smoothing needs a vocabulary of at least 2 tokens")
-    lprobs = F.log_softmax(logits.reshape(-1, vocab), dim=-1, dtype=torch.float32)  # (N, V)
+    dtype = torch.promote_types(logits.dtype, torch.float32)  # bf16 / fp16 logits: the loss in float32
+    lprobs = F.log_softmax(logits.reshape(-1, vocab), dim=-1, dtype=dtype)  # (N, V)
     target = target.reshape(-1)  # (N,)
     pad = target == ignore_index
     safe_target = target.masked_fill(pad, 0)  # any valid index; the row is masked out below

@@ -22,9 +22,10 @@ import torch
 from transformer_mt import runtime
 from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, unpack_tokenizers
 from transformer_mt.config import Config
+from transformer_mt.data import source_tensor
 from transformer_mt.model import Transformer
 from transformer_mt.search import Hypothesis, search
-from transformer_mt.tokenizer import EOS_ID, PAD_ID, Tokenizer
+from transformer_mt.tokenizer import Tokenizer
 
 
 class TranslateError(ValueError):
@@ -52,11 +53,7 @@ def translate_ids(
     model.eval()
     with torch.inference_mode(), runtime.autocast(device, dtype):
         for chunk in _token_batches(order, src_ids, batch_tokens):
-            width = len(src_ids[chunk[0]]) + 1  # longest first: the chunk is sorted by length
-            src = torch.full((len(chunk), width), PAD_ID, dtype=torch.long)
-            for row, i in enumerate(chunk):
-                seq = src_ids[i] + [EOS_ID]
-                src[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            src = source_tensor([src_ids[i] for i in chunk])  # (B, S): pieces + EOS, PAD-padded
             hyps = search(model, src.to(device), beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, nbest=nbest)
             for i, nbest_list in zip(chunk, hyps):
                 results[i] = nbest_list

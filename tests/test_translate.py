@@ -1,0 +1,160 @@
+"""`tmt translate`, `tmt evaluate`, `tmt bleu` and `tmt average` through the public entry point."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import head
+from transformer_mt.checkpoint import load_checkpoint, pack_tokenizers, save_checkpoint
+from transformer_mt.cli import main
+from transformer_mt.config import load_config, to_dict
+from transformer_mt.model import Transformer
+from transformer_mt.tokenizer import Tokenizer
+from transformer_mt.translate import Translator
+
+VENV_BIN = Path(sys.executable).parent
+
+
+def make_checkpoint(spm_model: Path, path: Path, *, seed: int = 0, d_model: int = 32) -> Path:
+    """A randomly initialised tiny model with its tokenizer: enough to test plumbing, not quality."""
+    cfg = load_config(None, ["model.encoder_layers=1", "model.decoder_layers=1", f"model.d_model={d_model}", "model.heads=2",
+                             "model.d_ff=64", "model.max_positions=64", "data.max_len=60", "model.positions=learned", "decode.max_len_b=6",
+                             "decode.beam=3"])
+    tok = Tokenizer(spm_model)
+    torch.manual_seed(seed)
+    model = Transformer(cfg.model, src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size)
+    save_checkpoint({"model": model.state_dict(), "config": to_dict(cfg), "tokenizers": pack_tokenizers(tok.proto)}, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def ckpt(spm_model, tmp_path_factory) -> Path:
+    return make_checkpoint(spm_model, tmp_path_factory.mktemp("ckpt") / "model.pt")
+
+
+def cli(argv, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    captured = capsys.readouterr()
+    return exit_.value.code or 0, captured.out, captured.err
+
+
+def test_one_output_line_per_input_line(ckpt, multi30k, tmp_path, capsys):
+    lines = head(multi30k / "test_2016_flickr.en", 6)
+    long_line = " ".join(["a dog runs through the snow"] * 30)  # far beyond max_positions=64
+    lines = lines[:2] + ["", "   ", long_line] + lines[2:] + ["\t"]
+    src = tmp_path / "in.en"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out.de"
+    code, _, err = cli(["translate", "-c", str(ckpt), str(src), "-o", str(out), "--beam", "2", "--device", "cpu"], capsys)
+    assert code == 0
+    result = out.read_text(encoding="utf-8").split("\n")
+    assert result[-1] == "" and len(result) - 1 == len(lines)
+    assert result[2] == "" and result[3] == "" and result[-2] == ""
+    assert all(result[i] for i in (0, 1, 5, 6))  # real sentences get (possibly odd) output
+    assert err.strip() == "tmt translate: warning: 1 input line longer than 63 tokens (model.max_positions=64) truncated"
+
+
+def test_batched_equals_one_at_a_time(ckpt, multi30k):
+    tr = Translator.from_checkpoint(ckpt, device="cpu")
+    lines = head(multi30k / "val.en", 12)
+    for beam in (1, 3):
+        batched = tr.translate(lines, beam=beam, lenpen=0.6, batch_tokens=400)
+        single = [tr.translate([line], beam=beam, lenpen=0.6)[0] for line in lines]
+        assert [b[0][1] for b in batched] == [s[0][1] for s in single]
+        assert [b[0][0] for b in batched] == pytest.approx([s[0][0] for s in single], abs=1e-4)
+
+
+def test_nbest_format(ckpt, tmp_path, capsys):
+    src = tmp_path / "in.en"
+    src.write_text("A man rides a horse.\n\nTwo children play.\n", encoding="utf-8")
+    code, out, _ = cli(["translate", "-c", str(ckpt), str(src), "--beam", "3", "--nbest", "3"], capsys)
+    assert code == 0
+    rows = [line.split("\t") for line in out.splitlines()]
+    assert [int(r[0]) for r in rows] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    for i in (0, 2):
+        scores = [float(r[1]) for r in rows if int(r[0]) == i]
+        assert scores == sorted(scores, reverse=True) and len(set(r[2] for r in rows if int(r[0]) == i)) == 3
+    assert all(r[2] == "" for r in rows if int(r[0]) == 1)
+    code, _, err = cli(["translate", "-c", str(ckpt), str(src), "--beam", "2", "--nbest", "3"], capsys)
+    assert code == 2 and "1 <= nbest <= beam" in err
+
+
+def test_stdin_is_translated_as_lines_arrive(ckpt):
+    """Interactive use: the answer to line 1 arrives before line 2 is even sent."""
+    proc = subprocess.Popen([str(VENV_BIN / "tmt"), "translate", "-c", str(ckpt), "--beam", "1", "--device", "cpu"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    try:
+        for sentence in ("A man rides a horse.", "", "Two dogs play in the park."):
+            proc.stdin.write(sentence + "\n")
+            proc.stdin.flush()
+            ready, _, _ = select.select([proc.stdout], [], [], 60)
+            assert ready, "no output line before the next input line"
+            answer = proc.stdout.readline()
+            assert answer.endswith("\n") and (answer == "\n") == (sentence == "")
+        proc.stdin.close()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+
+
+def test_evaluate_reports_scores_and_speed(ckpt, corpus_slice, tmp_path, capsys):
+    hyp = tmp_path / "val.hyp"
+    code, out, _ = cli(["evaluate", "-c", str(ckpt), "--src", str(corpus_slice["val.en"]), "--ref", str(corpus_slice["val.de"]),
+                        "-o", str(hyp), "--beam", "2", "--json"], capsys)
+    assert code == 0
+    report = json.loads(out)
+    assert set(report) >= {"bleu", "chrf", "sentences_per_s", "tgt_tokens_per_s", "bleu_signature"}
+    assert report["sentences_per_s"] > 0 and len(hyp.read_text().splitlines()) == 100
+    # the printed BLEU is the BLEU of the written file
+    code, out, _ = cli(["bleu", "--ref", str(corpus_slice["val.de"]), str(hyp), "--json", "-w", "2"], capsys)
+    assert json.loads(out)[0]["score"] == report["bleu"]
+
+
+def _sacrebleu(*args: str) -> str:
+    return subprocess.run([str(VENV_BIN / "sacrebleu"), *args], capture_output=True, text=True, check=True).stdout
+
+
+def test_bleu_matches_sacrebleu_command_line(multi30k, tmp_path, capsys):
+    ref = multi30k / "test_2016_flickr.de"
+    # a deterministic imperfect hypothesis: every 5th word dropped, every 9th line reversed
+    hyp_lines = []
+    for i, line in enumerate(head(ref, 1000)):
+        words = [w for k, w in enumerate(line.split()) if k % 5 != 4]
+        hyp_lines.append(" ".join(reversed(words) if i % 9 == 0 else words))
+    hyp = tmp_path / "hyp.de"
+    hyp.write_text("\n".join(hyp_lines) + "\n", encoding="utf-8")
+    for extra in ([], ["-lc"]):
+        code, out, _ = cli(["bleu", "--ref", str(ref), str(hyp), "--json", "-w", "2", *extra], capsys)
+        ours = json.loads(out)
+        theirs = json.loads(_sacrebleu(str(ref), "-i", str(hyp), "-m", "bleu", "chrf", "-w", "2", "--format", "json",
+                                       *(["-lc", "--chrf-lowercase"] if extra else [])))
+        assert [(o["name"], o["score"], o["signature"]) for o in ours] == [(t["name"], t["score"], t["signature"]) for t in theirs]
+    code, out, _ = cli(["bleu", "--ref", str(ref), str(hyp)], capsys)
+    assert out.strip() == _sacrebleu(str(ref), "-i", str(hyp), "-m", "bleu", "chrf", "--format", "text").strip()
+    short = tmp_path / "short.de"
+    short.write_text("\n".join(hyp_lines[:10]) + "\n")
+    code, _, err = cli(["bleu", "--ref", str(ref), str(short)], capsys)
+    assert code == 2 and "10" in err and "1000" in err and err.count("\n") == 1
+
+
+def test_average_cli_is_the_elementwise_mean(spm_model, tmp_path, capsys):
+    a = make_checkpoint(spm_model, tmp_path / "a.pt", seed=1)
+    b = make_checkpoint(spm_model, tmp_path / "b.pt", seed=2)
+    code, _, _ = cli(["average", str(a), str(b), "-o", str(tmp_path / "avg.pt")], capsys)
+    assert code == 0
+    sa, sb, avg = (load_checkpoint(p)["model"] for p in (a, b, tmp_path / "avg.pt"))
+    for key in sa:
+        torch.testing.assert_close(avg[key], (sa[key] + sb[key]) / 2)
+    other = make_checkpoint(spm_model, tmp_path / "c.pt", d_model=64)
+    code, _, err = cli(["average", str(a), str(other), "-o", str(tmp_path / "bad.pt")], capsys)
+    assert code == 2 and "d_model" in err and not (tmp_path / "bad.pt").exists()
+    assert os.path.getsize(tmp_path / "avg.pt") > 0
