@@ -50,24 +50,29 @@ def reversal_batch(gen: torch.Generator, n: int, lo: int = 1, hi: int = 7):
     return pad_batch(src), pad_batch(tgt_in), pad_batch(tgt_out)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny matmuls: extra intra-op threads only add synchronisation, and on shared cores they spin
+    (this module runs ~6x slower with 2 threads on a busy 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def trained() -> Transformer:
-    """A 1+1-layer model trained ~150 Adam steps on reversal: peaked, but not yet always right."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matmuls: threads only add overhead
-    try:
-        torch.manual_seed(0)
-        model = Transformer(tiny_config(), src_vocab_size=VOCAB, tgt_vocab_size=VOCAB)
-        opt = torch.optim.Adam(model.parameters(), lr=5e-3, betas=(0.9, 0.98))
-        gen = torch.Generator().manual_seed(0)
-        for _ in range(150):
-            src, tgt_in, tgt_out = reversal_batch(gen, 32)
-            loss = F.cross_entropy(model(src, tgt_in).view(-1, VOCAB), tgt_out.view(-1), ignore_index=PAD_ID)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    finally:
-        torch.set_num_threads(threads)
+    """A 1+1-layer model trained 150 Adam steps on reversal: peaked, but not yet always right."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_config(), src_vocab_size=VOCAB, tgt_vocab_size=VOCAB)
+    opt = torch.optim.Adam(model.parameters(), lr=5e-3, betas=(0.9, 0.98))
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(150):
+        src, tgt_in, tgt_out = reversal_batch(gen, 32)
+        loss = F.cross_entropy(model(src, tgt_in).view(-1, VOCAB), tgt_out.view(-1), ignore_index=PAD_ID)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
     return model.eval()
 
 
@@ -160,12 +165,15 @@ class Recording(Transformer):
         return super().decode_step(tokens, cache)
 
 
+# The variants below reshape the logits of forward (which the teacher-forced checks and the reference
+# search use) and of decode_step (which the searches use) the same way.
+
+
 class NeverEos(Transformer):
     """The real model with EOS made impossible, so every hypothesis runs to the length limit."""
 
-    def decode(self, tgt_in, enc, *, return_attention=False):
-        assert not return_attention
-        logits = super().decode(tgt_in, enc)  # (B, T, V)
+    def forward(self, src, tgt_in):
+        logits = super().forward(src, tgt_in)  # (B, T, V)
         logits[..., EOS_ID] = float("-inf")
         return logits
 
@@ -190,14 +198,23 @@ class LengthBait(Transformer):
             bias[4], bias[EOS_ID] = 10.0, float("-inf")
         return 0.1 * logits.float() + bias
 
-    def decode(self, tgt_in, enc, *, return_attention=False):
-        assert not return_attention
-        logits = super().decode(tgt_in, enc)  # (B, T, V)
+    def forward(self, src, tgt_in):
+        logits = super().forward(src, tgt_in)  # (B, T, V)
         return torch.cat([self._bait(logits[:, :1], first=True), self._bait(logits[:, 1:], first=False)], dim=1)
 
     def decode_step(self, tokens, cache):
         first = cache.length == 0
         return self._bait(super().decode_step(tokens, cache), first=first)
+
+
+class Rounded(Transformer):
+    """The real model with logits rounded to integers: exact ties everywhere, often 3+ at the top."""
+
+    def forward(self, src, tgt_in):
+        return torch.round(super().forward(src, tgt_in))
+
+    def decode_step(self, tokens, cache):
+        return torch.round(super().decode_step(tokens, cache))
 
 
 def clone_as(cls, model: Transformer, **cfg_changes) -> Transformer:
@@ -233,6 +250,29 @@ def test_beam_size_one_is_greedy(which, request, sources):
     beam1_lp = beam_search(model, sources, beam=1, lenpen=0.6, max_len_a=1.0, max_len_b=4)
     assert all(b[0].score >= g.score - 1e-6 for g, b in zip(greedy_lp, beam1_lp))
     assert search(model, sources, beam=1, lenpen=0.6, max_len_a=1.0, max_len_b=4, nbest=1) == [[h] for h in greedy_lp]
+
+
+def test_exact_ties_go_to_the_lowest_id_in_greedy_and_beam(untrained, sources):
+    model = clone_as(Rounded, untrained)
+    greedy = greedy_search(model, sources, max_len_a=1.0, max_len_b=4)
+    beam1 = beam_search(model, sources, beam=1, lenpen=0.0, max_len_a=1.0, max_len_b=4)
+    assert [h.tokens for h in greedy] == [hyps[0].tokens for hyps in beam1]
+    many_ties = 0
+    for i, h in enumerate(greedy):
+        eos = len(h.tokens) < max_len(sources, i, 1.0, 4)
+        chosen = h.tokens + [EOS_ID] if eos else h.tokens
+        with torch.no_grad():
+            logits = model(unpadded(sources, i)[None], torch.tensor([[BOS_ID] + chosen[:-1]]))[0]  # (T, V)
+        logits[:, [PAD_ID, BOS_ID]] = float("-inf")
+        top = logits == logits.max(dim=-1, keepdim=True).values  # (T, V) the tied maxima
+        assert chosen == top.int().argmax(dim=-1).tolist()  # the first (lowest) tied id at every step
+        many_ties += int((top.sum(dim=-1) >= 3).sum())
+    assert many_ties > 0, "the rounded model should produce three-way ties at the top"
+    for beam in (1, 3):
+        batched = beam_search(model, sources, beam=beam, lenpen=0.6, max_len_a=1.0, max_len_b=4, nbest=beam)
+        for i in range(sources.size(0)):
+            alone = beam_search(model, unpadded(sources, i)[None], beam=beam, lenpen=0.6, max_len_a=1.0, max_len_b=4, nbest=beam)
+            assert [h.tokens for h in batched[i]] == [h.tokens for h in alone[0]]
 
 
 def test_beam_beats_greedy_and_reports_teacher_forced_logprobs(trained, sources):

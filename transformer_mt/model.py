@@ -362,13 +362,16 @@ class Transformer(nn.Module):
             x = self.encoder_norm(x)
         return EncoderOut(x, src_pad)
 
-    def decode(self, tgt_in: Tensor, enc: EncoderOut, *, return_attention: bool = False) -> Tensor | tuple[Tensor, list[LayerAttention]]:
+    def decode(self, tgt_in: Tensor, enc: EncoderOut, *, return_attention: bool = False, keep: Tensor | None = None) -> Tensor | tuple[Tensor, list[LayerAttention]]:
         """Teacher forcing: tgt_in (B, T) = BOS + target, padded with PAD_ID -> logits (B, T, V_tgt).
 
         Position t sees target positions <= t (causal) that are not padding, and non-pad source positions.
         With ``return_attention``, returns (logits, weights): weights[i] is decoder layer i's (bottom
         first) LayerAttention(self_attn (B, H, T, T), cross_attn (B, H, T, S)); this takes the explicit,
         slower attention path.
+        ``keep`` (B, T) bool: return logits (N, V_tgt) for the N positions where it is True, in row-major
+        order. Training passes the non-pad label positions: the vocabulary projection, the largest matmul
+        of a small model, then skips padding.
         """
         self_allowed = _allowed(tgt_in.eq(PAD_ID), causal=True)  # (B, 1, T, T)
         cross_allowed = _allowed(enc.src_pad)  # (B, 1, 1, S)
@@ -380,12 +383,14 @@ class Transformer(nn.Module):
             weights.append(w)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
+        if keep is not None:
+            x = x[keep]  # (B, T, D) -> (N, D)
         logits = self.output_proj(x)
         return (logits, weights) if return_attention else logits
 
-    def forward(self, src: Tensor, tgt_in: Tensor) -> Tensor:
-        """src (B, S), tgt_in (B, T) -> logits (B, T, V_tgt)."""
-        return self.decode(tgt_in, self.encode(src))
+    def forward(self, src: Tensor, tgt_in: Tensor, *, keep: Tensor | None = None) -> Tensor:
+        """src (B, S), tgt_in (B, T) -> logits (B, T, V_tgt), or (N, V_tgt) for the positions where ``keep`` is True."""
+        return self.decode(tgt_in, self.encode(src), keep=keep)
 
     def init_cache(self, enc: EncoderOut) -> DecoderCache:
         """Start incremental decoding of a batch: project the encoder output to every layer's cross K/V once."""

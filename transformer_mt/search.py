@@ -102,7 +102,7 @@ def greedy_search(model, src: Tensor, *, max_len_a: float = 1.0, max_len_b: int 
         lprobs = _log_probs(model.decode_step(tokens, cache))  # (b, V)
         # Rank cum + lprobs rather than lprobs alone: the same float32 sums beam search ranks,
         # so beam 1 breaks near-ties exactly as greedy does. max() returns the lowest tied id.
-        best, tok = (cum[alive].unsqueeze(1) + lprobs).max(dim=1)  # (b,), (b,)
+        best, tok = lprobs.add_(cum[alive].unsqueeze(1)).max(dim=1)  # (b,), (b,)
         out[alive, step] = tok
         cum[alive] = best
         done = (tok == EOS_ID) | (alive_max <= step + 1)  # (b,)
@@ -164,7 +164,7 @@ def beam_search(model, src: Tensor, *, beam: int = 4, lenpen: float = 0.6, max_l
     tokens = torch.full((batch * k,), BOS_ID, dtype=torch.long, device=device)  # (b*k,) newest token
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
     n_done = torch.zeros(batch, dtype=torch.long, device=device)  # (B,) finished hypotheses kept
-    worst = torch.full((batch,), -math.inf, device=device)  # (B,) worst kept score once n_done == k
+    worst = torch.full((batch,), -math.inf, dtype=torch.float32, device=device)  # (B,) worst kept score once n_done == k
     rank = torch.arange(2 * k, device=device)  # (2k,)
     for step in range(int(max_lens.max())):
         b, length = sent.numel(), step + 1  # length of every hypothesis extended at this step
@@ -172,7 +172,7 @@ def beam_search(model, src: Tensor, *, beam: int = 4, lenpen: float = 0.6, max_l
         vocab = lprobs.size(1)
         if step == 0 and vocab - 2 < 2 * k:
             raise SearchError(f"beam={beam} needs a target vocabulary of at least {2 * k + 2} ids, the model has {vocab}; lower the beam")
-        cand = (cum.view(b * k, 1) + lprobs).view(b, k, vocab)  # (b*k, V) -> (b, k, V)
+        cand = lprobs.add_(cum.view(b * k, 1)).view(b, k, vocab)  # cum + log p: (b*k, V) -> (b, k, V)
         if step == 0:
             cand = cand[:, :1]  # (b, 1, V): the k beams are identical copies of BOS
         top_score, top_flat = _top_candidates(cand.reshape(b, -1), 2 * k)  # (b, 2k) best first
@@ -201,7 +201,7 @@ def beam_search(model, src: Tensor, *, beam: int = 4, lenpen: float = 0.6, max_l
                            logprobs.tolist(), (logprobs / length_penalty(length, lenpen)).tolist())
 
         # Largest penalty any continuation (final length length+1 .. max_len) can receive.
-        most_lp = torch.maximum(length_penalty(torch.tensor(float(length + 1), device=device), lenpen),
+        most_lp = torch.maximum(length_penalty(torch.tensor(length + 1.0, device=device), lenpen),
                                 length_penalty(max_lens[sent].float(), lenpen))  # (b,)
         hopeless = (n_done[sent] >= k) & (new_cum[:, 0] / most_lp <= worst[sent])  # (b,)
         keep = (~(at_max | hopeless)).nonzero().squeeze(1)  # (b',) sentences still searching
@@ -234,8 +234,17 @@ def _keep_finished(finished: list[list[Hypothesis]], n_done: Tensor, worst: Tens
 
 
 def _top_candidates(scores: Tensor, n: int) -> tuple[Tensor, Tensor]:
-    """Top ``n`` of each row of ``scores`` (b, N), best first, equal scores by lower index; (b, n) each."""
-    values, indices = scores.topk(n, dim=1)  # (b, n); topk leaves the order of ties unspecified
+    """The first ``n`` of each row of ``scores`` (b, N) in the order (score descending, index
+    ascending): (b, n) values and indices. topk leaves ties unspecified, both which tied entries it
+    picks at the cut-off and their order, so both are settled here; greedy's max() picks the lowest
+    tied id too, which keeps beam 1 equal to greedy even on exact ties."""
+    values, indices = scores.topk(n, dim=1)  # (b, n)
+    cutoff = values[:, -1:]  # (b, 1) the n-th best score
+    # Rows with more entries equal to the cut-off than topk kept (rare): pick them by index.
+    ambiguous = ((scores == cutoff).sum(dim=1) > (values == cutoff).sum(dim=1)).nonzero().squeeze(1)
+    if ambiguous.numel():
+        exact_values, exact_indices = scores[ambiguous].sort(dim=1, descending=True, stable=True)  # (a, N)
+        values[ambiguous], indices[ambiguous] = exact_values[:, :n], exact_indices[:, :n]
     indices, order = indices.sort(dim=1)  # lower index first ...
     values, order = values.gather(1, order).sort(dim=1, descending=True, stable=True)  # ... then by score
     return values, indices.gather(1, order)
