@@ -1,0 +1,481 @@
+#!/usr/bin/env python
+"""Benchmark transformer_mt on this machine (issue 6); writes <out>/benchmark.json and <out>/benchmark.md.
+
+    python scripts/benchmark.py [--config configs/multi30k_en_de.yaml] [--data DIR] [--out bench]
+                                [--threads 2] [--warmup 5] [--updates 40] [--sentences 0]
+                                [--checkpoint CKPT] [--quick]
+
+Each phase runs in a fresh subprocess of this script (``--phase SPEC.json``), so the ``ru_maxrss``
+it reports is that phase's own peak resident memory (the Python interpreter and torch included):
+  matmul     an n x n matmul in float32 and bfloat16: after 3 warm-up runs, the best of ``reps`` timed
+             runs gives the machine's peak, GFLOP/s = 2 n^3 / seconds;
+  train      ``tmt train``'s own loop (:class:`transformer_mt.train.Trainer`, fed through its
+             ``on_update`` hook) on real Multi30k token-budget batches, for the recipe model (--config)
+             and the reference model (3+3 layers, d_model 256, d_ff 1024, 4 heads, post-norm, shared
+             embeddings, 4096-token batches), each in float32 and bfloat16 autocast: ``--warmup`` updates
+             untimed, then ``--updates`` timed; tokens/s counts non-pad target tokens (pieces + EOS);
+  translate  :class:`transformer_mt.translate.Translator` on test_2016_flickr.en, greedy and beam 5, at
+             the checkpoint's ``decode.batch_tokens``, after an untimed warm-up on 8 sentences; tokens/s
+             counts generated tokens + EOS. Without ``--checkpoint`` the model is the reference model after
+             the benchmark's few float32 updates: its outputs are too long and the speed is flagged
+             ``"representative": false``.
+
+FLOPs per target token (multiply-add = 2 FLOPs), counted two ways on the padded batches actually run:
+  measured   torch.utils.flop_counter.FlopCounterMode over forward, loss and backward of the first timed
+             batches; torch has no formula for the CPU flash-attention kernels SDPA uses here, so they are
+             counted as it counts the CUDA ones (forward Q K^T and A V; backward recomputes Q K^T and does
+             4 more matmuls). The achieved GFLOP/s and the fraction of the matmul peak use this count.
+  analytic   3 x forward (backward = 2 x forward) over all timed batches, per batch of B sentences with
+             padded source length S and target length T (Ns = B S, Nt = B T; d = d_model, f = d_ff,
+             h heads of query size dk and value size dv; V the target vocabulary):
+               encoder layer  2 Ns d h (2dk + dv) + 2 Ns h dv d      Q, K, V and output projections
+                              + 2 B h S S (dk + dv)                  scores and weighted sum
+                              + 4 Ns d f                             feed-forward
+               decoder layer  the same with Nt and T x T (the causal mask saves nothing in SDPA), plus
+                              cross-attention: 2 Nt d h dk + 2 Ns d h (dk + dv) + 2 Nt h dv d + 2 B h T S (dk + dv)
+               output layer   2 Nt d V
+             Embedding look-ups, LayerNorm, softmax and the loss are not matmuls and are left out.
+
+The reference figures (fairseq, OpenNMT-py, the issue's matmul peaks) are quoted from issue 6 and were
+measured elsewhere; this script measures none of them. No number here is meaningful on a busy machine:
+the load average at start and end is recorded to show it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import itertools
+import json
+import os
+import platform
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+from transformer_mt import runtime
+from transformer_mt.config import Config, DecodeConfig, ModelConfig, TrainConfig, from_dict, load_config, to_dict
+from transformer_mt.data import load_parallel
+from transformer_mt.loss import label_smoothed_nll_loss
+from transformer_mt.model import count_parameters
+from transformer_mt.tokenizer import PAD_ID, Tokenizer, train_sentencepiece
+from transformer_mt.train import Trainer
+from transformer_mt.translate import TranslateStats, Translator
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMA = "transformer_mt.benchmark/1"
+RECIPE_CONFIG, FALLBACK_CONFIG = REPO / "configs" / "multi30k_en_de.yaml", REPO / "configs" / "multi30k_small.yaml"
+REFERENCE_MODEL = dict(encoder_layers=3, decoder_layers=3, d_model=256, heads=4, d_ff=1024, dropout=0.1, norm="post",
+                       share_all_embeddings=True)
+# The reference model's optimiser: multi30k_small.yaml's schedule, so the few benchmark updates move the weights.
+REFERENCE_TRAIN = dict(max_tokens=4096, update_freq=1, label_smoothing=0.1, lr_schedule="inverse_sqrt", lr=1e-3,
+                       warmup_updates=400)
+QUOTED = {  # issue 6, measured elsewhere: never by this script
+    "source": "quoted from issue 6, measured elsewhere; not measured by this script",
+    "setting": "3+3 layers, d_model 256, d_ff 1024, 4 heads, post-norm, shared embeddings, float32, 2 threads, 4096-token batches",
+    "train_tokens_per_s": {"fairseq 0.12.2": 1570, "OpenNMT-py 3.5.1": 1200},
+    "beam5_sentences_per_s": {"fairseq-generate": 20, "OpenNMT-py": "30-39"},
+    "matmul_peak_gflops": {"float32": 134, "bfloat16": 376},
+    "targets": {"train_tokens_per_s": "1.5 x 1,570 (fairseq, the faster)", "beam5_sentences_per_s": "3 x 20 (fairseq)"},
+}
+TRAIN_QUOTED, TRAIN_TARGET, BEAM5_QUOTED, BEAM5_TARGET = 1570.0, 1.5, 20.0, 3.0
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclasses.dataclass(frozen=True)
+class Sizes:
+    """What a full run and a --quick run (seconds, tiny models, same schema) measure."""
+
+    warmup: int = 5  # untimed updates per training run (--warmup)
+    updates: int = 40  # timed updates per training run (--updates)
+    matmul_n: int = 2048  # side of the square matmul timed for the peak
+    matmul_reps: int = 10  # timed matmuls per dtype (the best one is the peak)
+    sentences: int = 0  # test sentences translated (--sentences); 0 = all
+    flop_batches: int = 3  # timed batches run again under FlopCounterMode
+    train_lines: int = 0  # training pairs used; 0 = all (spm and the batches see only these)
+    spm_vocab: int = 0  # sentencepiece vocabulary; 0 = the recipe's tokenizer.vocab_size
+    model: tuple = ()  # model.* overrides for both models (quick: tiny)
+    max_tokens: int = 0  # batch budget for both models; 0 = recipe's / 4096
+
+
+FULL = Sizes()
+QUICK = Sizes(warmup=1, updates=2, matmul_n=256, matmul_reps=3, sentences=20, flop_batches=1, train_lines=2000,
+              spm_vocab=1000, model=(("encoder_layers", 1), ("decoder_layers", 1), ("d_model", 32), ("heads", 2), ("d_ff", 64)),
+              max_tokens=512)
+
+
+# ---------------------------------------------------------------- FLOP counting
+def forward_flops(m: ModelConfig, *, vocab: int, batch: int, src_len: int, tgt_len: int) -> int:
+    """Matmul FLOPs of one teacher-forced forward pass over a padded (batch, src_len) x (batch, tgt_len)
+    batch: the formula of the module docstring."""
+    d, h, f = m.d_model, m.heads, m.d_ff
+    dk, dv = m.head_dim or d // h, m.value_dim or d // h
+    ns, nt = batch * src_len, batch * tgt_len
+    qkv_out = lambda n: 2 * n * d * h * (2 * dk + dv) + 2 * n * h * dv * d  # noqa: E731
+    attend = lambda tq, tk: 2 * batch * h * tq * tk * (dk + dv)  # noqa: E731
+    cross = 2 * nt * d * h * dk + 2 * ns * d * h * (dk + dv) + 2 * nt * h * dv * d + attend(tgt_len, src_len)
+    encoder = m.encoder_layers * (qkv_out(ns) + attend(src_len, src_len) + 4 * ns * d * f)
+    decoder = m.decoder_layers * (qkv_out(nt) + attend(tgt_len, tgt_len) + cross + 4 * nt * d * f)
+    return encoder + decoder + 2 * nt * d * vocab
+
+
+def cpu_sdpa_formulas() -> dict:
+    """FlopCounterMode formulas for the CPU flash-attention kernels, borrowed from the CUDA kernels'."""
+    aten = torch.ops.aten
+    fwd = lambda q, k, v, *args, out_shape=None, **kwargs: sdpa_flop_count(q, k, v)  # noqa: E731
+    bwd = lambda g, q, k, v, *args, out_shape=None, **kwargs: sdpa_backward_flop_count(g, q, k, v)  # noqa: E731
+    names = {"_scaled_dot_product_flash_attention_for_cpu": fwd, "_scaled_dot_product_flash_attention_for_cpu_backward": bwd}
+    return {getattr(aten, name): fn for name, fn in names.items() if hasattr(aten, name)}
+
+
+def count_flops(fn) -> int:
+    """FLOPs that FlopCounterMode sees while ``fn()`` runs."""
+    with FlopCounterMode(display=False, custom_mapping=cpu_sdpa_formulas()) as counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def train_step_flops(model, batch, *, dtype: str, epsilon: float) -> int:
+    """Measured FLOPs of forward, label-smoothed loss and backward on one batch; gradients are dropped."""
+
+    def step() -> None:
+        with runtime.autocast(torch.device("cpu"), dtype):
+            logits = model(batch.src, batch.tgt_in)
+        label_smoothed_nll_loss(logits, batch.tgt_out, epsilon=epsilon)[0].backward()
+
+    flops = count_flops(step)
+    model.zero_grad(set_to_none=True)
+    return flops
+
+
+# ---------------------------------------------------------------- phases (each in its own subprocess)
+def peak_rss_mib() -> float:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss / 2**20 if sys.platform == "darwin" else rss / 1024  # bytes on macOS, KiB on Linux
+
+
+def phase_matmul(spec: dict) -> dict:
+    n, reps = spec["n"], spec["reps"]
+    out = {"n": n, "reps": reps}
+    for name in DTYPES:
+        gen = torch.Generator().manual_seed(0)
+        a, b = (torch.randn(n, n, generator=gen).to(runtime.DTYPES[name]) for _ in range(2))
+        c = torch.empty_like(a)
+        for _ in range(3):  # thread pool start-up, oneDNN kernel selection
+            torch.mm(a, b, out=c)
+        times = []
+        for _ in range(reps):
+            tic = time.perf_counter()
+            torch.mm(a, b, out=c)
+            times.append(time.perf_counter() - tic)
+        out[name] = {"gflops": 2 * n**3 / min(times) / 1e9, "gflops_median": 2 * n**3 / statistics.median(times) / 1e9,
+                     "seconds_best": min(times)}
+    return out
+
+
+def update_groups(data, t: TrainConfig, n: int) -> list[list]:
+    """The first ``n`` updates' batches (lists of index arrays), epoch after epoch, as Trainer.run takes them."""
+    groups, epoch = [], 1
+    while len(groups) < n:
+        batches = data.batches(epoch, max_tokens=t.max_tokens, seed=t.seed)
+        groups += [batches[i:i + t.update_freq] for i in range(0, len(batches), t.update_freq)]
+        epoch += 1
+    return groups[:n]
+
+
+def phase_train(spec: dict) -> dict:
+    cfg = from_dict(spec["config"], source=f"benchmark {spec['name']}")
+    warmup, updates = spec["warmup"], spec["updates"]
+    shutil.rmtree(cfg.train.out_dir, ignore_errors=True)  # ours (<out>/runs/NAME); Trainer refuses an old run
+    marks, tokens, step_seconds = {}, [], []
+
+    def on_update(update: int, stats: dict) -> None:
+        if update > warmup:
+            tokens.append(stats["ntokens"])
+            step_seconds.append(stats["seconds"])
+        if update in (warmup, warmup + updates):  # the window: end of update `warmup` to end of the last
+            marks[update] = time.perf_counter()
+
+    trainer = Trainer(cfg, resume=False, on_update=on_update)
+    result = trainer.run()
+    if len(marks) < 2:
+        raise RuntimeError(f"training stopped at update {result.progress.update} ({result.stop_reason}) before update {warmup + updates}")
+    seconds = marks[warmup + updates] - marks[warmup]
+    batches = [trainer.train_data.get_batch(idx) for group in update_groups(trainer.train_data, cfg.train, warmup + updates)[warmup:] for idx in group]
+    if sum(b.ntokens for b in batches) != sum(tokens):
+        raise RuntimeError("the batches replayed for FLOP counting differ from those Trainer.run trained on; update update_groups()")
+    vocab, sample = trainer.tgt_tok.vocab_size, batches[: spec["flop_batches"]]
+    analytic = sum(3 * forward_flops(cfg.model, vocab=vocab, batch=b.nsentences, src_len=b.src.size(1), tgt_len=b.tgt_in.size(1)) for b in batches)
+    measured = sum(train_step_flops(trainer.model, b, dtype=cfg.train.dtype, epsilon=cfg.train.label_smoothing) for b in sample)
+    ntok, nsent = sum(tokens), sum(b.nsentences for b in batches)
+    src_tokens = sum(int((b.src != PAD_ID).sum()) for b in batches)
+    out = {"parameters": count_parameters(trainer.model), "vocab_size": vocab, "max_tokens": cfg.train.max_tokens,
+           "update_freq": cfg.train.update_freq, "warmup_updates": warmup, "timed_updates": updates, "seconds": seconds,
+           "update_fn_seconds": sum(step_seconds), "target_tokens": ntok, "source_tokens": src_tokens, "sentences": nsent,
+           "avg_src_len": src_tokens / nsent, "avg_tgt_len": ntok / nsent,
+           "target_padding_fraction": 1 - ntok / sum(b.tgt_out.numel() for b in batches),
+           "tokens_per_s": ntok / seconds, "updates_per_s": updates / seconds,
+           "flops_per_token": measured / sum(b.ntokens for b in sample), "flops_per_token_analytic": analytic / ntok,
+           "flop_sample_batches": len(sample)}
+    if not spec["keep_checkpoint"]:
+        shutil.rmtree(cfg.train.out_dir, ignore_errors=True)
+    return out
+
+
+def phase_translate(spec: dict) -> dict:
+    translator = Translator.from_checkpoint(spec["checkpoint"], device="cpu", dtype="float32", threads=spec["threads"])
+    with open(spec["input"], encoding="utf-8") as handle:
+        lines = [line.rstrip("\n") for line in itertools.islice(handle, spec["sentences"] or None)]
+    d, beam = translator.cfg.decode, spec["beam"]
+    translator.translate(lines[:8], beam=beam, lenpen=d.lenpen)  # warm-up: allocator, kernel selection
+    translator.stats = TranslateStats()
+    tic = time.perf_counter()
+    translator.translate(lines, beam=beam, lenpen=d.lenpen)
+    seconds = time.perf_counter() - tic
+    tokens = translator.stats.tgt_tokens
+    return {"parameters": count_parameters(translator.model), "model_config": dataclasses.asdict(translator.cfg.model),
+            "batch_tokens": d.batch_tokens, "lenpen": d.lenpen, "max_len_a": d.max_len_a, "max_len_b": d.max_len_b,
+            "sentences": len(lines), "seconds": seconds, "target_tokens": tokens, "avg_output_len": tokens / len(lines),
+            "sentences_per_s": len(lines) / seconds, "tokens_per_s": tokens / seconds}
+
+
+PHASES = {"matmul": phase_matmul, "train": phase_train, "translate": phase_translate}
+
+
+def run_phase_file(spec_path: Path) -> None:
+    """Child side: run one phase from its spec file and write its result file."""
+    spec = json.loads(spec_path.read_text(encoding="utf-8"))
+    torch.set_num_threads(spec["threads"])
+    baseline = peak_rss_mib()  # the interpreter with torch and transformer_mt imported
+    result = PHASES[spec["kind"]](spec)
+    result.update(peak_rss_mib=peak_rss_mib(), rss_after_import_mib=baseline, threads=torch.get_num_threads())
+    Path(spec["result"]).write_text(json.dumps(result, indent=1), encoding="utf-8")
+
+
+def run_phase(spec: dict, out: Path, *, step: str) -> dict:
+    """Parent side: run ``spec`` in a fresh interpreter and return its result."""
+    phases = out / "phases"
+    phases.mkdir(parents=True, exist_ok=True)
+    spec_path, spec["result"] = phases / f"{spec['name']}.spec.json", str(phases / f"{spec['name']}.result.json")
+    spec_path.write_text(json.dumps(spec, indent=1), encoding="utf-8")
+    print(f"benchmark: {step} {spec['name']} ...", file=sys.stderr, flush=True)
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}  # one process, never torchrun's
+    env.update(OMP_NUM_THREADS=str(spec["threads"]), MKL_NUM_THREADS=str(spec["threads"]))
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--phase", str(spec_path)], env=env,
+                          capture_output=True, text=True)
+    (phases / f"{spec['name']}.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        raise SystemExit(f"benchmark: phase {spec['name']} failed (exit {proc.returncode}); its output ends with:\n{tail}")
+    return json.loads(Path(spec["result"]).read_text(encoding="utf-8"))
+
+
+# ---------------------------------------------------------------- the parent: prepare, run, report
+def prepare_data(args, recipe: Config, sizes: Sizes) -> tuple[Path, Path, Path]:
+    """(spm model, train.en, train.de): the tokenizer trained once into <out>/spm and the corpus encoded
+    once into <out>/cache (both reused by later runs; delete them to rebuild)."""
+    src, tgt = args.data / "train.en", args.data / "train.de"
+    if sizes.train_lines:
+        sliced = args.out / "quick-data"
+        sliced.mkdir(parents=True, exist_ok=True)
+        for path in (src, tgt):
+            with open(path, encoding="utf-8") as handle:
+                (sliced / path.name).write_text("".join(itertools.islice(handle, sizes.train_lines)), encoding="utf-8")
+        src, tgt = sliced / src.name, sliced / tgt.name
+    tok = recipe.tokenizer
+    vocab = sizes.spm_vocab or tok.vocab_size
+    prefix = args.out / "spm" / f"joint-{tok.model_type}{vocab}-{sizes.train_lines or 'all'}"
+    if not prefix.with_suffix(".model").is_file():
+        print(f"benchmark: training sentencepiece {tok.model_type} {vocab} -> {prefix}.model", file=sys.stderr, flush=True)
+        train_sentencepiece([src, tgt], prefix, vocab_size=vocab, model_type=tok.model_type,
+                            character_coverage=tok.character_coverage, input_sentence_size=tok.input_sentence_size)
+    spm = prefix.with_suffix(".model")
+    tokenizer = Tokenizer(spm)
+    load_parallel(src, tgt, tokenizer, tokenizer, data_config(recipe, src, tgt, args.out), cache_dir=args.out / "cache", quiet=True)
+    return spm, src, tgt
+
+
+def data_config(recipe: Config, src: Path, tgt: Path, out: Path):
+    return dataclasses.replace(recipe.data, train_src=str(src), train_tgt=str(tgt), valid_src="", valid_tgt="", cache_dir=str(out / "cache"))
+
+
+def train_spec(name: str, base: Config, *, dtype: str, args, sizes: Sizes, spm: Path, src: Path, tgt: Path, keep: bool) -> dict:
+    total = args.warmup + args.updates
+    train = dataclasses.replace(base.train, out_dir=str(args.out / "runs" / name), device="cpu", threads=args.threads, dtype=dtype,
+                                max_updates=total, max_epochs=0, max_time=0.0, patience=0, log_every=total + 1,
+                                validate_every=total + 1, save_every=0, keep_last=1,
+                                **({"max_tokens": sizes.max_tokens} if sizes.max_tokens else {}))
+    cfg = Config(data=data_config(base, src, tgt, args.out), model=dataclasses.replace(base.model, **dict(sizes.model)), train=train,
+                 tokenizer=dataclasses.replace(base.tokenizer, model=str(spm), tgt_model="", joint=True), decode=base.decode)
+    return {"kind": "train", "name": name, "threads": args.threads, "config": to_dict(cfg), "warmup": args.warmup,
+            "updates": args.updates, "flop_batches": sizes.flop_batches, "keep_checkpoint": keep}
+
+
+def describe(m: dict, params: int) -> str:
+    return f"{m['encoder_layers']}+{m['decoder_layers']} layers, d{m['d_model']}, ff{m['d_ff']}, {m['heads']} heads, {params / 1e6:.2f}M params"
+
+
+def run_all(args, sizes: Sizes) -> dict:
+    config, note = args.config, ""
+    if not config.is_file() and config.resolve() == RECIPE_CONFIG:
+        config, note = FALLBACK_CONFIG, f"{RECIPE_CONFIG.relative_to(REPO)} not found: recipe model from {FALLBACK_CONFIG.relative_to(REPO)}"
+        print(f"benchmark: {note}", file=sys.stderr)
+    recipe = load_config(config, check_files=False)
+    test_src = args.data / "test_2016_flickr.en"
+    for path in (args.data / "train.en", args.data / "train.de", test_src):
+        if not path.is_file():
+            raise SystemExit(f"benchmark: {path} not found; pass --data DIR holding Multi30k (scripts/prepare_multi30k.sh downloads it)")
+    load_start = os.getloadavg()
+    spm, src, tgt = prepare_data(args, recipe, sizes)
+    reference = Config(model=ModelConfig(**REFERENCE_MODEL), train=TrainConfig(**REFERENCE_TRAIN), decode=DecodeConfig(),
+                       data=recipe.data, tokenizer=recipe.tokenizer)
+    keep_ref = args.checkpoint is None
+    specs = [{"kind": "matmul", "name": "matmul", "threads": args.threads, "n": sizes.matmul_n, "reps": sizes.matmul_reps}]
+    for model, base in (("reference", reference), ("recipe", recipe)):
+        for dtype in DTYPES:
+            specs.append(train_spec(f"train-{model}-{dtype}", base, dtype=dtype, args=args, sizes=sizes, spm=spm, src=src, tgt=tgt,
+                                    keep=keep_ref and model == "reference" and dtype == "float32"))
+    checkpoint = args.checkpoint or args.out / "runs" / "train-reference-float32" / "checkpoint_last.pt"
+    for search, beam in (("greedy", 1), ("beam5", 5)):
+        specs.append({"kind": "translate", "name": f"translate-{search}", "threads": args.threads, "checkpoint": str(checkpoint),
+                      "input": str(test_src), "sentences": args.sentences, "beam": beam, "search": search})
+    results = [run_phase(spec, args.out, step=f"[{i}/{len(specs)}]") for i, spec in enumerate(specs, 1)]
+
+    matmul = results[0]
+    training, translation = [], []
+    for spec, res in zip(specs[1:], results[1:]):
+        if spec["kind"] == "train":
+            model, dtype = spec["name"].split("-")[1:]
+            res["gflops"] = res["flops_per_token"] * res["tokens_per_s"] / 1e9
+            res["fraction_of_peak"] = res["gflops"] / matmul[dtype]["gflops"]
+            vs = None
+            if model == "reference":
+                ratio = res["tokens_per_s"] / TRAIN_QUOTED
+                vs = {"quoted": TRAIN_QUOTED, "ratio": ratio, "target_ratio": TRAIN_TARGET, "meets_target": ratio >= TRAIN_TARGET}
+            mcfg = spec["config"]["model"]
+            training.append({"model": model, "dtype": dtype, "description": describe(mcfg, res["parameters"]), "model_config": mcfg,
+                             **res, "vs_quoted": vs})
+        else:
+            vs = None
+            if spec["beam"] == 5:
+                ratio = res["sentences_per_s"] / BEAM5_QUOTED
+                vs = {"quoted": BEAM5_QUOTED, "ratio": ratio, "target_ratio": BEAM5_TARGET, "meets_target": ratio >= BEAM5_TARGET}
+            translation.append({"search": spec["search"], "beam": spec["beam"], "dtype": "float32",
+                                "model": "checkpoint" if args.checkpoint else "reference",
+                                "description": describe(res["model_config"], res["parameters"]), "checkpoint": spec["checkpoint"],
+                                "representative": args.checkpoint is not None, **res, "vs_quoted": vs})
+    return {
+        "schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "quick": args.quick,
+        "machine": machine_info(), "threads": args.threads, "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg()),
+        "settings": {"config": str(config), "config_note": note, "data": str(args.data), "spm_model": str(spm),
+                     "warmup_updates": args.warmup, "timed_updates": args.updates, "sentences": args.sentences, "checkpoint": str(args.checkpoint or ""),
+                     "test_input": str(test_src), "reference_model": REFERENCE_MODEL, "reference_train": REFERENCE_TRAIN},
+        "matmul_peak": matmul, "training": training, "translation": translation, "quoted_reference": QUOTED,
+    }
+
+
+def machine_info() -> dict:
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            cpu = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+COLUMNS = ["phase", "model", "dtype", "tokens/s", "updates/s", "sentences/s", "GFLOP/s", "% of peak", "peak RSS MiB", "vs quoted reference"]
+
+
+def render_markdown(r: dict) -> str:
+    def num(x, fmt: str) -> str:
+        return "" if x is None else format(x, fmt)
+
+    def vs(v, unit: str) -> str:
+        return "" if v is None else f"{v['ratio']:.2f}x of {v['quoted']:,.0f} {unit} (target {v['target_ratio']:g}x)"
+
+    mm = r["matmul_peak"]
+    rows = [[f"matmul peak (n={mm['n']})", "", d, "", "", "", num(mm[d]["gflops"], ".1f"), "", num(mm["peak_rss_mib"], ".0f"), ""] for d in DTYPES]
+    for t in r["training"]:
+        rows.append(["train", f"{t['model']} ({t['description']})", t["dtype"], num(t["tokens_per_s"], ",.0f"), num(t["updates_per_s"], ".3f"), "",
+                     num(t["gflops"], ".1f"), num(100 * t["fraction_of_peak"], ".1f"), num(t["peak_rss_mib"], ".0f"), vs(t["vs_quoted"], "tok/s (fairseq)")])
+    for t in r["translation"]:
+        flag = "" if t["representative"] else " †"
+        rows.append([f"translate {t['search']}{flag}", f"{t['model']} ({t['description']})", t["dtype"], num(t["tokens_per_s"], ",.0f"), "",
+                     num(t["sentences_per_s"], ".1f"), "", "", num(t["peak_rss_mib"], ".0f"), vs(t["vs_quoted"], "sent/s (fairseq)")])
+    m, s = r["machine"], r["settings"]
+    lines = [f"# transformer_mt benchmark{' (quick mode: tiny models, not a measurement)' if r['quick'] else ''}", "",
+             f"{r['date']}; {m['cpu']}, {m['logical_cpus']} logical CPUs, {r['threads']} threads; torch {m['torch']} ({m['cpu_capability']}); "
+             f"load average {r['loadavg_start'][0]:.2f} at start, {r['loadavg_end'][0]:.2f} at end.",
+             f"Training: {s['warmup_updates']} untimed + {s['timed_updates']} timed updates; tokens/s = non-pad target tokens per second. "
+             f"Config: {s['config']}{' (' + s['config_note'] + ')' if s['config_note'] else ''}.", "",
+             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    q = r["quoted_reference"]
+    lines += ["", "GFLOP/s: measured (FlopCounterMode) FLOPs per target token x tokens/s; % of peak: of the matmul peak of the same dtype "
+              "measured above. Peak RSS: each phase in its own process, the interpreter and torch included.",
+              f"Quoted reference figures are {q['source']}: training {', '.join(f'{k} {v:,} tok/s' for k, v in q['train_tokens_per_s'].items())}; "
+              f"beam 5 {', '.join(f'{k} {v} sent/s' for k, v in q['beam5_sentences_per_s'].items())} ({q['setting']}); "
+              f"matmul peak {q['matmul_peak_gflops']['float32']} GFLOP/s float32, {q['matmul_peak_gflops']['bfloat16']} bfloat16."]
+    if any(not t["representative"] for t in r["translation"]):
+        lines.append("† not representative: the reference model after only the benchmark's updates (outputs too long); pass --checkpoint.")
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", type=Path, default=RECIPE_CONFIG, help="recipe config (default configs/multi30k_en_de.yaml, else multi30k_small.yaml)")
+    p.add_argument("--data", type=Path, default=None, help="Multi30k directory (default ../shared/data/multi30k beside the repo, else data/multi30k)")
+    p.add_argument("--out", type=Path, default=Path("bench"), help="output directory; also holds the cached tokenizer and corpus")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads in every phase")
+    p.add_argument("--warmup", type=int, default=None, help=f"untimed updates per training run (default {FULL.warmup}, quick {QUICK.warmup})")
+    p.add_argument("--updates", type=int, default=None, help=f"timed updates per training run (default {FULL.updates}, quick {QUICK.updates})")
+    p.add_argument("--sentences", type=int, default=None, help="test sentences translated (default all 1000, quick 20)")
+    p.add_argument("--checkpoint", type=Path, default=None, help="a trained checkpoint to time translation with (else not representative)")
+    p.add_argument("--quick", action="store_true", help="tiny models and sizes, seconds: checks the script, measures nothing")
+    p.add_argument("--phase", type=Path, default=None, help=argparse.SUPPRESS)  # internal: run one phase's spec
+    args = p.parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    args.warmup = sizes.warmup if args.warmup is None else args.warmup
+    args.updates = sizes.updates if args.updates is None else args.updates
+    args.sentences = sizes.sentences if args.sentences is None else args.sentences
+    if args.data is None:
+        shared = REPO.parent / "shared" / "data" / "multi30k"
+        args.data = shared if shared.is_dir() else REPO / "data" / "multi30k"
+    for key in ("threads", "warmup", "updates"):
+        if getattr(args, key) < 1:
+            p.error(f"--{key} must be at least 1, got {getattr(args, key)}")
+    if args.sentences < 0:
+        p.error(f"--sentences must be 0 (all) or positive, got {args.sentences}")
+    if args.checkpoint is not None and not args.checkpoint.is_file():
+        p.error(f"--checkpoint {args.checkpoint}: file not found")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.phase is not None:
+        run_phase_file(args.phase)
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.out, args.data = args.out.resolve(), args.data.resolve()
+    args.checkpoint = args.checkpoint.resolve() if args.checkpoint else None
+    report = run_all(args, QUICK if args.quick else FULL)
+    (args.out / "benchmark.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    markdown = render_markdown(report)
+    (args.out / "benchmark.md").write_text(markdown, encoding="utf-8")
+    print(markdown)
+    print(f"benchmark: wrote {args.out / 'benchmark.json'} and {args.out / 'benchmark.md'}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
