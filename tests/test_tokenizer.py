@@ -57,3 +57,11 @@ def test_other_special_ids_are_refused(corpus_slice, tmp_path):
     spm.SentencePieceTrainer.train(input=str(corpus_slice["train.en"]), model_prefix=str(tmp_path / "plain"), vocab_size=300, minloglevel=2)
     with pytest.raises(TokenizerError, match=r"special ids \(pad, unk, bos, eos\) are \(-1, 0, 1, 2\)"):
         Tokenizer(tmp_path / "plain.model")
+
+
+def test_prefix_with_a_dot(corpus_slice, tmp_path):
+    from transformer_mt.tokenizer import train_sentencepiece
+
+    path = train_sentencepiece([corpus_slice["train.de"]], tmp_path / "spm.tgt", vocab_size=300)
+    assert path == tmp_path / "spm.tgt.model" and path.is_file()
+    assert Tokenizer(path).vocab_size == 300

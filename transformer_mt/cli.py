@@ -131,6 +131,20 @@ def train(
     train_from_cli(config=config, overrides=set_, resume=resume)
 
 
+@app.command()
+def preprocess(
+    config: Path = typer.Option(..., "--config", "-c", help="YAML config, the one `tmt train` will use."),
+    set_: List[str] = typer.Option([], "--set", "-s", help="Override one value: section.key=value (repeatable)."),
+) -> None:
+    """Encode the corpora once into the memory-mapped cache `tmt train` reads (for large corpora and multi-GPU runs)."""
+    from transformer_mt.config import load_config
+    from transformer_mt.train import preprocess as preprocess_corpora
+
+    for data in preprocess_corpora(load_config(config, set_)):
+        if data is not None:
+            typer.echo(data.summary.format())
+
+
 # ---------------------------------------------------------------- translate / evaluate
 _BEAM_HELP = "Beam size (1 = greedy). Default: the checkpoint's decode.beam."
 _LENPEN_HELP = "GNMT length penalty alpha, ((5+len)/6)^alpha. Default: decode.lenpen."

@@ -71,7 +71,7 @@ def train_sentencepiece(
         if "Vocabulary size is too high" in msg or "vocab_size" in msg:
             raise TokenizerError(f"sentencepiece: {msg.strip()}; lower the vocabulary size (--vocab-size / tokenizer.vocab_size)") from None
         raise TokenizerError(f"sentencepiece training failed: {msg.strip()}") from None
-    return prefix.with_suffix(".model") if prefix.suffix != ".model" else prefix
+    return prefix.parent / f"{prefix.name}.model"  # sentencepiece appends ".model" to the prefix as given
 
 
 def _nonempty_lines(paths: Iterable[str | os.PathLike]) -> Iterator[str]:

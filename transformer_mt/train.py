@@ -4,12 +4,37 @@ One update = `update_freq` token-budget batches whose gradients are summed, norm
 update's target-token count, clipped, and applied by Adam under the warm-up schedule.
 Everything needed to continue exactly (weights, optimizer, scheduler, scaler, RNG states,
 epoch and position in the epoch) goes into `checkpoint_last.pt`, written atomically.
+
+Data parallel. Launched by torchrun with WORLD_SIZE > 1, each process joins the job (NCCL on
+GPUs, one GPU per process; Gloo on CPU) and trains a DistributedDataParallel replica:
+- Batches. Every rank computes the same epoch batch list (a function of seed and epoch); an
+  update consumes the next world_size x update_freq batches of it, rank r taking those at
+  positions r, r + world_size, ... So an update sees exactly the batches of one process with
+  update_freq x world_size, and `Progress.batch_in_epoch` counts these global batches: a
+  checkpoint saved under one world size resumes under any other.
+- Epoch remainder. When the last window of an epoch holds fewer batches than ranks, a rank
+  left without one runs the window's first batch with weight 0, so that it takes part in the
+  gradient all-reduce; no batch is dropped or repeated.
+- Loss. The update's target tokens are summed over ranks and each rank's loss is divided by
+  that sum, times world_size because DDP averages gradients: the gradient is that of one
+  process on the whole global batch. Only the last micro-batch of an update all-reduces.
+- Rank 0 alone trains the tokenizer (the others receive it), writes train.log, metrics.jsonl,
+  config.yaml and checkpoints, and validates; results and patience are shared with all ranks.
+  It encodes the corpus cache first, the others then read it. Other ranks print only errors.
+- Stopping. A SIGINT/SIGTERM on any rank, or max_time on any rank's clock, is summed across
+  ranks once per update: all ranks stop after the same update and rank 0 saves.
+- RNG on resume: rank 0 restores the checkpoint's generator states; rank r > 0 reseeds with
+  runtime.seed_for_rank(seed, r, update), as at the start of a run (update 0). Batch order
+  never depends on these generators, only dropout does, so a resumed multi-process run with
+  dropout differs from an uninterrupted one in the dropout masks of ranks > 0 only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import signal
 import sys
 import time
@@ -33,12 +58,12 @@ from transformer_mt.checkpoint import (
     config_from_checkpoint,
 )
 from transformer_mt.config import Config, ConfigError, load_config, save_config, to_dict
-from transformer_mt.data import ParallelData, load_parallel
+from transformer_mt.data import Batch, ParallelData, load_parallel
 from transformer_mt.loss import label_smoothed_nll_loss
 from transformer_mt.metrics import read_lines, score
 from transformer_mt.model import Transformer, count_parameters
 from transformer_mt.optim import build_optimizer, build_scheduler
-from transformer_mt.tokenizer import Tokenizer, train_sentencepiece
+from transformer_mt.tokenizer import PAD_ID, Tokenizer, train_sentencepiece
 from transformer_mt.translate import translate_ids
 
 
@@ -74,7 +99,7 @@ def train_from_cli(*, config: Path | None, overrides: list[str], resume: Path | 
     """Build the config (from --config, or from the run being resumed) and train; exits 130 when interrupted."""
     if resume is not None:
         cfg = resumed_config(resume, overrides)
-        if config is not None:
+        if config is not None and runtime.dist_info().is_main:
             print(f"tmt train: resuming {resume}: its saved config is used, --config {config} is ignored (use --set to change values)", file=sys.stderr)
     else:
         if config is None:
@@ -100,8 +125,73 @@ def resumed_config(run_dir: Path, overrides: list[str]) -> Config:
 
 
 def train(cfg: Config, *, resume: bool = False, on_update: Callable[[int, dict], None] | None = None) -> TrainResult:
-    """Train according to `cfg`; with `resume`, continue from cfg.train.out_dir/checkpoint_last.pt."""
+    """Train according to `cfg`; with `resume`, continue from cfg.train.out_dir/checkpoint_last.pt.
+    Under torchrun (WORLD_SIZE > 1) this process is one rank of a data-parallel run."""
     return Trainer(cfg, resume=resume, on_update=on_update).run()
+
+
+def preprocess(cfg: Config) -> tuple[ParallelData, ParallelData | None]:
+    """`tmt preprocess`: get the tokenizer(s) as `tmt train` would (training them into train.out_dir
+    when tokenizer.model is empty) and encode the training and validation corpora into the cache
+    `tmt train` reads; returns (training data, validation data or None). Training then starts in
+    seconds, on any number of ranks, and reuses both the tokenizer and the cache."""
+    out = Path(cfg.train.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    src_tok, tgt_tok = prepare_tokenizers(cfg, log=_tqdm_write)
+    return load_corpora(cfg, src_tok, tgt_tok, quiet=False)
+
+
+def prepare_tokenizers(cfg: Config, *, log: Callable[[str], None]) -> tuple[Tokenizer, Tokenizer]:
+    """The sentencepiece models named by cfg.tokenizer, or trained into train.out_dir (spm.model when
+    joint, else spm.src.model and spm.tgt.model). A model trained there before on the same files with
+    the same settings (by `tmt preprocess`, or a start that failed later) is reused, not retrained."""
+    tok_cfg, data_cfg, out = cfg.tokenizer, cfg.data, Path(cfg.train.out_dir)
+    if tok_cfg.model:
+        src = Tokenizer(tok_cfg.model)
+        tgt = src if tok_cfg.joint else Tokenizer(tok_cfg.tgt_model) if tok_cfg.tgt_model else _train_spm(cfg, [data_cfg.train_tgt], out / "spm.tgt", log)
+        return src, tgt
+    if tok_cfg.joint:
+        tok = _train_spm(cfg, [data_cfg.train_src, data_cfg.train_tgt], out / "spm", log)
+        return tok, tok
+    return _train_spm(cfg, [data_cfg.train_src], out / "spm.src", log), _train_spm(cfg, [data_cfg.train_tgt], out / "spm.tgt", log)
+
+
+def _train_spm(cfg: Config, inputs: list[str], prefix: Path, log: Callable[[str], None]) -> Tokenizer:
+    """Train PREFIX.model, recording its inputs (path, size, mtime) and settings in PREFIX.json, or
+    reuse PREFIX.model when PREFIX.json records the same ones."""
+    tok_cfg = cfg.tokenizer
+    model, recipe_path = prefix.parent / f"{prefix.name}.model", prefix.parent / f"{prefix.name}.json"
+    recipe = {"inputs": [_file_identity(path) for path in inputs],
+              **{key: getattr(tok_cfg, key) for key in ("model_type", "vocab_size", "character_coverage", "input_sentence_size")}}
+    with contextlib.suppress(OSError, ValueError):
+        if model.is_file() and json.loads(recipe_path.read_text(encoding="utf-8")) == recipe:
+            log(f"reusing sentencepiece model {model} (trained earlier on the same files with the same settings)")
+            return Tokenizer(model)
+    log(f"training sentencepiece {tok_cfg.model_type} ({tok_cfg.vocab_size} pieces) on {', '.join(inputs)} -> {model}")
+    recipe_path.unlink(missing_ok=True)
+    train_sentencepiece(inputs, prefix, vocab_size=tok_cfg.vocab_size, model_type=tok_cfg.model_type,
+                        character_coverage=tok_cfg.character_coverage, input_sentence_size=tok_cfg.input_sentence_size)
+    recipe_path.write_text(json.dumps(recipe), encoding="utf-8")  # after the model: a crash in between retrains
+    return Tokenizer(model)
+
+
+def _file_identity(path: str) -> dict:
+    stat = os.stat(path)
+    return {"path": str(Path(path).resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def load_corpora(cfg: Config, src_tok: Tokenizer, tgt_tok: Tokenizer, *, quiet: bool) -> tuple[ParallelData, ParallelData | None]:
+    """The training corpus and the validation set (None when not configured), encoded into
+    data.cache_dir (default <train.out_dir>/cache) unless already there."""
+    data_cfg = cfg.data
+    if not data_cfg.train_src or not data_cfg.train_tgt:
+        raise ConfigError("data.train_src and data.train_tgt must name the training files")
+    cache_dir = Path(data_cfg.cache_dir or Path(cfg.train.out_dir) / "cache")
+    train_data = load_parallel(data_cfg.train_src, data_cfg.train_tgt, src_tok, tgt_tok, data_cfg, cache_dir=cache_dir, quiet=quiet)
+    valid_data = None
+    if data_cfg.valid_src and data_cfg.valid_tgt:
+        valid_data = load_parallel(data_cfg.valid_src, data_cfg.valid_tgt, src_tok, tgt_tok, data_cfg, cache_dir=cache_dir, filter_long=False, quiet=quiet)
+    return train_data, valid_data
 
 
 # ---------------------------------------------------------------- the trainer
@@ -112,64 +202,65 @@ class Trainer:
         self.cfg, self.t = cfg, cfg.train
         self.out = Path(self.t.out_dir)
         self.on_update = on_update
-        last = self.out / "checkpoint_last.pt"
-        if not resume and last.exists():
+        self.dist = runtime.dist_info()
+        self.log_file = self.metrics_file = None  # opened on rank 0 only
+        self.device = runtime.pick_device(self.t.device)
+        runtime.check_dtype(self.t.dtype, self.device)
+        runtime.set_threads(self.t.threads)
+        self._owns_group = False
+        if self.dist.enabled:
+            self.device, self._owns_group = runtime.init_distributed(self.dist, self.device)
+        try:
+            self._setup(resume)
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self, resume: bool) -> None:
+        cfg, t = self.cfg, self.t
+        runtime.on_main(lambda: self._open_run_dir(resume))
+        runtime.seed_everything(t.seed)  # the same on every rank: identical initial parameters
+
+        state = load_checkpoint(self.out / "checkpoint_last.pt", map_location="cpu") if resume else None
+        if state is not None:
+            src_proto, tgt_proto = unpack_tokenizers(state)
+        else:  # rank 0 trains or reads them; the others get the models, not a path they may not see
+            src_proto, tgt_proto = runtime.on_main(lambda: tuple(tok.proto for tok in prepare_tokenizers(cfg, log=self.log)))
+        self.src_tok, self.tgt_tok = Tokenizer(src_proto), Tokenizer(tgt_proto)
+        self.model = Transformer(cfg.model, src_vocab_size=self.src_tok.vocab_size, tgt_vocab_size=self.tgt_tok.vocab_size).to(self.device)
+        self.optimizer = build_optimizer(self.model, t)
+        self.scheduler = build_scheduler(self.optimizer, t, d_model=cfg.model.d_model)
+        self.scaler = torch.amp.GradScaler("cuda") if t.dtype == "float16" else None
+        self.progress = Progress()
+        if state is not None:
+            self._restore(state)
+        if self.dist.rank > 0:  # its own dropout masks; rank 0 keeps the single-process stream
+            runtime.seed_everything(runtime.seed_for_rank(t.seed, self.dist.rank, self.progress.update))
+        runtime.on_main(lambda: save_config(cfg, self.out / "config.yaml"))
+
+        quiet = not sys.stderr.isatty() or not self.dist.is_main
+        self.train_data, self.valid_data = runtime.main_first(lambda: load_corpora(cfg, self.src_tok, self.tgt_tok, quiet=quiet))
+        self.log(f"training data: {self.train_data.summary.format()}")
+        if self.train_data.num_pairs == 0:
+            raise TrainError(f"{cfg.data.train_src}: no training pairs left after filtering; check the files and data.max_len")
+        if self.valid_data is not None:
+            self.log(f"validation data: {self.valid_data.summary.format()}")
+        self.train_model: torch.nn.Module = self.model  # what the training forward runs; self.model is saved and validated
+        where = ""
+        if self.dist.enabled:
+            self.train_model = runtime.wrap_ddp(self.model, self.device)
+            where = f"; {self.dist.world_size} processes ({torch.distributed.get_backend()}), {self.dist.world_size * t.update_freq} batches per update"
+        self.log(f"model: {count_parameters(self.model):,} parameters; device {self.device}, dtype {t.dtype}, {torch.get_num_threads()} threads{where}")
+        self.stop_requested: str | None = None
+
+    # ------------------------------------------------------------ setup helpers
+    def _open_run_dir(self, resume: bool) -> None:
+        """Rank 0: refuse to overwrite a run, create the directory, open the log and metrics files."""
+        if not resume and (self.out / "checkpoint_last.pt").exists():
             raise TrainError(f"{self.out} already holds a run (checkpoint_last.pt); continue it with `tmt train --resume {self.out}` or set train.out_dir to a new directory")
         self.out.mkdir(parents=True, exist_ok=True)
         self.log_file = open(self.out / "train.log", "a", encoding="utf-8")
         self.metrics_file = open(self.out / "metrics.jsonl", "a", encoding="utf-8")
-        self.device = runtime.pick_device(self.t.device)
-        runtime.check_dtype(self.t.dtype, self.device)
-        runtime.set_threads(self.t.threads)
-        runtime.seed_everything(self.t.seed)
-
-        state = load_checkpoint(last, map_location="cpu") if resume else None
-        self.src_tok, self.tgt_tok = self._tokenizers(state)
-        self.model = Transformer(cfg.model, src_vocab_size=self.src_tok.vocab_size, tgt_vocab_size=self.tgt_tok.vocab_size).to(self.device)
-        self.optimizer = build_optimizer(self.model, self.t)
-        self.scheduler = build_scheduler(self.optimizer, self.t, d_model=cfg.model.d_model)
-        self.scaler = torch.amp.GradScaler("cuda") if self.t.dtype == "float16" else None
-        self.progress = Progress()
-        if state is not None:
-            self._restore(state)
-        save_config(cfg, self.out / "config.yaml")
-
-        cache_dir = Path(cfg.data.cache_dir or self.out / "cache")
-        quiet = not sys.stderr.isatty()
-        if not cfg.data.train_src or not cfg.data.train_tgt:
-            raise ConfigError("data.train_src and data.train_tgt must name the training files")
-        self.train_data: ParallelData = load_parallel(cfg.data.train_src, cfg.data.train_tgt, self.src_tok, self.tgt_tok, cfg.data, cache_dir=cache_dir, quiet=quiet)
-        self.log(f"training data: {self.train_data.summary.format()}")
-        if self.train_data.num_pairs == 0:
-            raise TrainError(f"{cfg.data.train_src}: no training pairs left after filtering; check the files and data.max_len")
-        self.valid_data: ParallelData | None = None
-        if cfg.data.valid_src and cfg.data.valid_tgt:
-            self.valid_data = load_parallel(cfg.data.valid_src, cfg.data.valid_tgt, self.src_tok, self.tgt_tok, cfg.data, cache_dir=cache_dir, filter_long=False, quiet=quiet)
-            self.log(f"validation data: {self.valid_data.summary.format()}")
-        self.log(f"model: {count_parameters(self.model):,} parameters; device {self.device}, dtype {self.t.dtype}, {torch.get_num_threads()} threads")
-        self.stop_requested: str | None = None
-
-    # ------------------------------------------------------------ setup helpers
-    def _tokenizers(self, state: dict | None) -> tuple[Tokenizer, Tokenizer]:
-        tok_cfg, data_cfg = self.cfg.tokenizer, self.cfg.data
-        if state is not None:
-            src, tgt = unpack_tokenizers(state)
-            return Tokenizer(src), Tokenizer(tgt)
-        if tok_cfg.model:
-            src = Tokenizer(tok_cfg.model)
-            tgt = src if tok_cfg.joint else Tokenizer(tok_cfg.tgt_model) if tok_cfg.tgt_model else self._train_spm([data_cfg.train_tgt], "spm.tgt")
-            return src, tgt
-        if tok_cfg.joint:
-            tok = self._train_spm([data_cfg.train_src, data_cfg.train_tgt], "spm")
-            return tok, tok
-        return self._train_spm([data_cfg.train_src], "spm.src"), self._train_spm([data_cfg.train_tgt], "spm.tgt")
-
-    def _train_spm(self, inputs: list[str], name: str) -> Tokenizer:
-        tok_cfg = self.cfg.tokenizer
-        self.log(f"training sentencepiece {tok_cfg.model_type} ({tok_cfg.vocab_size} pieces) on {', '.join(inputs)} -> {self.out / name}.model")
-        path = train_sentencepiece(inputs, self.out / name, vocab_size=tok_cfg.vocab_size, model_type=tok_cfg.model_type,
-                                   character_coverage=tok_cfg.character_coverage, input_sentence_size=tok_cfg.input_sentence_size)
-        return Tokenizer(path)
 
     def _restore(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
@@ -178,27 +269,51 @@ class Trainer:
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
-        set_rng_state(state["rng"])
+        if self.dist.is_main:  # other ranks reseed (see the module docstring)
+            set_rng_state(state["rng"])
         self.log(f"resumed from {self.out / 'checkpoint_last.pt'} at update {self.progress.update}, epoch {self.progress.epoch}")
+
+    def close(self) -> None:
+        """Close the log files and leave the process group this trainer created."""
+        for handle in (self.log_file, self.metrics_file):
+            if handle is not None:
+                handle.close()
+        self.log_file = self.metrics_file = None
+        # Drop DDP first: were its reducer the last holder of the Gloo group, the group's destructor
+        # would wait for Gloo's threads while holding the GIL they may need (a deadlock at exit).
+        self.train_model = getattr(self, "model", None)
+        if self._owns_group:
+            runtime.shutdown_distributed()
+            self._owns_group = False
 
     # ------------------------------------------------------------ logging
     def log(self, msg: str) -> None:
+        if self.log_file is None:  # ranks other than 0 stay silent
+            return
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         self.log_file.write(f"{stamp} {msg}\n")
         self.log_file.flush()
         _tqdm_write(msg)
 
     def metric(self, record: dict[str, Any]) -> None:
+        if self.metrics_file is None:
+            return
         self.metrics_file.write(json.dumps(record) + "\n")
         self.metrics_file.flush()
 
     # ------------------------------------------------------------ the loop
     def run(self) -> TrainResult:
-        t, p = self.t, self.progress
+        try:
+            return self._run()
+        finally:
+            self.close()
+
+    def _run(self) -> TrainResult:
+        t, p, rank, world = self.t, self.progress, self.dist.rank, self.dist.world_size
         start = time.monotonic()
         elapsed = lambda: p.elapsed + (time.monotonic() - start)  # noqa: E731 - tiny closure over start
-        previous = _install_signal_handlers(self._request_stop)
-        bar = _progress_bar(total=t.max_updates or None, initial=p.update)
+        previous = _install_signal_handlers(self._request_stop, verbose=self.dist.is_main)
+        bar = _progress_bar(total=t.max_updates or None, initial=p.update, enabled=self.dist.is_main)
         window = _Window()
         reason = ""
         last_val: dict[str, float] = {}
@@ -206,8 +321,10 @@ class Trainer:
             while not reason:
                 batches = self.train_data.batches(p.epoch, max_tokens=t.max_tokens, seed=t.seed)
                 while p.batch_in_epoch < len(batches) and not reason:
-                    group = batches[p.batch_in_epoch:p.batch_in_epoch + t.update_freq]
-                    stats = self._update([self.train_data.get_batch(idx) for idx in group])
+                    group = batches[p.batch_in_epoch:p.batch_in_epoch + world * t.update_freq]  # global batches of this update
+                    mine = group[rank::world]
+                    filler = None if mine else self.train_data.get_batch(group[0])
+                    stats = self._update([self.train_data.get_batch(idx) for idx in mine], filler=filler)
                     p.batch_in_epoch += len(group)
                     p.update += 1
                     window.add(stats)
@@ -217,10 +334,10 @@ class Trainer:
                     if p.update % t.log_every == 0:
                         self._log_window(window, bar, elapsed())
                     if self.valid_data is not None and p.update % t.validate_every == 0:
-                        last_val = self._validate_and_save(elapsed())
+                        last_val = self._validate_everywhere(elapsed())
                         if t.patience and p.bad_validations >= t.patience:
                             reason = f"no improvement in {t.patience} validations (patience)"
-                    reason = reason or self.stop_requested or _limit_reached(t, p, elapsed())
+                    reason = reason or self._stop_reason(elapsed())
                 if p.batch_in_epoch >= len(batches):
                     p.epoch, p.batch_in_epoch = p.epoch + 1, 0
                     if t.max_epochs and p.epoch > t.max_epochs:
@@ -229,35 +346,59 @@ class Trainer:
             bar.close()
             _restore_signal_handlers(previous)
         if reason != "interrupted" and self.valid_data is not None and p.last_validated != p.update:
-            last_val = self._validate_and_save(elapsed())
+            last_val = self._validate_everywhere(elapsed())
         p.elapsed = elapsed()
+        runtime.on_main(lambda: self._finish(reason, last_val))  # the others wait for the checkpoint
+        return TrainResult(self.out, p, reason, last_val)
+
+    def _finish(self, reason: str, last_val: dict[str, float]) -> None:
+        p = self.progress
         self._save(self.out / "checkpoint_last.pt", last_val)
         if reason == "interrupted":
             self.log(f"interrupted at update {p.update}: saved {self.out / 'checkpoint_last.pt'}; continue with `tmt train --resume {self.out}`")
         else:
             self.log(f"stopped at update {p.update} (epoch {p.epoch}): {reason}; checkpoints in {self.out}")
-        self.log_file.close()
-        self.metrics_file.close()
-        return TrainResult(self.out, p, reason, last_val)
 
     def _request_stop(self) -> None:
         self.stop_requested = "interrupted"
 
-    def _update(self, batches: list) -> dict[str, float]:
-        """One optimizer update over `batches` (gradient accumulation); returns summed stats."""
-        self.model.train()
-        total_tokens = sum(b.ntokens for b in batches)
+    def _stop_reason(self, elapsed: float) -> str:
+        """Why to stop after this update ("" = go on): a signal or a limit; the same on every rank."""
+        reason = self.stop_requested or _limit_reached(self.t, self.progress, elapsed)
+        if not self.dist.enabled:
+            return reason
+        # a signal may reach one rank only, and clocks differ: any rank's stop stops all
+        interrupted, limited = runtime.all_reduce_sum([float(reason == "interrupted"), float(bool(reason))], self.device)
+        if interrupted:
+            return "interrupted"
+        return (reason or f"max_time={self.t.max_time:g} minutes reached on another rank") if limited else ""
+
+    def _update(self, batches: list[Batch], *, filler: Batch | None = None) -> dict[str, float]:
+        """One optimizer update over this rank's `batches` (gradient accumulation); returns the stats
+        summed over all ranks. A rank given no batch (end of an epoch) runs `filler` with weight 0 so
+        that it still joins the gradient all-reduce."""
+        self.train_model.train()
+        world = self.dist.world_size
+        local_tokens = sum(b.ntokens for b in batches)
+        total_tokens = int(runtime.all_reduce_sum([local_tokens], self.device)[0])  # the whole update's
+        work = [(b, 1.0) for b in batches] or [(filler, 0.0)]
         loss_sum = nll_sum = 0.0
         tic = time.perf_counter()
-        for batch in batches:
+        for i, (batch, weight) in enumerate(work):
             batch = batch.to(self.device)
-            with runtime.autocast(self.device, self.t.dtype):
-                logits = self.model(batch.src, batch.tgt_in)
-            loss, nll, _ = label_smoothed_nll_loss(logits, batch.tgt_out, epsilon=self.t.label_smoothing)
-            scaled = loss / total_tokens  # per-token mean over the whole update
-            (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
-            loss_sum += loss.item()
-            nll_sum += nll.item()
+            # DDP all-reduces gradients in the backward of the update's last micro-batch only
+            sync = i == len(work) - 1 or not self.dist.enabled
+            with contextlib.nullcontext() if sync else self.train_model.no_sync():
+                with runtime.autocast(self.device, self.t.dtype):
+                    keep = batch.tgt_out.ne(PAD_ID)  # (B, T): logits only where there is a label
+                    logits = self.train_model(batch.src, batch.tgt_in, keep=keep)  # (N, V)
+                loss, nll, _ = label_smoothed_nll_loss(logits, batch.tgt_out[keep], epsilon=self.t.label_smoothing)
+                # per-token mean over the whole update; x world: DDP averages the ranks' gradients
+                scaled = loss / total_tokens * (weight * world)
+                (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+            if weight:
+                loss_sum += loss.item()
+                nll_sum += nll.item()
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)
         max_norm = self.t.clip_norm if self.t.clip_norm > 0 else float("inf")
@@ -272,6 +413,7 @@ class Trainer:
             self.log(f"update {self.progress.update + 1}: gradient norm is {gnorm}; update skipped (NaN guard)")
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        loss_sum, nll_sum = runtime.all_reduce_sum([loss_sum, nll_sum], self.device)
         return {"loss": loss_sum, "nll": nll_sum, "ntokens": total_tokens, "lr": lr, "gnorm": gnorm,
                 "seconds": time.perf_counter() - tic}
 
@@ -308,6 +450,17 @@ class Trainer:
                              device=self.device, dtype=self.t.dtype)
         text = self.tgt_tok.decode([h[0].tokens for h in hyps])
         return {"val_bleu": score(text, [refs], metrics=("bleu",))["bleu"]["score"]}
+
+    def _validate_everywhere(self, wall: float) -> dict[str, float]:
+        """Validate and save on rank 0; every rank gets the results and the patience bookkeeping."""
+        p = self.progress
+
+        def on_rank0() -> tuple:
+            val = self._validate_and_save(wall)
+            return val, p.best, p.bad_validations, p.last_validated
+
+        val, p.best, p.bad_validations, p.last_validated = runtime.on_main(on_rank0)
+        return val
 
     def _validate_and_save(self, wall: float) -> dict[str, float]:
         p, t = self.progress, self.t
@@ -398,15 +551,16 @@ def _valid_pairs(src_path: str, tgt_path: str, limit: int) -> tuple[list[str], l
     return [s for s, _ in pairs], [r for _, r in pairs]
 
 
-def _install_signal_handlers(request_stop: Callable[[], None]) -> dict:
+def _install_signal_handlers(request_stop: Callable[[], None], *, verbose: bool = True) -> dict:
     """First SIGINT/SIGTERM: finish the current update, save, exit. A second SIGINT aborts at once
-    (checkpoints are written atomically, so the last one stays intact)."""
+    (checkpoints are written atomically, so the last one stays intact). `verbose`: say so on stderr."""
     previous = {}
 
     def handler(signum, frame):  # noqa: ARG001 - signal handler signature
         request_stop()
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        _tqdm_write(f"\n{signal.Signals(signum).name} received: finishing this update and saving a checkpoint (Ctrl-C again to abort)")
+        if verbose:
+            _tqdm_write(f"\n{signal.Signals(signum).name} received: finishing this update and saving a checkpoint (Ctrl-C again to abort)")
 
     try:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -421,10 +575,10 @@ def _restore_signal_handlers(previous: dict) -> None:
         signal.signal(sig, handler)
 
 
-def _progress_bar(*, total: int | None, initial: int):
+def _progress_bar(*, total: int | None, initial: int, enabled: bool = True):
     from tqdm import tqdm
 
-    return tqdm(total=total, initial=initial, unit="upd", dynamic_ncols=True, disable=not sys.stderr.isatty(), leave=False)
+    return tqdm(total=total, initial=initial, unit="upd", dynamic_ncols=True, disable=not (enabled and sys.stderr.isatty()), leave=False)
 
 
 def _tqdm_write(msg: str) -> None:

@@ -1,0 +1,145 @@
+"""Data-parallel training: two Gloo processes on CPU train exactly what one process does on the same
+global batches, hold identical parameters, write nothing from rank 1, stop together when one of
+them gets SIGTERM, and resume across world sizes.
+
+The reference is a single process with update_freq = 2 x the DDP run's: both consume the same
+window of 4 global batches per update (64 pairs in 300-token batches = 5 batches per epoch, so
+every other update is a 1-batch epoch remainder where rank 1 runs a zero-weight step).
+Adam's eps is 1e-6, not 1e-9: the attention key biases have an exactly zero true gradient (a bias
+added to every key shifts all scores of a query equally, and softmax ignores that), so their
+gradients are rounding noise (~1e-10) that a tiny eps would turn into steps of size lr, different
+for any other summation order.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from tests.conftest import head
+from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.config import load_config
+from transformer_mt.train import Trainer, resumed_config, train
+
+TINY = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.heads=2", "model.d_ff=64",
+        "model.dropout=0.0", "train.lr_schedule=inverse_sqrt", "train.lr=0.003", "train.warmup_updates=4",
+        "train.optimizer_eps=1e-6", "train.max_tokens=300", "train.validate_every=3", "train.valid_bleu_sentences=2", "train.log_every=1", "train.threads=1"]
+DDP_FREQ = 2  # x 2 ranks = 4 batches per update, the reference's update_freq
+ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def setup(multi30k, spm_model, tmp_path_factory) -> dict:
+    """64 short real pairs, 16 validation pairs, and the overrides every run shares (one corpus cache)."""
+    en, de = head(multi30k / "train.en", 3000), head(multi30k / "train.de", 3000)
+    chosen = [(s, t) for s, t in zip(en, de) if len(t.split()) <= 10][:64]
+    root = tmp_path_factory.mktemp("ddp")
+    for name, lines in (("train.en", [s for s, _ in chosen]), ("train.de", [t for _, t in chosen]),
+                        ("val.en", head(multi30k / "val.en", 16)), ("val.de", head(multi30k / "val.de", 16))):
+        (root / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    common = [f"data.train_src={root / 'train.en'}", f"data.train_tgt={root / 'train.de'}", f"data.valid_src={root / 'val.en'}",
+              f"data.valid_tgt={root / 'val.de'}", f"data.cache_dir={root / 'cache'}", f"tokenizer.model={spm_model}", *TINY]
+    return {"root": root, "common": common}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank_main(rank: int, world: int, ports: list[int], jobs: list[dict], root: str) -> None:
+    """One rank (spawned): run each job as torchrun would, on its own port. A job gives its config
+    "overrides" (or one list per rank), a run to "resume" or None, where to save the final "params",
+    and optionally "sigterm_rank1_at": an update after which rank 1 (only) receives SIGTERM."""
+    log = open(Path(root) / f"rank{rank}.out", "w")
+    os.dup2(log.fileno(), 1)  # the rank's stdout and stderr, to check that rank 1 says nothing
+    os.dup2(log.fileno(), 2)
+    for port, job in zip(ports, jobs):
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+        overrides = job["overrides"][rank] if isinstance(job["overrides"][0], list) else job["overrides"]
+        cfg = resumed_config(Path(job["resume"]), overrides) if job["resume"] else load_config(None, overrides)
+        at = job.get("sigterm_rank1_at") if rank == 1 else None
+        on_update = (lambda update, _: update == at and os.kill(os.getpid(), signal.SIGTERM)) if at else None
+        trainer = Trainer(cfg, resume=bool(job["resume"]), on_update=on_update)
+        result = trainer.run()
+        torch.save(trainer.model.state_dict(), Path(job["params"]) / f"rank{rank}.pt")
+        (Path(job["params"]) / f"rank{rank}.json").write_text(json.dumps([result.stop_reason, result.progress.update]))
+    sys.stdout.flush()
+
+
+def assert_params_close(a: dict, b: dict, atol: float) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=atol, msg=lambda m, key=key: f"{key}: {m}")
+
+
+def losses(run: Path) -> list[float]:
+    return [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+def test_two_gloo_ranks_match_one_process_and_resume_across_world_sizes(setup, tmp_path):
+    common = setup["common"]
+    # the reference: one process, 8 updates of 4 batches; checkpoint_6.pt is its state at update 6
+    ref = tmp_path / "ref"
+    train(load_config(None, [*common, f"train.out_dir={ref}", "train.update_freq=4", "train.max_updates=8"]))
+    from_single = tmp_path / "from_single"  # the reference at update 6, to be resumed by 2 ranks
+    from_single.mkdir()
+    shutil.copy(ref / "checkpoint_6.pt", from_single / "checkpoint_last.pt")
+
+    # 2 ranks: a fresh run of 6 updates; then the single-process checkpoint resumed to update 8.
+    # Rank 1 gets its own out_dir, as on a node with a local disk: it must stay uncreated.
+    ddp, elsewhere = tmp_path / "ddp", tmp_path / "rank1_out"
+    per_rank = [[*common, f"train.out_dir={out}", f"train.update_freq={DDP_FREQ}", "train.max_updates=6"] for out in (ddp, elsewhere)]
+    # Then a long run in which SIGTERM reaches rank 1 only, after update 3.
+    stopped = tmp_path / "stopped"
+    jobs = [{"overrides": per_rank, "resume": None, "params": str(tmp_path / "p1")},
+            {"overrides": ["train.max_updates=8", f"train.update_freq={DDP_FREQ}"], "resume": str(from_single), "params": str(tmp_path / "p2")},
+            {"overrides": [*common, f"train.out_dir={stopped}", "train.max_updates=1000"], "resume": None, "params": str(tmp_path / "p3"),
+             "sigterm_rank1_at": 3}]
+    for job in jobs:
+        Path(job["params"]).mkdir()
+    mp.spawn(_rank_main, args=(2, [_free_port() for _ in jobs], jobs, str(tmp_path)), nprocs=2, join=True)
+
+    # both ranks hold the same parameters, equal to one process's on the same global batches
+    for phase in ("p1", "p2"):
+        r0, r1 = (torch.load(tmp_path / phase / f"rank{r}.pt", weights_only=True) for r in (0, 1))
+        assert_params_close(r0, r1, atol=0.0)
+    ddp_state = load_checkpoint(ddp / "checkpoint_last.pt")
+    assert ddp_state["progress"]["update"] == 6 and ddp_state["progress"]["epoch"] == 4  # 3 epochs of 2 updates
+    assert_params_close(ddp_state["model"], load_checkpoint(ref / "checkpoint_6.pt")["model"], ATOL)
+    assert_params_close(torch.load(tmp_path / "p1" / "rank1.pt", weights_only=True), ddp_state["model"], 0.0)
+    # the logged losses are those of the whole global batch, not of rank 0's share
+    assert losses(ddp) == pytest.approx(losses(ref)[:6], rel=1e-5)
+
+    # only rank 0 wrote: every log line once, nothing in rank 1's out_dir, nothing printed by rank 1
+    assert not elsewhere.exists()
+    log = (ddp / "train.log").read_text()
+    assert log.count("training data:") == 1 and log.count("validation at update 3") == 1 and "2 processes (gloo)" in log
+    assert (tmp_path / "rank1.out").read_text() == ""
+    assert {p.name for p in ddp.iterdir()} == {"train.log", "metrics.jsonl", "config.yaml", "checkpoint_last.pt",
+                                               "checkpoint_best.pt", "checkpoint_3.pt", "checkpoint_6.pt"}
+
+    # a signal on one rank stops both after the same update, and rank 0 saves it
+    for rank in (0, 1):
+        assert json.loads((tmp_path / "p3" / f"rank{rank}.json").read_text()) == ["interrupted", 3]
+    assert load_checkpoint(stopped / "checkpoint_last.pt")["progress"]["update"] == 3
+    assert "interrupted at update 3" in (stopped / "train.log").read_text()
+
+    # resume across world sizes: 2 ranks continuing the 1-process checkpoint, and 1 process continuing
+    # the 2-rank checkpoint, both end where the uninterrupted reference did
+    final = load_checkpoint(ref / "checkpoint_last.pt")["model"]
+    assert load_checkpoint(from_single / "checkpoint_last.pt")["progress"]["update"] == 8
+    assert_params_close(load_checkpoint(from_single / "checkpoint_last.pt")["model"], final, ATOL)
+    result = train(resumed_config(ddp, ["train.max_updates=8", "train.update_freq=4"]), resume=True)
+    assert result.progress.update == 8
+    assert_params_close(load_checkpoint(ddp / "checkpoint_last.pt")["model"], final, ATOL)
