@@ -138,9 +138,9 @@ def preprocess(
 ) -> None:
     """Encode the corpora once into the memory-mapped cache `tmt train` reads (for large corpora and multi-GPU runs)."""
     from transformer_mt.config import load_config
-    from transformer_mt.train import preprocess as preprocess_corpora
+    from transformer_mt.prepare import preprocess as preprocess_corpora
 
-    for data in preprocess_corpora(load_config(config, set_)):
+    for data in preprocess_corpora(load_config(config, set_), log=lambda msg: typer.echo(msg, err=True)):
         if data is not None:
             typer.echo(data.summary.format())
 

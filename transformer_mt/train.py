@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import signal
 import sys
 import time
@@ -46,7 +45,6 @@ import torch
 
 from transformer_mt import runtime
 from transformer_mt.checkpoint import (
-    CheckpointError,
     load_checkpoint,
     numbered_checkpoint_path,
     pack_tokenizers,
@@ -58,12 +56,13 @@ from transformer_mt.checkpoint import (
     config_from_checkpoint,
 )
 from transformer_mt.config import Config, ConfigError, load_config, save_config, to_dict
-from transformer_mt.data import Batch, ParallelData, load_parallel
+from transformer_mt.data import Batch
 from transformer_mt.loss import label_smoothed_nll_loss
 from transformer_mt.metrics import read_lines, score
 from transformer_mt.model import Transformer, count_parameters
 from transformer_mt.optim import build_optimizer, build_scheduler
-from transformer_mt.tokenizer import PAD_ID, Tokenizer, train_sentencepiece
+from transformer_mt.prepare import load_corpora, prepare_tokenizers
+from transformer_mt.tokenizer import PAD_ID, Tokenizer
 from transformer_mt.translate import translate_ids
 
 
@@ -128,70 +127,6 @@ def train(cfg: Config, *, resume: bool = False, on_update: Callable[[int, dict],
     """Train according to `cfg`; with `resume`, continue from cfg.train.out_dir/checkpoint_last.pt.
     Under torchrun (WORLD_SIZE > 1) this process is one rank of a data-parallel run."""
     return Trainer(cfg, resume=resume, on_update=on_update).run()
-
-
-def preprocess(cfg: Config) -> tuple[ParallelData, ParallelData | None]:
-    """`tmt preprocess`: get the tokenizer(s) as `tmt train` would (training them into train.out_dir
-    when tokenizer.model is empty) and encode the training and validation corpora into the cache
-    `tmt train` reads; returns (training data, validation data or None). Training then starts in
-    seconds, on any number of ranks, and reuses both the tokenizer and the cache."""
-    out = Path(cfg.train.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    src_tok, tgt_tok = prepare_tokenizers(cfg, log=_tqdm_write)
-    return load_corpora(cfg, src_tok, tgt_tok, quiet=False)
-
-
-def prepare_tokenizers(cfg: Config, *, log: Callable[[str], None]) -> tuple[Tokenizer, Tokenizer]:
-    """The sentencepiece models named by cfg.tokenizer, or trained into train.out_dir (spm.model when
-    joint, else spm.src.model and spm.tgt.model). A model trained there before on the same files with
-    the same settings (by `tmt preprocess`, or a start that failed later) is reused, not retrained."""
-    tok_cfg, data_cfg, out = cfg.tokenizer, cfg.data, Path(cfg.train.out_dir)
-    if tok_cfg.model:
-        src = Tokenizer(tok_cfg.model)
-        tgt = src if tok_cfg.joint else Tokenizer(tok_cfg.tgt_model) if tok_cfg.tgt_model else _train_spm(cfg, [data_cfg.train_tgt], out / "spm.tgt", log)
-        return src, tgt
-    if tok_cfg.joint:
-        tok = _train_spm(cfg, [data_cfg.train_src, data_cfg.train_tgt], out / "spm", log)
-        return tok, tok
-    return _train_spm(cfg, [data_cfg.train_src], out / "spm.src", log), _train_spm(cfg, [data_cfg.train_tgt], out / "spm.tgt", log)
-
-
-def _train_spm(cfg: Config, inputs: list[str], prefix: Path, log: Callable[[str], None]) -> Tokenizer:
-    """Train PREFIX.model, recording its inputs (path, size, mtime) and settings in PREFIX.json, or
-    reuse PREFIX.model when PREFIX.json records the same ones."""
-    tok_cfg = cfg.tokenizer
-    model, recipe_path = prefix.parent / f"{prefix.name}.model", prefix.parent / f"{prefix.name}.json"
-    recipe = {"inputs": [_file_identity(path) for path in inputs],
-              **{key: getattr(tok_cfg, key) for key in ("model_type", "vocab_size", "character_coverage", "input_sentence_size")}}
-    with contextlib.suppress(OSError, ValueError):
-        if model.is_file() and json.loads(recipe_path.read_text(encoding="utf-8")) == recipe:
-            log(f"reusing sentencepiece model {model} (trained earlier on the same files with the same settings)")
-            return Tokenizer(model)
-    log(f"training sentencepiece {tok_cfg.model_type} ({tok_cfg.vocab_size} pieces) on {', '.join(inputs)} -> {model}")
-    recipe_path.unlink(missing_ok=True)
-    train_sentencepiece(inputs, prefix, vocab_size=tok_cfg.vocab_size, model_type=tok_cfg.model_type,
-                        character_coverage=tok_cfg.character_coverage, input_sentence_size=tok_cfg.input_sentence_size)
-    recipe_path.write_text(json.dumps(recipe), encoding="utf-8")  # after the model: a crash in between retrains
-    return Tokenizer(model)
-
-
-def _file_identity(path: str) -> dict:
-    stat = os.stat(path)
-    return {"path": str(Path(path).resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
-
-
-def load_corpora(cfg: Config, src_tok: Tokenizer, tgt_tok: Tokenizer, *, quiet: bool) -> tuple[ParallelData, ParallelData | None]:
-    """The training corpus and the validation set (None when not configured), encoded into
-    data.cache_dir (default <train.out_dir>/cache) unless already there."""
-    data_cfg = cfg.data
-    if not data_cfg.train_src or not data_cfg.train_tgt:
-        raise ConfigError("data.train_src and data.train_tgt must name the training files")
-    cache_dir = Path(data_cfg.cache_dir or Path(cfg.train.out_dir) / "cache")
-    train_data = load_parallel(data_cfg.train_src, data_cfg.train_tgt, src_tok, tgt_tok, data_cfg, cache_dir=cache_dir, quiet=quiet)
-    valid_data = None
-    if data_cfg.valid_src and data_cfg.valid_tgt:
-        valid_data = load_parallel(data_cfg.valid_src, data_cfg.valid_tgt, src_tok, tgt_tok, data_cfg, cache_dir=cache_dir, filter_long=False, quiet=quiet)
-    return train_data, valid_data
 
 
 # ---------------------------------------------------------------- the trainer
@@ -491,7 +426,6 @@ class Trainer:
         if elapsed is not None:
             progress["elapsed"] = elapsed
         state = {
-            "format": "transformer_mt/1",
             "model": self.model.state_dict(),
             "config": to_dict(self.cfg),
             "tokenizers": pack_tokenizers(self.src_tok.proto, self.tgt_tok.proto),
