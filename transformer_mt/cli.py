@@ -124,11 +124,13 @@ def train(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config (see configs/)."),
     set_: List[str] = typer.Option([], "--set", "-s", help="Override one value: section.key=value (repeatable)."),
     resume: Optional[Path] = typer.Option(None, "--resume", help="Run directory to continue exactly where it stopped."),
+    device: Optional[str] = typer.Option(None, "--device", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps; same as --set train.device=..."),
 ) -> None:
     """Train a model with teacher forcing (writes checkpoints, logs and metrics to train.out_dir)."""
     from transformer_mt.train import train_from_cli
 
-    train_from_cli(config=config, overrides=set_, resume=resume)
+    overrides = list(set_) + ([f"train.device={device}"] if device else [])
+    train_from_cli(config=config, overrides=overrides, resume=resume)
 
 
 @app.command()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 from pathlib import Path
 from typing import Iterable, Iterator
 
@@ -49,6 +50,10 @@ def train_sentencepiece(
     prefix = Path(model_prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
     lines = _nonempty_lines(inputs)
+    if sys.stderr.isatty():  # sentencepiece reads every line before it trains: show the reading
+        from tqdm import tqdm
+
+        lines = tqdm(lines, desc="reading for sentencepiece", unit=" lines", leave=False)
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=lines,
