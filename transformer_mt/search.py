@@ -238,10 +238,11 @@ def _top_candidates(scores: Tensor, n: int) -> tuple[Tensor, Tensor]:
     ascending): (b, n) values and indices. topk leaves ties unspecified, both which tied entries it
     picks at the cut-off and their order, so both are settled here; greedy's max() picks the lowest
     tied id too, which keeps beam 1 equal to greedy even on exact ties."""
-    values, indices = scores.topk(n, dim=1)  # (b, n)
-    cutoff = values[:, -1:]  # (b, 1) the n-th best score
-    # Rows with more entries equal to the cut-off than topk kept (rare): pick them by index.
-    ambiguous = ((scores == cutoff).sum(dim=1) > (values == cutoff).sum(dim=1)).nonzero().squeeze(1)
+    values, indices = scores.topk(min(n + 1, scores.size(1)), dim=1)  # (b, n + 1)
+    # More entries tie with the n-th best score than topk kept exactly when the (n+1)-th best equals it
+    # (rare): those rows are settled by index. One extra candidate costs less than a pass over ``scores``.
+    ambiguous = (values[:, n] == values[:, n - 1]).nonzero().squeeze(1) if values.size(1) > n else values.new_empty(0, dtype=torch.long)
+    values, indices = values[:, :n], indices[:, :n]
     if ambiguous.numel():
         exact_values, exact_indices = scores[ambiguous].sort(dim=1, descending=True, stable=True)  # (a, N)
         values[ambiguous], indices[ambiguous] = exact_values[:, :n], exact_indices[:, :n]
