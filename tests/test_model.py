@@ -156,13 +156,37 @@ def test_cached_decoding_matches_full_forward_through_beam_reorders(norm, positi
             idx = reorders[step]
             cache.reorder(idx)
             rows, hist = rows[idx], hist[idx]
-            assert cache.batch_size == len(idx) and torch.equal(cache.src_pad, src[rows].eq(PAD_ID))
+            # the source side is stored once per group of `cache.group` rows of one sentence
+            assert cache.batch_size == len(idx) and cache.src_pad.size(0) * cache.group == len(idx)
+            assert torch.equal(cache.src_pad.repeat_interleave(cache.group, 0), src[rows].eq(PAD_ID))
         else:
             hist[:, -1] = torch.randint(4, V, (hist.size(0),), generator=g) if step else BOS_ID
         logits = model.decode_step(hist[:, -1], cache)
         full = model(src[rows], hist)[:, -1]
         torch.testing.assert_close(logits, full, rtol=0, atol=1e-5)
         assert cache.length == hist.size(1)
+        hist = torch.cat([hist, torch.randint(4, V, (hist.size(0), 1), generator=g)], dim=1)
+
+
+def test_cached_decoding_when_grouped_sentences_leave_the_batch():
+    """Beam search's pattern: 3 sentences x beam 2, beams permuted within sentences, then the middle
+    sentence finishes and leaves; each remaining row must still match the full forward of its prefix."""
+    model = tiny()
+    src = tokens([6, 3, 5], seed=7)
+    g = torch.Generator().manual_seed(8)
+    cache = model.init_cache(model.encode(src))
+    rows, hist = torch.arange(3), torch.full((3, 1), BOS_ID)
+    reorders = {1: torch.arange(3).repeat_interleave(2), 3: torch.tensor([1, 0, 2, 3, 5, 4]), 5: torch.tensor([0, 1, 4, 5]),
+                7: torch.tensor([1, 1, 2, 3])}  # finally sentence 0 keeps one beam twice: still one group
+    for step in range(10):
+        if step in reorders:
+            idx = reorders[step]
+            cache.reorder(idx)
+            rows, hist = rows[idx], hist[idx]
+            assert cache.group == 2 and cache.src_pad.size(0) == len(idx) // 2
+        else:
+            hist[:, -1] = torch.randint(4, V, (hist.size(0),), generator=g) if step else BOS_ID
+        torch.testing.assert_close(model.decode_step(hist[:, -1], cache), model(src[rows], hist)[:, -1], rtol=0, atol=1e-5)
         hist = torch.cat([hist, torch.randint(4, V, (hist.size(0), 1), generator=g)], dim=1)
 
 
