@@ -32,6 +32,7 @@ GPUs, one GPU per process; Gloo on CPU) and trains a DistributedDataParallel rep
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import signal
@@ -377,10 +378,16 @@ class Trainer:
             result.update(self._valid_bleu())
         return result
 
-    def _valid_bleu(self) -> dict[str, float]:
+    @functools.cached_property
+    def _bleu_set(self) -> tuple[list[list[int]], list[str]]:
+        """Encoded sources and raw references for validation BLEU: read and encoded once per run."""
         srcs, refs = _valid_pairs(self.cfg.data.valid_src, self.cfg.data.valid_tgt, self.t.valid_bleu_sentences)
+        return self.src_tok.encode(srcs), refs
+
+    def _valid_bleu(self) -> dict[str, float]:
+        src_ids, refs = self._bleu_set
         d = self.cfg.decode
-        hyps = translate_ids(self.model, self.src_tok.encode(srcs), beam=self.t.valid_beam, lenpen=d.lenpen,
+        hyps = translate_ids(self.model, src_ids, beam=self.t.valid_beam, lenpen=d.lenpen,
                              max_len_a=d.max_len_a, max_len_b=d.max_len_b, batch_tokens=d.batch_tokens,
                              device=self.device, dtype=self.t.dtype)
         text = self.tgt_tok.decode([h[0].tokens for h in hyps])
