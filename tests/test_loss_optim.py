@@ -12,7 +12,8 @@ from torch import nn
 from tests.conftest import head
 from transformer_mt.config import ModelConfig, TrainConfig
 from transformer_mt.data import collate
-from transformer_mt.loss import label_smoothed_nll_loss, perplexity
+from transformer_mt import loss as loss_module
+from transformer_mt.loss import label_smoothed_nll_loss, perplexity, projected_label_smoothed_loss
 from transformer_mt.optim import Scheduler, build_optimizer, build_scheduler, inverse_sqrt_lr, noam_lr, param_groups
 from transformer_mt.tokenizer import PAD_ID, Tokenizer
 
@@ -78,6 +79,68 @@ def test_epsilon_zero_is_cross_entropy_and_bf16_is_computed_in_float32(logits_an
     other = target.masked_fill(target == PAD_ID, -100)
     assert label_smoothed_nll_loss(logits, other, epsilon=0.1, ignore_index=-100)[0].item() == pytest.approx(
         label_smoothed_nll_loss(logits, target, epsilon=0.1)[0].item(), rel=1e-6)
+
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1])
+def test_fused_projection_loss_equals_logits_then_loss_in_value_and_gradients(monkeypatch, eps):
+    """Against the per-token loop (values) and autograd through h @ W.T + label_smoothed_nll_loss
+    (gradients of h and W), in chunks of 2 rows, with padding labels on some rows."""
+    monkeypatch.setattr(loss_module, "_CHUNK_BYTES", 2 * 4 * 13)  # 2 rows of 13 float32 per chunk
+    g = torch.Generator().manual_seed(1)
+    h = (torch.randn(7, 6, generator=g) * 2).requires_grad_(True)
+    w = torch.randn(13, 6, generator=g).requires_grad_(True)
+    target = torch.randint(4, 13, (7,), generator=g)
+    target[[2, 5]] = PAD_ID
+    loss, nll, n = projected_label_smoothed_loss(h, w, target, epsilon=eps)
+    want_loss, want_nll, want_n = naive_smoothed_loss((h @ w.t()).detach(), target, eps)
+    assert n == want_n == 5
+    assert loss.item() == pytest.approx(want_loss, rel=1e-5) and nll.item() == pytest.approx(want_nll, rel=1e-5)
+    (loss * 0.5).backward()
+    h2, w2 = h.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+    (label_smoothed_nll_loss(h2 @ w2.t(), target, epsilon=eps)[0] * 0.5).backward()
+    torch.testing.assert_close(h.grad, h2.grad, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(w.grad, w2.grad, atol=1e-5, rtol=1e-4)
+    assert h.grad[[2, 5]].abs().max() == 0  # padding rows get no gradient
+
+
+def test_fused_loss_in_the_model_equals_the_logits_path(spm_model, multi30k):
+    tok = Tokenizer(spm_model)
+    model = tiny_model(tok.vocab_size).train()
+    pairs = list(zip(tok.encode(head(multi30k / "val.en", 6)), tok.encode(head(multi30k / "val.de", 6))))
+    batch = collate(pairs)
+    keep = batch.tgt_out.ne(PAD_ID)
+    torch.manual_seed(3)
+    fused = model(batch.src, batch.tgt_in, labels=batch.tgt_out, label_smoothing=0.1)
+    fused[0].backward()
+    fused_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    torch.manual_seed(3)  # the same dropout masks
+    plain = label_smoothed_nll_loss(model(batch.src, batch.tgt_in, keep=keep), batch.tgt_out[keep], epsilon=0.1)
+    plain[0].backward()
+    assert fused[2] == plain[2] == batch.ntokens
+    assert fused[0].item() == pytest.approx(plain[0].item(), rel=1e-5)
+    for a, p in zip(fused_grads, model.parameters()):
+        torch.testing.assert_close(a, p.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_cpu_dropout_rate_scale_gradient_and_seed():
+    from transformer_mt.model import dropout
+
+    x = torch.ones(1000, 1000, requires_grad=True)
+    torch.manual_seed(0)
+    y = dropout(x, 0.3, True)
+    kept = y != 0
+    assert abs(1 - kept.float().mean().item() - 0.3) < 0.003  # 1e6 draws: 3 sigma ~ 0.0014
+    p_eff = round(0.3 * 65536) / 65536
+    assert torch.all(y[kept] == 1 / (1 - p_eff))  # inverted dropout, unbiased for the rounded rate
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, y.detach())  # d y / d x = mask * scale
+    torch.manual_seed(0)
+    assert torch.equal(dropout(x, 0.3, True), y)  # the torch generator's seed decides the mask
+    assert dropout(x, 0.3, False) is x and dropout(x, 0.0, True) is x
+    rows = dropout(torch.ones(4, 8192), 0.5, True) != 0  # no lane of the random words is biased
+    assert all(abs(r.float().mean().item() - 0.5) < 0.05 for r in rows.view(4, -1, 4).unbind(-1))
 
 
 def test_perplexity_is_exp_of_nll_per_token():

@@ -96,7 +96,7 @@ class TrainConfig:
     max_epochs: int = 0  # stop after this many epochs; 0 = no limit
     max_time: float = 0.0  # stop after this many minutes of training; 0 = no limit
     validate_every: int = 1000  # updates between validations (and checkpoint saves)
-    save_every: int = 0  # updates between numbered checkpoints kept on disk; 0 = at every validation
+    save_every: int = 0  # updates between numbered checkpoints kept on disk (validated or not); 0 = at every validation
     keep_last: int = 5  # numbered checkpoints kept (the newest ones); 0 = keep all
     best_metric: str = "bleu"  # bleu (higher is better) or loss (lower is better) picks checkpoint_best.pt
     patience: int = 0  # stop after this many validations without improvement; 0 = never

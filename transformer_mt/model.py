@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .config import ModelConfig
+from .loss import projected_label_smoothed_loss
 from .tokenizer import PAD_ID
 
 
@@ -48,6 +49,43 @@ def _allowed(pad: Tensor, *, causal: bool = False) -> Tensor:
         allowed = allowed & torch.ones(pad.size(1), pad.size(1), dtype=torch.bool, device=pad.device).tril()
     # A row with no allowed key (all-pad sentence, or a left-pad query) attends everywhere instead of giving NaN.
     return allowed | ~allowed.any(-1, keepdim=True)
+
+
+class _CpuDropout(torch.autograd.Function):
+    """Inverted dropout with the keep mask drawn from 16-bit lanes of 64-bit random words.
+
+    ``F.dropout`` on CPU draws one mt19937 number per element through ``bernoulli_``, which measured
+    ~7 ms for a (2048, 256) float32 tensor on 2 cores (a quarter of a small model's training step);
+    one 64-bit word per four elements costs ~0.6 ms. The drop probability is rounded to a multiple of
+    1/65536 and the scale is 1 / (1 - that probability), so the output stays unbiased. The mask is
+    saved as bool (1 byte per element) for the backward pass.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, p: float) -> Tensor:  # noqa: ANN001 - autograd signature
+        n = x.numel()
+        words = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
+        lanes = words.view(torch.int16)[:n].view(x.shape)  # uniform over [-32768, 32767]
+        drop = round(p * 65536)
+        keep = lanes >= drop - 32768  # P(keep) = (65536 - drop) / 65536
+        scale = 65536.0 / (65536 - drop)
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return x * keep * scale
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # noqa: ANN001, ANN205 - autograd signature
+        (keep,) = ctx.saved_tensors
+        return grad * keep * ctx.scale, None
+
+
+def dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """``F.dropout`` semantics (inverted dropout, identity in eval); a faster mask generator on CPU."""
+    if not training or p == 0.0:
+        return x
+    if x.device.type != "cpu" or p >= 1.0 or round(p * 65536) == 0:
+        return F.dropout(x, p, True)
+    return _CpuDropout.apply(x, p)
 
 
 def sinusoids(length: int, d_model: int, *, device: torch.device | str | None = None) -> Tensor:
@@ -122,7 +160,7 @@ class MultiHeadAttention(nn.Module):
             if allowed is not None:
                 scores = scores.masked_fill(~allowed, float("-inf"))
             weights = scores.softmax(dim=-1)
-            out = F.dropout(weights, p, self.training) @ v  # (B, H, T, Dv)
+            out = dropout(weights, p, self.training) @ v  # (B, H, T, Dv)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p)  # scale 1/sqrt(Dk)
         b, h, t, dv = out.shape
@@ -140,7 +178,7 @@ class FeedForward(nn.Module):
         self.dropout = cfg.activation_dropout
 
     def forward(self, x: Tensor) -> Tensor:  # (B, T, D) -> (B, T, D)
-        return self.fc2(F.dropout(self.act(self.fc1(x)), self.dropout, self.training))
+        return self.fc2(dropout(self.act(self.fc1(x)), self.dropout, self.training))
 
 
 class _Block(nn.Module):
@@ -153,7 +191,7 @@ class _Block(nn.Module):
         self.dropout = cfg.dropout
 
     def _add(self, x: Tensor, y: Tensor, norm: nn.LayerNorm) -> Tensor:
-        x = x + F.dropout(y, self.dropout, self.training)  # P_drop on each sublayer output, before the add
+        x = x + dropout(y, self.dropout, self.training)  # P_drop on each sublayer output, before the add
         return x if self.pre else norm(x)
 
 
@@ -385,7 +423,7 @@ class Transformer(nn.Module):
     def _embed(self, embed: nn.Embedding, tokens: Tensor, *, start: int = 0) -> Tensor:
         """(B, T) ids at positions [start, start + T) -> (B, T, D): scaled embedding + position, dropout."""
         x = embed(tokens) * self.embed_scale + self._positions(start, tokens.size(1))
-        return F.dropout(x, self.dropout, self.training)  # section 5.4: dropout on embeddings + positions
+        return dropout(x, self.dropout, self.training)  # section 5.4: dropout on embeddings + positions
 
     def encode(self, src: Tensor) -> EncoderOut:
         """src (B, S) ids padded with PAD_ID -> EncoderOut(memory (B, S, D), src_pad (B, S) True = pad)."""
@@ -409,24 +447,41 @@ class Transformer(nn.Module):
         order. Training passes the non-pad label positions: the vocabulary projection, the largest matmul
         of a small model, then skips padding.
         """
+        x, weights = self._decoder_states(tgt_in, enc, need_weights=return_attention)
+        if keep is not None:
+            x = x[keep]  # (B, T, D) -> (N, D)
+        logits = self.output_proj(x)
+        return (logits, weights) if return_attention else logits
+
+    def _decoder_states(self, tgt_in: Tensor, enc: EncoderOut, *, need_weights: bool = False) -> tuple[Tensor, list]:
+        """tgt_in (B, T) -> the top decoder states (B, T, D) (after the final norm), and attention weights if asked."""
         self_allowed = _allowed(tgt_in.eq(PAD_ID), causal=True)  # (B, 1, T, T)
         cross_allowed = _allowed(enc.src_pad)  # (B, 1, 1, S)
         x = self._embed(self.tgt_embed, tgt_in)
         weights = []
         for layer in self.decoder:
             k, v = layer.cross_attn.project_kv(enc.memory)
-            x, w = layer(x, k, v, self_allowed=self_allowed, cross_allowed=cross_allowed, need_weights=return_attention)
+            x, w = layer(x, k, v, self_allowed=self_allowed, cross_allowed=cross_allowed, need_weights=need_weights)
             weights.append(w)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
-        if keep is not None:
-            x = x[keep]  # (B, T, D) -> (N, D)
-        logits = self.output_proj(x)
-        return (logits, weights) if return_attention else logits
+        return x, weights
 
-    def forward(self, src: Tensor, tgt_in: Tensor, *, keep: Tensor | None = None) -> Tensor:
-        """src (B, S), tgt_in (B, T) -> logits (B, T, V_tgt), or (N, V_tgt) for the positions where ``keep`` is True."""
-        return self.decode(tgt_in, self.encode(src), keep=keep)
+    def forward(
+        self, src: Tensor, tgt_in: Tensor, *, keep: Tensor | None = None, labels: Tensor | None = None, label_smoothing: float = 0.0
+    ) -> Tensor | tuple[Tensor, Tensor, int]:
+        """src (B, S), tgt_in (B, T) -> logits (B, T, V_tgt), or (N, V_tgt) for the positions where ``keep`` is True.
+
+        With ``labels`` (B, T) (the batch's tgt_out): the training loss instead, (loss_sum, nll_sum,
+        ntokens) of :func:`~transformer_mt.loss.label_smoothed_nll_loss` over the non-pad labels, with
+        the vocabulary projection fused into the loss (:func:`~transformer_mt.loss.projected_label_smoothed_loss`).
+        """
+        enc = self.encode(src)
+        if labels is None:
+            return self.decode(tgt_in, enc, keep=keep)
+        mask = labels.ne(PAD_ID)
+        h = self._decoder_states(tgt_in, enc)[0][mask]  # (N, D): only positions with a label
+        return projected_label_smoothed_loss(h, self.output_proj.weight, labels[mask], epsilon=label_smoothing)
 
     def init_cache(self, enc: EncoderOut) -> DecoderCache:
         """Start incremental decoding of a batch: project the encoder output to every layer's cross K/V once."""

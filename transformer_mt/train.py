@@ -273,6 +273,9 @@ class Trainer:
                         last_val = self._validate_everywhere(elapsed())
                         if t.patience and p.bad_validations >= t.patience:
                             reason = f"no improvement in {t.patience} validations (patience)"
+                    elif t.save_every and p.update % t.save_every == 0:  # a numbered checkpoint between validations
+                        wall = elapsed()
+                        runtime.on_main(lambda: self._save_numbered(last_val, wall))
                     reason = reason or self._stop_reason(elapsed())
                 if p.batch_in_epoch >= len(batches):
                     p.epoch, p.batch_in_epoch = p.epoch + 1, 0
@@ -325,10 +328,8 @@ class Trainer:
             # DDP all-reduces gradients in the backward of the update's last micro-batch only
             sync = i == len(work) - 1 or not self.dist.enabled
             with contextlib.nullcontext() if sync else self.train_model.no_sync():
-                with runtime.autocast(self.device, self.t.dtype):
-                    keep = batch.tgt_out.ne(PAD_ID)  # (B, T): logits only where there is a label
-                    logits = self.train_model(batch.src, batch.tgt_in, keep=keep)  # (N, V)
-                loss, nll, _ = label_smoothed_nll_loss(logits, batch.tgt_out[keep], epsilon=self.t.label_smoothing)
+                with runtime.autocast(self.device, self.t.dtype):  # projection and loss fused, only at label positions
+                    loss, nll, _ = self.train_model(batch.src, batch.tgt_in, labels=batch.tgt_out, label_smoothing=self.t.label_smoothing)
                 # per-token mean over the whole update; x world: DDP averages the ranks' gradients
                 scaled = loss / total_tokens * (weight * world)
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
@@ -423,9 +424,12 @@ class Trainer:
         if improved:
             self._save(self.out / "checkpoint_best.pt", val, elapsed=wall)
         if t.save_every == 0 or p.update % t.save_every == 0:
-            self._save(numbered_checkpoint_path(self.out, p.update), val, elapsed=wall)
-            prune_checkpoints(self.out, t.keep_last)
+            self._save_numbered(val, wall)
         return val
+
+    def _save_numbered(self, val: dict[str, float], wall: float) -> None:
+        self._save(numbered_checkpoint_path(self.out, self.progress.update), val, elapsed=wall)
+        prune_checkpoints(self.out, self.t.keep_last)
 
     def _save(self, path: Path, val: dict[str, float], *, elapsed: float | None = None) -> None:
         p = self.progress
