@@ -3,7 +3,7 @@
 
     python scripts/benchmark.py [--config configs/multi30k_en_de.yaml] [--data DIR] [--out bench]
                                 [--threads 2] [--warmup 5] [--updates 40] [--sentences 0]
-                                [--checkpoint CKPT] [--quick]
+                                [--checkpoint CKPT] [--reference-checkpoint CKPT] [--quick]
 
 Each phase runs in a fresh subprocess of this script (``--phase SPEC.json``), so the ``ru_maxrss``
 it reports is that phase's own peak resident memory (the Python interpreter and torch included):
@@ -13,12 +13,16 @@ it reports is that phase's own peak resident memory (the Python interpreter and 
              ``on_update`` hook) on real Multi30k token-budget batches, for the recipe model (--config)
              and the reference model (3+3 layers, d_model 256, d_ff 1024, 4 heads, post-norm, shared
              embeddings, 4096-token batches), each in float32 and bfloat16 autocast: ``--warmup`` updates
-             untimed, then ``--updates`` timed; tokens/s counts non-pad target tokens (pieces + EOS);
+             untimed, then ``--updates`` timed; tokens/s counts non-pad target tokens (pieces + EOS).
+             Both models also train once more in float32 with "plain ops" (``F.dropout`` and the unfused
+             logits + ``label_smoothed_nll_loss`` path), the baseline of the CPU speed-ups, same batches;
   translate  :class:`transformer_mt.translate.Translator` on test_2016_flickr.en, greedy and beam 5, at
-             the checkpoint's ``decode.batch_tokens``, after an untimed warm-up on 8 sentences; tokens/s
-             counts generated tokens + EOS. Without ``--checkpoint`` the model is the reference model after
-             the benchmark's few float32 updates: its outputs are too long and the speed is flagged
-             ``"representative": false``.
+             the checkpoint's ``decode.batch_tokens`` and ``decode.lenpen``, after an untimed warm-up on 8
+             sentences; tokens/s counts generated tokens + EOS. Two models: the reference size
+             (``--reference-checkpoint``, a trained 3+3/d256 model; the beam-5 speed compared with
+             fairseq's is this one's) and the recipe model (``--checkpoint``, timed only when given).
+             Without ``--reference-checkpoint`` the reference model is the one after the benchmark's few
+             float32 updates: its outputs are too long and the speed is flagged ``"representative": false``.
 
 FLOPs per target token (multiply-add = 2 FLOPs), counted two ways on the padded batches actually run:
   measured   torch.utils.flop_counter.FlopCounterMode over forward, loss and backward of the first timed
@@ -75,6 +79,9 @@ SCHEMA = "transformer_mt.benchmark/1"
 RECIPE_CONFIG, FALLBACK_CONFIG = REPO / "configs" / "multi30k_en_de.yaml", REPO / "configs" / "multi30k_small.yaml"
 REFERENCE_MODEL = dict(encoder_layers=3, decoder_layers=3, d_model=256, heads=4, d_ff=1024, dropout=0.1, norm="post",
                        share_all_embeddings=True)
+# The reference model's vocabulary: a joint unigram model of 8,000 pieces whatever the recipe uses, so its
+# output layer (a large share of a small model's FLOPs) stays the same from one recipe to the next.
+REFERENCE_VOCAB = 8000
 # The reference model's optimiser: multi30k_small.yaml's schedule, so the few benchmark updates move the weights.
 REFERENCE_TRAIN = dict(max_tokens=4096, update_freq=1, label_smoothing=0.1, lr_schedule="inverse_sqrt", lr=1e-3,
                        warmup_updates=400)
@@ -191,7 +198,29 @@ def update_groups(data, t: TrainConfig, n: int) -> list[list]:
     return groups[:n]
 
 
+def use_plain_ops() -> None:
+    """The baseline of the CPU speed-ups: torch's own dropout and the unfused logits-then-loss path
+    (the (N, V) logits under autograd), patched into this phase's process only."""
+    import torch.nn.functional as F
+
+    from transformer_mt import model as model_module
+
+    fused_forward = model_module.Transformer.forward
+
+    def plain_forward(self, src, tgt_in, *, keep=None, labels=None, label_smoothing=0.0):
+        if labels is None:
+            return fused_forward(self, src, tgt_in, keep=keep)
+        mask = labels.ne(PAD_ID)
+        logits = self.decode(tgt_in, self.encode(src), keep=mask)
+        return label_smoothed_nll_loss(logits, labels[mask], epsilon=label_smoothing)
+
+    model_module.dropout = lambda x, p, training: F.dropout(x, p, training)
+    model_module.Transformer.forward = plain_forward
+
+
 def phase_train(spec: dict) -> dict:
+    if spec.get("plain_ops"):
+        use_plain_ops()
     cfg = from_dict(spec["config"], source=f"benchmark {spec['name']}")
     warmup, updates = spec["warmup"], spec["updates"]
     shutil.rmtree(cfg.train.out_dir, ignore_errors=True)  # ours (<out>/runs/NAME); Trainer refuses an old run
@@ -279,7 +308,7 @@ def run_phase(spec: dict, out: Path, *, step: str) -> dict:
 
 
 # ---------------------------------------------------------------- the parent: prepare, run, report
-def prepare_data(args, recipe: Config, sizes: Sizes) -> tuple[Path, Path, Path]:
+def prepare_data(args, recipe: Config, sizes: Sizes, vocab: int) -> tuple[Path, Path, Path]:
     """(spm model, train.en, train.de): the tokenizer trained once into <out>/spm and the corpus encoded
     once into <out>/cache (both reused by later runs; delete them to rebuild)."""
     src, tgt = args.data / "train.en", args.data / "train.de"
@@ -291,7 +320,6 @@ def prepare_data(args, recipe: Config, sizes: Sizes) -> tuple[Path, Path, Path]:
                 (sliced / path.name).write_text("".join(itertools.islice(handle, sizes.train_lines)), encoding="utf-8")
         src, tgt = sliced / src.name, sliced / tgt.name
     tok = recipe.tokenizer
-    vocab = sizes.spm_vocab or tok.vocab_size
     prefix = args.out / "spm" / f"joint-{tok.model_type}{vocab}-{sizes.train_lines or 'all'}"
     if not prefix.with_suffix(".model").is_file():
         print(f"benchmark: training sentencepiece {tok.model_type} {vocab} -> {prefix}.model", file=sys.stderr, flush=True)
@@ -307,7 +335,7 @@ def data_config(recipe: Config, src: Path, tgt: Path, out: Path):
     return dataclasses.replace(recipe.data, train_src=str(src), train_tgt=str(tgt), valid_src="", valid_tgt="", cache_dir=str(out / "cache"))
 
 
-def train_spec(name: str, base: Config, *, dtype: str, args, sizes: Sizes, spm: Path, src: Path, tgt: Path, keep: bool) -> dict:
+def train_spec(name: str, base: Config, *, dtype: str, args, sizes: Sizes, spm: Path, src: Path, tgt: Path, keep: bool, plain: bool = False) -> dict:
     total = args.warmup + args.updates
     train = dataclasses.replace(base.train, out_dir=str(args.out / "runs" / name), device="cpu", threads=args.threads, dtype=dtype,
                                 max_updates=total, max_epochs=0, max_time=0.0, patience=0, log_every=total + 1,
@@ -316,7 +344,7 @@ def train_spec(name: str, base: Config, *, dtype: str, args, sizes: Sizes, spm: 
     cfg = Config(data=data_config(base, src, tgt, args.out), model=dataclasses.replace(base.model, **dict(sizes.model)), train=train,
                  tokenizer=dataclasses.replace(base.tokenizer, model=str(spm), tgt_model="", joint=True), decode=base.decode)
     return {"kind": "train", "name": name, "threads": args.threads, "config": to_dict(cfg), "warmup": args.warmup,
-            "updates": args.updates, "flop_batches": sizes.flop_batches, "keep_checkpoint": keep}
+            "updates": args.updates, "flop_batches": sizes.flop_batches, "keep_checkpoint": keep, "plain_ops": plain}
 
 
 def describe(m: dict, params: int) -> str:
@@ -334,49 +362,60 @@ def run_all(args, sizes: Sizes) -> dict:
         if not path.is_file():
             raise SystemExit(f"benchmark: {path} not found; pass --data DIR holding Multi30k (scripts/prepare_multi30k.sh downloads it)")
     load_start = os.getloadavg()
-    spm, src, tgt = prepare_data(args, recipe, sizes)
+    spm, src, tgt = prepare_data(args, recipe, sizes, sizes.spm_vocab or recipe.tokenizer.vocab_size)
+    ref_spm = prepare_data(args, recipe, sizes, sizes.spm_vocab or REFERENCE_VOCAB)[0]
     reference = Config(model=ModelConfig(**REFERENCE_MODEL), train=TrainConfig(**REFERENCE_TRAIN), decode=DecodeConfig(),
                        data=recipe.data, tokenizer=recipe.tokenizer)
-    keep_ref = args.checkpoint is None
+    keep_ref = args.reference_checkpoint is None
     specs = [{"kind": "matmul", "name": "matmul", "threads": args.threads, "n": sizes.matmul_n, "reps": sizes.matmul_reps}]
-    for model, base in (("reference", reference), ("recipe", recipe)):
+    for model, base, model_spm in (("reference", reference, ref_spm), ("recipe", recipe, spm)):
         for dtype in DTYPES:
-            specs.append(train_spec(f"train-{model}-{dtype}", base, dtype=dtype, args=args, sizes=sizes, spm=spm, src=src, tgt=tgt,
+            specs.append(train_spec(f"train-{model}-{dtype}", base, dtype=dtype, args=args, sizes=sizes, spm=model_spm, src=src, tgt=tgt,
                                     keep=keep_ref and model == "reference" and dtype == "float32"))
-    checkpoint = args.checkpoint or args.out / "runs" / "train-reference-float32" / "checkpoint_last.pt"
-    for search, beam in (("greedy", 1), ("beam5", 5)):
-        specs.append({"kind": "translate", "name": f"translate-{search}", "threads": args.threads, "checkpoint": str(checkpoint),
-                      "input": str(test_src), "sentences": args.sentences, "beam": beam, "search": search})
+        specs.append(train_spec(f"train-{model}-float32-plain", base, dtype="float32", args=args, sizes=sizes, spm=model_spm, src=src,
+                                tgt=tgt, keep=False, plain=True))
+    checkpoints = [("reference", args.reference_checkpoint or args.out / "runs" / "train-reference-float32" / "checkpoint_last.pt", not keep_ref)]
+    if args.checkpoint is not None:
+        checkpoints.append(("recipe", args.checkpoint, True))
+    for model, checkpoint, representative in checkpoints:
+        for search, beam in (("greedy", 1), ("beam5", 5)):
+            specs.append({"kind": "translate", "name": f"translate-{model}-{search}", "threads": args.threads, "checkpoint": str(checkpoint),
+                          "input": str(test_src), "sentences": args.sentences, "beam": beam, "search": search, "model": model,
+                          "representative": representative})
     results = [run_phase(spec, args.out, step=f"[{i}/{len(specs)}]") for i, spec in enumerate(specs, 1)]
 
     matmul = results[0]
     training, translation = [], []
     for spec, res in zip(specs[1:], results[1:]):
         if spec["kind"] == "train":
-            model, dtype = spec["name"].split("-")[1:]
+            model, dtype = spec["name"].split("-")[1:3]
             res["gflops"] = res["flops_per_token"] * res["tokens_per_s"] / 1e9
             res["fraction_of_peak"] = res["gflops"] / matmul[dtype]["gflops"]
             vs = None
-            if model == "reference":
+            if model == "reference" and not spec["plain_ops"]:
                 ratio = res["tokens_per_s"] / TRAIN_QUOTED
                 vs = {"quoted": TRAIN_QUOTED, "ratio": ratio, "target_ratio": TRAIN_TARGET, "meets_target": ratio >= TRAIN_TARGET}
             mcfg = spec["config"]["model"]
-            training.append({"model": model, "dtype": dtype, "description": describe(mcfg, res["parameters"]), "model_config": mcfg,
-                             **res, "vs_quoted": vs})
+            training.append({"model": model, "dtype": dtype, "ops": "plain" if spec["plain_ops"] else "fast",
+                             "description": describe(mcfg, res["parameters"]), "model_config": mcfg, **res, "vs_quoted": vs})
         else:
             vs = None
-            if spec["beam"] == 5:
+            reference_size = all(res["model_config"][k] == REFERENCE_MODEL[k] for k in ("encoder_layers", "decoder_layers", "d_model", "d_ff", "heads"))
+            if spec["beam"] == 5 and spec["model"] == "reference" and (reference_size or args.quick):
                 ratio = res["sentences_per_s"] / BEAM5_QUOTED
                 vs = {"quoted": BEAM5_QUOTED, "ratio": ratio, "target_ratio": BEAM5_TARGET, "meets_target": ratio >= BEAM5_TARGET}
-            translation.append({"search": spec["search"], "beam": spec["beam"], "dtype": "float32",
-                                "model": "checkpoint" if args.checkpoint else "reference",
+            translation.append({"search": spec["search"], "beam": spec["beam"], "dtype": "float32", "model": spec["model"],
                                 "description": describe(res["model_config"], res["parameters"]), "checkpoint": spec["checkpoint"],
-                                "representative": args.checkpoint is not None, **res, "vs_quoted": vs})
+                                "representative": spec["representative"], "reference_size": reference_size, **res, "vs_quoted": vs})
+    for t in training:  # the speed-ups, as a ratio over the plain-ops run of the same model, batches and dtype
+        plain = next((p for p in training if p["ops"] == "plain" and p["model"] == t["model"] and p["dtype"] == t["dtype"]), None)
+        t["speedup_vs_plain_ops"] = t["tokens_per_s"] / plain["tokens_per_s"] if plain and t["ops"] == "fast" else None
     return {
         "schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "quick": args.quick,
         "machine": machine_info(), "threads": args.threads, "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg()),
         "settings": {"config": str(config), "config_note": note, "data": str(args.data), "spm_model": str(spm),
                      "warmup_updates": args.warmup, "timed_updates": args.updates, "sentences": args.sentences, "checkpoint": str(args.checkpoint or ""),
+                     "reference_checkpoint": str(args.reference_checkpoint or ""),
                      "test_input": str(test_src), "reference_model": REFERENCE_MODEL, "reference_train": REFERENCE_TRAIN},
         "matmul_peak": matmul, "training": training, "translation": translation, "quoted_reference": QUOTED,
     }
@@ -406,8 +445,11 @@ def render_markdown(r: dict) -> str:
     mm = r["matmul_peak"]
     rows = [[f"matmul peak (n={mm['n']})", "", d, "", "", "", num(mm[d]["gflops"], ".1f"), "", num(mm["peak_rss_mib"], ".0f"), ""] for d in DTYPES]
     for t in r["training"]:
-        rows.append(["train", f"{t['model']} ({t['description']})", t["dtype"], num(t["tokens_per_s"], ",.0f"), num(t["updates_per_s"], ".3f"), "",
-                     num(t["gflops"], ".1f"), num(100 * t["fraction_of_peak"], ".1f"), num(t["peak_rss_mib"], ".0f"), vs(t["vs_quoted"], "tok/s (fairseq)")])
+        plain = " [plain ops]" if t["ops"] == "plain" else ""
+        speedup = "" if t.get("speedup_vs_plain_ops") is None else f"{t['speedup_vs_plain_ops']:.2f}x of plain ops"
+        versus = "; ".join(x for x in (vs(t["vs_quoted"], "tok/s (fairseq)"), speedup) if x)
+        rows.append([f"train{plain}", f"{t['model']} ({t['description']})", t["dtype"], num(t["tokens_per_s"], ",.0f"), num(t["updates_per_s"], ".3f"), "",
+                     num(t["gflops"], ".1f"), num(100 * t["fraction_of_peak"], ".1f"), num(t["peak_rss_mib"], ".0f"), versus])
     for t in r["translation"]:
         flag = "" if t["representative"] else " †"
         rows.append([f"translate {t['search']}{flag}", f"{t['model']} ({t['description']})", t["dtype"], num(t["tokens_per_s"], ",.0f"), "",
@@ -421,13 +463,14 @@ def render_markdown(r: dict) -> str:
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     q = r["quoted_reference"]
-    lines += ["", "GFLOP/s: measured (FlopCounterMode) FLOPs per target token x tokens/s; % of peak: of the matmul peak of the same dtype "
+    lines += ["", "Plain ops: the same training with torch's F.dropout and the unfused logits + loss path, the baseline of the CPU speed-ups. "
+              "GFLOP/s: measured (FlopCounterMode) FLOPs per target token x tokens/s; % of peak: of the matmul peak of the same dtype "
               "measured above. Peak RSS: each phase in its own process, the interpreter and torch included.",
               f"Quoted reference figures are {q['source']}: training {', '.join(f'{k} {v:,} tok/s' for k, v in q['train_tokens_per_s'].items())}; "
               f"beam 5 {', '.join(f'{k} {v} sent/s' for k, v in q['beam5_sentences_per_s'].items())} ({q['setting']}); "
               f"matmul peak {q['matmul_peak_gflops']['float32']} GFLOP/s float32, {q['matmul_peak_gflops']['bfloat16']} bfloat16."]
     if any(not t["representative"] for t in r["translation"]):
-        lines.append("† not representative: the reference model after only the benchmark's updates (outputs too long); pass --checkpoint.")
+        lines.append("† not representative: the reference model after only the benchmark's updates (outputs too long); pass --reference-checkpoint.")
     return "\n".join(lines) + "\n"
 
 
@@ -440,7 +483,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=None, help=f"untimed updates per training run (default {FULL.warmup}, quick {QUICK.warmup})")
     p.add_argument("--updates", type=int, default=None, help=f"timed updates per training run (default {FULL.updates}, quick {QUICK.updates})")
     p.add_argument("--sentences", type=int, default=None, help="test sentences translated (default all 1000, quick 20)")
-    p.add_argument("--checkpoint", type=Path, default=None, help="a trained checkpoint to time translation with (else not representative)")
+    p.add_argument("--checkpoint", type=Path, default=None, help="the trained recipe model: its translation speed is timed too")
+    p.add_argument("--reference-checkpoint", type=Path, default=None,
+                   help="a trained 3+3/d256 model, the size of the quoted fairseq beam-5 figure (else the benchmark's barely trained one)")
     p.add_argument("--quick", action="store_true", help="tiny models and sizes, seconds: checks the script, measures nothing")
     p.add_argument("--phase", type=Path, default=None, help=argparse.SUPPRESS)  # internal: run one phase's spec
     args = p.parse_args(argv)
@@ -456,8 +501,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             p.error(f"--{key} must be at least 1, got {getattr(args, key)}")
     if args.sentences < 0:
         p.error(f"--sentences must be 0 (all) or positive, got {args.sentences}")
-    if args.checkpoint is not None and not args.checkpoint.is_file():
-        p.error(f"--checkpoint {args.checkpoint}: file not found")
+    for key in ("checkpoint", "reference_checkpoint"):
+        path = getattr(args, key)
+        if path is not None and not path.is_file():
+            p.error(f"--{key.replace('_', '-')} {path}: file not found")
     return args
 
 
@@ -469,6 +516,7 @@ def main(argv: list[str] | None = None) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     args.out, args.data = args.out.resolve(), args.data.resolve()
     args.checkpoint = args.checkpoint.resolve() if args.checkpoint else None
+    args.reference_checkpoint = args.reference_checkpoint.resolve() if args.reference_checkpoint else None
     report = run_all(args, QUICK if args.quick else FULL)
     (args.out / "benchmark.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     markdown = render_markdown(report)

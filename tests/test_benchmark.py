@@ -55,8 +55,14 @@ def test_quick_json_schema(quick_run):
     for dtype in ("float32", "bfloat16"):
         assert positive(mm[dtype]["gflops"]) and positive(mm[dtype]["gflops_median"]) and positive(mm[dtype]["seconds_best"])
 
-    rows = {(t["model"], t["dtype"]): t for t in r["training"]}
+    rows = {(t["model"], t["dtype"]): t for t in r["training"] if t["ops"] == "fast"}
     assert set(rows) == {(m, d) for m in ("reference", "recipe") for d in ("float32", "bfloat16")}
+    plain = {t["model"]: t for t in r["training"] if t["ops"] == "plain"}
+    assert set(plain) == {"reference", "recipe"} and len(r["training"]) == 6
+    for model, t in plain.items():
+        assert t["dtype"] == "float32" and t["vs_quoted"] is None and t["speedup_vs_plain_ops"] is None
+        assert t["target_tokens"] == rows[model, "float32"]["target_tokens"]  # the same batches
+        assert rows[model, "float32"]["speedup_vs_plain_ops"] == pytest.approx(rows[model, "float32"]["tokens_per_s"] / t["tokens_per_s"])
     for (model, dtype), t in rows.items():
         for key in ("parameters", "seconds", "target_tokens", "source_tokens", "sentences", "tokens_per_s", "updates_per_s",
                     "flops_per_token", "flops_per_token_analytic", "gflops", "fraction_of_peak", "peak_rss_mib", "avg_tgt_len"):
@@ -77,6 +83,7 @@ def test_quick_json_schema(quick_run):
 
     searches = {t["search"]: t for t in r["translation"]}
     assert set(searches) == {"greedy", "beam5"} and searches["beam5"]["beam"] == 5 and searches["greedy"]["beam"] == 1
+    assert all(t["model"] == "reference" for t in r["translation"])  # no --checkpoint: no recipe rows
     for t in searches.values():
         assert t["sentences"] == 20 and t["representative"] is False
         for key in ("seconds", "sentences_per_s", "tokens_per_s", "target_tokens", "peak_rss_mib", "batch_tokens"):
@@ -91,7 +98,7 @@ def test_quick_markdown_table(quick_run):
     header = next(i for i, line in enumerate(lines) if line.startswith("| phase"))
     assert [c.strip() for c in lines[header].strip("|").split("|")] == COLUMNS
     rows = [line for line in lines[header + 2:] if line.startswith("|")]
-    assert len(rows) == 2 + 4 + 2  # matmul x 2 dtypes, train x 2 models x 2 dtypes, translate x 2 searches
+    assert len(rows) == 2 + 6 + 2  # matmul x 2 dtypes, train x 2 models x (2 dtypes + plain ops), translate x 2 searches
     assert all(len(row.strip("|").split("|")) == len(COLUMNS) for row in rows)
     assert "quoted from issue 6, measured elsewhere" in text and "not representative" in text
 

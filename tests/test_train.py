@@ -101,6 +101,17 @@ def test_resume_gives_the_same_parameters_and_losses(pairs64, spm_model, tmp_pat
     assert load_checkpoint(tmp_path / "b" / "checkpoint_last.pt")["progress"]["epoch"] > 1
 
 
+
+def test_numbered_checkpoints_follow_save_every_between_validations(pairs64, spm_model, tmp_path):
+    out = tmp_path / "run"
+    train(tiny_config(pairs64, spm_model, out, "train.max_tokens=300", "train.validate_every=4", "train.save_every=3",
+                      "train.keep_last=3", "train.valid_bleu_sentences=-1", "train.max_updates=12"))
+    numbered = sorted(int(p.stem.split("_")[1]) for p in out.glob("checkpoint_[0-9]*.pt"))
+    assert numbered == [6, 9, 12]  # 3, 6, 9, 12 saved (not 4 or 8, the validations), the newest 3 kept
+    for update in numbered:
+        assert load_checkpoint(out / f"checkpoint_{update}.pt")["progress"]["update"] == update
+
+
 def test_failed_save_keeps_the_last_good_checkpoint(pairs64, spm_model, tmp_path, monkeypatch):
     cfg = tiny_config(pairs64, spm_model, tmp_path / "run", "train.max_updates=12", "train.validate_every=4",
                       "train.valid_bleu_sentences=-1", "train.max_tokens=300")
