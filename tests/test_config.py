@@ -80,6 +80,12 @@ def test_bad_choice(tmp_path):
         load_config(write(tmp_path, "model:\n  norm: middle\n"))
 
 
+
+def test_linear_schedule_needs_max_updates_above_warmup(tmp_path):
+    with pytest.raises(ConfigError, match=r"train\.max_updates: lr_schedule linear decays to 0 at max_updates.*max_updates=0, warmup_updates=4000"):
+        load_config(write(tmp_path, "train:\n  lr_schedule: linear\n"))
+    assert load_config(write(tmp_path, "train:\n  lr_schedule: linear\n  max_updates: 5000\n")).train.max_updates == 5000
+
 def test_missing_data_file(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, "data:\n  train_src: nowhere/train.en\n"))

@@ -14,7 +14,7 @@ from transformer_mt.config import ModelConfig, TrainConfig
 from transformer_mt.data import collate
 from transformer_mt import loss as loss_module
 from transformer_mt.loss import label_smoothed_nll_loss, perplexity, projected_label_smoothed_loss
-from transformer_mt.optim import Scheduler, build_optimizer, build_scheduler, inverse_sqrt_lr, noam_lr, param_groups
+from transformer_mt.optim import Scheduler, build_optimizer, build_scheduler, inverse_sqrt_lr, linear_lr, noam_lr, param_groups
 from transformer_mt.tokenizer import PAD_ID, Tokenizer
 
 
@@ -199,6 +199,24 @@ def test_inverse_sqrt_reaches_peak_exactly_at_warmup():
     rates = [inverse_sqrt_lr(s, peak=1e-3, warmup=50) for s in range(1, 500)]
     assert max(rates) == 1e-3 and rates.index(max(rates)) + 1 == 50
 
+
+
+def test_linear_warms_up_then_decays_to_zero_after_the_last_update():
+    assert linear_lr(1, peak=4e-3, warmup=4, total=12) == pytest.approx(1e-3)
+    assert linear_lr(4, peak=4e-3, warmup=4, total=12) == 4e-3
+    # after the peak: 9 equal steps down (updates 4..12 get 9/9 .. 1/9 of it), 0 one update later
+    assert [linear_lr(s, peak=9.0, warmup=4, total=12) for s in range(4, 14)] == pytest.approx([9, 8, 7, 6, 5, 4, 3, 2, 1, 0])
+    assert linear_lr(3, peak=1.0, warmup=0, total=10) == pytest.approx(8 / 11)
+    with pytest.raises(ValueError):
+        linear_lr(1, peak=1.0, warmup=5, total=5)
+    cfg = TrainConfig(lr_schedule="linear", warmup_updates=2, lr=1e-3, max_updates=6)
+    opt = build_optimizer(nn.Linear(2, 2), cfg)
+    sched = build_scheduler(opt, cfg, d_model=8)
+    seen = []
+    for _ in range(6):
+        seen.append(opt.param_groups[0]["lr"])
+        sched.step()
+    assert seen == pytest.approx([linear_lr(s, peak=1e-3, warmup=2, total=6) for s in range(1, 7)])
 
 @pytest.mark.parametrize("schedule", ["noam", "inverse_sqrt"])
 def test_scheduler_sets_lr_per_update_and_state_round_trips(schedule):

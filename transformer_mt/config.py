@@ -87,7 +87,7 @@ class TrainConfig:
     optimizer_betas: tuple[float, float] = (0.9, 0.98)  # Adam beta1, beta2 (section 5.3)
     optimizer_eps: float = 1e-9  # Adam epsilon (section 5.3)
     weight_decay: float = 0.0  # decoupled weight decay (AdamW); 0 = plain Adam as in the paper
-    lr_schedule: str = "noam"  # noam: d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) * lr_scale; inverse_sqrt: peaks at lr
+    lr_schedule: str = "noam"  # noam: d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) * lr_scale; inverse_sqrt: peaks at lr; linear: peaks at lr, decays to 0 at max_updates
     lr: float = 5e-4  # peak learning rate of the inverse_sqrt schedule
     lr_scale: float = 1.0  # multiplier of the paper's noam formula
     warmup_updates: int = 4000  # warmup_steps of section 5.3
@@ -136,7 +136,7 @@ CHOICES = {
     "model.norm": ("post", "pre"),
     "model.positions": ("sinusoidal", "learned"),
     "train.dtype": ("float32", "bfloat16", "float16"),
-    "train.lr_schedule": ("noam", "inverse_sqrt"),
+    "train.lr_schedule": ("noam", "inverse_sqrt", "linear"),
     "train.best_metric": ("bleu", "loss"),
 }
 PATH_KEYS = ("data.train_src", "data.train_tgt", "data.valid_src", "data.valid_tgt", "tokenizer.model", "tokenizer.tgt_model")
@@ -275,6 +275,9 @@ def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -
         fail("train.lr", "learning rate and lr_scale must be positive")
     if t.lr_schedule == "inverse_sqrt" and t.warmup_updates < 1:
         fail("train.warmup_updates", "inverse_sqrt needs warmup_updates >= 1")
+    if t.lr_schedule == "linear" and t.max_updates <= t.warmup_updates:
+        fail("train.max_updates", f"lr_schedule linear decays to 0 at max_updates, which must be above warmup_updates "
+             f"(got max_updates={t.max_updates}, warmup_updates={t.warmup_updates}); set train.max_updates")
     if not all(0.0 <= b < 1.0 for b in t.optimizer_betas):
         fail("train.optimizer_betas", f"{t.optimizer_betas} must both be in [0, 1); the paper uses [0.9, 0.98]")
     if d.beam < 1 or d.nbest < 1 or d.nbest > d.beam:

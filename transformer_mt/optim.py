@@ -43,6 +43,20 @@ def inverse_sqrt_lr(step: int, *, peak: float, warmup: int) -> float:
     return peak * min(step / warmup, math.sqrt(warmup / step))
 
 
+
+def linear_lr(step: int, *, peak: float, warmup: int, total: int) -> float:
+    """Linear warm-up to ``peak`` over ``warmup`` updates, then linear decay that would reach 0 one update
+    after ``total`` (fairseq's ``polynomial_decay`` with power 1 and end lr 0): update ``total``, the
+    last, still gets peak / (total - warmup + 1). warmup = 0 starts at the peak.
+    """
+    if step < 1:
+        raise ValueError(f"update numbers start at 1, got {step}")
+    if total <= warmup:
+        raise ValueError(f"linear needs total > warmup, got total={total} warmup={warmup}")
+    if step <= warmup:
+        return peak * step / warmup
+    return peak * max(0, total - step + 1) / (total - warmup + 1)
+
 class Scheduler:
     """Sets every param group's lr to ``lr_fn(update)`` for the coming update.
 
@@ -80,13 +94,15 @@ class Scheduler:
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, train_cfg: TrainConfig, *, d_model: int) -> Scheduler:
-    """The schedule named by ``train_cfg.lr_schedule`` (noam or inverse_sqrt), already applied for update 1."""
+    """The schedule named by ``train_cfg.lr_schedule`` (noam, inverse_sqrt or linear), already applied for update 1."""
     if train_cfg.lr_schedule == "noam":
         fn = functools.partial(noam_lr, d_model=d_model, warmup=train_cfg.warmup_updates, scale=train_cfg.lr_scale)
     elif train_cfg.lr_schedule == "inverse_sqrt":
         fn = functools.partial(inverse_sqrt_lr, peak=train_cfg.lr, warmup=train_cfg.warmup_updates)
+    elif train_cfg.lr_schedule == "linear":
+        fn = functools.partial(linear_lr, peak=train_cfg.lr, warmup=train_cfg.warmup_updates, total=train_cfg.max_updates)
     else:
-        raise ValueError(f"train.lr_schedule={train_cfg.lr_schedule!r} is not one of noam, inverse_sqrt")
+        raise ValueError(f"train.lr_schedule={train_cfg.lr_schedule!r} is not one of noam, inverse_sqrt, linear")
     return Scheduler(optimizer, fn)
 
 
