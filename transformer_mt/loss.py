@@ -23,6 +23,13 @@ from torch import Tensor
 from transformer_mt.tokenizer import PAD_ID
 
 
+def _check_epsilon(epsilon: float, vocab: int) -> None:
+    if not 0.0 <= epsilon < 1.0:
+        raise ValueError(f"epsilon={epsilon} is outside [0, 1); the paper uses 0.1")
+    if vocab < 2 and epsilon > 0:
+        raise ValueError("label smoothing needs a vocabulary of at least 2 tokens")
+
+
 def label_smoothed_nll_loss(
     logits: torch.Tensor, target: torch.Tensor, *, epsilon: float, ignore_index: int = PAD_ID
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -38,10 +45,7 @@ def label_smoothed_nll_loss(
     term uses their row sums rather than an explicit smoothed target distribution.
     """
     vocab = logits.size(-1)
-    if not 0.0 <= epsilon < 1.0:
-        raise ValueError(f"epsilon={epsilon} is outside [0, 1); the paper uses 0.1")
-    if vocab < 2 and epsilon > 0:
-        raise ValueError("label smoothing needs a vocabulary of at least 2 tokens")
+    _check_epsilon(epsilon, vocab)
     dtype = torch.promote_types(logits.dtype, torch.float32)  # bf16 / fp16 logits: the loss in float32
     lprobs = F.log_softmax(logits.reshape(-1, vocab), dim=-1, dtype=dtype)  # (N, V)
     target = target.reshape(-1)  # (N,)
@@ -154,10 +158,7 @@ def projected_label_smoothed_loss(
     target: (N,). Same returns and same numbers (float32 loss) as :func:`label_smoothed_nll_loss`.
     Under autocast the projection runs in the autocast dtype, the softmax in float32.
     """
-    if not 0.0 <= epsilon < 1.0:
-        raise ValueError(f"epsilon={epsilon} is outside [0, 1); the paper uses 0.1")
-    if weight.size(0) < 2 and epsilon > 0:
-        raise ValueError("label smoothing needs a vocabulary of at least 2 tokens")
+    _check_epsilon(epsilon, weight.size(0))
     kind = h.device.type
     dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else h.dtype
     with torch.autocast(kind, enabled=False):
