@@ -8,8 +8,9 @@
 #                    a finished one goes straight to the evaluation)
 #     --config FILE  training config (default configs/multi30k_en_de.yaml)
 # Needs the project installed in .venv (see README). Chooses, by cased BLEU on val with beam 5, among
-# the last checkpoint and the averages of the last 4 and 8 numbered checkpoints, each with lenpen
-# 0.6, 1.0 and 1.5; then prints cased and lowercased sacreBLEU and chrF of that choice on val and test.
+# the last checkpoint, the averages of the last 4 and 8 numbered checkpoints and the ensemble of the
+# last 4, each with lenpen 0.6, 1.0 and 1.5; then prints cased and lowercased sacreBLEU and chrF of
+# that choice on val and test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 from=""; run=runs/multi30k_en_de; config=configs/multi30k_en_de.yaml
@@ -18,7 +19,7 @@ while [ $# -gt 0 ]; do
     --from) from="$2"; shift 2 ;;
     --run) run="$2"; shift 2 ;;
     --config) config="$2"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "multi30k_recipe.sh: unknown argument '$1'; see --help" >&2; exit 2 ;;
   esac
 done
@@ -34,37 +35,43 @@ else
 fi
 grep -E "stopped at update" "$run/train.log" | tail -1
 
-# Candidates: the last checkpoint and the averages of the newest 4 and 8 numbered checkpoints.
-candidates=("$run/checkpoint_last.pt")
+# Candidates: the last checkpoint, the averages of the newest 4 and 8 numbered checkpoints, and the
+# ensemble of the newest 4 (their mean probability at every step; 4x slower to decode). Each is a
+# list of -c arguments (paths without spaces).
+names=(last); models=("-c $run/checkpoint_last.pt")
 numbered=$(ls "$run"/checkpoint_[0-9]*.pt 2>/dev/null | wc -l)
 for n in 4 8; do
   if [ "$numbered" -ge "$n" ]; then
     $tmt average --run "$run" --last "$n" -o "$run/checkpoint_avg$n.pt" >/dev/null
-    candidates+=("$run/checkpoint_avg$n.pt")
+    names+=("avg$n"); models+=("-c $run/checkpoint_avg$n.pt")
   fi
 done
+if [ "$numbered" -ge 4 ]; then
+  names+=(ens4)
+  models+=("$($py -c "from transformer_mt.checkpoint import last_checkpoints; print(' '.join(f'-c {p}' for p in last_checkpoints('$run', 4)))")")
+fi
 
 echo "== choosing on val (cased BLEU, beam 5)"
 mkdir -p "$run/eval"
-best=""; best_bleu=-1
-for ckpt in "${candidates[@]}"; do
+best=-1; best_bleu=-1
+for i in "${!names[@]}"; do
   for lenpen in 0.6 1.0 1.5; do
-    name=$(basename "$ckpt" .pt)
-    bleu=$($tmt evaluate -c "$ckpt" --src data/multi30k/val.en --ref data/multi30k/val.de --beam 5 --lenpen "$lenpen" \
-             -o "$run/eval/val.$name.lp$lenpen.de" --json | $py -c 'import json, sys; print(json.load(sys.stdin)["bleu"])')
-    echo "  $name lenpen $lenpen: val BLEU $bleu"
+    # shellcheck disable=SC2086 # models[i] is a list of -c arguments
+    bleu=$($tmt evaluate ${models[$i]} --src data/multi30k/val.en --ref data/multi30k/val.de --beam 5 --lenpen "$lenpen" \
+             -o "$run/eval/val.${names[$i]}.lp$lenpen.de" --json | $py -c 'import json, sys; print(json.load(sys.stdin)["bleu"])')
+    echo "  ${names[$i]} lenpen $lenpen: val BLEU $bleu"
     if $py -c "import sys; sys.exit(0 if float('$bleu') > float('$best_bleu') else 1)"; then
-      best="$ckpt $lenpen"; best_bleu=$bleu
+      best=$i; best_lenpen=$lenpen; best_bleu=$bleu
     fi
   done
 done
-read -r ckpt lenpen <<< "$best"
-echo "== chosen: $(basename "$ckpt") lenpen $lenpen (val BLEU $best_bleu)"
+echo "== chosen: ${names[$best]} ($(echo ${models[$best]} | sed 's/-c //g')) lenpen $best_lenpen (val BLEU $best_bleu)"
 
 for split in val test_2016_flickr; do
   hyp="$run/eval/$split.hyp.de"
-  echo "== $split: $(basename "$ckpt"), beam 5, lenpen $lenpen"
-  $tmt evaluate -c "$ckpt" --src data/multi30k/$split.en --ref data/multi30k/$split.de --beam 5 --lenpen "$lenpen" -o "$hyp"
+  echo "== $split: ${names[$best]}, beam 5, lenpen $best_lenpen"
+  # shellcheck disable=SC2086
+  $tmt evaluate ${models[$best]} --src data/multi30k/$split.en --ref data/multi30k/$split.de --beam 5 --lenpen "$best_lenpen" -o "$hyp"
   echo "-- lowercased"
   $tmt bleu --ref data/multi30k/$split.de "$hyp" --lowercase
 done

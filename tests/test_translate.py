@@ -119,6 +119,29 @@ def test_evaluate_reports_scores_and_speed(ckpt, corpus_slice, tmp_path, capsys)
     assert json.loads(out)[0]["score"] == report["bleu"]
 
 
+def test_ensemble_from_the_command_line(ckpt, spm_model, corpus_slice, tmp_path, capsys):
+    src = corpus_slice["val.en"]
+    outs = {}
+    for name, paths in (("alone", [ckpt]), ("twice", [ckpt, ckpt]),
+                        ("pair", [ckpt, make_checkpoint(spm_model, tmp_path / "other.pt", seed=7)])):
+        outs[name] = tmp_path / f"{name}.de"
+        args = [a for p in paths for a in ("-c", str(p))]
+        code, _, err = cli(["translate", *args, str(src), "-o", str(outs[name]), "--beam", "3"], capsys)
+        assert code == 0, err
+    text = {name: path.read_text(encoding="utf-8") for name, path in outs.items()}
+    assert text["twice"] == text["alone"]  # the mean of one distribution twice is that distribution
+    assert text["pair"] != text["alone"] and len(text["pair"].splitlines()) == 100
+    # A member with another tokenizer is refused with one line naming it.
+    state = load_checkpoint(ckpt)
+    src_proto = bytes(state["tokenizers"]["src"].tolist())
+    state["tokenizers"] = pack_tokenizers(src_proto, src_proto + b"\n")
+    save_checkpoint(state, tmp_path / "alien.pt")
+    code, _, err = cli(["translate", "-c", str(ckpt), "-c", str(tmp_path / "alien.pt"), str(src), "-o", str(tmp_path / "x.de")], capsys)
+    assert code == 2
+    assert err.strip() == (f"tmt: error: {tmp_path / 'alien.pt'}: its sentencepiece models differ from those of {ckpt}; "
+                           "an ensemble needs checkpoints trained with the same tokenizer")
+
+
 def _sacrebleu(*args: str) -> str:
     return subprocess.run([str(VENV_BIN / "sacrebleu"), *args], capture_output=True, text=True, check=True).stdout
 

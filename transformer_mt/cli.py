@@ -148,13 +148,15 @@ def preprocess(
 
 
 # ---------------------------------------------------------------- translate / evaluate
+_CKPT_HELP = ("A checkpoint written by `tmt train` or `tmt average`; repeat -c to decode an ensemble "
+              "(mean of the models' probabilities; they must share the tokenizer).")
 _BEAM_HELP = "Beam size (1 = greedy). Default: the checkpoint's decode.beam."
 _LENPEN_HELP = "GNMT length penalty alpha, ((5+len)/6)^alpha. Default: decode.lenpen."
 
 
 @app.command()
 def translate(
-    checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="A checkpoint written by `tmt train` or `tmt average`."),
+    checkpoints: List[Path] = typer.Option(..., "--checkpoint", "-c", help=_CKPT_HELP),
     input: Optional[Path] = typer.Argument(None, help="Source text file (default: stdin, translated as lines arrive)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output file (default: stdout)."),
     beam: Optional[int] = typer.Option(None, "--beam", "-b", help=_BEAM_HELP),
@@ -168,7 +170,7 @@ def translate(
     """Translate raw text with greedy or beam search: one output line per input line."""
     from transformer_mt.translate import Translator, count_lines, file_chunks, stdin_chunks, translate_stream
 
-    tr = Translator.from_checkpoint(checkpoint, device=device, dtype=dtype, threads=threads)
+    tr = Translator.from_checkpoints(checkpoints, device=device, dtype=dtype, threads=threads)
     beam, lenpen = _decode_args(tr, beam, lenpen, nbest)
     chunks = file_chunks(input) if input is not None and str(input) != "-" else stdin_chunks()
     bar = None
@@ -200,7 +202,7 @@ def _decode_args(tr, beam: Optional[int], lenpen: Optional[float], nbest: int) -
 
 @app.command()
 def evaluate(
-    checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="Checkpoint to evaluate."),
+    checkpoints: List[Path] = typer.Option(..., "--checkpoint", "-c", help=_CKPT_HELP),
     src: Path = typer.Option(..., "--src", help="Source text file."),
     ref: List[Path] = typer.Option(..., "--ref", help="Reference file (repeat for several references)."),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Where to write the hypotheses (default: SRC name + .hyp next to the checkpoint)."),
@@ -220,9 +222,9 @@ def evaluate(
     from transformer_mt.translate import Translator, file_chunks, translate_stream
 
     refs = [read_lines(r) for r in ref]  # read first: a bad reference fails before the long part
-    tr = Translator.from_checkpoint(checkpoint, device=device, dtype=dtype, threads=threads)
+    tr = Translator.from_checkpoints(checkpoints, device=device, dtype=dtype, threads=threads)
     beam, lenpen = _decode_args(tr, beam, lenpen, 1)
-    output = output or checkpoint.parent / f"{src.name}.{checkpoint.stem}.hyp"
+    output = output or checkpoints[0].parent / f"{src.name}.{checkpoints[0].stem}.hyp"
     with open(output, "w", encoding="utf-8") as out:
         stats = translate_stream(tr, file_chunks(src), out, beam=beam, lenpen=lenpen, batch_tokens=batch_tokens)
     results = score(read_lines(output), refs, metrics=("bleu", "chrf"), lowercase=lowercase, hyp_name=str(output), ref_names=[str(r) for r in ref])

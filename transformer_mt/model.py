@@ -483,6 +483,11 @@ class Transformer(nn.Module):
         h = self._decoder_states(tgt_in, enc)[0][mask]  # (N, D): only positions with a label
         return projected_label_smoothed_loss(h, self.output_proj.weight, labels[mask], epsilon=label_smoothing)
 
+    def max_output_length(self) -> int | None:
+        """Longest output the decoder can produce: BOS plus the first L-1 outputs occupy positions
+        0..L-1 of a learned position table; None for sinusoids, which extend to any length."""
+        return self.cfg.max_positions if self.learned_positions else None
+
     def init_cache(self, enc: EncoderOut) -> DecoderCache:
         """Start incremental decoding of a batch: project the encoder output to every layer's cross K/V once."""
         ks, vs = zip(*(layer.cross_attn.project_kv(enc.memory) for layer in self.decoder))

@@ -15,8 +15,8 @@ Conventions shared by both searches (and by :class:`Hypothesis`):
 - ``score``: ``logprob / length_penalty(length, alpha)``, the GNMT normalisation.
 - Log-softmax runs in float32 even under bf16/fp16 autocast; PAD and BOS are never generated.
 - Maximum output length per sentence: ``floor(a * n + b)`` with ``n`` the source's non-pad
-  tokens (its EOS included), at least 1, and at most ``model.cfg.max_positions`` when the model
-  has learned positions (BOS plus the first L-1 outputs occupy decoder positions 0..L-1).
+  tokens (its EOS included), at least 1, and at most ``model.max_output_length()`` (the position table's size
+  when the model has learned positions: BOS plus the first L-1 outputs occupy positions 0..L-1).
 - Ties between equal scores go to the lower token id (lower flat beam-major index in beam
   search), so beam size 1 with ``lenpen=0`` reproduces greedy search token for token.
 """
@@ -90,7 +90,7 @@ def greedy_search(model, src: Tensor, *, max_len_a: float = 1.0, max_len_b: int 
     batch, device = src.size(0), src.device
     if batch == 0:
         return []
-    max_lens = max_output_lengths(src, max_len_a=max_len_a, max_len_b=max_len_b, limit=_position_limit(model))  # (B,)
+    max_lens = max_output_lengths(src, max_len_a=max_len_a, max_len_b=max_len_b, limit=model.max_output_length())  # (B,)
     cache = model.init_cache(model.encode(src))
     alive = torch.arange(batch, device=device)  # (b,) original sentence of each cache row
     tokens = torch.full((batch,), BOS_ID, dtype=torch.long, device=device)  # (b,) newest token per row
@@ -155,7 +155,7 @@ def beam_search(model, src: Tensor, *, beam: int = 4, lenpen: float = 0.6, max_l
     batch, device, k = src.size(0), src.device, beam
     if batch == 0:
         return []
-    max_lens = max_output_lengths(src, max_len_a=max_len_a, max_len_b=max_len_b, limit=_position_limit(model))  # (B,)
+    max_lens = max_output_lengths(src, max_len_a=max_len_a, max_len_b=max_len_b, limit=model.max_output_length())  # (B,)
     cache = model.init_cache(model.encode(src))
     cache.reorder(torch.arange(batch, device=device).repeat_interleave(k))  # B -> B*k rows, sentence-major
     sent = torch.arange(batch, device=device)  # (b,) original sentence of each active sentence
@@ -260,10 +260,6 @@ def _log_probs(logits: Tensor) -> Tensor:
     return lprobs
 
 
-def _position_limit(model) -> int | None:
-    """Longest output a model with learned positions can produce; None for sinusoids."""
-    cfg = model.cfg
-    return cfg.max_positions if cfg.positions == "learned" else None
 
 
 def _check_inputs(model, src: Tensor) -> None:

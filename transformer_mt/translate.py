@@ -23,6 +23,7 @@ from transformer_mt import runtime
 from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, unpack_tokenizers
 from transformer_mt.config import Config
 from transformer_mt.data import source_tensor
+from transformer_mt.ensemble import Ensemble
 from transformer_mt.model import Transformer
 from transformer_mt.search import Hypothesis, search
 from transformer_mt.tokenizer import Tokenizer
@@ -33,7 +34,7 @@ class TranslateError(ValueError):
 
 
 def translate_ids(
-    model: Transformer,
+    model: Transformer | Ensemble,
     src_ids: list[list[int]],
     *,
     beam: int = 4,
@@ -85,29 +86,51 @@ class TranslateStats:
 
 
 class Translator:
-    """A model, its tokenizers and decoding settings, ready to translate text."""
+    """A model (or an ensemble of models sharing one tokenizer), its tokenizers and decoding
+    settings, ready to translate text."""
 
-    def __init__(self, model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, cfg: Config, *, device: torch.device, dtype: str = "float32"):
+    def __init__(self, model: Transformer | Ensemble, src_tok: Tokenizer, tgt_tok: Tokenizer, cfg: Config, *,
+                 device: torch.device, dtype: str = "float32", max_src_tokens: int | None = None):
         self.model, self.src_tok, self.tgt_tok, self.cfg = model.eval(), src_tok, tgt_tok, cfg
         self.device, self.dtype = device, dtype
         # The longest source the model accepts: learned positions have a fixed table; EOS takes one place.
-        self.max_src_tokens = cfg.model.max_positions - 1
+        self.max_src_tokens = cfg.model.max_positions - 1 if max_src_tokens is None else max_src_tokens
         self.stats = TranslateStats()
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, *, device: str = "auto", dtype: str = "float32", threads: int = 0) -> "Translator":
+        return cls.from_checkpoints([path], device=device, dtype=dtype, threads=threads)
+
+    @classmethod
+    def from_checkpoints(cls, paths: list[str | os.PathLike], *, device: str = "auto", dtype: str = "float32",
+                         threads: int = 0) -> "Translator":
+        """One checkpoint, or several decoded as an ensemble (mean of their probabilities at every
+        step); an ensemble's members must share the tokenizers. Decoding defaults come from the first."""
+        if not paths:
+            raise TranslateError("give at least one checkpoint (-c FILE)")
         dev = runtime.pick_device(device)
         torch_dtype = runtime.check_dtype(dtype, dev)
         runtime.set_threads(threads)
-        state = load_checkpoint(path)
-        cfg = config_from_checkpoint(state, source=str(path))
-        src_proto, tgt_proto = unpack_tokenizers(state, source=str(path))
-        src_tok, tgt_tok = Tokenizer(src_proto), Tokenizer(tgt_proto)
-        model = Transformer(cfg.model, src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size)
-        model.load_state_dict(state["model"])
-        # Inference in reduced precision: cast the weights once (cheaper per step than autocast).
-        model.to(device=dev, dtype=torch_dtype)
-        return cls(model, src_tok, tgt_tok, cfg, device=dev, dtype=dtype)
+        models, cfgs, first_protos = [], [], None
+        for path in paths:
+            state = load_checkpoint(path)
+            cfg = config_from_checkpoint(state, source=str(path))
+            protos = unpack_tokenizers(state, source=str(path))
+            if first_protos is None:
+                first_protos = protos
+            elif protos != first_protos:
+                raise TranslateError(f"{path}: its sentencepiece models differ from those of {paths[0]}; "
+                                     "an ensemble needs checkpoints trained with the same tokenizer")
+            model = Transformer(cfg.model, src_vocab_size=Tokenizer(protos[0]).vocab_size, tgt_vocab_size=Tokenizer(protos[1]).vocab_size)
+            model.load_state_dict(state["model"])
+            del state
+            # Inference in reduced precision: cast the weights once (cheaper per step than autocast).
+            models.append(model.to(device=dev, dtype=torch_dtype))
+            cfgs.append(cfg)
+        src_tok, tgt_tok = Tokenizer(first_protos[0]), Tokenizer(first_protos[1])
+        max_src = min(c.model.max_positions for c in cfgs) - 1
+        model = models[0] if len(models) == 1 else Ensemble(models)
+        return cls(model, src_tok, tgt_tok, cfgs[0], device=dev, dtype=dtype, max_src_tokens=max_src)
 
     def translate(self, lines: list[str], *, beam: int, lenpen: float, nbest: int = 1, batch_tokens: int | None = None,
                   max_len_a: float | None = None, max_len_b: int | None = None) -> list[list[tuple[float, str]]]:
@@ -138,7 +161,7 @@ class Translator:
             return None
         s = "s" if self.stats.truncated > 1 else ""
         return (f"tmt translate: warning: {self.stats.truncated} input line{s} longer than {self.max_src_tokens} tokens "
-                f"(model.max_positions={self.cfg.model.max_positions}) truncated")
+                f"(model.max_positions={self.max_src_tokens + 1}) truncated")
 
 
 def write_results(results: list[list[tuple[float, str]]], out: TextIO, *, nbest: int, first_index: int) -> None:

@@ -1,0 +1,52 @@
+"""Ensemble decoding: each step's scores against the members' own full teacher-forced passes, and
+beam search over an ensemble of one model twice against that model alone."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from tests.test_model import one_thread, tiny, tokens  # noqa: F401 - one_thread is an autouse fixture
+from transformer_mt.ensemble import Ensemble
+from transformer_mt.search import beam_search, greedy_search
+
+
+def test_step_scores_are_the_log_of_the_members_mean_probability_through_reorders():
+    a, b = tiny(seed=0), tiny(seed=1, positions="learned", max_positions=32)
+    ens = Ensemble([a, b]).eval()
+    src = tokens([5, 3, 4], seed=2)  # (3, 5)
+    tgt_in = tokens([6, 6, 6], bos=True, seed=3)  # (3, 6): BOS + 5 tokens
+    with torch.no_grad():
+        # Independent computation: each member's full forward, probabilities averaged in float64.
+        probs = [torch.softmax(m(src, tgt_in).double(), dim=-1) for m in (a, b)]  # 2 x (3, 6, V)
+        expected = torch.log((probs[0] + probs[1]) / 2)  # (3, 6, V)
+        cache = ens.init_cache(ens.encode(src))
+        rows = torch.arange(3)  # sentence held by each cache row
+        for step in range(tgt_in.size(1)):
+            if step == 2:  # expand to two beams per sentence and shuffle them, as beam search does
+                cache.reorder(torch.tensor([2, 2, 0, 1, 1, 0]))
+                rows = torch.tensor([2, 2, 0, 1, 1, 0])
+            if step == 4:  # drop a finished sentence
+                cache.reorder(torch.tensor([0, 1, 4, 5]))
+                rows = rows[torch.tensor([0, 1, 4, 5])]
+            got = ens.decode_step(tgt_in[rows, step], cache)  # (rows, V)
+            torch.testing.assert_close(got.double(), expected[rows, step], atol=1e-5, rtol=1e-5)
+            assert torch.allclose(got.exp().sum(-1), torch.ones(len(rows)), atol=1e-5)  # a distribution
+
+
+def test_an_ensemble_of_one_model_twice_searches_like_the_model():
+    model = tiny(seed=4)
+    ens = Ensemble([model, model]).eval()
+    src = tokens([7, 4, 6, 2], seed=5)
+    assert [h.tokens for h in greedy_search(model, src)] == [h.tokens for h in greedy_search(ens, src)]
+    alone, both = beam_search(model, src, beam=3, nbest=3), beam_search(ens, src, beam=3, nbest=3)
+    assert [[h.tokens for h in n] for n in alone] == [[h.tokens for h in n] for n in both]
+    for n_alone, n_both in zip(alone, both):
+        for h1, h2 in zip(n_alone, n_both):
+            assert math.isclose(h1.score, h2.score, abs_tol=1e-4)
+
+
+def test_output_limit_is_the_shortest_members():
+    assert Ensemble([tiny(), tiny(positions="learned", max_positions=16)]).max_output_length() == 16
+    assert Ensemble([tiny(), tiny()]).max_output_length() is None  # sinusoids extend to any length

@@ -1,0 +1,63 @@
+"""Several models decoding as one: the search sees the model interface, and each step scores
+tokens by the mean of the members' probabilities.
+
+log p(y) = log((1/N) * sum_i p_i(y)) = logsumexp_i(log p_i(y)) - log N, fairseq's ``EnsembleModel``
+rule (averaging probabilities, not logits or log-probs). Every member keeps its own encoder output
+and decoder cache; ``reorder`` follows the beams in all of them. Members must share the target
+vocabulary (the same sentencepiece model), which the caller checks with the tokenizers.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .model import DecoderCache, EncoderOut, Transformer
+
+
+class EnsembleCache:
+    """One decoder cache per member, reordered together."""
+
+    def __init__(self, caches: list[DecoderCache]):
+        self.caches = caches
+
+    def reorder(self, indices: Tensor) -> None:
+        """Row i becomes old row ``indices[i]`` in every member's cache (see DecoderCache.reorder)."""
+        for cache in self.caches:
+            cache.reorder(indices)
+
+
+class Ensemble(nn.Module):
+    """``encode`` / ``init_cache`` / ``decode_step`` over N Transformers with one target vocabulary."""
+
+    def __init__(self, models: list[Transformer]):
+        super().__init__()
+        if not models:
+            raise ValueError("an ensemble needs at least one model")
+        sizes = {m.output_proj.weight.size(0) for m in models}
+        if len(sizes) != 1:
+            raise ValueError(f"ensemble members have different target vocabularies ({sorted(sizes)} ids); "
+                             "ensemble only models trained with the same tokenizer")
+        self.members = nn.ModuleList(models)
+
+    def max_output_length(self) -> int | None:
+        """The shortest of the members' limits (None when no member has one)."""
+        limits = [m.max_output_length() for m in self.members if m.max_output_length() is not None]
+        return min(limits) if limits else None
+
+    def encode(self, src: Tensor) -> list[EncoderOut]:
+        """src (B, S) -> one EncoderOut per member."""
+        return [m.encode(src) for m in self.members]
+
+    def init_cache(self, encs: list[EncoderOut]) -> EnsembleCache:
+        return EnsembleCache([m.init_cache(enc) for m, enc in zip(self.members, encs)])
+
+    def decode_step(self, tokens: Tensor, cache: EnsembleCache) -> Tensor:
+        """tokens (B,) -> (B, V) float32 log of the members' mean next-token probabilities (normalised
+        log-probs are valid logits: the search's log-softmax leaves them unchanged)."""
+        lprobs = [torch.log_softmax(m.decode_step(tokens, c).float(), dim=-1) for m, c in zip(self.members, cache.caches)]
+        if len(lprobs) == 1:
+            return lprobs[0]
+        return torch.logsumexp(torch.stack(lprobs), dim=0) - math.log(len(lprobs))  # (N, B, V) -> (B, V)
