@@ -54,6 +54,7 @@ def test_quick_json_schema(quick_run):
     assert mm["n"] == 256 and positive(mm["peak_rss_mib"])
     for dtype in ("float32", "bfloat16"):
         assert positive(mm[dtype]["gflops"]) and positive(mm[dtype]["gflops_median"]) and positive(mm[dtype]["seconds_best"])
+        assert mm[dtype]["gflops"] == max(mm[dtype]["gflops_start"], mm[dtype]["gflops_end"])
 
     rows = {(t["model"], t["dtype"]): t for t in r["training"] if t["ops"] == "fast"}
     assert set(rows) == {(m, d) for m in ("reference", "recipe") for d in ("float32", "bfloat16")}
