@@ -44,8 +44,8 @@ class Ensemble(nn.Module):
 
     def max_output_length(self) -> int | None:
         """The shortest of the members' limits (None when no member has one)."""
-        limits = [m.max_output_length() for m in self.members if m.max_output_length() is not None]
-        return min(limits) if limits else None
+        limits = [limit for limit in (m.max_output_length() for m in self.members) if limit is not None]
+        return min(limits, default=None)
 
     def encode(self, src: Tensor) -> list[EncoderOut]:
         """src (B, S) -> one EncoderOut per member."""
@@ -58,6 +58,4 @@ class Ensemble(nn.Module):
         """tokens (B,) -> (B, V) float32 log of the members' mean next-token probabilities (normalised
         log-probs are valid logits: the search's log-softmax leaves them unchanged)."""
         lprobs = [torch.log_softmax(m.decode_step(tokens, c).float(), dim=-1) for m, c in zip(self.members, cache.caches)]
-        if len(lprobs) == 1:
-            return lprobs[0]
         return torch.logsumexp(torch.stack(lprobs), dim=0) - math.log(len(lprobs))  # (N, B, V) -> (B, V)

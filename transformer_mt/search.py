@@ -260,8 +260,6 @@ def _log_probs(logits: Tensor) -> Tensor:
     return lprobs
 
 
-
-
 def _check_inputs(model, src: Tensor) -> None:
     if model.training:
         raise SearchError("the model is in training mode (dropout on); call model.eval() before searching")

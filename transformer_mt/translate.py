@@ -111,26 +111,25 @@ class Translator:
         dev = runtime.pick_device(device)
         torch_dtype = runtime.check_dtype(dtype, dev)
         runtime.set_threads(threads)
-        models, cfgs, first_protos = [], [], None
+        models, cfgs, first_protos, toks = [], [], None, None
         for path in paths:
             state = load_checkpoint(path)
             cfg = config_from_checkpoint(state, source=str(path))
             protos = unpack_tokenizers(state, source=str(path))
             if first_protos is None:
-                first_protos = protos
+                first_protos, toks = protos, (Tokenizer(protos[0]), Tokenizer(protos[1]))  # loaded once, shared
             elif protos != first_protos:
                 raise TranslateError(f"{path}: its sentencepiece models differ from those of {paths[0]}; "
                                      "an ensemble needs checkpoints trained with the same tokenizer")
-            model = Transformer(cfg.model, src_vocab_size=Tokenizer(protos[0]).vocab_size, tgt_vocab_size=Tokenizer(protos[1]).vocab_size)
+            model = Transformer(cfg.model, src_vocab_size=toks[0].vocab_size, tgt_vocab_size=toks[1].vocab_size)
             model.load_state_dict(state["model"])
             del state
             # Inference in reduced precision: cast the weights once (cheaper per step than autocast).
             models.append(model.to(device=dev, dtype=torch_dtype))
             cfgs.append(cfg)
-        src_tok, tgt_tok = Tokenizer(first_protos[0]), Tokenizer(first_protos[1])
         max_src = min(c.model.max_positions for c in cfgs) - 1
         model = models[0] if len(models) == 1 else Ensemble(models)
-        return cls(model, src_tok, tgt_tok, cfgs[0], device=dev, dtype=dtype, max_src_tokens=max_src)
+        return cls(model, *toks, cfgs[0], device=dev, dtype=dtype, max_src_tokens=max_src)
 
     def translate(self, lines: list[str], *, beam: int, lenpen: float, nbest: int = 1, batch_tokens: int | None = None,
                   max_len_a: float | None = None, max_len_b: int | None = None) -> list[list[tuple[float, str]]]:
