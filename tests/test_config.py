@@ -86,6 +86,15 @@ def test_linear_schedule_needs_max_updates_above_warmup(tmp_path):
         load_config(write(tmp_path, "train:\n  lr_schedule: linear\n"))
     assert load_config(write(tmp_path, "train:\n  lr_schedule: linear\n  max_updates: 5000\n")).train.max_updates == 5000
 
+def test_subword_sampling_settings_are_checked(tmp_path):
+    with pytest.raises(ConfigError, match=r"x\.yaml: data\.subword_alpha: 1\.5 is outside \[0, 1\]; use 0 \(off\)"):
+        load_config(write(tmp_path, "data:\n  subword_alpha: 1.5\n"))
+    with pytest.raises(ConfigError, match=r"data\.subword_nbest: 1 samples nothing; use -1"):
+        load_config(write(tmp_path, "data:\n  subword_alpha: 0.3\n  subword_nbest: 1\n"))
+    cfg = load_config(write(tmp_path, "data:\n  subword_alpha: 0.3\n  subword_nbest: 64\n"))
+    assert (cfg.data.subword_alpha, cfg.data.subword_nbest) == (0.3, 64)
+
+
 def test_missing_data_file(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, "data:\n  train_src: nowhere/train.en\n"))

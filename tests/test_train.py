@@ -77,9 +77,11 @@ def test_tiny_model_overfits_64_real_pairs(pairs64, spm_model, tmp_path):
     assert (tmp_path / "run" / "config.yaml").is_file() and (tmp_path / "run" / "checkpoint_best.pt").is_file()
 
 
-def test_resume_gives_the_same_parameters_and_losses(pairs64, spm_model, tmp_path):
+@pytest.mark.parametrize("subword_alpha", [0.0, 0.3])
+def test_resume_gives_the_same_parameters_and_losses(pairs64, spm_model, tmp_path, subword_alpha):
     common = ["train.max_tokens=300", "train.update_freq=2", "train.validate_every=5", "train.valid_bleu_sentences=3",
-              "train.lr_schedule=inverse_sqrt", "train.lr=0.002", "train.warmup_updates=5", "model.dropout=0.1"]
+              "train.lr_schedule=inverse_sqrt", "train.lr=0.002", "train.warmup_updates=5", "model.dropout=0.1",
+              f"data.subword_alpha={subword_alpha}"]  # with sampling, the resumed run re-samples the same pieces
     straight, first, second = [], [], []
     train(tiny_config(pairs64, spm_model, tmp_path / "a", *common, "train.max_updates=20"),
           on_update=lambda u, s: straight.append(s["loss"]))

@@ -35,6 +35,8 @@ class DataConfig:
     max_len_ratio: float = 3.0  # pairs whose longer side has more than this times the tokens of the shorter are dropped
     min_len_for_ratio: int = 5  # the ratio filter applies only when the longer side has at least this many tokens
     cache_dir: str = ""  # where encoded corpora are cached; empty = <train.out_dir>/cache
+    subword_alpha: float = 0.0  # subword regularisation: training pairs re-segmented by sampling every epoch; unigram: smoothing alpha (0.1-0.5, lower = more varied), bpe: BPE-dropout rate (~0.1); 0 = off
+    subword_nbest: int = -1  # unigram sampling among the n best segmentations; -1 = all of them
 
 
 @dataclass
@@ -286,6 +288,10 @@ def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -
         fail("train.valid_beam", f"must be at least 1, got {t.valid_beam}")
     if d.batch_tokens < 1:
         fail("decode.batch_tokens", "must be at least 1")
+    if not 0.0 <= cfg.data.subword_alpha <= 1.0:
+        fail("data.subword_alpha", f"{cfg.data.subword_alpha} is outside [0, 1]; use 0 (off), 0.1-0.5 for unigram or about 0.1 for bpe")
+    if cfg.data.subword_nbest != -1 and cfg.data.subword_nbest < 2:
+        fail("data.subword_nbest", f"{cfg.data.subword_nbest} samples nothing; use -1 (all segmentations) or at least 2")
     if cfg.data.max_len < 1 or cfg.data.max_len_ratio < 1.0:
         fail("data.max_len", "max_len must be >= 1 and max_len_ratio >= 1")
     if cfg.data.max_len + 1 > m.max_positions:  # + EOS on the source, + BOS on the decoder input

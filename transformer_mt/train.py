@@ -57,7 +57,7 @@ from transformer_mt.checkpoint import (
     config_from_checkpoint,
 )
 from transformer_mt.config import Config, ConfigError, load_config, save_config, to_dict
-from transformer_mt.data import Batch
+from transformer_mt.data import Batch, SampledSegmentation
 from transformer_mt.loss import label_smoothed_nll_loss
 from transformer_mt.metrics import read_lines, score
 from transformer_mt.model import Transformer, count_parameters
@@ -179,6 +179,10 @@ class Trainer:
         self.log(f"training data: {self.train_data.summary.format()}")
         if self.train_data.num_pairs == 0:
             raise TrainError(f"{cfg.data.train_src}: no training pairs left after filtering; check the files and data.max_len")
+        if cfg.data.subword_alpha > 0:
+            self.train_data = SampledSegmentation(self.train_data, self.src_tok, self.tgt_tok, alpha=cfg.data.subword_alpha,
+                                                  nbest=cfg.data.subword_nbest, seed=t.seed, max_len=cfg.data.max_len)
+            self.log(f"subword regularisation: training pairs re-segmented every epoch (alpha {cfg.data.subword_alpha:g}, nbest {cfg.data.subword_nbest})")
         if self.valid_data is not None:
             self.log(f"validation data: {self.valid_data.summary.format()}")
         self.train_model: torch.nn.Module = self.model  # what the training forward runs; self.model is saved and validated
@@ -256,6 +260,10 @@ class Trainer:
         try:
             while not reason:
                 batches = self.train_data.batches(p.epoch, max_tokens=t.max_tokens, seed=t.seed)
+                if isinstance(self.train_data, SampledSegmentation) and p.batch_in_epoch == 0:
+                    st = self.train_data.last_stats
+                    self.log(f"epoch {p.epoch}: sampled segmentation in {st['seconds']:.1f} s, pieces x{st['src_piece_ratio']:.3f} (source) "
+                             f"x{st['tgt_piece_ratio']:.3f} (target) of the best segmentation")
                 while p.batch_in_epoch < len(batches) and not reason:
                     group = batches[p.batch_in_epoch:p.batch_in_epoch + world * t.update_freq]  # global batches of this update
                     mine = group[rank::world]
