@@ -337,12 +337,12 @@ class SampledSegmentation:
         tic = time.perf_counter()
         stats: dict[str, float] = {}
         for k, side in enumerate(("src", "tgt")):
-            best = self.base.src_lengths if side == "src" else self.base.tgt_lengths
+            best = getattr(self.base, f"{side}_lengths")
             spm.set_random_generator_seed(int(np.random.SeedSequence([self.seed & 0xFFFF_FFFF, epoch & 0xFFFF_FFFF, k]).generate_state(1)[0]))
             seqs = self._toks[side].sp.encode(self._texts[side], out_type=int, enable_sampling=True, alpha=self.alpha,
                                               nbest_size=self.nbest, num_threads=1)
             lengths = np.fromiter(map(len, seqs), np.int32, count=len(seqs))
-            for i in np.flatnonzero((lengths > self.max_len) | (lengths == 0)).tolist():  # too long this epoch: the best one
+            for i in np.flatnonzero(lengths > self.max_len).tolist():  # too long this epoch: the best one
                 seqs[i] = self.base.pair(i)[k].tolist()
                 lengths[i] = best[i]
             self._tokens[side] = np.fromiter(itertools.chain.from_iterable(seqs), np.int32, count=int(lengths.sum()))
@@ -364,8 +364,7 @@ class SampledSegmentation:
         s, t = int(self._offsets["src"][i]), int(self._offsets["tgt"][i])
         return self._tokens["src"][s:s + self.src_lengths[i]], self._tokens["tgt"][t:t + self.tgt_lengths[i]]
 
-    def get_batch(self, indices: Sequence[int]) -> Batch:
-        return collate([self.pair(int(i)) for i in indices], indices=indices)
+    get_batch = ParallelData.get_batch  # the same collation, over this epoch's pairs
 
 
 def load_parallel(
