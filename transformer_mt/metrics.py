@@ -141,7 +141,9 @@ def _make_metric(name: str, *, lowercase: bool, tokenize: str | None) -> BLEU | 
         if tokenize is not None and tokenize not in BLEU.TOKENIZERS:
             raise MetricsError(f"BLEU tokenizer {tokenize!r} is unknown; choose from {', '.join(BLEU.TOKENIZERS)}")
         try:
-            return BLEU(lowercase=lowercase, tokenize=tokenize)
+            # tokenize="none" declares the text tokenized already: sacreBLEU's "forgot to detokenize?"
+            # warning (its force flag) would only be noise then; the score is the same either way
+            return BLEU(lowercase=lowercase, tokenize=tokenize, force=tokenize == "none")
         except (ImportError, RuntimeError) as exc:  # ja-mecab, ko-mecab, spm need extra packages or downloads
             raise MetricsError(f"BLEU tokenizer {tokenize!r} is unavailable ({exc}); install its extra or use tokenize=13a") from None
     if name == "chrf":
