@@ -2,8 +2,10 @@
 # The Multi30k en-de recipe end to end (issue 6): data, training (at most 60 minutes on CPU), the
 # decoding choices made on val only, then scores on test_2016_flickr.
 #
-#   bash scripts/multi30k_recipe.sh [--from DIR] [--run DIR] [--config FILE]
+#   bash scripts/multi30k_recipe.sh [--from DIR] [--run DIR] [--config FILE] [--data DIR]
 #     --from DIR     copy Multi30k from a folder (default: ../shared/data/multi30k if present, else download)
+#     --data DIR     train, choose and score on DIR/{train,val,test_2016_flickr}.{en,de} instead of the
+#                    copy in data/multi30k (e.g. a preprocessed copy; scores are against DIR's references)
 #     --run DIR      run directory (default runs/multi30k_en_de; an existing run there is resumed,
 #                    a finished one goes straight to the evaluation)
 #     --config FILE  training config (default configs/multi30k_en_de.yaml)
@@ -13,13 +15,14 @@
 # that choice on val and test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-from=""; run=runs/multi30k_en_de; config=configs/multi30k_en_de.yaml
+from=""; run=runs/multi30k_en_de; config=configs/multi30k_en_de.yaml; data=data/multi30k
 while [ $# -gt 0 ]; do
   case "$1" in
     --from) from="$2"; shift 2 ;;
     --run) run="$2"; shift 2 ;;
     --config) config="$2"; shift 2 ;;
-    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
+    --data) data="${2%/}"; shift 2 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "multi30k_recipe.sh: unknown argument '$1'; see --help" >&2; exit 2 ;;
   esac
 done
@@ -31,7 +34,9 @@ if [ -n "$from" ]; then scripts/prepare_multi30k.sh --from "$from"; else scripts
 if [ -f "$run/checkpoint_last.pt" ]; then
   grep -q "stopped at update" "$run/train.log" || $tmt train --resume "$run"
 else
-  $tmt train --config "$config" --set train.out_dir="$run"
+  $tmt train --config "$config" --set train.out_dir="$run" \
+    --set data.train_src="$data/train.en" --set data.train_tgt="$data/train.de" \
+    --set data.valid_src="$data/val.en" --set data.valid_tgt="$data/val.de"
 fi
 grep -E "stopped at update" "$run/train.log" | tail -1
 
@@ -57,7 +62,7 @@ best=-1; best_bleu=-1
 for i in "${!names[@]}"; do
   for lenpen in 0.6 1.0 1.5; do
     # shellcheck disable=SC2086 # models[i] is a list of -c arguments
-    bleu=$($tmt evaluate ${models[$i]} --src data/multi30k/val.en --ref data/multi30k/val.de --beam 5 --lenpen "$lenpen" \
+    bleu=$($tmt evaluate ${models[$i]} --src "$data/val.en" --ref "$data/val.de" --beam 5 --lenpen "$lenpen" \
              -o "$run/eval/val.${names[$i]}.lp$lenpen.de" --json | $py -c 'import json, sys; print(json.load(sys.stdin)["bleu"])')
     echo "  ${names[$i]} lenpen $lenpen: val BLEU $bleu"
     if $py -c "import sys; sys.exit(0 if float('$bleu') > float('$best_bleu') else 1)"; then
@@ -71,7 +76,7 @@ for split in val test_2016_flickr; do
   hyp="$run/eval/$split.hyp.de"
   echo "== $split: ${names[$best]}, beam 5, lenpen $best_lenpen"
   # shellcheck disable=SC2086
-  $tmt evaluate ${models[$best]} --src data/multi30k/$split.en --ref data/multi30k/$split.de --beam 5 --lenpen "$best_lenpen" -o "$hyp"
+  $tmt evaluate ${models[$best]} --src "$data/$split.en" --ref "$data/$split.de" --beam 5 --lenpen "$best_lenpen" -o "$hyp"
   echo "-- lowercased"
-  $tmt bleu --ref data/multi30k/$split.de "$hyp" --lowercase
+  $tmt bleu --ref "$data/$split.de" "$hyp" --lowercase
 done
