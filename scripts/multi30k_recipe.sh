@@ -5,7 +5,8 @@
 #   bash scripts/multi30k_recipe.sh [--from DIR] [--run DIR] [--config FILE] [--data DIR]
 #     --from DIR     copy Multi30k from a folder (default: ../shared/data/multi30k if present, else download)
 #     --data DIR     train, choose and score on DIR/{train,val,test_2016_flickr}.{en,de} instead of the
-#                    copy in data/multi30k (e.g. a preprocessed copy; scores are against DIR's references)
+#                    copy in data/multi30k (e.g. a preprocessed copy; scores are against DIR's references;
+#                    a resumed run keeps the data it started with, so pass the same DIR again)
 #     --run DIR      run directory (default runs/multi30k_en_de; an existing run there is resumed,
 #                    a finished one goes straight to the evaluation)
 #     --config FILE  training config (default configs/multi30k_en_de.yaml)
@@ -22,7 +23,7 @@ while [ $# -gt 0 ]; do
     --run) run="$2"; shift 2 ;;
     --config) config="$2"; shift 2 ;;
     --data) data="${2%/}"; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
     *) echo "multi30k_recipe.sh: unknown argument '$1'; see --help" >&2; exit 2 ;;
   esac
 done

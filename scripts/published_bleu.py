@@ -39,8 +39,8 @@ def moses_pipeline(lang: str):
     normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
 
     def apply(lines: list[str]) -> list[str]:
-        # tokenizer.perl escapes by default (' -> &apos;); every escape maps one character to one
-        # token, so the escaped and unescaped forms score the same, but we keep the files' form.
+        # tokenizer.perl escapes by default (' -> &apos;). Escaping rewrites characters inside tokens,
+        # one to one, so it changes no score; it is kept so the text matches the repository's files.
         return [tokenizer.tokenize(normalizer.normalize(line.lower()), return_str=True, escape=True) for line in lines]
 
     return apply
@@ -50,11 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("hyps", nargs="+", help="detokenized hypothesis files (tmt translate / evaluate output)")
     parser.add_argument("--ref", required=True, help="the detokenized reference file (e.g. data/multi30k/test_2016_flickr.de)")
-    parser.add_argument("--lang", default=None, help="Moses language code of the target (default: the reference's extension, e.g. de)")
+    parser.add_argument("--lang", default=None, help="Moses language code of the target (default: the reference's two-letter extension, e.g. de)")
     parser.add_argument("--json", action="store_true", help="print one JSON object per hypothesis file")
     args = parser.parse_args(argv)
     lang = args.lang or Path(args.ref).suffix.lstrip(".")
-    if not lang:
+    if not args.lang and not (lang.isalpha() and len(lang) == 2):  # "ref.txt" is no language code: ask
         sys.exit(f"published_bleu.py: cannot tell the target language from '{args.ref}'; pass --lang (e.g. --lang de)")
     prepare = moses_pipeline(lang)
     try:
