@@ -27,6 +27,8 @@ A run directory keeps ``checkpoint_last.pt``, ``checkpoint_best.pt`` and numbere
 
 from __future__ import annotations
 
+from transformer_mt.errors import TmtError
+
 import contextlib
 import errno
 import os
@@ -47,7 +49,7 @@ _NUMBERED = re.compile(r"checkpoint_(\d+)\.pt")
 TRAINING_KEYS = ("optimizer", "scheduler", "scaler", "rng", "progress", "metrics")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(TmtError, RuntimeError):
     """A checkpoint problem worded for the user: one line naming the path and the fix."""
 
 

@@ -9,6 +9,8 @@ with one line that names the file, the key and what to change. Dotted overrides
 
 from __future__ import annotations
 
+from transformer_mt.errors import TmtError
+
 import dataclasses
 import difflib
 import os
@@ -19,7 +21,7 @@ from typing import Any, get_type_hints
 import yaml
 
 
-class ConfigError(ValueError):
+class ConfigError(TmtError, ValueError):
     """A configuration mistake, worded for the user (one line, names the key and the fix)."""
 
 

@@ -42,6 +42,8 @@ on ``numpy.random.default_rng([seed, epoch])`` (a seed sequence, so that (seed=1
 
 from __future__ import annotations
 
+from transformer_mt.errors import TmtError
+
 import dataclasses
 import hashlib
 import itertools
@@ -69,7 +71,7 @@ _FINGERPRINT_BYTES = 1 << 16  # head and tail hashed into the cache key
 _INDEX_FILES = {"offsets": np.int64, "lengths": np.int32}
 
 
-class DataError(ValueError):
+class DataError(TmtError, ValueError):
     """A corpus problem worded for the user: one line naming the file, the line and the fix."""
 
 

@@ -12,6 +12,8 @@ TER keeps sacreBLEU's default, which is already case-insensitive (TERCOM's behav
 
 from __future__ import annotations
 
+from transformer_mt.errors import TmtError
+
 import json
 import os
 from pathlib import Path
@@ -22,7 +24,7 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 METRICS = ("bleu", "chrf", "ter")
 
 
-class MetricsError(ValueError):
+class MetricsError(TmtError, ValueError):
     """A scoring problem worded for the user (names the file or the counts, and the fix)."""
 
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .config import ModelConfig
+from .config import ConfigError, ModelConfig
 from .loss import projected_label_smoothed_loss
 from .tokenizer import PAD_ID
 
@@ -342,14 +342,14 @@ def _run_length(ids: Tensor) -> int:
 def _check(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
     for key, allowed in (("norm", ("post", "pre")), ("activation", ("relu", "gelu")), ("positions", ("sinusoidal", "learned"))):
         if getattr(cfg, key) not in allowed:
-            raise ValueError(f"model.{key}={getattr(cfg, key)!r} is not one of {', '.join(allowed)}")
+            raise ConfigError(f"model.{key}={getattr(cfg, key)!r} is not one of {', '.join(allowed)}")
     if (not cfg.head_dim or not cfg.value_dim) and cfg.d_model % cfg.heads:
-        raise ValueError(
+        raise ConfigError(
             f"model.d_model={cfg.d_model} is not divisible by model.heads={cfg.heads}; "
             "choose d_model as a multiple of heads or set model.head_dim and model.value_dim"
         )
     if cfg.share_all_embeddings and src_vocab_size != tgt_vocab_size:
-        raise ValueError(
+        raise ConfigError(
             f"model.share_all_embeddings needs one vocabulary, but src_vocab_size={src_vocab_size} != tgt_vocab_size={tgt_vocab_size}; "
             "use a joint tokenizer (tokenizer.joint: true) or set model.share_all_embeddings: false"
         )

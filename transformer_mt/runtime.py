@@ -3,6 +3,8 @@ collectives a data-parallel run needs (join the job, run on rank 0 and share, su
 
 from __future__ import annotations
 
+from transformer_mt.errors import TmtError
+
 import contextlib
 import os
 import random
@@ -13,7 +15,7 @@ import numpy as np
 import torch
 
 
-class RuntimeSetupError(ValueError):
+class RuntimeSetupError(TmtError, ValueError):
     """A device or precision request this machine cannot honour."""
 
 
@@ -108,7 +110,7 @@ def dist_info() -> DistInfo:
 DIST_TIMEOUT_MINUTES = 60
 
 
-class DistributedError(RuntimeError):
+class DistributedError(TmtError, RuntimeError):
     """Another rank of a distributed run failed; its message is repeated here."""
 
 

@@ -23,6 +23,8 @@ Conventions shared by both searches (and by :class:`Hypothesis`):
 
 from __future__ import annotations
 
+from transformer_mt.errors import TmtError
+
 import math
 from dataclasses import dataclass
 
@@ -41,7 +43,7 @@ class Hypothesis:
     logprob: float  # sum of token log-probs, EOS included when present
 
 
-class SearchError(ValueError):
+class SearchError(TmtError, ValueError):
     """A search request that cannot be honoured, worded for the user."""
 
 

@@ -11,6 +11,8 @@ sentencepiece model is trained (sentencepiece's own defaults disable padding):
 
 from __future__ import annotations
 
+from transformer_mt.errors import TmtError
+
 import io
 import os
 import sys
@@ -23,7 +25,7 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
 
 
-class TokenizerError(ValueError):
+class TokenizerError(TmtError, ValueError):
     """A tokenizer problem worded for the user."""
 
 

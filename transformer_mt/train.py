@@ -31,6 +31,8 @@ GPUs, one GPU per process; Gloo on CPU) and trains a DistributedDataParallel rep
 
 from __future__ import annotations
 
+from transformer_mt.errors import TmtError
+
 import contextlib
 import functools
 import json
@@ -67,7 +69,7 @@ from transformer_mt.tokenizer import PAD_ID, Tokenizer
 from transformer_mt.translate import translate_ids
 
 
-class TrainError(RuntimeError):
+class TrainError(TmtError, RuntimeError):
     """A training problem worded for the user."""
 
 

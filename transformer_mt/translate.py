@@ -9,6 +9,8 @@ order); `Translator` adds the checkpoint, the tokenizers and the text rules:
 
 from __future__ import annotations
 
+from transformer_mt.errors import TmtError
+
 import os
 import select
 import sys
@@ -29,7 +31,7 @@ from transformer_mt.search import Hypothesis, search
 from transformer_mt.tokenizer import Tokenizer
 
 
-class TranslateError(ValueError):
+class TranslateError(TmtError, ValueError):
     """A translation problem worded for the user."""
 
 

@@ -1,0 +1,38 @@
+"""`tmt train` and `tmt preprocess`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from transformer_mt.cli.app import app
+
+
+@app.command()
+def train(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config (see configs/)."),
+    set_: List[str] = typer.Option([], "--set", "-s", help="Override one value: section.key=value (repeatable)."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Run directory to continue exactly where it stopped."),
+    device: Optional[str] = typer.Option(None, "--device", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps; same as --set train.device=..."),
+) -> None:
+    """Train a model with teacher forcing (writes checkpoints, logs and metrics to train.out_dir)."""
+    from transformer_mt.train import train_from_cli
+
+    overrides = list(set_) + ([f"train.device={device}"] if device else [])
+    train_from_cli(config=config, overrides=overrides, resume=resume)
+
+
+@app.command()
+def preprocess(
+    config: Path = typer.Option(..., "--config", "-c", help="YAML config, the one `tmt train` will use."),
+    set_: List[str] = typer.Option([], "--set", "-s", help="Override one value: section.key=value (repeatable)."),
+) -> None:
+    """Encode the corpora once into the memory-mapped cache `tmt train` reads (for large corpora and multi-GPU runs)."""
+    from transformer_mt.config import load_config
+    from transformer_mt.prepare import preprocess as preprocess_corpora
+
+    for data in preprocess_corpora(load_config(config, set_), log=lambda msg: typer.echo(msg, err=True)):
+        if data is not None:
+            typer.echo(data.summary.format())
