@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from transformer_mt.cli import score, tokenize, train, translate  # noqa: F401 - register the commands
+from transformer_mt.cli import evaluate, score, tokenize, train, translate  # noqa: F401 - register the commands
 from transformer_mt.cli.app import app
 from transformer_mt.errors import TmtError
 
