@@ -4,7 +4,7 @@ A YAML file has up to five top-level sections, ``data``, ``tokenizer``, ``model`
 ``train`` and ``decode``; every field has a default, so a file states only what it
 changes. Unknown keys, wrong types and impossible values raise :class:`ConfigError`
 with one line that names the file, the key and what to change. Dotted overrides
-(``model.layers=3``) go through the same checks.
+(``model.encoder_layers=3``) go through the same checks.
 """
 
 from __future__ import annotations
@@ -132,7 +132,6 @@ class Config:
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
 
-SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)}
 _SECTION_TYPES = get_type_hints(Config)
 CHOICES = {
     "tokenizer.model_type": ("unigram", "bpe"),
@@ -231,7 +230,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
                 _apply(cfg, section, str(key), value, str(path))
     for item in overrides or []:
         if "=" not in item or "." not in item.split("=", 1)[0]:
-            raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. model.layers=3")
+            raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. model.encoder_layers=3")
         dotted, value = item.split("=", 1)
         section, key = dotted.strip().split(".", 1)
         _apply(cfg, section, key, yaml.safe_load(value) if value.strip() else "", f"--set {dotted.strip()}")
