@@ -39,6 +39,7 @@ def config(corpus_slice, tmp_path):
     return path
 
 
+@pytest.mark.slow  # trains a tokenizer, encodes 2100 pairs and runs `tmt train`
 def test_preprocess_reads_back_direct_encoding_in_chunks_and_train_reuses_it(config, corpus_slice, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(data_module, "CHUNK_LINES", 300)
     sizes = []

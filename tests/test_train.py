@@ -47,6 +47,7 @@ def tiny_config(files, spm_model, out_dir, *extra):
     ])
 
 
+@pytest.mark.slow
 def test_tiny_model_overfits_64_real_pairs(pairs64, spm_model, tmp_path):
     cfg = tiny_config(pairs64, spm_model, tmp_path / "run", "model.dropout=0.0", "train.label_smoothing=0.0",
                       "train.lr_schedule=inverse_sqrt", "train.lr=0.003", "train.warmup_updates=30",
@@ -77,6 +78,7 @@ def test_tiny_model_overfits_64_real_pairs(pairs64, spm_model, tmp_path):
     assert (tmp_path / "run" / "config.yaml").is_file() and (tmp_path / "run" / "checkpoint_best.pt").is_file()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("subword_alpha", [0.0, 0.3])
 def test_resume_gives_the_same_parameters_and_losses(pairs64, spm_model, tmp_path, subword_alpha):
     common = ["train.max_tokens=300", "train.update_freq=2", "train.validate_every=5", "train.valid_bleu_sentences=3",
@@ -104,6 +106,7 @@ def test_resume_gives_the_same_parameters_and_losses(pairs64, spm_model, tmp_pat
 
 
 
+@pytest.mark.slow
 def test_numbered_checkpoints_follow_save_every_between_validations(pairs64, spm_model, tmp_path):
     out = tmp_path / "run"
     train(tiny_config(pairs64, spm_model, out, "train.max_tokens=300", "train.validate_every=4", "train.save_every=3",
@@ -114,6 +117,7 @@ def test_numbered_checkpoints_follow_save_every_between_validations(pairs64, spm
         assert load_checkpoint(out / f"checkpoint_{update}.pt")["progress"]["update"] == update
 
 
+@pytest.mark.slow
 def test_failed_save_keeps_the_last_good_checkpoint(pairs64, spm_model, tmp_path, monkeypatch):
     cfg = tiny_config(pairs64, spm_model, tmp_path / "run", "train.max_updates=12", "train.validate_every=4",
                       "train.valid_bleu_sentences=-1", "train.max_tokens=300")
@@ -136,6 +140,7 @@ def test_failed_save_keeps_the_last_good_checkpoint(pairs64, spm_model, tmp_path
     assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith(".") or p.suffix == ".tmp"]
 
 
+@pytest.mark.slow
 def test_sigint_saves_a_resumable_checkpoint(pairs64, spm_model, tmp_path):
     run = tmp_path / "run"
     cfg_path = tmp_path / "cfg.yaml"
@@ -200,6 +205,7 @@ def test_invalid_utf8_names_file_and_line(tmp_path, spm_model, capsys):
     assert code == 2 and err.count("\n") == 1 and "a.en" in err and ":3" in err and "UTF-8" in err
 
 
+@pytest.mark.slow
 def test_existing_run_is_not_overwritten(pairs64, spm_model, tmp_path):
     cfg = tiny_config(pairs64, spm_model, tmp_path / "run", "train.max_updates=1", "train.valid_bleu_sentences=-1")
     train(cfg)
@@ -207,6 +213,7 @@ def test_existing_run_is_not_overwritten(pairs64, spm_model, tmp_path):
         train(cfg)
 
 
+@pytest.mark.slow
 def test_empty_lines_and_long_pairs_are_dropped_and_counted(tmp_path, pairs64, spm_model, capsys):
     src = head(pairs64["train.en"], 20)
     tgt = head(pairs64["train.de"], 20)
