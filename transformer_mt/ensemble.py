@@ -14,7 +14,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .model import DecoderCache, EncoderOut, Transformer
+from .cache import DecoderCache
+from .model import EncoderOut, Transformer
 
 
 class EnsembleCache:

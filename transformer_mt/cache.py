@@ -1,0 +1,109 @@
+"""The decoder's key/value cache for incremental decoding: a small object the search owns.
+
+:meth:`Transformer.init_cache <transformer_mt.model.Transformer.init_cache>` builds one per batch and
+:meth:`~transformer_mt.model.Transformer.decode_step` writes to it; the search only calls
+:meth:`DecoderCache.reorder` (expand rows to beams, follow beam reshuffles, drop finished sentences).
+
+Shapes: R rows (hypotheses), G groups of rows that translate the same sentence, L decoder layers,
+H heads, S source length, Dk / Dv key / value size per head. Masks: ``src_pad`` True = padding
+position; ``cross_allowed`` True = this query may attend to this key (the model's conventions).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class DecoderCache:
+    """Incremental-decoding state for one batch: per decoder layer, self-attention K/V grown by one
+    position per step, and cross-attention K/V computed once from the encoder output; plus the source
+    padding mask and the number of positions decoded so far (`length`).
+
+    Tensors: ``self_k`` and ``self_v``, per layer (capacity, R, H, Dk|Dv) for the R rows (hypotheses),
+    time-major so that the filled positions [0, length) are one contiguous block: a reorder copies
+    exactly them. Capacity doubles when full, so appending a step copies only the new position
+    (amortised), unlike re-concatenating the prefix.
+    Source side, stored once per *group* of ``group`` consecutive rows that translate the same
+    sentence (the beams of a sentence): ``cross_k`` (L, G, H, S, Dk), ``cross_v`` (L, G, H, S, Dv),
+    ``src_pad`` (G, S) bool True = pad, ``cross_allowed`` (G, 1, 1, S) bool True = attend, R = G * group.
+    A sentence's beams then query one copy of its encoder output, beam reorders never copy it, and
+    dropping a finished sentence copies 1/group of what per-row storage would.
+    """
+
+    def __init__(self, cross_k: Tensor, cross_v: Tensor, src_pad: Tensor, cross_allowed: Tensor):
+        """cross_k (L, B, H, S, Dk), cross_v (L, B, H, S, Dv), src_pad (B, S) True = pad, and the model's
+        cross-attention mask built from it, cross_allowed (B, 1, 1, S) True = attend."""
+        self.cross_k, self.cross_v, self.src_pad = cross_k, cross_v, src_pad
+        self.cross_allowed = cross_allowed
+        self.group = 1
+        # Which original sentence each row and each group holds: rows of one sentence share its cross K/V.
+        self._row_source = torch.arange(src_pad.size(0), device=src_pad.device)
+        self._group_source = self._row_source
+        self.reset()
+
+    @property
+    def batch_size(self) -> int:
+        """Rows (hypotheses) in the batch."""
+        return self._row_source.size(0)
+
+    def reset(self) -> None:
+        """Forget the decoded prefix (self-attention K/V, length = 0); the source side stays as it is."""
+        self.self_k: list[Tensor] | None = None
+        self.self_v: list[Tensor] | None = None
+        self.length = 0
+
+    def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Write k (R, H, n, Dk), v (R, H, n, Dv) at positions [length, length + n) of ``layer`` and return
+        that layer's keys (R, H, length + n, Dk) and values (R, H, length + n, Dv) (strided views, no copy).
+        Every layer writes the same positions; the caller advances ``length`` once all layers are done."""
+        start, end = self.length, self.length + k.size(2)
+        if self.self_k is None or end > self.self_k[0].size(0):
+            self._grow(k, v, capacity=max(16, 2 * end))
+        self.self_k[layer][start:end] = k.permute(2, 0, 1, 3)  # (R, H, n, Dk) -> (n, R, H, Dk)
+        self.self_v[layer][start:end] = v.permute(2, 0, 1, 3)
+        # (T, R, H, D) -> (R, H, T, D): SDPA reads the strides, the last dimension stays contiguous
+        return self.self_k[layer][:end].permute(1, 2, 0, 3), self.self_v[layer][:end].permute(1, 2, 0, 3)
+
+    def _grow(self, k: Tensor, v: Tensor, *, capacity: int) -> None:
+        """Per layer, time-major buffers (capacity, R, H, D): the filled prefix [:length] is contiguous,
+        so reorder() copies exactly it, straight into the new buffer."""
+        n_layers, (rows, h, _, dk), dv = self.cross_k.size(0), k.shape, v.size(-1)
+        new_k = [k.new_empty(capacity, rows, h, dk) for _ in range(n_layers)]
+        new_v = [v.new_empty(capacity, rows, h, dv) for _ in range(n_layers)]
+        if self.self_k is not None:
+            for new, old in zip(new_k + new_v, self.self_k + self.self_v):
+                new[: self.length] = old[: self.length]
+        self.self_k, self.self_v = new_k, new_v
+
+    def reorder(self, indices: Tensor) -> None:
+        """Row i becomes old row ``indices[i]`` (LongTensor (R',), any R'), for every tensor of the cache:
+        expand to B*beam, reorder beams, drop finished sentences."""
+        if self.self_k is not None:
+            n = self.length
+            for buffers in (self.self_k, self.self_v):
+                for i, old in enumerate(buffers):
+                    buffers[i] = old.new_empty(old.size(0), indices.size(0), *old.shape[2:])  # (capacity, R', H, D)
+                    if old.requires_grad:  # autograd has no out= form (only outside inference_mode / no_grad)
+                        buffers[i][:n] = old[:n].index_select(1, indices)
+                    else:
+                        torch.index_select(old[:n], 1, indices, out=buffers[i][:n])  # the filled prefix only
+        row_source = self._row_source.index_select(0, indices)  # (R',) sentence of each new row
+        group = _run_length(row_source)
+        if row_source.size(0) % group or not bool((row_source.view(-1, group) == row_source[::group, None]).all()):
+            group = 1  # rows are not in equal runs of one sentence: one source copy per row
+        group_source = row_source[::group]  # (G',)
+        if not torch.equal(group_source, self._group_source):
+            # Where each sentence sits among the current groups (any copy will do: they are equal).
+            where = torch.empty(int(self._group_source.max()) + 1, dtype=torch.long, device=indices.device)
+            where[self._group_source] = torch.arange(self._group_source.size(0), device=indices.device)
+            sel = where.index_select(0, group_source)
+            self.cross_k, self.cross_v = self.cross_k.index_select(1, sel), self.cross_v.index_select(1, sel)
+            self.src_pad, self.cross_allowed = self.src_pad.index_select(0, sel), self.cross_allowed.index_select(0, sel)
+        self._row_source, self._group_source, self.group = row_source, group_source, group
+
+
+def _run_length(ids: Tensor) -> int:
+    """Length of the leading run of equal values in ``ids`` (N,), N > 0."""
+    differs = (ids != ids[0]).nonzero()
+    return int(differs[0, 0]) if differs.numel() else ids.size(0)
