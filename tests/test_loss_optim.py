@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.conftest import head
+from transformer_mt import kernels
 from transformer_mt.config import ModelConfig, TrainConfig
 from transformer_mt.data import collate
-from transformer_mt import loss as loss_module
 from transformer_mt.loss import label_smoothed_nll_loss, perplexity, projected_label_smoothed_loss
 from transformer_mt.optim import Scheduler, build_optimizer, build_scheduler, inverse_sqrt_lr, linear_lr, noam_lr, param_groups
 from transformer_mt.tokenizer import PAD_ID, Tokenizer
@@ -86,7 +86,7 @@ def test_epsilon_zero_is_cross_entropy_and_bf16_is_computed_in_float32(logits_an
 def test_fused_projection_loss_equals_logits_then_loss_in_value_and_gradients(monkeypatch, eps):
     """Against the per-token loop (values) and autograd through h @ W.T + label_smoothed_nll_loss
     (gradients of h and W), in chunks of 2 rows, with padding labels on some rows."""
-    monkeypatch.setattr(loss_module, "_CHUNK_BYTES", 2 * 4 * 13)  # 2 rows of 13 float32 per chunk
+    monkeypatch.setattr(kernels, "_CHUNK_BYTES", 2 * 4 * 13)  # 2 rows of 13 float32 per chunk
     g = torch.Generator().manual_seed(1)
     h = (torch.randn(7, 6, generator=g) * 2).requires_grad_(True)
     w = torch.randn(13, 6, generator=g).requires_grad_(True)
@@ -125,7 +125,7 @@ def test_fused_loss_in_the_model_equals_the_logits_path(spm_model, multi30k):
 
 
 def test_cpu_dropout_rate_scale_gradient_and_seed():
-    from transformer_mt.model import dropout
+    from transformer_mt.kernels import dropout
 
     x = torch.ones(1000, 1000, requires_grad=True)
     torch.manual_seed(0)
@@ -141,6 +141,37 @@ def test_cpu_dropout_rate_scale_gradient_and_seed():
     assert dropout(x, 0.3, False) is x and dropout(x, 0.0, True) is x
     rows = dropout(torch.ones(4, 8192), 0.5, True) != 0  # no lane of the random words is biased
     assert all(abs(r.float().mean().item() - 0.5) < 0.05 for r in rows.view(4, -1, 4).unbind(-1))
+
+
+def test_reference_ops_switch_selects_the_plain_equivalents():
+    """use_reference_ops(True): dropout is F.dropout itself (the same mask for the same seed) and the
+    projected loss is logits then label_smoothed_nll_loss, bit for bit; the context form restores."""
+    x = torch.randn(64, 32)
+    g = torch.Generator().manual_seed(2)
+    h, w = torch.randn(9, 8, generator=g), torch.randn(11, 8, generator=g)
+    target = torch.randint(4, 11, (9,), generator=g)
+    target[3] = PAD_ID
+    assert not kernels.reference_ops()
+    with kernels.use_reference_ops(True):
+        assert kernels.reference_ops()
+        torch.manual_seed(5)
+        ours = kernels.dropout(x, 0.3, True)
+        torch.manual_seed(5)
+        assert torch.equal(ours, F.dropout(x, 0.3, True))
+        plain = projected_label_smoothed_loss(h, w, target, epsilon=0.1)
+        want = label_smoothed_nll_loss(h @ w.t(), target, epsilon=0.1)
+        assert torch.equal(plain[0], want[0]) and torch.equal(plain[1], want[1]) and plain[2] == want[2] == 8
+    assert not kernels.reference_ops()  # the block's setting is gone
+    torch.manual_seed(5)
+    assert not torch.equal(kernels.dropout(x, 0.3, True), ours)  # the 64-bit-word kernel draws another mask
+    fused = projected_label_smoothed_loss(h, w, target, epsilon=0.1)
+    assert fused[0].item() == pytest.approx(plain[0].item(), rel=1e-5) and fused[2] == 8
+    try:  # the plain call form switches until switched back
+        kernels.use_reference_ops(True)
+        assert kernels.reference_ops()
+    finally:
+        kernels.use_reference_ops(False)
+    assert not kernels.reference_ops()
 
 
 def test_perplexity_is_exp_of_nll_per_token():

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from transformer_mt import kernels
 from transformer_mt.tokenizer import PAD_ID
 
 
@@ -73,82 +74,6 @@ def perplexity(nll_sum: float | torch.Tensor, ntokens: int) -> float:
         return math.inf
 
 
-# Rows of the (N, V) logits handled at once by projected_label_smoothed_loss: chunks of at most
-# 16 MiB of float32 stay below glibc's largest mmap threshold (32 MiB), so after the first step their
-# memory comes back from the heap instead of fresh pages (first-touch page faults cost as much as the
-# softmax itself for a (2048, 8000) tensor on 2 cores).
-_CHUNK_BYTES = 16 * 2**20
-
-
-class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
-    """Per-row label-smoothed loss and NLL of ``h @ weight.T``, fused with the vocabulary projection.
-
-    Forward keeps each chunk's softmax (float32, in the chunk's logits buffer); backward turns it in
-    place into d loss / d logits = w * (softmax - q), q the smoothed target distribution, and
-    multiplies back through the projection. Compared with ``log_softmax`` + ``gather`` + ``sum``
-    under autograd this makes two passes over the (N, V) tensor instead of about eight, and never
-    allocates the (N, V) logits or their gradient in one piece.
-    """
-
-    @staticmethod
-    def forward(ctx, h: Tensor, weight: Tensor, target: Tensor, epsilon: float, ignore_index: int, compute_dtype: torch.dtype):  # noqa: ANN001, PLR0913
-        vocab = weight.size(0)
-        rows = max(1, _CHUNK_BYTES // (4 * vocab))
-        eps_i = epsilon / (vocab - 1) if epsilon > 0 else 0.0
-        pad = target == ignore_index
-        safe = target.masked_fill(pad, 0)
-        w = weight.to(compute_dtype)
-        probs, lse_parts, tgt_parts, sum_parts = [], [], [], []
-        for start in range(0, h.size(0), rows):
-            x = h[start:start + rows].to(compute_dtype) @ w.t()  # (n, V) logits
-            x = x.to(torch.promote_types(x.dtype, torch.float32))  # bf16 / fp16: the softmax in float32
-            tgt_parts.append(x.gather(1, safe[start:start + rows, None]).squeeze(1))
-            if epsilon > 0:
-                sum_parts.append(x.sum(1))
-            m = x.amax(1, keepdim=True)
-            x.sub_(m).exp_()
-            z = x.sum(1, keepdim=True)
-            x.div_(z)  # softmax, kept for backward
-            lse_parts.append((m + z.log()).squeeze(1))
-            probs.append(x)
-        lse = torch.cat(lse_parts)
-        nll = (lse - torch.cat(tgt_parts)).masked_fill_(pad, 0.0)
-        if epsilon > 0:
-            smooth = (vocab * lse - torch.cat(sum_parts)).masked_fill_(pad, 0.0)  # sum over v of -log p(v)
-            loss = (1.0 - epsilon - eps_i) * nll + eps_i * smooth
-        else:
-            loss = nll.clone()
-        ctx.save_for_backward(h, weight, safe, pad)
-        ctx.probs, ctx.rows, ctx.eps, ctx.eps_i, ctx.compute_dtype = probs, rows, epsilon, eps_i, compute_dtype
-        ctx.mark_non_differentiable(nll)
-        return loss, nll
-
-    @staticmethod
-    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor):  # noqa: ANN001, ANN205, ARG004
-        h, weight, safe, pad = ctx.saved_tensors
-        if ctx.probs is None:
-            raise RuntimeError("projected_label_smoothed_loss: backward called twice (its buffers are reused in place)")
-        probs, ctx.probs = ctx.probs, None
-        cdt = ctx.compute_dtype
-        w = weight.to(cdt)
-        row_w = grad_loss.to(probs[0].dtype).masked_fill(pad, 0.0) if probs else grad_loss
-        grad_h = torch.empty(h.shape, dtype=h.dtype, device=h.device) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32), device=weight.device) if ctx.needs_input_grad[1] else None
-        on_target = -(1.0 - ctx.eps - ctx.eps_i)
-        for i, g in enumerate(probs):  # g: softmax of chunk i -> gradient of its logits, in place
-            sl = slice(i * ctx.rows, i * ctx.rows + g.size(0))
-            if ctx.eps_i:
-                g.sub_(ctx.eps_i)
-            g.scatter_add_(1, safe[sl, None], g.new_full((g.size(0), 1), on_target))
-            g.mul_(row_w[sl, None])
-            g = g.to(cdt)
-            if grad_h is not None:
-                grad_h[sl] = g @ w
-            if grad_w is not None:
-                grad_w.add_(g.t() @ h[sl].to(cdt))
-        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None
-
-
 def projected_label_smoothed_loss(
     h: Tensor, weight: Tensor, target: Tensor, *, epsilon: float, ignore_index: int = PAD_ID
 ) -> tuple[Tensor, Tensor, int]:
@@ -156,11 +81,11 @@ def projected_label_smoothed_loss(
 
     h: (N, D) decoder states at the label positions; weight: (V, D) output projection (no bias);
     target: (N,). Same returns and same numbers (float32 loss) as :func:`label_smoothed_nll_loss`.
-    Under autocast the projection runs in the autocast dtype, the softmax in float32.
+    Runs the fused kernel :func:`~transformer_mt.kernels.fused_projected_label_smoothed_loss`, or,
+    under :func:`~transformer_mt.kernels.use_reference_ops`, its plain equivalent: the logits, then
+    :func:`label_smoothed_nll_loss`.
     """
     _check_epsilon(epsilon, weight.size(0))
-    kind = h.device.type
-    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else h.dtype
-    with torch.autocast(kind, enabled=False):
-        loss, nll = _ProjectedLabelSmoothedLoss.apply(h, weight, target, float(epsilon), ignore_index, dtype)
-    return loss.sum(), nll.sum(), int(target.ne(ignore_index).sum())
+    if kernels.reference_ops():
+        return label_smoothed_nll_loss(F.linear(h, weight), target, epsilon=epsilon, ignore_index=ignore_index)  # (N, V) logits
+    return kernels.fused_projected_label_smoothed_loss(h, weight, target, epsilon=epsilon, ignore_index=ignore_index)

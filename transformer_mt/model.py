@@ -27,6 +27,7 @@ from torch import Tensor, nn
 
 from .cache import DecoderCache
 from .config import ConfigError, ModelConfig
+from .kernels import dropout
 from .loss import projected_label_smoothed_loss
 from .tokenizer import PAD_ID
 
@@ -50,43 +51,6 @@ def _allowed(pad: Tensor, *, causal: bool = False) -> Tensor:
         allowed = allowed & torch.ones(pad.size(1), pad.size(1), dtype=torch.bool, device=pad.device).tril()
     # A row with no allowed key (all-pad sentence, or a left-pad query) attends everywhere instead of giving NaN.
     return allowed | ~allowed.any(-1, keepdim=True)
-
-
-class _CpuDropout(torch.autograd.Function):
-    """Inverted dropout with the keep mask drawn from 16-bit lanes of 64-bit random words.
-
-    ``F.dropout`` on CPU draws one mt19937 number per element through ``bernoulli_``, which measured
-    ~7 ms for a (2048, 256) float32 tensor on 2 cores (a quarter of a small model's training step);
-    one 64-bit word per four elements costs ~0.6 ms. The drop probability is rounded to a multiple of
-    1/65536 and the scale is 1 / (1 - that probability), so the output stays unbiased. The mask is
-    saved as bool (1 byte per element) for the backward pass.
-    """
-
-    @staticmethod
-    def forward(ctx, x: Tensor, p: float) -> Tensor:  # noqa: ANN001 - autograd signature
-        n = x.numel()
-        words = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
-        lanes = words.view(torch.int16)[:n].view(x.shape)  # uniform over [-32768, 32767]
-        drop = round(p * 65536)
-        keep = lanes >= drop - 32768  # P(keep) = (65536 - drop) / 65536
-        scale = 65536.0 / (65536 - drop)
-        ctx.save_for_backward(keep)
-        ctx.scale = scale
-        return x * keep * scale
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):  # noqa: ANN001, ANN205 - autograd signature
-        (keep,) = ctx.saved_tensors
-        return grad * keep * ctx.scale, None
-
-
-def dropout(x: Tensor, p: float, training: bool) -> Tensor:
-    """``F.dropout`` semantics (inverted dropout, identity in eval); a faster mask generator on CPU."""
-    if not training or p == 0.0:
-        return x
-    if x.device.type != "cpu" or p >= 1.0 or round(p * 65536) == 0:
-        return F.dropout(x, p, True)
-    return _CpuDropout.apply(x, p)
 
 
 def sinusoids(length: int, d_model: int, *, device: torch.device | str | None = None) -> Tensor:

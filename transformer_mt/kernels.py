@@ -1,0 +1,189 @@
+"""Hand-written CPU kernels beside their plain torch equivalents, and the one switch between them.
+
+Two kernels, each a measured CPU speed-up with the same numbers (up to float rounding) as its plain form:
+
+==============================================  =====================================================
+hand-written (default)                          plain equivalent (``use_reference_ops(True)``)
+==============================================  =====================================================
+:func:`dropout`: keep masks from 16-bit lanes   ``F.dropout``
+of 64-bit random words (:class:`_CpuDropout`)
+:func:`fused_projected_label_smoothed_loss`:    logits ``F.linear(h, weight)``, then
+vocabulary projection fused with the            :func:`transformer_mt.loss.label_smoothed_nll_loss`
+label-smoothed loss in row chunks               (the switch is read by
+                                                :func:`transformer_mt.loss.projected_label_smoothed_loss`)
+==============================================  =====================================================
+
+The switch is module state for the whole process, read at every call; the benchmark's "plain ops"
+rows turn it on to measure the baseline of the speed-ups (instead of patching functions):
+
+    use_reference_ops(True)             # from now on
+    with use_reference_ops(True): ...   # only inside the block; the previous setting comes back after
+
+Off CPU, ``dropout`` always uses ``F.dropout`` (the lane trick pays only where bernoulli_ is slow).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+_reference_ops = False
+
+
+class _Restore:
+    """What :func:`use_reference_ops` returns: as a context manager, puts the previous setting back on exit."""
+
+    def __init__(self, previous: bool):
+        self.previous = previous
+
+    def __enter__(self) -> _Restore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        global _reference_ops
+        _reference_ops = self.previous
+
+
+def use_reference_ops(enabled: bool = True) -> _Restore:
+    """Run the plain torch equivalents (True) or the hand-written kernels (False) from now on; usable as
+    ``with use_reference_ops(True):`` to switch for one block only."""
+    global _reference_ops
+    previous, _reference_ops = _reference_ops, bool(enabled)
+    return _Restore(previous)
+
+
+def reference_ops() -> bool:
+    """Whether the plain equivalents are in use (see :func:`use_reference_ops`)."""
+    return _reference_ops
+
+
+# ---------------------------------------------------------------- dropout
+
+
+class _CpuDropout(torch.autograd.Function):
+    """Inverted dropout with the keep mask drawn from 16-bit lanes of 64-bit random words.
+
+    ``F.dropout`` on CPU draws one mt19937 number per element through ``bernoulli_``, which measured
+    ~7 ms for a (2048, 256) float32 tensor on 2 cores (a quarter of a small model's training step);
+    one 64-bit word per four elements costs ~0.6 ms. The drop probability is rounded to a multiple of
+    1/65536 and the scale is 1 / (1 - that probability), so the output stays unbiased. The mask is
+    saved as bool (1 byte per element) for the backward pass.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, p: float) -> Tensor:  # noqa: ANN001 - autograd signature
+        n = x.numel()
+        words = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
+        lanes = words.view(torch.int16)[:n].view(x.shape)  # uniform over [-32768, 32767]
+        drop = round(p * 65536)
+        keep = lanes >= drop - 32768  # P(keep) = (65536 - drop) / 65536
+        scale = 65536.0 / (65536 - drop)
+        ctx.save_for_backward(keep)
+        ctx.scale = scale
+        return x * keep * scale
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # noqa: ANN001, ANN205 - autograd signature
+        (keep,) = ctx.saved_tensors
+        return grad * keep * ctx.scale, None
+
+
+def dropout(x: Tensor, p: float, training: bool) -> Tensor:
+    """``F.dropout`` semantics (inverted dropout, identity in eval); a faster mask generator on CPU
+    unless :func:`use_reference_ops` asked for ``F.dropout`` itself."""
+    if not training or p == 0.0:
+        return x
+    if _reference_ops or x.device.type != "cpu" or p >= 1.0 or round(p * 65536) == 0:
+        return F.dropout(x, p, True)
+    return _CpuDropout.apply(x, p)
+
+
+# ---------------------------------------------------------------- projection fused with the loss
+
+# Rows of the (N, V) logits handled at once by the fused loss: chunks of at most 16 MiB of float32 stay
+# below glibc's largest mmap threshold (32 MiB), so after the first step their memory comes back from
+# the heap instead of fresh pages (first-touch page faults cost as much as the softmax itself for a
+# (2048, 8000) tensor on 2 cores).
+_CHUNK_BYTES = 16 * 2**20
+
+
+class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
+    """Per-row label-smoothed loss and NLL of ``h @ weight.T``, fused with the vocabulary projection.
+
+    Forward keeps each chunk's softmax (float32, in the chunk's logits buffer); backward turns it in
+    place into d loss / d logits = w * (softmax - q), q the smoothed target distribution, and
+    multiplies back through the projection. Compared with ``log_softmax`` + ``gather`` + ``sum``
+    under autograd this makes two passes over the (N, V) tensor instead of about eight, and never
+    allocates the (N, V) logits or their gradient in one piece.
+    """
+
+    @staticmethod
+    def forward(ctx, h: Tensor, weight: Tensor, target: Tensor, epsilon: float, ignore_index: int, compute_dtype: torch.dtype):  # noqa: ANN001, PLR0913
+        vocab = weight.size(0)
+        rows = max(1, _CHUNK_BYTES // (4 * vocab))
+        eps_i = epsilon / (vocab - 1) if epsilon > 0 else 0.0
+        pad = target == ignore_index
+        safe = target.masked_fill(pad, 0)
+        w = weight.to(compute_dtype)
+        probs, lse_parts, tgt_parts, sum_parts = [], [], [], []
+        for start in range(0, h.size(0), rows):
+            x = h[start:start + rows].to(compute_dtype) @ w.t()  # (n, V) logits
+            x = x.to(torch.promote_types(x.dtype, torch.float32))  # bf16 / fp16: the softmax in float32
+            tgt_parts.append(x.gather(1, safe[start:start + rows, None]).squeeze(1))
+            if epsilon > 0:
+                sum_parts.append(x.sum(1))
+            m = x.amax(1, keepdim=True)
+            x.sub_(m).exp_()
+            z = x.sum(1, keepdim=True)
+            x.div_(z)  # softmax, kept for backward
+            lse_parts.append((m + z.log()).squeeze(1))
+            probs.append(x)
+        lse = torch.cat(lse_parts)
+        nll = (lse - torch.cat(tgt_parts)).masked_fill_(pad, 0.0)
+        if epsilon > 0:
+            smooth = (vocab * lse - torch.cat(sum_parts)).masked_fill_(pad, 0.0)  # sum over v of -log p(v)
+            loss = (1.0 - epsilon - eps_i) * nll + eps_i * smooth
+        else:
+            loss = nll.clone()
+        ctx.save_for_backward(h, weight, safe, pad)
+        ctx.probs, ctx.rows, ctx.eps, ctx.eps_i, ctx.compute_dtype = probs, rows, epsilon, eps_i, compute_dtype
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor):  # noqa: ANN001, ANN205, ARG004
+        h, weight, safe, pad = ctx.saved_tensors
+        if ctx.probs is None:
+            raise RuntimeError("projected_label_smoothed_loss: backward called twice (its buffers are reused in place)")
+        probs, ctx.probs = ctx.probs, None
+        cdt = ctx.compute_dtype
+        w = weight.to(cdt)
+        row_w = grad_loss.to(probs[0].dtype).masked_fill(pad, 0.0) if probs else grad_loss
+        grad_h = torch.empty(h.shape, dtype=h.dtype, device=h.device) if ctx.needs_input_grad[0] else None
+        grad_w = torch.zeros(weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32), device=weight.device) if ctx.needs_input_grad[1] else None
+        on_target = -(1.0 - ctx.eps - ctx.eps_i)
+        for i, g in enumerate(probs):  # g: softmax of chunk i -> gradient of its logits, in place
+            sl = slice(i * ctx.rows, i * ctx.rows + g.size(0))
+            if ctx.eps_i:
+                g.sub_(ctx.eps_i)
+            g.scatter_add_(1, safe[sl, None], g.new_full((g.size(0), 1), on_target))
+            g.mul_(row_w[sl, None])
+            g = g.to(cdt)
+            if grad_h is not None:
+                grad_h[sl] = g @ w
+            if grad_w is not None:
+                grad_w.add_(g.t() @ h[sl].to(cdt))
+        return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None
+
+
+def fused_projected_label_smoothed_loss(h: Tensor, weight: Tensor, target: Tensor, *, epsilon: float, ignore_index: int) -> tuple[Tensor, Tensor, int]:
+    """The hand-written kernel of :func:`transformer_mt.loss.projected_label_smoothed_loss` (which checks
+    ``epsilon`` and picks this or the plain path): h (N, D), weight (V, D), target (N,) ->
+    (loss_sum, nll_sum, ntokens). Under autocast the projection runs in the autocast dtype, the
+    softmax in float32."""
+    kind = h.device.type
+    dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else h.dtype
+    with torch.autocast(kind, enabled=False):
+        loss, nll = _ProjectedLabelSmoothedLoss.apply(h, weight, target, float(epsilon), ignore_index, dtype)
+    return loss.sum(), nll.sum(), int(target.ne(ignore_index).sum())
