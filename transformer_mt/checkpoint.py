@@ -19,7 +19,11 @@ and loading a file never runs code from it:
     metrics     the last validation's results (loss, perplexity, BLEU, ...)
 
 Sentencepiece protos are stored as uint8 tensors, not ``bytes``: torch before 2.5 refuses
-``bytes`` under weights_only (pytorch/pytorch#133163), and the toolkit supports torch >= 2.2.
+``bytes`` under weights_only (pytorch/pytorch#133163), and older checkpoints must keep loading.
+
+``weights_only=True`` is only as safe as torch: it could be bypassed below torch 2.6
+(CVE-2025-32434) and its unpickler could corrupt memory below 2.10 (CVE-2026-24747), so
+:func:`load_checkpoint` refuses to read any checkpoint under a torch older than 2.10.
 
 A run directory keeps ``checkpoint_last.pt``, ``checkpoint_best.pt`` and numbered
 ``checkpoint_<update>.pt`` files; :func:`prune_checkpoints` deletes the oldest numbered ones.
@@ -127,6 +131,7 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device
     A missing, truncated or corrupt file, or a file that is not a transformer_mt checkpoint,
     raises CheckpointError naming the path and what to do.
     """
+    _check_torch_is_safe()
     path = Path(path)
     if not path.is_file():
         what = "is a directory, not a checkpoint file" if path.is_dir() else "checkpoint not found"
@@ -152,6 +157,20 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device
     if state["format"] != FORMAT:
         raise CheckpointError(f"{path}: checkpoint format {state['format']!r} is not {FORMAT!r}; use the transformer_mt version that wrote it")
     return state
+
+
+SAFE_TORCH = (2, 10)  # weights-only loading is safe from this version on (see the module docstring)
+
+
+def _check_torch_is_safe(version: str | None = None) -> None:
+    """Refuse to unpickle anything under a torch whose weights-only loader is known to be unsafe."""
+    version = version or torch.__version__
+    parts = re.match(r"(\d+)\.(\d+)", version)
+    if parts is None or (int(parts.group(1)), int(parts.group(2))) < SAFE_TORCH:
+        raise CheckpointError(
+            f"torch {version} cannot load checkpoints safely (weights-only loading is unsafe below 2.10: CVE-2025-32434, CVE-2026-24747); "
+            "upgrade with pip install 'torch>=2.10'"
+        )
 
 
 # Exact types: numpy.float64 subclasses float yet pickles as a numpy global that weights_only refuses.
@@ -327,10 +346,15 @@ def average_checkpoints(paths: list[str | os.PathLike]) -> dict[str, Any]:
         last = load_checkpoint(path)
         if not isinstance(last.get("model"), dict):
             raise CheckpointError(f"{path}: checkpoint has no 'model' weights; give checkpoints written by `tmt train`")
+        tokenizers = unpack_tokenizers(last, source=str(path))
         if first is None:
-            first = {"config": last.get("config"), "model": {k: (tuple(v.shape), v.dtype) for k, v in last["model"].items()}}
+            first = {"config": last.get("config"), "model": {k: (tuple(v.shape), v.dtype) for k, v in last["model"].items()},
+                     "tokenizers": tokenizers}
         else:
             _check_same_architecture(first_path, first, path, last)
+            if tokenizers != first["tokenizers"]:  # equal vocabulary sizes are not enough: the ids must mean the same pieces
+                raise CheckpointError(f"cannot average {first_path} and {path}: their sentencepiece models differ; "
+                                      "average checkpoints of one run (or of runs trained with the same tokenizer.model)")
         for name, tensor in last["model"].items():
             if tensor.is_floating_point():
                 acc = tensor.to(torch.float64)

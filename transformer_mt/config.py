@@ -13,6 +13,7 @@ from transformer_mt.errors import TmtError
 
 import dataclasses
 import difflib
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -145,6 +146,45 @@ CHOICES = {
 PATH_KEYS = ("data.train_src", "data.train_tgt", "data.valid_src", "data.valid_tgt", "tokenizer.model", "tokenizer.tgt_model")
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a mapping with the same key twice (PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):  # noqa: ANN001, ANN201 - PyYAML's signature
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise ConfigError(f"line {key_node.start_mark.line + 1}: key '{key}' appears twice in one section; keep one of them")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _read_yaml(path: Path) -> Any:
+    """Parse a YAML config file strictly: syntax errors and duplicate keys name the file and the line."""
+    try:
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not valid UTF-8 (byte {exc.start}); save the config as UTF-8") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}:{line} is not valid YAML ({getattr(exc, 'problem', exc)}); fix the syntax") from None
+
+
+def _override_value(dotted: str, text: str) -> Any:
+    """The YAML value of one ``--set section.key=value``; a syntax error names the override."""
+    if not text.strip():
+        return ""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"--set {dotted}={text}: the value is not valid YAML ({problem}); quote strings, e.g. --set '{dotted}=\"...\"', "
+                          "and close lists, e.g. [0.9, 0.98]") from None
+
+
 def _suggest(name: str, valid: list[str]) -> str:
     close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
     if close:
@@ -167,16 +207,19 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
             as_float = float(value)
         except ValueError:
             raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
-        if not as_float.is_integer():
+        if not math.isfinite(as_float) or not as_float.is_integer():
             raise ConfigError(f"{where}: expected an integer, got {value!r}")
         return int(as_float)
     if typ is float:
         if isinstance(value, bool):
             raise ConfigError(f"{where}: expected a number, got {value!r}")
         try:
-            return float(value)
+            number = float(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+        if not math.isfinite(number):  # NaN passes every `<` check, and a NaN learning rate trains nothing
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+        return number
     if typ is str:
         if isinstance(value, (dict, list)):
             raise ConfigError(f"{where}: expected a string, got {value!r}")
@@ -208,15 +251,14 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
     """
     cfg = Config()
     if path is not None:
+        if not str(path).strip():
+            raise ConfigError("--config: the path is empty; give a YAML file, e.g. --config configs/multi30k_small.yaml")
         path = Path(path)
+        if path.is_dir():
+            raise ConfigError(f"{path}: is a directory, not a config file; give a YAML file (to continue a run directory use --resume {path})")
         if not path.is_file():
             raise ConfigError(f"{path}: config file not found; check the path given to --config")
-        try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            line = f" line {mark.line + 1}" if mark else ""
-            raise ConfigError(f"{path}:{line} is not valid YAML ({getattr(exc, 'problem', exc)}); fix the syntax") from None
+        raw = _read_yaml(path) or {}
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping of sections (data, tokenizer, model, train, decode) at the top")
         for section, values in raw.items():
@@ -233,7 +275,7 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
             raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. model.encoder_layers=3")
         dotted, value = item.split("=", 1)
         section, key = dotted.strip().split(".", 1)
-        _apply(cfg, section, key, yaml.safe_load(value) if value.strip() else "", f"--set {dotted.strip()}")
+        _apply(cfg, section, key, _override_value(dotted.strip(), value), f"--set {dotted.strip()}")
     validate(cfg, source=str(path) if path is not None else "config", check_files=check_files)
     return cfg
 
@@ -297,12 +339,46 @@ def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -
         fail("data.max_len", "max_len must be >= 1 and max_len_ratio >= 1")
     if cfg.data.max_len + 1 > m.max_positions:  # + EOS on the source, + BOS on the decoder input
         fail("data.max_len", f"{cfg.data.max_len} + 1 (EOS or BOS) exceeds model.max_positions={m.max_positions}; lower data.max_len or raise model.max_positions")
+    if bool(cfg.data.valid_src) != bool(cfg.data.valid_tgt):
+        given, missing = ("valid_src", "valid_tgt") if cfg.data.valid_src else ("valid_tgt", "valid_src")
+        fail(f"data.{missing}", f"is empty while data.{given} is set; give both validation files, or neither to train without validation")
+    _check_bounds(cfg, fail)
     if check_files:
         for dotted in PATH_KEYS:
             section, key = dotted.split(".")
             value = getattr(getattr(cfg, section), key)
             if value and not Path(value).is_file():
                 fail(dotted, f"file '{value}' not found; check the path (relative paths start from the current directory)")
+
+
+# Upper bounds on what a config may ask to allocate. A checkpoint's config is read back through the
+# same checks, so a crafted few-KB file cannot make the loader build a model of terabytes. Each bound
+# is far above any published MT model (Transformer-big: d_model 1024, d_ff 4096, 16 heads, 6 layers).
+LIMITS = {
+    "model.encoder_layers": 1024, "model.decoder_layers": 1024, "model.d_model": 65536, "model.heads": 1024,
+    "model.head_dim": 65536, "model.value_dim": 65536, "model.d_ff": 1 << 20, "model.max_positions": 1 << 20,
+    "tokenizer.vocab_size": 1 << 21, "train.max_tokens": 1 << 26, "train.update_freq": 1 << 16,
+    "decode.beam": 1024, "decode.nbest": 1024, "decode.batch_tokens": 1 << 26, "decode.max_len_b": 1 << 20,
+    "decode.max_len_a": 64, "data.max_len": 1 << 20, "train.valid_beam": 1024,
+}
+MAX_PARAMETERS = 100_000_000_000  # 100B: a rough count (below) above this is refused before any allocation
+
+
+def _check_bounds(cfg: Config, fail) -> None:  # noqa: ANN001 - validate()'s local fail()
+    for dotted, limit in LIMITS.items():
+        section, key = dotted.split(".")
+        value = getattr(getattr(cfg, section), key)
+        if value > limit:
+            fail(dotted, f"{value} is above the supported maximum {limit}; check the value (a checkpoint with it is damaged or crafted)")
+    if cfg.decode.max_len_a < 0 or cfg.decode.max_len_b < 0:
+        fail("decode.max_len_a", f"max_len_a={cfg.decode.max_len_a} and max_len_b={cfg.decode.max_len_b} must be 0 or positive")
+    m = cfg.model
+    dk, dv = m.head_dim or m.d_model // m.heads, m.value_dim or m.d_model // m.heads
+    attn = m.heads * (2 * dk + dv) * m.d_model + m.heads * dv * m.d_model
+    per_layer = 2 * attn + 2 * m.d_model * m.d_ff  # decoder layer (self + cross); an encoder layer is smaller
+    rough = (m.encoder_layers + m.decoder_layers) * per_layer + 3 * cfg.tokenizer.vocab_size * m.d_model + m.max_positions * m.d_model
+    if rough > MAX_PARAMETERS:
+        fail("model", f"these sizes make about {rough:.3g} parameters, above the supported {MAX_PARAMETERS:.0e}; check model.* (layers, d_model, d_ff, heads)")
 
 
 def to_dict(cfg: Config) -> dict[str, dict[str, Any]]:

@@ -9,6 +9,7 @@ never a traceback. Heavy imports (torch, matplotlib, fastapi) happen inside the 
 
 from __future__ import annotations
 
+import errno
 import sys
 from typing import Optional
 
@@ -20,8 +21,6 @@ from transformer_mt.errors import TmtError
 
 __all__ = ["app", "main"]
 
-# OS errors whose message already names the file and what is wrong with it.
-_USER_OS_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError, FileExistsError, UnicodeDecodeError)
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -33,6 +32,21 @@ def main(argv: Optional[list[str]] = None) -> None:
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(0)
-    except (TmtError, *_USER_OS_ERRORS) as exc:
+    except (TmtError, UnicodeDecodeError) as exc:
         typer.echo(f"tmt: error: {exc}", err=True)
         sys.exit(2)
+    except OSError as exc:  # the machine said no (disk full, a path through a file, ...): name the file and the reason
+        typer.echo(f"tmt: error: {_os_error_line(exc)}", err=True)
+        sys.exit(2)
+
+
+def _os_error_line(exc: OSError) -> str:
+    """One line for an operating-system error: the file, what the OS said, and the usual fix."""
+    if exc.strerror is None:  # raised by tmt itself with a worded message
+        return str(exc)
+    where = f"{exc.filename}: " if exc.filename is not None else ""
+    reason = exc.strerror
+    hint = {errno.ENOSPC: "free some disk space or write elsewhere", errno.EDQUOT: "free some space under your quota",
+            errno.EROFS: "write to a writable location", errno.ENOTDIR: "a part of the path is a file, not a directory; fix the path",
+            errno.EEXIST: "remove it or choose another path", errno.ENAMETOOLONG: "use a shorter path"}.get(exc.errno, "check the path and permissions")
+    return f"{where}{reason}; {hint}"
