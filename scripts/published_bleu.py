@@ -27,7 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from transformer_mt.metrics import MetricsError, read_lines, score  # noqa: E402
+from transformer_mt.errors import TmtError  # noqa: E402
+from transformer_mt.metrics import read_lines, score  # noqa: E402
 
 
 def moses_pipeline(lang: str):
@@ -67,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(json.dumps({"file": hyp_path, "bleu": round(bleu["score"], 2), "verbose": bleu["verbose"], "convention": f"moses-lc-norm-tok-{lang}"}))
             else:
                 print(f"{hyp_path}: BLEU {bleu['score']:.2f} {bleu['verbose']} (lowercased, Moses-normalized and -tokenized, {lang})")
-    except MetricsError as exc:
+    except TmtError as exc:  # MetricsError, or textio's TextError for a file that is not UTF-8
         sys.exit(f"published_bleu.py: {exc}")
     return 0
 

@@ -5,8 +5,9 @@ Conventions (fairseq's, section 5 of the paper): a source is its pieces + EOS; t
 input ``tgt_in`` is BOS + target pieces; the labels ``tgt_out`` are target pieces + EOS.
 Sequences are right-padded with PAD_ID. :func:`collate` is the only code that adds them.
 
-Reading. A line ends at b"\\n" (as ``wc -l``; a last line without one still counts). Each line
-must be UTF-8 and is stripped of surrounding whitespace. Pairs with an empty side are dropped
+Reading. Lines are read by :mod:`transformer_mt.textio`'s rules, the same as every other reader
+(strict UTF-8, split at b"\\n" only, a last line without one counts, BOM removed); each line is
+stripped of surrounding whitespace. Pairs with an empty side are dropped
 and counted, for training and validation alike. With ``filter_long`` (training) pairs with more
 than ``max_len`` pieces on a side, or whose longer side has at least ``min_len_for_ratio``
 pieces and more than ``max_len_ratio`` times the pieces of the shorter, are dropped too; each
@@ -63,6 +64,7 @@ import torch
 from tqdm import tqdm
 
 from transformer_mt.config import DataConfig
+from transformer_mt.textio import count_lines, iter_file
 from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 FORMAT_VERSION = 1
@@ -288,11 +290,10 @@ class ParallelData:
         path = {"src": self.summary.src_path, "tgt": self.summary.tgt_path}[side]
         wanted = iter(self.line_numbers.tolist())
         out, want = [], next(wanted, None)
-        with open(path, "rb") as handle:
-            for lineno, raw in enumerate(handle):
-                if lineno == want:
-                    out.append(_decode(raw, path, lineno + 1).strip())
-                    want = next(wanted, None)
+        for lineno, line in enumerate(iter_file(path)):
+            if lineno == want:
+                out.append(line.strip())
+                want = next(wanted, None)
         return out
 
 
@@ -471,39 +472,18 @@ def _map_arrays(directory: Path, meta: dict) -> dict[str, np.ndarray]:
 # --------------------------------------------------------------------------- reading and encoding
 
 
-def _count_lines(path: Path) -> int:
-    count, last = 0, b"\n"
-    with open(path, "rb") as handle:
-        while block := handle.read(1 << 20):
-            count += block.count(b"\n")
-            last = block[-1:]
-    return count + (last != b"\n")
-
-
-def _decode(raw: bytes, path: Path | str, lineno: int) -> str:
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DataError(
-            f"{path}:{lineno}: invalid UTF-8 (byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line); "
-            "convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8"
-        ) from None
-    return text.lstrip("\ufeff") if lineno == 1 else text  # a byte-order mark is not text
-
-
 def _aligned_chunks(src_path: Path, tgt_path: Path) -> Iterator[tuple[list[int], list[str], list[str], int, int]]:
     """Yield (0-based line numbers, sources, targets, lines read, empty pairs) per CHUNK_LINES lines."""
-    with open(src_path, "rb") as fs, open(tgt_path, "rb") as ft:
-        lines = enumerate(zip(fs, ft))
-        while chunk := list(itertools.islice(lines, CHUNK_LINES)):
-            numbers, srcs, tgts = [], [], []
-            for lineno, (raw_s, raw_t) in chunk:
-                s, t = _decode(raw_s, src_path, lineno + 1).strip(), _decode(raw_t, tgt_path, lineno + 1).strip()
-                if s and t:
-                    numbers.append(lineno)
-                    srcs.append(s)
-                    tgts.append(t)
-            yield numbers, srcs, tgts, len(chunk), len(chunk) - len(numbers)
+    lines = enumerate(zip(iter_file(src_path), iter_file(tgt_path)))
+    while chunk := list(itertools.islice(lines, CHUNK_LINES)):
+        numbers, srcs, tgts = [], [], []
+        for lineno, (s, t) in chunk:
+            s, t = s.strip(), t.strip()
+            if s and t:
+                numbers.append(lineno)
+                srcs.append(s)
+                tgts.append(t)
+        yield numbers, srcs, tgts, len(chunk), len(chunk) - len(numbers)
 
 
 def _token_dtype(tok: Tokenizer) -> np.dtype:
@@ -544,7 +524,7 @@ class _CacheWriter:
 
 def _encode_corpus(src_path, tgt_path, src_tok, tgt_tok, cfg: DataConfig, directory: Path, key: str, inputs: dict, *, filter_long: bool, quiet: bool) -> None:
     """Encode, filter and write the cache for ``key`` into a temporary directory, then rename it into place."""
-    n_src, n_tgt = _count_lines(src_path), _count_lines(tgt_path)
+    n_src, n_tgt = count_lines(src_path), count_lines(tgt_path)
     if n_src != n_tgt:
         raise DataError(
             f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}; line i of one file must translate line i of the other, "

@@ -1,9 +1,11 @@
 """Corpus BLEU, chrF and TER through sacreBLEU's library, with signatures and line-count checks.
 
 Scores equal those of sacreBLEU's own command line on the same files: lines are read as the
-CLI reads them (UTF-8, split on "\\n" only, trailing whitespace removed), the metric objects
-are sacreBLEU's ``BLEU`` / ``CHRF`` / ``TER`` with their defaults, and :func:`format_text` /
-:func:`format_json` print what ``sacrebleu REF -i HYP -m ... --format text|json`` prints.
+CLI reads them (UTF-8, split on "\\n" only, trailing whitespace removed; unlike it, a byte-order
+mark at the start of a file is removed, as every tmt reader does, not scored as part of the first
+word), the metric objects are sacreBLEU's ``BLEU`` / ``CHRF`` / ``TER`` with their defaults, and
+:func:`format_text` / :func:`format_json` print what ``sacrebleu REF -i HYP -m ... --format
+text|json`` prints.
 Always report the signature with a score (Post, 2018, "A Call for Clarity in Reporting BLEU").
 
 ``lowercase=True`` makes BLEU and chrF case-insensitive (the CLI's ``-lc --chrf-lowercase``);
@@ -21,6 +23,8 @@ from typing import Any, Sequence
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 
+from transformer_mt.textio import iter_file, iter_stream
+
 METRICS = ("bleu", "chrf", "ter")
 
 
@@ -29,27 +33,18 @@ class MetricsError(TmtError, ValueError):
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:
-    """The lines of a UTF-8 text file with trailing whitespace (and the newline) removed.
+    """The lines of a UTF-8 text file (``"-"``: stdin) with trailing whitespace (and the newline) removed.
 
-    Empty lines are kept, so line i is always sentence i. Only "\\n" ends a line, as in
-    sacreBLEU's CLI (a stray "\\r" or U+2028 inside a sentence does not split it).
+    Read by :mod:`transformer_mt.textio`'s rules, as every tmt reader: only "\\n" ends a line, as in
+    sacreBLEU's CLI (a stray "\\r" or U+2028 inside a sentence does not split it), invalid UTF-8 is
+    an error naming the line, a byte-order mark is removed. Empty lines are kept, so line i is
+    always sentence i.
     """
-    path = Path(path)
-    if not path.is_file():
+    if str(path) == "-":
+        return [line.rstrip() for line in iter_stream()]
+    if not Path(path).is_file():
         raise MetricsError(f"{path}: file not found; check the path")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        lineno = data.count(b"\n", 0, exc.start) + 1
-        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise MetricsError(f"{path}:{lineno}: byte {data[exc.start]:#04x} at column {column} is not UTF-8; convert the file to UTF-8 (e.g. iconv -t utf-8)") from None
-    if not text:
-        return []
-    lines = text.split("\n")
-    if lines[-1] == "":  # the final newline ends the last line, it does not start a new one
-        lines.pop()
-    return [line.rstrip() for line in lines]
+    return [line.rstrip() for line in iter_file(path)]
 
 
 def score(

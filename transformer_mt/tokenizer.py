@@ -21,6 +21,8 @@ from typing import Iterable, Iterator
 
 import sentencepiece as spm
 
+from transformer_mt.textio import TextError, iter_file
+
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
 
@@ -51,7 +53,8 @@ def train_sentencepiece(
             raise TokenizerError(f"{path}: file not found; give existing text files to train the tokenizer on")
     prefix = Path(model_prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    lines = _nonempty_lines(inputs)
+    reader = _ReadErrorKept(_nonempty_lines(inputs))
+    lines: Iterator[str] = reader
     if sys.stderr.isatty():  # sentencepiece reads every line before it trains: show the reading
         from tqdm import tqdm
 
@@ -74,6 +77,8 @@ def train_sentencepiece(
             num_threads=os.cpu_count() or 1,
         )
     except RuntimeError as exc:
+        if reader.error is not None:  # sentencepiece turns the reader's TextError into a RuntimeError: raise the original
+            raise reader.error from None
         msg = str(exc).splitlines()[-1] if str(exc) else repr(exc)
         if "Vocabulary size is too high" in msg or "vocab_size" in msg:
             raise TokenizerError(f"sentencepiece: {msg.strip()}; lower the vocabulary size (--vocab-size / tokenizer.vocab_size)") from None
@@ -82,12 +87,29 @@ def train_sentencepiece(
 
 
 def _nonempty_lines(paths: Iterable[str | os.PathLike]) -> Iterator[str]:
+    """Stripped non-empty lines, read as training reads them (textio: invalid UTF-8 is an error naming the line)."""
     for path in paths:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            for line in handle:
-                line = line.strip()
-                if line:
-                    yield line
+        for line in iter_file(path):
+            line = line.strip()
+            if line:
+                yield line
+
+
+class _ReadErrorKept:
+    """An iterator that remembers the TextError its source raised (sentencepiece re-raises it as a RuntimeError)."""
+
+    def __init__(self, lines: Iterator[str]):
+        self.lines, self.error = lines, None
+
+    def __iter__(self) -> Iterator[str]:
+        return self
+
+    def __next__(self) -> str:
+        try:
+            return next(self.lines)
+        except TextError as exc:
+            self.error = exc
+            raise
 
 
 class Tokenizer:

@@ -12,11 +12,8 @@ from __future__ import annotations
 from transformer_mt.errors import TmtError
 
 import os
-import select
-import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Iterable, Iterator, TextIO
 
 import torch
@@ -28,6 +25,7 @@ from transformer_mt.data import source_tensor
 from transformer_mt.ensemble import Ensemble
 from transformer_mt.model import Transformer
 from transformer_mt.search import Hypothesis, search
+from transformer_mt.textio import count_lines, file_chunks, stdin_chunks  # noqa: F401 - moved to textio; kept importable from here
 from transformer_mt.tokenizer import Tokenizer
 
 
@@ -187,74 +185,3 @@ def translate_stream(translator: Translator, lines: Iterable[list[str]], out: Te
             progress.update(len(chunk))
     return translator.stats
 
-
-def file_chunks(path: Path, *, chunk_lines: int = 10_000) -> Iterator[list[str]]:
-    """Lines of a UTF-8 file in chunks (memory stays bounded on large inputs); errors name the line."""
-    if not path.is_file():
-        raise TranslateError(f"{path}: input file not found; check the path")
-    chunk: list[str] = []
-    with open(path, "rb") as handle:
-        for lineno, raw in enumerate(handle, 1):
-            try:
-                chunk.append(raw.decode("utf-8").rstrip("\r\n"))
-            except UnicodeDecodeError:
-                raise TranslateError(f"{path}:{lineno}: not valid UTF-8; convert the file to UTF-8 (e.g. iconv -t UTF-8)") from None
-            if len(chunk) >= chunk_lines:
-                yield chunk
-                chunk = []
-    if chunk:
-        yield chunk
-
-
-def stdin_chunks(stream: TextIO | None = None, *, max_lines: int = 1000) -> Iterator[list[str]]:
-    """Lines from stdin as they arrive: everything already readable is batched (pipes translate
-    in batches), and a lone interactive line is translated at once (no waiting for EOF)."""
-    stream = stream or sys.stdin
-    try:
-        fd = stream.fileno()
-    except (AttributeError, OSError, ValueError):  # not a real file (e.g. tests): plain line chunks
-        yield from _plain_chunks(stream, max_lines)
-        return
-    buffer = b""
-    lines: list[str] = []
-    lineno = 0
-    while True:
-        ready = bool(select.select([fd], [], [], 0)[0]) or not lines
-        data = os.read(fd, 1 << 16) if ready else b""
-        if ready and not data:  # EOF
-            if buffer:
-                lines.append(_decode(buffer, lineno + len(lines) + 1))
-            if lines:
-                yield lines
-            return
-        buffer += data
-        *complete, buffer = buffer.split(b"\n")
-        for raw in complete:
-            lines.append(_decode(raw.rstrip(b"\r"), lineno + len(lines) + 1))
-        if lines and (not ready or len(lines) >= max_lines or not select.select([fd], [], [], 0)[0]):
-            lineno += len(lines)
-            yield lines
-            lines = []
-
-
-def _plain_chunks(stream: TextIO, max_lines: int) -> Iterator[list[str]]:
-    chunk: list[str] = []
-    for line in stream:
-        chunk.append(line.rstrip("\r\n"))
-        if len(chunk) >= max_lines:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
-def _decode(raw: bytes, lineno: int) -> str:
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise TranslateError(f"<stdin>:{lineno}: not valid UTF-8; send UTF-8 text") from None
-
-
-def count_lines(path: Path) -> int:
-    with open(path, "rb") as handle:
-        return sum(chunk.count(b"\n") for chunk in iter(lambda: handle.read(1 << 20), b""))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -24,12 +23,8 @@ def bleu(
     """Corpus BLEU and chrF (and TER) with sacreBLEU, signature included."""
     from transformer_mt.metrics import MetricsError, format_json, format_text, read_lines, score
 
-    if hyp is None or str(hyp) == "-":
-        hyps, hyp_name = [line.rstrip() for line in sys.stdin.read().split("\n")], "<stdin>"
-        if hyps and hyps[-1] == "":
-            hyps.pop()
-    else:
-        hyps, hyp_name = read_lines(hyp), str(hyp)
+    hyp_name = "<stdin>" if hyp is None or str(hyp) == "-" else str(hyp)
+    hyps = read_lines("-" if hyp is None else hyp)  # stdin read as bytes, decoded strictly like a file
     if not ref:
         raise MetricsError("give at least one --ref file")
     results = score(hyps, [read_lines(r) for r in ref], metrics=("bleu", "chrf"), lowercase=lowercase, tokenize=tokenize,
