@@ -4,22 +4,20 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
-import typer
+from transformer_mt.textio import iter_file, iter_stream, safe_output
 
-def open_in(path: Optional[Path]):
+__all__ = ["input_lines", "safe_output", "progress", "decode_args", "CKPT_HELP", "BEAM_HELP", "LENPEN_HELP"]
+
+
+def input_lines(path: Optional[Path]) -> Iterator[str]:
+    """The lines of PATH, or of stdin for None or "-", read by textio's rules (bytes decoded as
+    strict UTF-8 whatever the locale; errors name FILE:LINE or <stdin>:LINE). A missing file fails now."""
     if path is None or str(path) == "-":
-        return sys.stdin
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: input file not found; check the path")
-    return open(path, encoding="utf-8")
+        return iter_stream()
+    return iter_file(path)
 
-def open_out(path: Optional[Path]):
-    if path is None or str(path) == "-":
-        return sys.stdout
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return open(path, "w", encoding="utf-8")
 
 def progress(handle, path: Optional[Path]):
     """A tqdm bar on stderr for files (by bytes would need binary reads; lines suffice)."""
@@ -42,4 +40,3 @@ def decode_args(tr, beam: Optional[int], lenpen: Optional[float], nbest: int) ->
     if beam < 1 or not 1 <= nbest <= beam:
         raise TranslateError(f"--beam {beam} --nbest {nbest}: need beam >= 1 and 1 <= nbest <= beam")
     return beam, lenpen
-

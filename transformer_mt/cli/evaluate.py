@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from transformer_mt.cli.app import app
-from transformer_mt.cli.common import BEAM_HELP, CKPT_HELP, LENPEN_HELP, decode_args
+from transformer_mt.cli.common import BEAM_HELP, CKPT_HELP, LENPEN_HELP, decode_args, safe_output
 
 
 @app.command()
@@ -30,13 +30,14 @@ def evaluate(
     import json
 
     from transformer_mt.metrics import read_lines, score
-    from transformer_mt.translate import Translator, file_chunks, translate_stream
+    from transformer_mt.textio import file_chunks
+    from transformer_mt.translate import Translator, translate_stream
 
     refs = [read_lines(r) for r in ref]  # read first: a bad reference fails before the long part
     tr = Translator.from_checkpoints(checkpoints, device=device, dtype=dtype, threads=threads)
     beam, lenpen = decode_args(tr, beam, lenpen, 1)
     output = output or checkpoints[0].parent / f"{src.name}.{checkpoints[0].stem}.hyp"
-    with open(output, "w", encoding="utf-8") as out:
+    with safe_output(output, inputs=[src, *ref, *checkpoints]) as out:  # refuses -o equal to --src/--ref; renamed on success
         stats = translate_stream(tr, file_chunks(src), out, beam=beam, lenpen=lenpen, batch_tokens=batch_tokens)
     results = score(read_lines(output), refs, metrics=("bleu", "chrf"), lowercase=lowercase, hyp_name=str(output), ref_names=[str(r) for r in ref])
     report = {"bleu": round(results["bleu"]["score"], 2), "chrf": round(results["chrf"]["score"], 2),

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from transformer_mt.cli.app import tokenize_app
-from transformer_mt.cli.common import open_in, open_out, progress
+from transformer_mt.cli.common import input_lines, progress, safe_output
 
 
 @tokenize_app.command("train")
@@ -34,17 +34,18 @@ def tokenize_train(
 def tokenize_encode(
     model: Path = typer.Option(..., "--model", "-m", help="Sentencepiece .model file."),
     input: Optional[Path] = typer.Argument(None, help="Text file (default: stdin)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output file (default: stdout)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output file (default: stdout); written to a temporary file and renamed into place on success."),
     ids: bool = typer.Option(False, "--ids", help="Write ids instead of pieces."),
 ) -> None:
     """Encode text into space-separated pieces (or ids), one line per input line."""
     from transformer_mt.tokenizer import Tokenizer, encode_stream
 
     tok = Tokenizer(model)
-    src, out = open_in(input), open_out(output)
-    n = encode_stream(tok, progress(src, input), out, as_ids=ids)
-    out.flush()
-    if output is not None:
+    lines = input_lines(input)
+    with safe_output(output, inputs=[input, model]) as out:  # written to a temporary file, renamed on success
+        n = encode_stream(tok, progress(lines, input), out, as_ids=ids)
+        out.flush()
+    if output is not None and str(output) != "-":
         typer.echo(f"encoded {n} lines into {output}", err=True)
 
 
@@ -52,13 +53,14 @@ def tokenize_encode(
 def tokenize_decode(
     model: Path = typer.Option(..., "--model", "-m", help="Sentencepiece .model file."),
     input: Optional[Path] = typer.Argument(None, help="File of pieces or ids (default: stdin)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output file (default: stdout)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output file (default: stdout); written to a temporary file and renamed into place on success."),
     ids: bool = typer.Option(False, "--ids", help="Input holds ids instead of pieces."),
 ) -> None:
     """Decode pieces (or ids) back into text, one line per input line."""
     from transformer_mt.tokenizer import Tokenizer, decode_stream
 
     tok = Tokenizer(model)
-    src, out = open_in(input), open_out(output)
-    decode_stream(tok, progress(src, input), out, as_ids=ids, source=str(input or "<stdin>"))
-    out.flush()
+    lines = input_lines(input)
+    with safe_output(output, inputs=[input, model]) as out:
+        decode_stream(tok, progress(lines, input), out, as_ids=ids, source="<stdin>" if input is None or str(input) == "-" else str(input))
+        out.flush()

@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from transformer_mt.cli.app import app
-from transformer_mt.cli.common import BEAM_HELP, CKPT_HELP, LENPEN_HELP, decode_args, open_out
+from transformer_mt.cli.common import BEAM_HELP, CKPT_HELP, LENPEN_HELP, decode_args, safe_output
 
 
 @app.command()
@@ -26,23 +26,22 @@ def translate(
     threads: int = typer.Option(0, "--threads", help="CPU threads (0 = torch default)."),
 ) -> None:
     """Translate raw text with greedy or beam search: one output line per input line."""
-    from transformer_mt.translate import Translator, count_lines, file_chunks, stdin_chunks, translate_stream
+    from transformer_mt.textio import count_lines, file_chunks, stdin_chunks
+    from transformer_mt.translate import Translator, translate_stream
 
+    chunks = file_chunks(input) if input is not None and str(input) != "-" else stdin_chunks()  # a wrong path fails first
     tr = Translator.from_checkpoints(checkpoints, device=device, dtype=dtype, threads=threads)
     beam, lenpen = decode_args(tr, beam, lenpen, nbest)
-    chunks = file_chunks(input) if input is not None and str(input) != "-" else stdin_chunks()
     bar = None
     if input is not None and str(input) != "-" and sys.stderr.isatty():
         from tqdm import tqdm
 
         bar = tqdm(total=count_lines(input), unit=" lines", desc="translate", leave=False)
-    out = open_out(output)
     try:
-        translate_stream(tr, chunks, out, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, progress=bar)
+        with safe_output(output, inputs=[input, *checkpoints]) as out:  # -o: a temporary file renamed on success
+            translate_stream(tr, chunks, out, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, progress=bar)
     finally:
         if bar is not None:
             bar.close()
-        if out is not sys.stdout:
-            out.close()
     if tr.warning():
         typer.echo(tr.warning(), err=True)
