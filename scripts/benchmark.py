@@ -66,7 +66,7 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from transformer_mt import runtime
+from transformer_mt import kernels, runtime
 from transformer_mt.config import Config, DecodeConfig, ModelConfig, TrainConfig, from_dict, load_config, to_dict
 from transformer_mt.data import load_parallel
 from transformer_mt.loss import label_smoothed_nll_loss
@@ -208,29 +208,10 @@ def update_groups(data, t: TrainConfig, n: int) -> list[list]:
     return groups[:n]
 
 
-def use_plain_ops() -> None:
-    """The baseline of the CPU speed-ups: torch's own dropout and the unfused logits-then-loss path
-    (the (N, V) logits under autograd), patched into this phase's process only."""
-    import torch.nn.functional as F
-
-    from transformer_mt import model as model_module
-
-    fused_forward = model_module.Transformer.forward
-
-    def plain_forward(self, src, tgt_in, *, keep=None, labels=None, label_smoothing=0.0):
-        if labels is None:
-            return fused_forward(self, src, tgt_in, keep=keep)
-        mask = labels.ne(PAD_ID)
-        logits = self.decode(tgt_in, self.encode(src), keep=mask)
-        return label_smoothed_nll_loss(logits, labels[mask], epsilon=label_smoothing)
-
-    model_module.dropout = lambda x, p, training: F.dropout(x, p, training)
-    model_module.Transformer.forward = plain_forward
-
-
 def phase_train(spec: dict) -> dict:
-    if spec.get("plain_ops"):
-        use_plain_ops()
+    # The baseline of the CPU speed-ups: torch's own dropout and the unfused logits-then-loss path
+    # (the (N, V) logits under autograd), for this phase's process only.
+    kernels.use_reference_ops(bool(spec.get("plain_ops")))
     cfg = from_dict(spec["config"], source=f"benchmark {spec['name']}")
     warmup, updates = spec["warmup"], spec["updates"]
     shutil.rmtree(cfg.train.out_dir, ignore_errors=True)  # ours (<out>/runs/NAME); Trainer refuses an old run

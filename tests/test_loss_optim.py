@@ -13,7 +13,7 @@ from tests.conftest import head
 from transformer_mt import kernels
 from transformer_mt.config import ModelConfig, TrainConfig
 from transformer_mt.data import collate
-from transformer_mt.loss import label_smoothed_nll_loss, perplexity, projected_label_smoothed_loss
+from transformer_mt.loss import TeacherForcedLoss, label_smoothed_nll_loss, perplexity, projected_label_smoothed_loss
 from transformer_mt.optim import Scheduler, build_optimizer, build_scheduler, inverse_sqrt_lr, linear_lr, noam_lr, param_groups
 from transformer_mt.tokenizer import PAD_ID, Tokenizer
 
@@ -104,14 +104,18 @@ def test_fused_projection_loss_equals_logits_then_loss_in_value_and_gradients(mo
     assert h.grad[[2, 5]].abs().max() == 0  # padding rows get no gradient
 
 
-def test_fused_loss_in_the_model_equals_the_logits_path(spm_model, multi30k):
+def test_teacher_forced_loss_module_equals_the_logits_path(spm_model, multi30k):
     tok = Tokenizer(spm_model)
     model = tiny_model(tok.vocab_size).train()
     pairs = list(zip(tok.encode(head(multi30k / "val.en", 6)), tok.encode(head(multi30k / "val.de", 6))))
     batch = collate(pairs)
     keep = batch.tgt_out.ne(PAD_ID)
     torch.manual_seed(3)
-    fused = model(batch.src, batch.tgt_in, labels=batch.tgt_out, label_smoothing=0.1)
+    objective = TeacherForcedLoss(model, label_smoothing=0.1)
+    params = list(model.parameters())
+    assert len(list(objective.parameters())) == len(params) and all(a is b for a, b in zip(objective.parameters(), params))  # DDP reduces these
+    assert list(objective.state_dict()) == ["model." + k for k in model.state_dict()]  # checkpoints save the model, not this
+    fused = objective(batch.src, batch.tgt_in, batch.tgt_out)
     fused[0].backward()
     fused_grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()

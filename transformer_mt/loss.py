@@ -15,13 +15,17 @@ perplexity = exp(nll_sum / ntokens), base e, from the *unsmoothed* NLL.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from transformer_mt import kernels
 from transformer_mt.tokenizer import PAD_ID
+
+if TYPE_CHECKING:  # the model is handed in; loss.py never builds one
+    from transformer_mt.model import Transformer
 
 
 def _check_epsilon(epsilon: float, vocab: int) -> None:
@@ -89,3 +93,27 @@ def projected_label_smoothed_loss(
     if kernels.reference_ops():
         return label_smoothed_nll_loss(F.linear(h, weight), target, epsilon=epsilon, ignore_index=ignore_index)  # (N, V) logits
     return kernels.fused_projected_label_smoothed_loss(h, weight, target, epsilon=epsilon, ignore_index=ignore_index)
+
+
+class TeacherForcedLoss(nn.Module):
+    """The training objective as a module: ``forward(src, tgt_in, tgt_out)`` -> (loss_sum, nll_sum, ntokens).
+
+    This is what DDP wraps (its parameters are the model's own, so DDP reduces the model's gradients);
+    checkpoints save ``model.state_dict()``, never this wrapper's, so their keys stay the model's.
+    The decoder states at the non-pad label positions go through the vocabulary projection fused with the
+    label-smoothed loss (:func:`projected_label_smoothed_loss`): the projection, the largest matmul of a
+    small model, skips padding, and the (N, V) logits are never built in one piece.
+    """
+
+    def __init__(self, model: Transformer, *, label_smoothing: float):
+        super().__init__()
+        self.model = model
+        self.label_smoothing = label_smoothing
+
+    def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> tuple[Tensor, Tensor, int]:
+        """src (B, S), tgt_in (B, T) = BOS + y, tgt_out (B, T) = y + EOS, all PAD-padded -> the sums of
+        :func:`label_smoothed_nll_loss` over the non-pad labels: loss_sum, nll_sum (float32 scalars), ntokens."""
+        enc = self.model.encode(src)
+        mask = tgt_out.ne(PAD_ID)  # (B, T)
+        h = self.model.decoder_output(tgt_in, enc)[mask]  # (B, T, D) -> (N, D): only positions with a label
+        return projected_label_smoothed_loss(h, self.model.output_proj.weight, tgt_out[mask], epsilon=self.label_smoothing)

@@ -28,7 +28,6 @@ from torch import Tensor, nn
 from .cache import DecoderCache
 from .config import ConfigError, ModelConfig
 from .kernels import dropout
-from .loss import projected_label_smoothed_loss
 from .tokenizer import PAD_ID
 
 
@@ -340,21 +339,18 @@ class Transformer(nn.Module):
             x = self.decoder_norm(x)
         return x, weights
 
-    def forward(
-        self, src: Tensor, tgt_in: Tensor, *, keep: Tensor | None = None, labels: Tensor | None = None, label_smoothing: float = 0.0
-    ) -> Tensor | tuple[Tensor, Tensor, int]:
+    def decoder_output(self, tgt_in: Tensor, enc: EncoderOut) -> Tensor:
+        """Teacher forcing up to the vocabulary projection: tgt_in (B, T) -> the top decoder states (B, T, D)
+        (after the final norm). :class:`~transformer_mt.loss.TeacherForcedLoss` fuses the projection
+        ``output_proj`` with the loss, so the (N, V) logits are never built in one piece."""
+        return self._decoder_states(tgt_in, enc)[0]
+
+    def forward(self, src: Tensor, tgt_in: Tensor, *, keep: Tensor | None = None) -> Tensor:
         """src (B, S), tgt_in (B, T) -> logits (B, T, V_tgt), or (N, V_tgt) for the positions where ``keep`` is True.
 
-        With ``labels`` (B, T) (the batch's tgt_out): the training loss instead, (loss_sum, nll_sum,
-        ntokens) of :func:`~transformer_mt.loss.label_smoothed_nll_loss` over the non-pad labels, with
-        the vocabulary projection fused into the loss (:func:`~transformer_mt.loss.projected_label_smoothed_loss`).
+        The training loss is :class:`~transformer_mt.loss.TeacherForcedLoss`, a module around this model.
         """
-        enc = self.encode(src)
-        if labels is None:
-            return self.decode(tgt_in, enc, keep=keep)
-        mask = labels.ne(PAD_ID)
-        h = self._decoder_states(tgt_in, enc)[0][mask]  # (N, D): only positions with a label
-        return projected_label_smoothed_loss(h, self.output_proj.weight, labels[mask], epsilon=label_smoothing)
+        return self.decode(tgt_in, self.encode(src), keep=keep)
 
     def max_output_length(self) -> int | None:
         """Longest output the decoder can produce: BOS plus the first L-1 outputs occupy positions

@@ -60,7 +60,7 @@ from transformer_mt.checkpoint import (
 )
 from transformer_mt.config import Config, ConfigError, load_config, save_config, to_dict
 from transformer_mt.data import Batch, SampledSegmentation
-from transformer_mt.loss import label_smoothed_nll_loss
+from transformer_mt.loss import TeacherForcedLoss, label_smoothed_nll_loss
 from transformer_mt.metrics import read_lines, score
 from transformer_mt.model import Transformer, count_parameters
 from transformer_mt.optim import build_optimizer, build_scheduler
@@ -187,10 +187,11 @@ class Trainer:
             self.log(f"subword regularisation: training pairs re-segmented every epoch (alpha {cfg.data.subword_alpha:g}, nbest {cfg.data.subword_nbest})")
         if self.valid_data is not None:
             self.log(f"validation data: {self.valid_data.summary.format()}")
-        self.train_model: torch.nn.Module = self.model  # what the training forward runs; self.model is saved and validated
+        # What the training forward runs: the loss module around the model (DDP wraps it); self.model is saved and validated.
+        self.train_model: torch.nn.Module = TeacherForcedLoss(self.model, label_smoothing=t.label_smoothing)
         where = ""
         if self.dist.enabled:
-            self.train_model = runtime.wrap_ddp(self.model, self.device)
+            self.train_model = runtime.wrap_ddp(self.train_model, self.device)
             where = f"; {self.dist.world_size} processes ({torch.distributed.get_backend()}), {self.dist.world_size * t.update_freq} batches per update"
         self.log(f"model: {count_parameters(self.model):,} parameters; device {self.device}, dtype {t.dtype}, {torch.get_num_threads()} threads{where}")
         self.stop_requested: str | None = None
@@ -339,7 +340,7 @@ class Trainer:
             sync = i == len(work) - 1 or not self.dist.enabled
             with contextlib.nullcontext() if sync else self.train_model.no_sync():
                 with runtime.autocast(self.device, self.t.dtype):  # projection and loss fused, only at label positions
-                    loss, nll, _ = self.train_model(batch.src, batch.tgt_in, labels=batch.tgt_out, label_smoothing=self.t.label_smoothing)
+                    loss, nll, _ = self.train_model(batch.src, batch.tgt_in, batch.tgt_out)
                 # per-token mean over the whole update; x world: DDP averages the ranks' gradients
                 scaled = loss / total_tokens * (weight * world)
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
