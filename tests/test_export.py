@@ -1,0 +1,168 @@
+"""`tmt export --format ctranslate2`: CTranslate2 decodes the exported model exactly as tmt decodes the checkpoint.
+
+Parity settings: float32, lenpen 0 on both sides. tmt's length penalty is GNMT ((5 + len) / 6)^alpha and
+CTranslate2's divides by len^alpha, so only alpha = 0 (plain log-probability) means the same thing in
+both; with it, CTranslate2's beam search (2 * beam candidates, EOS finishing within the top beam,
+early exit once the best candidate is EOS) returns the same best hypothesis as tmt's. tmt's maximum
+output length is floor(a * n + b) per sentence (n = pieces + EOS); CTranslate2 takes one
+max_decoding_length per call, so each sentence is decoded by its own call with its own limit.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import head
+from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, pack_tokenizers, save_checkpoint, unpack_tokenizers
+from transformer_mt.config import load_config, to_dict
+from transformer_mt.data import source_tensor
+from transformer_mt.export import ExportError, export
+from transformer_mt.model import Transformer
+from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_sentencepiece
+from transformer_mt.translate import Translator, translate_ids
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+
+def _ct2_decode(ct, pieces: list[list[str]], *, beam: int, max_len_a: float, max_len_b: int, limit: int | None = None):
+    """CTranslate2 best hypothesis (pieces, score) per sentence, each with tmt's maximum length for it."""
+    out = []
+    for p in pieces:
+        max_len = math.floor(max_len_a * (len(p) + 1) + max_len_b)
+        res = ct.translate_batch([p], beam_size=beam, length_penalty=0.0, max_decoding_length=min(max_len, limit or max_len),
+                                 return_scores=True)[0]
+        out.append((res.hypotheses[0], res.scores[0]))
+    return out
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_ctranslate2_matches_tmt_token_for_token(norm, tiny_checkpoint, tiny_checkpoint_postnorm, multi30k, tmp_path):
+    ckpt = tiny_checkpoint if norm == "pre" else tiny_checkpoint_postnorm
+    out = export(ckpt, tmp_path / "ct2")
+    lines = head(multi30k / "test_2016_flickr.en", 50)
+    tr = Translator.from_checkpoint(ckpt, device="cpu")
+    assert tr.cfg.model.norm == norm
+    d = tr.cfg.decode
+    ct = ctranslate2.Translator(str(out), device="cpu", compute_type="float32")
+    src_ids = tr.src_tok.encode(lines)
+    pieces = tr.src_tok.encode_pieces(lines)
+    for beam in (1, 4):
+        ours = translate_ids(tr.model, src_ids, beam=beam, lenpen=0.0, max_len_a=d.max_len_a, max_len_b=d.max_len_b)
+        theirs = _ct2_decode(ct, pieces, beam=beam, max_len_a=d.max_len_a, max_len_b=d.max_len_b)
+        for i, (nbest, (hyp, score)) in enumerate(zip(ours, theirs)):
+            assert [tr.tgt_tok.sp.piece_to_id(p) for p in hyp] == nbest[0].tokens, (beam, i, lines[i])
+            # lenpen 0: the summed log-prob, EOS included. CTranslate2's search reports it up to ~3e-3 above the
+            # sum of its own score_batch log-probs (which equal tmt's to ~1e-5): a different kernel, same tokens.
+            assert score == pytest.approx(nbest[0].logprob, abs=5e-3), (beam, i)
+        texts = [nb[0][1] for nb in tr.translate(lines, beam=beam, lenpen=0.0)]
+        assert texts == tr.tgt_tok.decode_pieces([h for h, _ in theirs])  # and `tmt translate`'s text is CTranslate2's, detokenized
+        assert len(set(texts)) > 25  # a model that says varied things, not one string 50 times
+
+
+def _random_checkpoint(path, src_tok, tgt_tok, *overrides) -> None:
+    """An untrained model saved as a tmt checkpoint: the weights need not be good to be converted exactly."""
+    cfg = load_config(None, ["data.max_len=30", "tokenizer.joint=false", *overrides], check_files=False)
+    torch.manual_seed(0)
+    model = Transformer(cfg.model, src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size)
+    save_checkpoint({"model": model.state_dict(), "config": to_dict(cfg), "tokenizers": pack_tokenizers(src_tok.proto, tgt_tok.proto)}, path)
+
+
+@pytest.fixture(scope="module")
+def separate_tokenizers(corpus_slice, tmp_path_factory):
+    root = tmp_path_factory.mktemp("spm_sep")
+    return (Tokenizer(train_sentencepiece([corpus_slice["train.en"]], root / "en", vocab_size=500)),
+            Tokenizer(train_sentencepiece([corpus_slice["train.de"]], root / "de", vocab_size=600)))
+
+
+@pytest.mark.parametrize("norm", ["pre", "post"])
+def test_learned_positions_separate_vocabularies_teacher_forced(norm, separate_tokenizers, corpus_slice, tmp_path):
+    """Learned positions up to the last row of their table, separate source and target vocabularies
+    (no tied embeddings), GELU and a non-default head size: CTranslate2's per-token log-probabilities
+    of reference translations equal tmt's teacher-forced ones (an untrained model: its near-uniform
+    distributions make search outputs differ on float ties, the log-probs do not)."""
+    src_tok, tgt_tok = separate_tokenizers
+    ckpt = tmp_path / "rand.pt"
+    _random_checkpoint(ckpt, src_tok, tgt_tok, "model.encoder_layers=2", "model.decoder_layers=1", "model.d_model=24", "model.heads=2",
+                       "model.head_dim=8", "model.value_dim=8", "model.d_ff=40", "model.activation=gelu", "model.positions=learned",
+                       "model.max_positions=40", "model.share_all_embeddings=false", "model.share_decoder_embeddings=false", f"model.norm={norm}")
+    out = export(ckpt, tmp_path / "ct2")
+    assert {"source.model", "target.model", "source_vocabulary.json", "target_vocabulary.json"} <= {p.name for p in out.iterdir()}
+    assert json.loads((out / "target_vocabulary.json").read_text(encoding="utf-8")) == [tgt_tok.sp.id_to_piece(i) for i in range(600)]
+    state = load_checkpoint(ckpt)
+    model = Transformer(config_from_checkpoint(state).model, src_vocab_size=500, tgt_vocab_size=600).eval()
+    model.load_state_dict(state["model"])
+    src_lines, tgt_lines = head(corpus_slice["val.en"], 20), head(corpus_slice["val.de"], 20)
+    # Sources up to 39 pieces + EOS and targets BOS + 38 pieces + EOS: the 40-row table's last row is used.
+    src_pieces = [p[:39] for p in src_tok.encode_pieces(src_lines)]
+    tgt_pieces = [p[:38] for p in tgt_tok.encode_pieces(tgt_lines)]
+    assert max(map(len, src_pieces)) == 39 and max(map(len, tgt_pieces)) == 38
+    ct = ctranslate2.Translator(str(out), device="cpu", compute_type="float32")
+    scored = ct.score_batch(src_pieces, tgt_pieces)
+    for sp, tp, res in zip(src_pieces, tgt_pieces, scored):
+        src = source_tensor([src_tok.sp.piece_to_id(sp)])
+        tgt = tgt_tok.sp.piece_to_id(tp)
+        with torch.inference_mode():
+            lprobs = torch.log_softmax(model.decode(torch.tensor([[BOS_ID] + tgt]), model.encode(src)), dim=-1)[0]  # (T, V)
+        ours = lprobs[torch.arange(len(tgt) + 1), torch.tensor(tgt + [EOS_ID])]
+        assert torch.tensor(res.log_probs) == pytest.approx(ours, abs=1e-4)
+
+
+def test_special_tokens_and_files(tiny_checkpoint, tmp_path):
+    out = export(tiny_checkpoint, tmp_path / "ct2")
+    config = json.loads((out / "config.json").read_text(encoding="utf-8"))
+    # tmt: source = pieces + EOS, decoder input starts with BOS, ids pad 0, unk 1, bos 2, eos 3.
+    assert (config["add_source_eos"], config["add_source_bos"], config["decoder_start_token"]) == (True, False, "<s>")
+    assert (config["unk_token"], config["bos_token"], config["eos_token"]) == ("<unk>", "<s>", "</s>")
+    vocab = json.loads((out / "shared_vocabulary.json").read_text(encoding="utf-8"))  # one joint vocabulary, saved once
+    assert [vocab[i] for i in (PAD_ID, UNK_ID, BOS_ID, EOS_ID)] == ["<pad>", "<unk>", "<s>", "</s>"]
+    assert (out / "sentencepiece.model").read_bytes() == unpack_tokenizers(load_checkpoint(tiny_checkpoint))[0]
+    notes = json.loads((out / "tmt_export.json").read_text(encoding="utf-8"))
+    assert notes["quantization"] == "float32" and notes["sentencepiece"] == ["sentencepiece.model"]
+
+
+def test_int8_export_quantizes_the_weight_matrices(tiny_checkpoint, multi30k, tmp_path):
+    f32 = export(tiny_checkpoint, tmp_path / "f32")
+    int8 = export(tiny_checkpoint, tmp_path / "int8", quantization="int8")
+    # Every weight matrix (embeddings and linear layers; a tied matrix once) drops from 4 bytes per value to 1
+    # plus one float32 scale per row; position tables, biases and norms stay float32.
+    weights = {t.data_ptr(): t for t in load_checkpoint(tiny_checkpoint)["model"].values() if t.dim() == 2}
+    saved = sum(3 * t.numel() - 4 * t.size(0) for t in weights.values())
+    assert (f32 / "model.bin").stat().st_size - (int8 / "model.bin").stat().st_size == pytest.approx(saved, rel=0.02)
+    tok = Tokenizer(int8 / "sentencepiece.model")
+    ct = ctranslate2.Translator(str(int8), device="cpu", compute_type="int8")
+    res = ct.translate_batch(tok.encode_pieces(head(multi30k / "test_2016_flickr.en", 5)), beam_size=4)
+    assert all(r.hypotheses[0] for r in res)
+
+
+def test_export_errors(tiny_checkpoint, tmp_path):
+    export(tiny_checkpoint, tmp_path / "out")
+    with pytest.raises(ExportError, match="already exists.*--force"):
+        export(tiny_checkpoint, tmp_path / "out")
+    export(tiny_checkpoint, tmp_path / "out", force=True)
+    with pytest.raises(ExportError, match="--quantization 'int3' is not one of"):
+        export(tiny_checkpoint, tmp_path / "q", quantization="int3")
+    with pytest.raises(ExportError, match="--format 'onnx' is not supported"):
+        export(tiny_checkpoint, tmp_path / "o", format="onnx")
+
+
+def test_cli_export_and_missing_extra(tiny_checkpoint, tmp_path, capsys, monkeypatch):
+    import transformer_mt.cli.deploy  # noqa: F401 - registers the command
+    from transformer_mt.cli import main
+
+    def run(argv):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        cap = capsys.readouterr()
+        return exit_.value.code or 0, cap.out, cap.err
+
+    code, out, _ = run(["export", "-c", str(tiny_checkpoint), "-o", str(tmp_path / "m"), "-q", "int8"])
+    assert code == 0 and "int8" in out and (tmp_path / "m" / "model.bin").is_file()
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # what `import ctranslate2` meets without the extra
+    code, _, err = run(["export", "-c", str(tiny_checkpoint), "-o", str(tmp_path / "m2")])
+    assert code == 2 and err.strip() == 'tmt: error: ctranslate2 is not installed; run: pip install -e ".[export]"'
+    assert not (tmp_path / "m2").exists()

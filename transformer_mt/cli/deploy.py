@@ -1,0 +1,54 @@
+"""`tmt export` and `tmt serve`: hand a trained model to an inference engine, or answer HTTP requests with it.
+
+Both live in leaves (transformer_mt.export, transformer_mt.serve) whose optional libraries are imported
+only when the command runs; without them the command says in one line which extra to install.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from transformer_mt.cli.app import app
+
+
+@app.command()
+def export(
+    checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="A checkpoint written by `tmt train` or `tmt average`."),
+    output: Path = typer.Option(..., "--output", "-o", help="The model directory to write."),
+    format: str = typer.Option("ctranslate2", "--format", help="Target engine: ctranslate2."),
+    quantization: Optional[str] = typer.Option(
+        None, "--quantization", "-q", help="Weight type: int8, int8_float32, int8_float16, int8_bfloat16, int16, float16, bfloat16 (default: float32)."),
+    force: bool = typer.Option(False, "--force", help="Replace the output directory if it exists."),
+) -> None:
+    """Convert a checkpoint for an inference engine (CTranslate2): weights, vocabularies, sentencepiece model."""
+    from transformer_mt.export import export as export_model
+
+    out = export_model(checkpoint, output, format=format, quantization=quantization, force=force)
+    typer.echo(f"wrote {out} ({format}, {quantization or 'float32'}); see {out / 'tmt_export.json'} for how to decode like tmt")
+
+
+@app.command()
+def serve(
+    checkpoints: List[str] = typer.Option(
+        ..., "--checkpoint", "-c", help="A checkpoint to serve, as PATH or NAME=PATH; repeat -c to serve several models (the first is the default)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 = every interface)."),
+    port: int = typer.Option(8000, "--port", help="TCP port."),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
+    threads: int = typer.Option(0, "--threads", help="CPU threads for torch (0 = torch default)."),
+    max_lines: int = typer.Option(256, "--max-lines", help="Most lines in one request (more: 413)."),
+    max_chars: int = typer.Option(10_000, "--max-chars", help="Most characters in one line (more: 413). Lines over the model's "
+                                                                "token limit are truncated and reported in `warnings`."),
+    max_beam: int = typer.Option(16, "--max-beam", help="Largest beam a request may ask for (more: 422)."),
+    max_queue: int = typer.Option(256, "--max-queue", help="Requests waiting per model; when full, new requests get 503."),
+    batch_wait_ms: float = typer.Option(5.0, "--batch-wait-ms", help="How long the first request of a batch waits for others to join it."),
+    log_level: str = typer.Option("info", "--log-level", help="uvicorn log level: critical, error, warning, info, debug."),
+) -> None:
+    """Serve translations over HTTP (FastAPI + uvicorn): POST /translate, GET /health, GET /models, /docs."""
+    from transformer_mt.serve import ServeOptions
+    from transformer_mt.serve import serve as run_server
+
+    opts = ServeOptions(max_lines=max_lines, max_chars=max_chars, max_beam=max_beam, max_queue=max_queue, batch_wait_ms=batch_wait_ms)
+    run_server(checkpoints, host=host, port=port, device=device, threads=threads, options=opts, log_level=log_level)

@@ -1,0 +1,225 @@
+"""A tmt checkpoint as a CTranslate2 model directory, through CTranslate2's documented converter API.
+
+How each piece of :class:`~transformer_mt.model.Transformer` lands in a ``TransformerSpec`` (the same
+mapping as CTranslate2's own fairseq and OpenNMT-py converters; tests/test_export.py checks the
+result token for token against tmt's own search):
+
+- ``MultiHeadAttention.in_weight`` holds the rows [W^Q; W^K; W^V]: self-attention passes it whole as
+  the fused ``linear[0]``; cross-attention splits it into ``linear[0]`` = W^Q and the fused
+  ``linear[1]`` = [W^K; W^V]; W^O is ``linear[-1]``. CTranslate2 scales queries by 1/sqrt(d_k) itself.
+- Each sublayer's LayerNorm is that sublayer's ``layer_norm``; the spec's ``pre_norm`` flag says
+  whether it applies before the sublayer or after the residual add, as ``model.norm`` does here.
+  Pre-norm's final norm per stack is the stack's ``layer_norm``.
+- Embeddings are multiplied by sqrt(d_model) (section 3.4: ``scale_embeddings``); the positions are
+  written explicitly: CTranslate2's built-in sinusoids put all sines before all cosines, the paper's
+  (section 3.5) interleave them. Learned positions are their table.
+- ``output_proj`` is the decoder's ``projection``; when it is tied to the embedding, CTranslate2's
+  optimiser stores the one array once (it aliases equal variables).
+- Vocabularies are the sentencepiece pieces in id order, so a CTranslate2 id is the tmt id; the
+  config's unk / bos / eos tokens are the pieces at UNK_ID / BOS_ID / EOS_ID; ``decoder_start_token``
+  is the BOS piece (tmt's decoder input starts with BOS); ``add_source_eos`` appends EOS to the source
+  (tmt's source is pieces + EOS); decoding stops at EOS. A joint vocabulary is saved once.
+- LayerNorm epsilon is torch's 1e-5, written into the config.
+
+``ctranslate2`` is imported only inside the functions here; without it, the user is told which
+extra to install.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from transformer_mt import __version__
+from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, unpack_tokenizers
+from transformer_mt.config import Config
+from transformer_mt.export import ExportError
+from transformer_mt.model import MultiHeadAttention, Transformer, sinusoids
+from transformer_mt.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
+
+INSTALL_HINT = 'ctranslate2 is not installed; run: pip install -e ".[export]"'
+# Which sentencepiece model(s) go into the directory, for tokenizing before and detokenizing after.
+JOINT_SPM, SOURCE_SPM, TARGET_SPM = "sentencepiece.model", "source.model", "target.model"
+README_FILE = "tmt_export.json"
+
+
+def require_ctranslate2():
+    """The ``ctranslate2`` module, or an ExportError naming the install command."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise ExportError(INSTALL_HINT) from None
+    return ctranslate2
+
+
+def export_ctranslate2(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, quantization: str | None = None,
+                       force: bool = False) -> Path:
+    """Write ``checkpoint`` as a CTranslate2 model directory (model.bin, config.json, vocabularies,
+    the sentencepiece model(s) and ``tmt_export.json``); weights quantized to ``quantization``
+    (int8, int8_float32, int8_float16, int8_bfloat16, int16, float16, bfloat16, float32; None keeps float32)."""
+    ct2 = require_ctranslate2()
+    from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
+
+    if quantization is not None and quantization not in ACCEPTED_MODEL_TYPES:
+        raise ExportError(f"--quantization {quantization!r} is not one of {', '.join(ACCEPTED_MODEL_TYPES)}")
+    out = Path(out_dir)
+    if out.exists() and not force:
+        raise ExportError(f"{out}: already exists; choose another -o directory or pass --force to replace it")
+    state = load_checkpoint(checkpoint)
+    cfg = config_from_checkpoint(state, source=str(checkpoint))
+    src_proto, tgt_proto = unpack_tokenizers(state, source=str(checkpoint))
+    src_tok, tgt_tok = Tokenizer(src_proto), Tokenizer(tgt_proto)
+    model = Transformer(cfg.model, src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size)
+    model.load_state_dict(state["model"])
+    del state
+
+    class _Converter(ct2.converters.Converter):
+        """CTranslate2's converter protocol: ``_load`` returns the filled spec; ``convert`` validates,
+        quantizes and saves it (and refuses or replaces an existing directory)."""
+
+        def __init__(self, spm_dir: Path):
+            self.spm_dir = spm_dir
+
+        def _load(self):
+            spec = build_spec(model, src_tok, tgt_tok)
+            for name, proto in _spm_files(src_proto, tgt_proto).items():
+                path = self.spm_dir / name
+                path.write_bytes(proto)
+                spec.register_file(str(path), name)
+            return spec
+
+    with tempfile.TemporaryDirectory() as spm_dir:
+        _Converter(Path(spm_dir)).convert(str(out), quantization=quantization, force=force)
+    notes = describe(cfg, checkpoint=str(checkpoint), quantization=quantization, joint=src_proto == tgt_proto)
+    (out / README_FILE).write_text(json.dumps(notes, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def _spm_files(src_proto: bytes, tgt_proto: bytes) -> dict[str, bytes]:
+    return {JOINT_SPM: src_proto} if src_proto == tgt_proto else {SOURCE_SPM: src_proto, TARGET_SPM: tgt_proto}
+
+
+def build_spec(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer):
+    """A filled ``ctranslate2.specs.TransformerSpec`` for ``model`` (float32 weights, tmt's special tokens)."""
+    require_ctranslate2()
+    from ctranslate2.specs import common_spec, transformer_spec
+
+    cfg = model.cfg
+    attn = model.encoder[0].self_attn if len(model.encoder) else model.decoder[0].self_attn
+    if attn.dk != attn.dv:
+        raise ExportError(f"model.head_dim={attn.dk} differs from model.value_dim={attn.dv}; CTranslate2 needs one size per head for queries, keys and values")
+    head_dim = None if attn.dk * cfg.heads == cfg.d_model else attn.dk  # only a non-default size is declared
+    common = dict(pre_norm=cfg.norm == "pre", activation=_activation(common_spec, cfg.activation), head_dim=head_dim)
+    spec = transformer_spec.TransformerSpec(
+        transformer_spec.TransformerEncoderSpec(cfg.encoder_layers, cfg.heads, **common),
+        transformer_spec.TransformerDecoderSpec(cfg.decoder_layers, cfg.heads, **common),
+    )
+    positions = _position_table(model)
+    _set_stack_inputs(spec.encoder, model.src_embed, positions, embed_list=True)
+    _set_stack_inputs(spec.decoder, model.tgt_embed, positions, embed_list=False)
+    for layer_spec, layer in zip(spec.encoder.layer, model.encoder):
+        _set_self_attention(layer_spec.self_attention, layer.self_attn, layer.norm1)
+        _set_ffn(layer_spec.ffn, layer.ffn, layer.norm2)
+    for layer_spec, layer in zip(spec.decoder.layer, model.decoder):
+        _set_self_attention(layer_spec.self_attention, layer.self_attn, layer.norm1)
+        _set_cross_attention(layer_spec.attention, layer.cross_attn, layer.norm2)
+        _set_ffn(layer_spec.ffn, layer.ffn, layer.norm3)
+    if model.encoder_norm is not None:
+        _set_norm(spec.encoder.layer_norm, model.encoder_norm)
+        _set_norm(spec.decoder.layer_norm, model.decoder_norm)
+    spec.decoder.projection.weight = _np(model.output_proj.weight)
+
+    spec.register_source_vocabulary(_pieces(src_tok))
+    spec.register_target_vocabulary(_pieces(tgt_tok))
+    piece = tgt_tok.sp.id_to_piece
+    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = piece(UNK_ID), piece(BOS_ID), piece(EOS_ID)
+    spec.config.decoder_start_token = piece(BOS_ID)  # tmt's decoder input is BOS + target (data.collate)
+    spec.config.add_source_eos = True  # tmt's source is pieces + EOS (data.source_tensor)
+    spec.config.add_source_bos = False
+    spec.config.layer_norm_epsilon = 1e-5  # torch.nn.LayerNorm's default, which tmt trains with
+    if src_tok.sp.id_to_piece(EOS_ID) != piece(EOS_ID):
+        raise ExportError(f"source EOS piece {src_tok.sp.id_to_piece(EOS_ID)!r} differs from target EOS piece {piece(EOS_ID)!r}; "
+                          "CTranslate2 has one eos_token for both: retrain the tokenizers with `tmt tokenize train`")
+    return spec
+
+
+def _activation(common_spec, name: str):
+    # torch's F.gelu is the exact (erf) GELU, CTranslate2's Activation.GELU; not GELUTanh.
+    return {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[name]
+
+
+def _position_table(model: Transformer) -> np.ndarray:
+    """(P, D) position vectors, row p for position p (the first token is position 0, as in tmt).
+
+    Learned positions: the trained table (P = model.max_positions). Sinusoids extend to any length in
+    tmt, but CTranslate2 needs a finite table: 2 * max_positions rows cover the default maximum output
+    (source length + 50) of the longest source tmt accepts (max_positions)."""
+    if model.learned_positions:
+        return _np(model.pos_embed.weight)
+    return sinusoids(2 * model.cfg.max_positions, model.cfg.d_model).numpy()
+
+
+def _set_stack_inputs(stack_spec, embed: torch.nn.Embedding, positions: np.ndarray, *, embed_list: bool) -> None:
+    (stack_spec.embeddings[0] if embed_list else stack_spec.embeddings).weight = _np(embed.weight)
+    stack_spec.scale_embeddings = True  # multiply by sqrt(d_model), section 3.4
+    stack_spec.position_encodings.encodings = positions
+
+
+def _set_self_attention(spec, attn: MultiHeadAttention, norm: torch.nn.LayerNorm) -> None:
+    spec.linear[0].weight, spec.linear[0].bias = _np(attn.in_weight), _np(attn.in_bias)  # (H*(2Dk+Dv), D) = [W^Q; W^K; W^V]
+    _set_linear(spec.linear[1], attn.out)
+    _set_norm(spec.layer_norm, norm)
+
+
+def _set_cross_attention(spec, attn: MultiHeadAttention, norm: torch.nn.LayerNorm) -> None:
+    n = attn.sizes[0]  # rows of W^Q; the encoder side projects [W^K; W^V] in one matmul
+    spec.linear[0].weight, spec.linear[0].bias = _np(attn.in_weight[:n]), _np(attn.in_bias[:n])
+    spec.linear[1].weight, spec.linear[1].bias = _np(attn.in_weight[n:]), _np(attn.in_bias[n:])
+    _set_linear(spec.linear[2], attn.out)
+    _set_norm(spec.layer_norm, norm)
+
+
+def _set_ffn(spec, ffn, norm: torch.nn.LayerNorm) -> None:
+    _set_linear(spec.linear_0, ffn.fc1)
+    _set_linear(spec.linear_1, ffn.fc2)
+    _set_norm(spec.layer_norm, norm)
+
+
+def _set_linear(spec, linear: torch.nn.Linear) -> None:
+    spec.weight = _np(linear.weight)
+    if linear.bias is not None:
+        spec.bias = _np(linear.bias)
+
+
+def _set_norm(spec, norm: torch.nn.LayerNorm) -> None:
+    spec.gamma, spec.beta = _np(norm.weight), _np(norm.bias)
+
+
+def _np(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().float().cpu().numpy().copy()
+
+
+def _pieces(tok: Tokenizer) -> list[str]:
+    return [tok.sp.id_to_piece(i) for i in range(tok.vocab_size)]
+
+
+def describe(cfg: Config, *, checkpoint: str, quantization: str | None, joint: bool) -> dict:
+    """What ``tmt_export.json`` says: where the model came from and how to decode it like tmt."""
+    d = cfg.decode
+    return {
+        "exported_by": f"transformer_mt {__version__}",
+        "checkpoint": checkpoint,
+        "quantization": quantization or "float32",
+        "sentencepiece": [JOINT_SPM] if joint else [SOURCE_SPM, TARGET_SPM],
+        "source": "sentencepiece pieces of one line (no BOS/EOS: the model config appends EOS)",
+        "max_input_length": cfg.model.max_positions - 1,
+        "tmt_decode": {"beam": d.beam, "lenpen": d.lenpen, "max_len_a": d.max_len_a, "max_len_b": d.max_len_b},
+        "note": ("tmt's lenpen is GNMT ((5+len)/6)^alpha, CTranslate2's length_penalty divides by len^alpha: "
+                 "the two agree exactly only at 0; tmt's maximum output is floor(a * (pieces + 1) + b) per line, "
+                 "CTranslate2's max_decoding_length one number per call"),
+    }
