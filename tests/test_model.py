@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from transformer_mt.config import ModelConfig
 from transformer_mt.model import Transformer, count_parameters, sinusoids
-from transformer_mt.tokenizer import BOS_ID, PAD_ID
+from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 V = 40  # tiny joint vocabulary
 TINY = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, heads=4, d_ff=64, dropout=0.0, max_positions=64)
@@ -204,20 +204,130 @@ def test_cache_reset_forgets_the_prefix():
 def test_attention_weights_are_distributions_with_zeros_on_padding_and_future():
     model = tiny()
     src, tgt = tokens([6, 3, 5], seed=7), tokens([5, 7, 2], bos=True, seed=8)
-    enc = model.encode(src)
-    logits, weights = model.decode(tgt, enc, return_attention=True)
-    torch.testing.assert_close(logits, model.decode(tgt, enc), rtol=0, atol=1e-5)  # explicit path == SDPA path
-    assert len(weights) == TINY.decoder_layers
+    with torch.no_grad():
+        weights = model.attention(src, tgt)
+        torch.testing.assert_close(weights.logits, model.decode(tgt, model.encode(src)), rtol=0, atol=1e-5)  # explicit path == SDPA path
+    assert len(weights.encoder) == TINY.encoder_layers and len(weights.decoder) == len(weights.cross) == TINY.decoder_layers
     b, t, s, h = tgt.size(0), tgt.size(1), src.size(1), TINY.heads
     future = torch.ones(t, t, dtype=torch.bool).triu(1)
-    for layer in weights:
-        assert layer.self_attn.shape == (b, h, t, t) and layer.cross_attn.shape == (b, h, t, s)
-        for w in layer:
+    for enc_w in weights.encoder:
+        assert enc_w.shape == (b, h, s, s)
+        torch.testing.assert_close(enc_w.sum(-1), torch.ones(b, h, s), rtol=0, atol=1e-6)
+        assert (enc_w.transpose(1, 3)[src.eq(PAD_ID)] == 0).all()  # (B, S_k, S_q, H)[pad keys]
+    for self_w, cross_w in zip(weights.decoder, weights.cross):
+        assert self_w.shape == (b, h, t, t) and cross_w.shape == (b, h, t, s)
+        for w in (self_w, cross_w):
             torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1]), rtol=0, atol=1e-6)
-        assert (layer.self_attn[..., future] == 0).all()
-        assert (layer.self_attn.transpose(1, 3)[tgt.eq(PAD_ID)] == 0).all()  # (B, T_k, T_q, H)[pad keys]
-        assert (layer.cross_attn.transpose(1, 3)[src.eq(PAD_ID)] == 0).all()
-        assert (layer.cross_attn.transpose(1, 3)[src.ne(PAD_ID)] > 0).all()
+        assert (self_w[..., future] == 0).all()
+        assert (self_w.transpose(1, 3)[tgt.eq(PAD_ID)] == 0).all()  # (B, T_k, T_q, H)[pad keys]
+        assert (cross_w.transpose(1, 3)[src.eq(PAD_ID)] == 0).all()
+        assert (cross_w.transpose(1, 3)[src.ne(PAD_ID)] > 0).all()
+
+
+def reference_pass(model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor) -> tuple[list, list, list, torch.Tensor]:
+    """An independent float64 re-computation of the teacher-forced pass from the model's parameters:
+    every attention is softmax(Q K^T / sqrt(d_k)) with Q, K, V taken from the model's own projection
+    matrices and the masks built here (source padding; causal + target padding). Returns the encoder,
+    decoder-self and cross weights per layer and the logits."""
+    cfg, d = model.cfg, model.cfg.d_model
+    dd = lambda t: t.detach().double()  # noqa: E731
+
+    def norm(ln, x):
+        return F.layer_norm(x, (d,), dd(ln.weight), dd(ln.bias), ln.eps)
+
+    def mha(attn, xq, xkv, allowed):  # (B, Tq, D), (B, Tk, D), (B, 1|Tq, Tk) bool True = attend
+        h, dk, dv = cfg.heads, d // cfg.heads, d // cfg.heads
+        w, b = dd(attn.in_weight), dd(attn.in_bias)
+        q = (xq @ w[: h * dk].T + b[: h * dk]).unflatten(-1, (h, dk)).transpose(1, 2)  # (B, H, Tq, dk)
+        k = (xkv @ w[h * dk : 2 * h * dk].T + b[h * dk : 2 * h * dk]).unflatten(-1, (h, dk)).transpose(1, 2)
+        v = (xkv @ w[2 * h * dk :].T + b[2 * h * dk :]).unflatten(-1, (h, dv)).transpose(1, 2)
+        scores = (q @ k.transpose(-1, -2) / math.sqrt(dk)).masked_fill(~allowed[:, None], float("-inf"))
+        weights = scores.softmax(-1)  # (B, H, Tq, Tk)
+        out = (weights @ v).transpose(1, 2).flatten(2)  # (B, Tq, H*dv)
+        return out @ dd(attn.out.weight).T + dd(attn.out.bias), weights
+
+    def ffn(f, x):
+        return torch.relu(x @ dd(f.fc1.weight).T + dd(f.fc1.bias)) @ dd(f.fc2.weight).T + dd(f.fc2.bias)
+
+    def sublayer(x, fn, ln):  # post-norm LayerNorm(x + f(x)); pre-norm x + f(LayerNorm(x))
+        if cfg.norm == "pre":
+            return x + fn(norm(ln, x))
+        return norm(ln, x + fn(x))
+
+    def embed(table, ids):
+        pos = torch.arange(ids.size(1), dtype=torch.float64)[:, None]
+        i = torch.arange(0, d, 2, dtype=torch.float64)
+        pe = torch.zeros(ids.size(1), d, dtype=torch.float64)
+        pe[:, 0::2], pe[:, 1::2] = torch.sin(pos / 10000 ** (i / d)), torch.cos(pos / 10000 ** (i / d))
+        return dd(table.weight)[ids] * math.sqrt(d) + pe
+
+    src_ok, tgt_ok = src.ne(PAD_ID), tgt_in.ne(PAD_ID)
+    t = tgt_in.size(1)
+    enc_allowed = src_ok[:, None, :]  # (B, 1, S)
+    dec_allowed = tgt_ok[:, None, :] & torch.ones(t, t, dtype=torch.bool).tril()  # (B, T, T)
+    enc_w, self_w, cross_w = [], [], []
+    x = embed(model.src_embed, src)
+    for layer in model.encoder:
+        def attend(h, layer=layer):
+            out, w = mha(layer.self_attn, h, h, enc_allowed)
+            enc_w.append(w)
+            return out
+        x = sublayer(sublayer(x, attend, layer.norm1), lambda h, layer=layer: ffn(layer.ffn, h), layer.norm2)
+    memory = norm(model.encoder_norm, x) if cfg.norm == "pre" else x
+    y = embed(model.tgt_embed, tgt_in)
+    for layer in model.decoder:
+        def self_attend(h, layer=layer):
+            out, w = mha(layer.self_attn, h, h, dec_allowed)
+            self_w.append(w)
+            return out
+
+        def cross_attend(h, layer=layer):
+            out, w = mha(layer.cross_attn, h, memory, enc_allowed)
+            cross_w.append(w)
+            return out
+        y = sublayer(sublayer(sublayer(y, self_attend, layer.norm1), cross_attend, layer.norm2), lambda h, layer=layer: ffn(layer.ffn, h), layer.norm3)
+    if cfg.norm == "pre":
+        y = norm(model.decoder_norm, y)
+    return enc_w, self_w, cross_w, y @ dd(model.output_proj.weight).T
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_attention_weights_equal_an_independent_computation(norm):
+    model = tiny(norm=norm, encoder_layers=2, decoder_layers=3)
+    src, tgt = tokens([6, 3, 5], seed=11), tokens([5, 7, 2], bos=True, seed=12)  # padding on both sides
+    with torch.no_grad():
+        got = model.attention(src, tgt)
+    enc_w, self_w, cross_w, logits = reference_pass(model, src, tgt)
+    assert (len(got.encoder), len(got.decoder), len(got.cross)) == (2, 3, 3)
+    for ours, theirs in zip(got.encoder + got.decoder + got.cross, enc_w + self_w + cross_w):
+        torch.testing.assert_close(ours.double(), theirs, rtol=0, atol=1e-5)
+    torch.testing.assert_close(got.logits.double(), logits, rtol=0, atol=1e-4)
+
+
+def test_translation_is_the_same_with_and_without_weight_capture():
+    """Capturing weights leaves the model as it was (same translations before and after), and teacher-
+    forcing the greedy translation through attention() predicts that translation again, token by token."""
+    from transformer_mt.search import greedy_search, search
+
+    model = tiny(seed=3)
+    src = tokens([6, 3, 5], seed=13)
+    before = [search(model, src, beam=beam, max_len_b=8, nbest=1) for beam in (1, 3)]
+    greedy = greedy_search(model, src, max_len_a=1.0, max_len_b=8)
+    longest = max(len(h.tokens) for h in greedy)
+    tgt_in = torch.full((3, longest + 1), PAD_ID)
+    for row, hyp in enumerate(greedy):
+        tgt_in[row, : len(hyp.tokens) + 1] = torch.tensor([BOS_ID, *hyp.tokens])
+    with torch.no_grad():
+        weights = model.attention(src, tgt_in)
+    logits = weights.logits.clone()
+    logits[..., PAD_ID] = logits[..., BOS_ID] = float("-inf")  # the search never generates them
+    limits = (src.ne(PAD_ID).sum(1) + 8).tolist()  # floor(1.0 * source tokens + 8)
+    for row, hyp in enumerate(greedy):
+        predicted = logits[row, : len(hyp.tokens) + 1].argmax(-1).tolist()
+        assert predicted[: len(hyp.tokens)] == hyp.tokens
+        if len(hyp.tokens) < limits[row]:  # it stopped at EOS, not at its length limit
+            assert predicted[-1] == EOS_ID
+    assert [search(model, src, beam=beam, max_len_b=8, nbest=1) for beam in (1, 3)] == before
 
 
 def test_fast_path_uses_sdpa_and_attention_request_does_not(monkeypatch):
@@ -227,10 +337,12 @@ def test_fast_path_uses_sdpa_and_attention_request_does_not(monkeypatch):
     model = tiny()
     src, tgt = tokens([5, 3]), tokens([4, 2], bos=True)
     enc = model.encode(src)
-    model.decode(tgt, enc)
-    assert len(calls) == TINY.encoder_layers + 2 * TINY.decoder_layers
+    assert len(calls) == TINY.encoder_layers
     calls.clear()
-    model.decode(tgt, enc, return_attention=True)
+    model.decode(tgt, enc)
+    assert len(calls) == 2 * TINY.decoder_layers
+    calls.clear()
+    model.attention(src, tgt)
     assert not calls
 
 

@@ -1,7 +1,10 @@
 """The Transformer of "Attention Is All You Need": positions, attention, layers (the decoder cache is in cache.py).
 
-Entry points: :meth:`Transformer.encode`, :meth:`Transformer.decode` (teacher forcing),
-:meth:`Transformer.init_cache` + :meth:`Transformer.decode_step` (incremental decoding for search).
+Entry points, each with one return type: :meth:`Transformer.encode` -> EncoderOut,
+:meth:`Transformer.decode` (teacher forcing) -> logits, :meth:`Transformer.init_cache` +
+:meth:`Transformer.decode_step` (incremental decoding, what search uses) -> logits,
+:meth:`Transformer.attention` -> AttentionWeights (every layer's weights, for inspection). The training
+loss is a module around the model: :class:`transformer_mt.loss.TeacherForcedLoss`.
 
 Shapes: B batch, S source length, T target length, D d_model, H heads, Dk query/key size per head,
 Dv value size per head, V vocabulary, L decoder layers.
@@ -37,10 +40,21 @@ class EncoderOut(NamedTuple):
 
 
 class LayerAttention(NamedTuple):
-    """Attention weights of one decoder layer (heads kept apart), as returned by ``decode(return_attention=True)``."""
+    """Attention weights of one decoder layer (heads kept apart), as :class:`DecoderLayer` returns them when asked."""
 
     self_attn: Tensor  # (B, H, T, T), exactly 0 on future and padding keys
     cross_attn: Tensor  # (B, H, T, S), exactly 0 on source padding
+
+
+class AttentionWeights(NamedTuple):
+    """What :meth:`Transformer.attention` returns: per layer (bottom first), the attention weights of one
+    teacher-forced pass, heads kept apart, taken after the softmax and before attention dropout; keys the
+    mask blocks get exactly 0, and every row sums to 1 (a row with no allowed key attends everywhere)."""
+
+    encoder: tuple[Tensor, ...]  # per encoder layer: self-attention (B, H, S, S), 0 on source padding keys
+    decoder: tuple[Tensor, ...]  # per decoder layer: masked self-attention (B, H, T, T), 0 above the diagonal and on padding keys
+    cross: tuple[Tensor, ...]  # per decoder layer: attention over the encoder output (B, H, T, S), 0 on source padding
+    logits: Tensor  # (B, T, V_tgt) of the same pass, equal to decode()'s up to float rounding
 
 
 def _allowed(pad: Tensor, *, causal: bool = False) -> Tensor:
@@ -167,12 +181,14 @@ class EncoderLayer(_Block):
         self.self_attn, self.ffn = MultiHeadAttention(cfg), FeedForward(cfg)
         self.norm1, self.norm2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
 
-    def forward(self, x: Tensor, allowed: Tensor) -> Tensor:
-        """``allowed``: (B, 1, 1, S) bool, True = attend (the source key-padding mask)."""
+    def forward(self, x: Tensor, allowed: Tensor, *, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """``allowed``: (B, 1, 1, S) bool, True = attend (the source key-padding mask). Returns the layer's
+        output (B, S, D) and, with ``need_weights``, its self-attention weights (B, H, S, S), else None."""
         h = self.norm1(x) if self.pre else x
-        x = self._add(x, self.self_attn.attend(*self.self_attn.project_qkv(h), allowed)[0], self.norm1)
+        h, weights = self.self_attn.attend(*self.self_attn.project_qkv(h), allowed, need_weights=need_weights)
+        x = self._add(x, h, self.norm1)
         h = self.norm2(x) if self.pre else x
-        return self._add(x, self.ffn(h), self.norm2)
+        return self._add(x, self.ffn(h), self.norm2), weights
 
 
 class DecoderLayer(_Block):
@@ -299,31 +315,45 @@ class Transformer(nn.Module):
 
     def encode(self, src: Tensor) -> EncoderOut:
         """src (B, S) ids padded with PAD_ID -> EncoderOut(memory (B, S, D), src_pad (B, S) True = pad)."""
+        return self._encode(src)[0]
+
+    def _encode(self, src: Tensor, *, need_weights: bool = False) -> tuple[EncoderOut, list]:
+        """:meth:`encode`, plus each encoder layer's self-attention weights (B, H, S, S) if asked (else Nones)."""
         src_pad = src.eq(PAD_ID)
         allowed = _allowed(src_pad)  # (B, 1, 1, S)
         x = self._embed(self.src_embed, src)
+        weights = []
         for layer in self.encoder:
-            x = layer(x, allowed)
+            x, w = layer(x, allowed, need_weights=need_weights)
+            weights.append(w)
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
-        return EncoderOut(x, src_pad)
+        return EncoderOut(x, src_pad), weights
 
-    def decode(self, tgt_in: Tensor, enc: EncoderOut, *, return_attention: bool = False, keep: Tensor | None = None) -> Tensor | tuple[Tensor, list[LayerAttention]]:
+    def decode(self, tgt_in: Tensor, enc: EncoderOut, *, keep: Tensor | None = None) -> Tensor:
         """Teacher forcing: tgt_in (B, T) = BOS + target, padded with PAD_ID -> logits (B, T, V_tgt).
 
         Position t sees target positions <= t (causal) that are not padding, and non-pad source positions.
-        With ``return_attention``, returns (logits, weights): weights[i] is decoder layer i's (bottom
-        first) LayerAttention(self_attn (B, H, T, T), cross_attn (B, H, T, S)); this takes the explicit,
-        slower attention path.
         ``keep`` (B, T) bool: return logits (N, V_tgt) for the N positions where it is True, in row-major
-        order. Training passes the non-pad label positions: the vocabulary projection, the largest matmul
-        of a small model, then skips padding.
+        order (the vocabulary projection, the largest matmul of a small model, then skips the others).
         """
-        x, weights = self._decoder_states(tgt_in, enc, need_weights=return_attention)
+        x = self.decoder_output(tgt_in, enc)
         if keep is not None:
             x = x[keep]  # (B, T, D) -> (N, D)
-        logits = self.output_proj(x)
-        return (logits, weights) if return_attention else logits
+        return self.output_proj(x)
+
+    def attention(self, src: Tensor, tgt_in: Tensor) -> AttentionWeights:
+        """Teacher-force tgt_in (B, T) = BOS + target on src (B, S) and return every layer's attention
+        weights: encoder self (B, H, S, S), decoder self (B, H, T, T), cross (B, H, T, S), and the logits.
+
+        The same layers and masks as :meth:`encode` / :meth:`decode`, with the weights requested
+        (``need_weights``): the product is spelled out instead of SDPA's fused kernel, which every other
+        entry point keeps using. Call it in eval mode (no dropout) to see the weights decoding uses; to see
+        them for a translation, pass BOS + its tokens as ``tgt_in``.
+        """
+        enc, encoder = self._encode(src, need_weights=True)
+        x, decoder = self._decoder_states(tgt_in, enc, need_weights=True)
+        return AttentionWeights(tuple(encoder), tuple(w.self_attn for w in decoder), tuple(w.cross_attn for w in decoder), self.output_proj(x))
 
     def _decoder_states(self, tgt_in: Tensor, enc: EncoderOut, *, need_weights: bool = False) -> tuple[Tensor, list]:
         """tgt_in (B, T) -> the top decoder states (B, T, D) (after the final norm), and attention weights if asked."""
