@@ -34,7 +34,7 @@ def tokenize_train(
 def tokenize_encode(
     model: Path = typer.Option(..., "--model", "-m", help="Sentencepiece .model file."),
     input: Optional[Path] = typer.Argument(None, help="Text file (default: stdin)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output file (default: stdout); written to a temporary file and renamed into place on success."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output file (default: stdout), replaced only on success."),
     ids: bool = typer.Option(False, "--ids", help="Write ids instead of pieces."),
 ) -> None:
     """Encode text into space-separated pieces (or ids), one line per input line."""
@@ -53,7 +53,7 @@ def tokenize_encode(
 def tokenize_decode(
     model: Path = typer.Option(..., "--model", "-m", help="Sentencepiece .model file."),
     input: Optional[Path] = typer.Argument(None, help="File of pieces or ids (default: stdin)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output file (default: stdout); written to a temporary file and renamed into place on success."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output file (default: stdout), replaced only on success."),
     ids: bool = typer.Option(False, "--ids", help="Input holds ids instead of pieces."),
 ) -> None:
     """Decode pieces (or ids) back into text, one line per input line."""
