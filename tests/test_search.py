@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from transformer_mt.config import ModelConfig
 from transformer_mt.model import Transformer
-from transformer_mt.search import SearchError, beam_search, greedy_search, length_penalty, search
+from transformer_mt.search import SearchCache, SearchError, SearchModel, beam_search, greedy_search, length_penalty, search
 from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 VOCAB = 16  # 4 specials + 12 symbols
@@ -420,3 +420,55 @@ def test_bad_requests_are_refused(trained, sources):
             greedy_search(trained, sources)
     finally:
         trained.eval()
+
+
+class CopyCache:
+    """A toy cache: the source sentence of each row and the number of steps decoded."""
+
+    def __init__(self, src: torch.Tensor):
+        self.src, self.rows, self.length = src, torch.arange(src.size(0)), 0
+
+    def reorder(self, indices: torch.Tensor) -> None:
+        self.rows = self.rows[indices]
+
+
+class CopyModel:
+    """Not a Transformer, not an nn.Module: only the SearchModel protocol. Step t puts all the probability
+    on the source's t-th token (EOS last), so every search must return the source itself."""
+
+    training = False
+
+    def encode(self, src: torch.Tensor) -> torch.Tensor:
+        return src
+
+    def init_cache(self, enc: torch.Tensor) -> CopyCache:
+        return CopyCache(enc)
+
+    def decode_step(self, tokens: torch.Tensor, cache: CopyCache) -> torch.Tensor:  # noqa: ARG002 - the rule ignores the prefix
+        src = cache.src[cache.rows]  # (R, S)
+        column = torch.full((src.size(0),), PAD_ID) if cache.length >= src.size(1) else src[:, cache.length]
+        logits = torch.zeros(src.size(0), VOCAB)
+        logits[torch.arange(src.size(0)), column] = 5.0  # (R, V): p = e^5 / (e^5 + V - 1) on the copied token
+        cache.length += 1
+        return logits
+
+    def max_output_length(self) -> int | None:
+        return None
+
+
+def test_search_needs_only_the_protocol(sources):
+    """Transformer, Ensemble and a toy model that is neither all satisfy SearchModel; search runs the toy
+    as it runs the real model, and its answers follow from the toy's rule (copy the source)."""
+    from transformer_mt.ensemble import Ensemble
+
+    model = Transformer(tiny_config(), src_vocab_size=VOCAB, tgt_vocab_size=VOCAB).eval()
+    ensemble = Ensemble([model, model]).eval()
+    for m in (model, ensemble, CopyModel()):
+        assert isinstance(m, SearchModel)
+        assert isinstance(m.init_cache(m.encode(sources)), SearchCache)
+    assert not isinstance(object(), SearchModel)
+    copies = [unpadded(sources, i)[:-1].tolist() for i in range(sources.size(0))]  # the source without its EOS
+    assert [h.tokens for h in greedy_search(CopyModel(), sources)] == copies
+    for hyps, want in zip(beam_search(CopyModel(), sources, beam=3, nbest=2), copies):
+        assert hyps[0].tokens == want and hyps[1].tokens != want
+        assert hyps[0].logprob == pytest.approx((len(want) + 1) * -math.log1p((VOCAB - 1) * math.exp(-5.0)), rel=1e-5)

@@ -1,5 +1,5 @@
-"""Several models decoding as one: the search sees the model interface, and each step scores
-tokens by the mean of the members' probabilities.
+"""Several models decoding as one: the search sees the model interface (``search.SearchModel``), and
+each step scores tokens by the mean of the members' probabilities.
 
 log p(y) = log((1/N) * sum_i p_i(y)) = logsumexp_i(log p_i(y)) - log N, fairseq's ``EnsembleModel``
 rule (averaging probabilities, not logits or log-probs). Every member keeps its own encoder output

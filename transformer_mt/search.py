@@ -1,9 +1,12 @@
 """Greedy and beam search, outside the model, over its incremental decoding interface.
 
-The model is used through four calls only: ``encode`` once per batch, ``init_cache`` once,
+The model is used through the :class:`SearchModel` protocol only (both ``Transformer`` and ``Ensemble``
+satisfy it; this module imports neither): ``encode`` once per batch, ``init_cache`` once,
 ``decode_step`` once per output position (the KV cache makes each step cost one position, never
-the whole prefix), and ``cache.reorder(indices)`` to expand rows to beams, follow beam
-reshuffles and drop sentences that are done, so late steps run on fewer rows.
+the whole prefix), ``max_output_length`` once, and the cache's ``reorder(indices)``
+(:class:`SearchCache`) to expand rows to beams, follow beam reshuffles and drop sentences that are
+done, so late steps run on fewer rows. A search never changes the model, so one model can serve
+several searches at once (threads).
 
 Conventions shared by both searches (and by :class:`Hypothesis`):
 
@@ -23,15 +26,54 @@ Conventions shared by both searches (and by :class:`Hypothesis`):
 
 from __future__ import annotations
 
-from transformer_mt.errors import TmtError
-
 import math
 from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import torch
 from torch import Tensor
 
+from transformer_mt.errors import TmtError
+
 from .tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+
+@runtime_checkable
+class SearchCache(Protocol):
+    """The decoding state of one batch, made by ``SearchModel.init_cache`` and owned by the search."""
+
+    def reorder(self, indices: Tensor) -> None:
+        """Row i becomes old row ``indices[i]`` (LongTensor (R',), any R'): expand to beams, follow beam
+        reshuffles, drop finished rows."""
+        ...
+
+
+EncT = TypeVar("EncT")  # whatever encode returns and init_cache takes (EncoderOut; a list of them for an ensemble)
+CacheT = TypeVar("CacheT", bound=SearchCache)
+
+
+@runtime_checkable
+class SearchModel(Protocol[EncT, CacheT]):
+    """What greedy and beam search need from a model (``Transformer``, ``Ensemble``), nothing more."""
+
+    training: bool  # searching refuses a model in training mode (dropout on)
+
+    def encode(self, src: Tensor) -> EncT:
+        """src (B, S) token ids, PAD-padded, each row ending in EOS -> the encoder's output for the batch."""
+        ...
+
+    def init_cache(self, enc: EncT) -> CacheT:
+        """A fresh cache for the batch, one row per sentence, nothing decoded yet."""
+        ...
+
+    def decode_step(self, tokens: Tensor, cache: CacheT) -> Tensor:
+        """tokens (R,): the newest token of each cache row (BOS first) -> (R, V) logits (or log-probs) of
+        the next token; the cache advances by one position."""
+        ...
+
+    def max_output_length(self) -> int | None:
+        """The longest output the model can produce (a learned position table's size), or None."""
+        ...
 
 
 @dataclass
@@ -67,7 +109,7 @@ def max_output_lengths(src: Tensor, *, max_len_a: float, max_len_b: int, limit: 
     return lens
 
 
-def search(model, src: Tensor, *, beam: int = 4, lenpen: float = 0.6, max_len_a: float = 1.0,
+def search(model: SearchModel[Any, Any], src: Tensor, *, beam: int = 4, lenpen: float = 0.6, max_len_a: float = 1.0,
            max_len_b: int = 50, nbest: int = 1) -> list[list[Hypothesis]]:
     """Translate a padded batch ``src`` (B, S): beam 1 runs greedy search, larger beams beam search.
 
@@ -81,7 +123,7 @@ def search(model, src: Tensor, *, beam: int = 4, lenpen: float = 0.6, max_len_a:
 
 
 @torch.inference_mode()
-def greedy_search(model, src: Tensor, *, max_len_a: float = 1.0, max_len_b: int = 50,
+def greedy_search(model: SearchModel[Any, Any], src: Tensor, *, max_len_a: float = 1.0, max_len_b: int = 50,
                   lenpen: float = 0.0) -> list[Hypothesis]:
     """Pick the most probable token at every step; one hypothesis per sentence of ``src`` (B, S).
 
@@ -127,7 +169,7 @@ def greedy_search(model, src: Tensor, *, max_len_a: float = 1.0, max_len_b: int 
 
 
 @torch.inference_mode()
-def beam_search(model, src: Tensor, *, beam: int = 4, lenpen: float = 0.6, max_len_a: float = 1.0,
+def beam_search(model: SearchModel[Any, Any], src: Tensor, *, beam: int = 4, lenpen: float = 0.6, max_len_a: float = 1.0,
                 max_len_b: int = 50, nbest: int = 1) -> list[list[Hypothesis]]:
     """Beam search over a padded batch ``src`` (B, S); per sentence ``nbest`` hypotheses, best first.
 
@@ -262,7 +304,7 @@ def _log_probs(logits: Tensor) -> Tensor:
     return lprobs
 
 
-def _check_inputs(model, src: Tensor) -> None:
+def _check_inputs(model: SearchModel[Any, Any], src: Tensor) -> None:
     if model.training:
         raise SearchError("the model is in training mode (dropout on); call model.eval() before searching")
     if src.dim() != 2 or src.dtype != torch.long:
