@@ -162,9 +162,13 @@ def test_bad_request_gets_its_4xx_and_the_server_answers_after(served, body, con
     assert ok.status_code == 200 and len(ok.json()["translations"]) == 1
 
 
-def test_unknown_path_and_overlong_line(served):
+def test_unknown_path_huge_body_overlong_line_and_openapi(served):
     r = httpx.get(f"{served}/translations")
     assert r.status_code == 404 and "POST /translate" in r.json()["error"]
+    assert "/translate" in httpx.get(f"{served}/openapi.json").json()["paths"]
+    # 64 lines x 3000 characters at most: a bigger body is refused from its Content-Length, before parsing.
+    r = httpx.post(f"{served}/translate", json={"text": ["a" * 2999] * 400})
+    assert r.status_code == 413 and "more than this server's limits allow" in r.json()["error"]
     # Over the model's 1023 pieces (max_positions 1024, EOS included) but under --max-chars: truncated, with a warning.
     r = httpx.post(f"{served}/translate", json={"text": ["A man.", "a " * 1100], "beam": 1}, timeout=60).json()
     assert len(r["translations"]) == 2 and len(r["warnings"]) == 1

@@ -99,6 +99,18 @@ def build_app(models: list[ServedModel], options: ServeOptions) -> FastAPI:
 
     app = FastAPI(title="transformer_mt", summary="Transformer machine translation, batched across requests.", lifespan=lifespan)
 
+    # A body larger than the most the limits allow (every line at --max-chars, 4 UTF-8 bytes per character,
+    # JSON quoting) is refused before it is read and parsed.
+    max_body = options.max_lines * (4 * options.max_chars + 8) + 4096
+
+    @app.middleware("http")
+    async def _body_size(request: Request, call_next):
+        size = request.headers.get("content-length", "")
+        if size.isdigit() and int(size) > max_body:
+            message = f"body: {int(size)} bytes, more than this server's limits allow ({max_body}: --max-lines x --max-chars); split the request"
+            return JSONResponse({"error": message}, status_code=413)
+        return await call_next(request)
+
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
