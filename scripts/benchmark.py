@@ -73,7 +73,7 @@ from transformer_mt.loss import label_smoothed_nll_loss
 from transformer_mt.model import count_parameters
 from transformer_mt.tokenizer import PAD_ID, Tokenizer, train_sentencepiece
 from transformer_mt.train import Trainer
-from transformer_mt.translate import TranslateStats, Translator
+from transformer_mt.translate import Translator
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = "transformer_mt.benchmark/1"
@@ -256,11 +256,10 @@ def phase_translate(spec: dict) -> dict:
         lines = [line.rstrip("\n") for line in itertools.islice(handle, spec["sentences"] or None)]
     d, beam = translator.cfg.decode, spec["beam"]
     translator.translate(lines[:8], beam=beam, lenpen=d.lenpen)  # warm-up: allocator, kernel selection
-    translator.stats = TranslateStats()
     tic = time.perf_counter()
-    translator.translate(lines, beam=beam, lenpen=d.lenpen)
+    stats = translator.translate(lines, beam=beam, lenpen=d.lenpen).stats  # this call's counts only
     seconds = time.perf_counter() - tic
-    tokens = translator.stats.tgt_tokens
+    tokens = stats.tgt_tokens
     return {"parameters": count_parameters(translator.model), "model_config": dataclasses.asdict(translator.cfg.model),
             "batch_tokens": d.batch_tokens, "lenpen": d.lenpen, "max_len_a": d.max_len_a, "max_len_b": d.max_len_b,
             "sentences": len(lines), "seconds": seconds, "target_tokens": tokens, "avg_output_len": tokens / len(lines),

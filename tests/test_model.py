@@ -85,6 +85,12 @@ def test_encoder_input_is_scaled_embedding_plus_position_and_grows_past_max_posi
     # With no encoder layer (post-norm: no final LayerNorm) the memory is the encoder input itself.
     model = tiny(encoder_layers=0, max_positions=8)
     src = tokens([20])
+    with pytest.raises(ValueError, match=r"reserve_positions\(20\)"):  # encoding and decoding never grow the table
+        model.encode(src)
+    assert model.pe.size(0) == 8
+    with torch.inference_mode():
+        model.reserve_positions(20)  # grown once, up front (a normal tensor even under inference_mode)
+    assert model.pe.size(0) == 20 and not model.pe.is_inference()
     memory = model.encode(src).memory[0]
     emb = model.src_embed.weight[src[0]]
     d = TINY.d_model
@@ -138,8 +144,10 @@ def test_all_padding_rows_give_no_nan():
 
 @pytest.mark.parametrize("norm, positions, max_positions", [("post", "sinusoidal", 8), ("pre", "learned", 32), ("post", "learned", 32)])
 def test_cached_decoding_matches_full_forward_through_beam_reorders(norm, positions, max_positions):
-    # 20 steps: the cache outgrows its first capacity (16) and, with max_positions=8, the sinusoid table.
+    # 20 steps: the cache outgrows its first capacity (16) and, with max_positions=8, the sinusoid table
+    # (reserved up front, as Translator and translate_ids do).
     model = tiny(norm=norm, positions=positions, max_positions=max_positions)
+    model.reserve_positions(21)
     src = tokens([6, 3], seed=5)
     g = torch.Generator().manual_seed(6)
     cache = model.init_cache(model.encode(src))

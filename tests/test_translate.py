@@ -7,6 +7,7 @@ import os
 import select
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -18,15 +19,15 @@ from transformer_mt.cli import main
 from transformer_mt.config import load_config, to_dict
 from transformer_mt.model import Transformer
 from transformer_mt.tokenizer import Tokenizer
-from transformer_mt.translate import Translator
+from transformer_mt.translate import TranslateError, Translator
 
 VENV_BIN = Path(sys.executable).parent
 
 
-def make_checkpoint(spm_model: Path, path: Path, *, seed: int = 0, d_model: int = 32) -> Path:
+def make_checkpoint(spm_model: Path, path: Path, *, seed: int = 0, d_model: int = 32, positions: str = "learned") -> Path:
     """A randomly initialised tiny model with its tokenizer: enough to test plumbing, not quality."""
     cfg = load_config(None, ["model.encoder_layers=1", "model.decoder_layers=1", f"model.d_model={d_model}", "model.heads=2",
-                             "model.d_ff=64", "model.max_positions=64", "data.max_len=60", "model.positions=learned", "decode.max_len_b=6",
+                             "model.d_ff=64", "model.max_positions=64", "data.max_len=60", f"model.positions={positions}", "decode.max_len_b=6",
                              "decode.beam=3"])
     tok = Tokenizer(spm_model)
     torch.manual_seed(seed)
@@ -67,10 +68,46 @@ def test_batched_equals_one_at_a_time(ckpt, multi30k):
     tr = Translator.from_checkpoint(ckpt, device="cpu")
     lines = head(multi30k / "val.en", 12)
     for beam in (1, 3):
-        batched = tr.translate(lines, beam=beam, lenpen=0.6, batch_tokens=400)
-        single = [tr.translate([line], beam=beam, lenpen=0.6)[0] for line in lines]
+        batched = tr.translate(lines, beam=beam, lenpen=0.6, batch_tokens=400).hypotheses
+        single = [tr.translate([line], beam=beam, lenpen=0.6).hypotheses[0] for line in lines]
         assert [b[0][1] for b in batched] == [s[0][1] for s in single]
         assert [b[0][0] for b in batched] == pytest.approx([s[0][0] for s in single], abs=1e-4)
+
+
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+def test_threads_sharing_one_translator_get_what_they_get_alone(spm_model, multi30k, tmp_path, positions):
+    """Eight requests (different lines, beams and n-best sizes) through one Translator from four threads at
+    once: each gets exactly its sequential answer and its own stats, and the model is never changed."""
+    tr = Translator.from_checkpoint(make_checkpoint(spm_model, tmp_path / "m.pt", positions=positions), device="cpu")
+    lines = head(multi30k / "val.en", 48)
+    lines[5] = " ".join(["a dog runs through the snow"] * 30)  # truncated: in request 0's stats only
+    requests = [(lines[6 * k: 6 * k + 6], {"beam": (1, 3)[k % 2], "nbest": (1, 2, 1, 3)[k % 4], "lenpen": 0.6}) for k in range(8)]
+    params = {name: p.clone() for name, p in tr.model.state_dict().items()}
+    pe = getattr(tr.model, "pe", None)
+    alone = [tr.translate(text, **kw) for text, kw in requests]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        together = list(pool.map(lambda req: tr.translate(req[0], **req[1]), requests * 2))  # each request twice, interleaved
+    for k, result in enumerate(together):
+        assert result.hypotheses == alone[k % 8].hypotheses
+        assert result.stats.lines == 6 and result.stats.tgt_tokens == alone[k % 8].stats.tgt_tokens
+        assert result.stats.truncated == (k % 8 == 0)
+    assert alone[0].stats.warning() == "tmt translate: warning: 1 input line longer than 63 tokens (model.max_positions=64) truncated"
+    assert alone[1].stats.warning() is None  # a call's stats are its own
+    assert getattr(tr.model, "pe", None) is pe  # the position table was sized at load time, never regrown
+    assert all(torch.equal(p, params[name]) for name, p in tr.model.state_dict().items()) and not tr.model.training
+
+
+def test_sinusoid_table_is_sized_at_load_time(spm_model, tmp_path):
+    """Longest source accepted (63 pieces + EOS) and longest output the decode settings allow
+    (floor(1.0 * 64 + 6) = 70) fit in the table before any translation; decoding past it is refused."""
+    tr = Translator.from_checkpoint(make_checkpoint(spm_model, tmp_path / "s.pt", positions="sinusoidal"), device="cpu")
+    assert tr.max_src_tokens == 63 and tr.positions == 70 and tr.model.pe.size(0) == 70
+    with pytest.raises(TranslateError, match="max_len_b=50"):
+        tr.translate(["A man rides a horse."], beam=1, lenpen=0.6, max_len_b=50)
+    assert tr.translate(["A man rides a horse."], beam=1, lenpen=0.6, max_len_b=2).hypotheses[0][0][1] != ""  # within the table
+    with pytest.raises(ValueError, match="reserve_positions"):  # the model itself never grows the table while decoding
+        tr.model.encode(torch.full((1, 71), 5))
+    assert tr.model.pe.size(0) == 70
 
 
 def test_nbest_format(ckpt, tmp_path, capsys):

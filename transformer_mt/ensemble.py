@@ -48,6 +48,11 @@ class Ensemble(nn.Module):
         limits = [limit for limit in (m.max_output_length() for m in self.members) if limit is not None]
         return min(limits, default=None)
 
+    def reserve_positions(self, n: int) -> None:
+        """Every member's :meth:`Transformer.reserve_positions`: positions [0, n) ready before decoding."""
+        for m in self.members:
+            m.reserve_positions(n)
+
     def encode(self, src: Tensor) -> list[EncoderOut]:
         """src (B, S) -> one EncoderOut per member."""
         return [m.encode(src) for m in self.members]

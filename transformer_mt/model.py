@@ -302,11 +302,24 @@ class Transformer(nn.Module):
                     "shorten the input (data.max_len, decode max length) or train with a larger model.max_positions"
                 )
             return self.pos_embed.weight[start:end]
-        # Sinusoids extend to unseen lengths (section 3.5): grow the table. Training never gets here
-        # (config keeps data.max_len + 2 <= max_positions), so DDP's buffer broadcast sees one size.
-        if end > self.pe.size(0):
-            self.pe = sinusoids(max(end, 2 * self.pe.size(0)), self.cfg.d_model, device=self.pe.device).to(self.pe.dtype)
+        if end > self.pe.size(0):  # never grown here: decoding must not change the module (threads share it)
+            raise ValueError(
+                f"sequence needs {end} positions but the sinusoid table holds {self.pe.size(0)}; call "
+                f"model.reserve_positions({end}) before encoding or decoding (Translator and translate_ids do it for you)"
+            )
         return self.pe[start:end]
+
+    def reserve_positions(self, n: int) -> None:
+        """Make positions [0, n) available before encoding or decoding: sinusoids extend to lengths unseen in
+        training (section 3.5), so the table grows here, once, rather than during a search (which must not
+        change the module: one model may serve several threads). Learned positions have a fixed table:
+        nothing to do (longer sources are refused, outputs capped by :meth:`max_output_length`)."""
+        if self.learned_positions or n <= self.pe.size(0):
+            return
+        # A normal tensor even when called under inference_mode, so that training can use the table later.
+        # Training itself never needs more (config keeps data.max_len + 2 <= max_positions): DDP ranks see one size.
+        with torch.inference_mode(False):
+            self.pe = sinusoids(n, self.cfg.d_model, device=self.pe.device).to(self.pe.dtype)
 
     def _embed(self, embed: nn.Embedding, tokens: Tensor, *, start: int = 0) -> Tensor:
         """(B, T) ids at positions [start, start + T) -> (B, T, D): scaled embedding + position, dropout."""

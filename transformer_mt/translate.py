@@ -5,16 +5,21 @@ order); `Translator` adds the checkpoint, the tokenizers and the text rules:
 - an empty or whitespace-only input line gives an empty output line (the model is not run);
 - a line longer than the model allows is truncated, and one warning line counts them;
 - n-best output is `INDEX<TAB>SCORE<TAB>TEXT`, K lines per input line, INDEX 0-based, best first.
+
+A `Translator` is read-only once built: each `translate` call returns its translations and its own
+`TranslateStats`, and the model's position table is sized when loading, so decoding never changes the
+model. Several threads may translate through one Translator at once (the HTTP server does).
 """
 
 from __future__ import annotations
 
 from transformer_mt.errors import TmtError
 
+import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Iterable, Iterator, TextIO
+from typing import Iterable, Iterator, NamedTuple, TextIO
 
 import torch
 
@@ -46,20 +51,38 @@ def translate_ids(
     device: torch.device | str = "cpu",
     dtype: str = "float32",
 ) -> list[list[Hypothesis]]:
-    """Translate id sequences (without EOS; it is appended here) and return n-best lists in input order."""
+    """Translate id sequences (without EOS; it is appended here) and return n-best lists in input order.
+
+    The model's sinusoid table is grown first if this call's longest source or output needs more positions
+    (``reserve_positions``), never during decoding; a Translator's model was sized when loading, and a model
+    already in eval mode is not touched at all.
+    """
     device = torch.device(device)
+    if src_ids:
+        model.reserve_positions(positions_needed(max(map(len, src_ids)) + 1, max_len_a=max_len_a, max_len_b=max_len_b))
     order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]), reverse=True)
     results: list[list[Hypothesis] | None] = [None] * len(src_ids)
     was_training = model.training
-    model.eval()
-    with torch.inference_mode(), runtime.autocast(device, dtype):
-        for chunk in _token_batches(order, src_ids, batch_tokens):
-            src = source_tensor([src_ids[i] for i in chunk])  # (B, S): pieces + EOS, PAD-padded
-            hyps = search(model, src.to(device), beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, nbest=nbest)
-            for i, nbest_list in zip(chunk, hyps):
-                results[i] = nbest_list
-    model.train(was_training)
+    if was_training:  # validation during training; an eval-mode model (a Translator's, shared by threads) stays as it is
+        model.eval()
+    try:
+        with torch.inference_mode(), runtime.autocast(device, dtype):
+            for chunk in _token_batches(order, src_ids, batch_tokens):
+                src = source_tensor([src_ids[i] for i in chunk])  # (B, S): pieces + EOS, PAD-padded
+                hyps = search(model, src.to(device), beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, nbest=nbest)
+                for i, nbest_list in zip(chunk, hyps):
+                    results[i] = nbest_list
+    finally:
+        if was_training:
+            model.train()
     return results  # type: ignore[return-value]
+
+
+def positions_needed(longest_src: int, *, max_len_a: float, max_len_b: int) -> int:
+    """Positions a batch can use: its longest source (pieces + EOS) in the encoder, and in the decoder its
+    longest allowed output, floor(a * n + b) for n up to ``longest_src`` (search's rule, at least 1)."""
+    # a * n + b is linear in n: its largest value over 1..longest_src is at one of the two ends.
+    return max(longest_src, 1, *(math.floor(max_len_a * n + max_len_b) for n in (1, longest_src)))
 
 
 def _token_batches(order: list[int], src_ids: list[list[int]], batch_tokens: int) -> Iterator[list[int]]:
@@ -75,19 +98,40 @@ def _token_batches(order: list[int], src_ids: list[list[int]], batch_tokens: int
         yield chunk
 
 
-@dataclass
+@dataclass(frozen=True)
 class TranslateStats:
-    """Counts for the end-of-run report."""
+    """Counts of one ``Translator.translate`` call, or the sum of several (``a + b``), for the end-of-run
+    report and the truncation warning."""
 
-    lines: int = 0
-    truncated: int = 0
-    tgt_tokens: int = 0
-    seconds: float = 0.0
+    lines: int = 0  # input lines, empty ones included
+    truncated: int = 0  # lines cut to max_src_tokens
+    tgt_tokens: int = 0  # generated tokens of the best hypotheses, + EOS each (fairseq's count)
+    seconds: float = 0.0  # wall time inside translate()
+    max_src_tokens: int = 0  # the truncation limit the counts refer to
+
+    def __add__(self, other: TranslateStats) -> TranslateStats:
+        return TranslateStats(self.lines + other.lines, self.truncated + other.truncated, self.tgt_tokens + other.tgt_tokens,
+                              self.seconds + other.seconds, max(self.max_src_tokens, other.max_src_tokens))
+
+    def warning(self) -> str | None:
+        """One line counting the truncated input lines, or None when there were none."""
+        if not self.truncated:
+            return None
+        s = "s" if self.truncated > 1 else ""
+        return (f"tmt translate: warning: {self.truncated} input line{s} longer than {self.max_src_tokens} tokens "
+                f"(model.max_positions={self.max_src_tokens + 1}) truncated")
+
+
+class TranslationResult(NamedTuple):
+    """What one ``Translator.translate`` call returns; unpacks as ``hypotheses, stats``."""
+
+    hypotheses: list[list[tuple[float, str]]]  # per input line, in input order: n-best (score, text), best first
+    stats: TranslateStats  # this call's counts only
 
 
 class Translator:
     """A model (or an ensemble of models sharing one tokenizer), its tokenizers and decoding
-    settings, ready to translate text."""
+    settings, ready to translate text. Read-only after construction, so threads may share one."""
 
     def __init__(self, model: Transformer | Ensemble, src_tok: Tokenizer, tgt_tok: Tokenizer, cfg: Config, *,
                  device: torch.device, dtype: str = "float32", max_src_tokens: int | None = None):
@@ -95,7 +139,10 @@ class Translator:
         self.device, self.dtype = device, dtype
         # The longest source the model accepts: learned positions have a fixed table; EOS takes one place.
         self.max_src_tokens = cfg.model.max_positions - 1 if max_src_tokens is None else max_src_tokens
-        self.stats = TranslateStats()
+        # Size the sinusoid table now for the longest source accepted and the longest output the decode
+        # settings allow, so that no translate() call (in any thread) ever has to grow it.
+        self.positions = positions_needed(self.max_src_tokens + 1, max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b)
+        self.model.reserve_positions(self.positions)
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, *, device: str = "auto", dtype: str = "float32", threads: int = 0) -> "Translator":
@@ -132,35 +179,34 @@ class Translator:
         return cls(model, *toks, cfgs[0], device=dev, dtype=dtype, max_src_tokens=max_src)
 
     def translate(self, lines: list[str], *, beam: int, lenpen: float, nbest: int = 1, batch_tokens: int | None = None,
-                  max_len_a: float | None = None, max_len_b: int | None = None) -> list[list[tuple[float, str]]]:
-        """n-best (score, text) lists, one per input line, in input order; empty lines give [(0.0, "")] * nbest."""
+                  max_len_a: float | None = None, max_len_b: int | None = None) -> TranslationResult:
+        """n-best (score, text) lists, one per input line, in input order (empty lines give [(0.0, "")] * nbest),
+        and this call's stats. ``max_len_a`` / ``max_len_b`` override the checkpoint's decode settings
+        within the positions sized at load time."""
         d = self.cfg.decode
+        a, b = d.max_len_a if max_len_a is None else max_len_a, d.max_len_b if max_len_b is None else max_len_b
+        if positions_needed(self.max_src_tokens + 1, max_len_a=a, max_len_b=b) > self.positions:
+            raise TranslateError(f"max_len_a={a:g} max_len_b={b} allow outputs longer than the {self.positions} positions this Translator "
+                                 f"was loaded for (decode.max_len_a={d.max_len_a:g}, decode.max_len_b={d.max_len_b}); lower them")
         tic = time.perf_counter()
         keep = [i for i, line in enumerate(lines) if line.strip()]
         ids = self.src_tok.encode([lines[i] for i in keep])
+        truncated = 0
         for n, seq in enumerate(ids):
             if len(seq) > self.max_src_tokens:
                 ids[n] = seq[: self.max_src_tokens]
-                self.stats.truncated += 1
-        hyps = translate_ids(self.model, ids, beam=beam, lenpen=lenpen, nbest=nbest,
-                             max_len_a=d.max_len_a if max_len_a is None else max_len_a,
-                             max_len_b=d.max_len_b if max_len_b is None else max_len_b,
+                truncated += 1
+        hyps = translate_ids(self.model, ids, beam=beam, lenpen=lenpen, nbest=nbest, max_len_a=a, max_len_b=b,
                              batch_tokens=batch_tokens or d.batch_tokens, device=self.device, dtype="float32")
         out: list[list[tuple[float, str]]] = [[(0.0, "")] * nbest for _ in lines]
+        tgt_tokens = 0
         for i, nb in zip(keep, hyps):
             texts = self.tgt_tok.decode([h.tokens for h in nb])
             out[i] = [(h.score, t) for h, t in zip(nb, texts)]
-            self.stats.tgt_tokens += len(nb[0].tokens) + 1  # + EOS, as fairseq counts
-        self.stats.lines += len(lines)
-        self.stats.seconds += time.perf_counter() - tic
-        return out
-
-    def warning(self) -> str | None:
-        if not self.stats.truncated:
-            return None
-        s = "s" if self.stats.truncated > 1 else ""
-        return (f"tmt translate: warning: {self.stats.truncated} input line{s} longer than {self.max_src_tokens} tokens "
-                f"(model.max_positions={self.max_src_tokens + 1}) truncated")
+            tgt_tokens += len(nb[0].tokens) + 1  # + EOS, as fairseq counts
+        stats = TranslateStats(lines=len(lines), truncated=truncated, tgt_tokens=tgt_tokens, seconds=time.perf_counter() - tic,
+                               max_src_tokens=self.max_src_tokens)
+        return TranslationResult(out, stats)
 
 
 def write_results(results: list[list[tuple[float, str]]], out: TextIO, *, nbest: int, first_index: int) -> None:
@@ -174,14 +220,16 @@ def write_results(results: list[list[tuple[float, str]]], out: TextIO, *, nbest:
 
 def translate_stream(translator: Translator, lines: Iterable[list[str]], out: TextIO, *, beam: int, lenpen: float,
                      nbest: int = 1, batch_tokens: int | None = None, progress=None) -> TranslateStats:
-    """Translate chunks of lines as they come and write them in order; flushes after each chunk."""
-    index = 0
+    """Translate chunks of lines as they come and write them in order; flushes after each chunk. Returns the
+    stats of all chunks together (their ``warning()`` is the end-of-run truncation line)."""
+    index, total = 0, TranslateStats(max_src_tokens=translator.max_src_tokens)
     for chunk in lines:
-        results = translator.translate(chunk, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens)
+        results, stats = translator.translate(chunk, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens)
         write_results(results, out, nbest=nbest, first_index=index)
         out.flush()
         index += len(chunk)
+        total += stats
         if progress is not None:
             progress.update(len(chunk))
-    return translator.stats
+    return total
 

@@ -44,8 +44,8 @@ def evaluate(
               "sentences_per_s": round(stats.lines / stats.seconds, 2), "tgt_tokens_per_s": round(stats.tgt_tokens / stats.seconds, 1),
               "seconds": round(stats.seconds, 2), "beam": beam, "lenpen": lenpen, "hypotheses": str(output),
               "bleu_signature": results["bleu"]["signature"], "chrf_signature": results["chrf"]["signature"]}
-    if tr.warning():
-        typer.echo(tr.warning(), err=True)
+    if stats.warning():
+        typer.echo(stats.warning(), err=True)
     if json_out:
         typer.echo(json.dumps(report))
         return

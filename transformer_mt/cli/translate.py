@@ -39,9 +39,9 @@ def translate(
         bar = tqdm(total=count_lines(input), unit=" lines", desc="translate", leave=False)
     try:
         with safe_output(output, inputs=[input, *checkpoints]) as out:  # -o: a temporary file renamed on success
-            translate_stream(tr, chunks, out, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, progress=bar)
+            stats = translate_stream(tr, chunks, out, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, progress=bar)
     finally:
         if bar is not None:
             bar.close()
-    if tr.warning():
-        typer.echo(tr.warning(), err=True)
+    if stats.warning():
+        typer.echo(stats.warning(), err=True)
