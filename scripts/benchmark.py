@@ -16,7 +16,8 @@ it reports is that phase's own peak resident memory (the Python interpreter and 
              embeddings, 4096-token batches), each in float32 and bfloat16 autocast: ``--warmup`` updates
              untimed, then ``--updates`` timed; tokens/s counts non-pad target tokens (pieces + EOS).
              Both models also train once more in float32 with "plain ops" (``F.dropout`` and the unfused
-             logits + ``label_smoothed_nll_loss`` path), the baseline of the CPU speed-ups, same batches;
+             logits + ``label_smoothed_nll_loss`` path, switched on by ``kernels.use_reference_ops``), the
+             baseline of the CPU speed-ups, same batches;
   translate  :class:`transformer_mt.translate.Translator` on test_2016_flickr.en, greedy and beam 5, at
              the checkpoint's ``decode.batch_tokens`` and ``decode.lenpen``, after an untimed warm-up on 8
              sentences; tokens/s counts generated tokens + EOS. Two models: the reference size
@@ -138,8 +139,9 @@ def forward_flops(m: ModelConfig, *, vocab: int, batch: int, src_len: int, tgt_l
 def cpu_sdpa_formulas() -> dict:
     """FlopCounterMode formulas for the CPU flash-attention kernels, borrowed from the CUDA kernels'."""
     aten = torch.ops.aten
-    fwd = lambda q, k, v, *args, out_shape=None, **kwargs: sdpa_flop_count(q, k, v)  # noqa: E731
-    bwd = lambda g, q, k, v, *args, out_shape=None, **kwargs: sdpa_backward_flop_count(g, q, k, v)  # noqa: E731
+    # FlopCounterMode passes the op's other arguments and out_shape too; the count needs only the shapes of q, k, v (and g).
+    fwd = lambda q, k, v, *_args, **_kwargs: sdpa_flop_count(q, k, v)  # noqa: E731
+    bwd = lambda g, q, k, v, *_args, **_kwargs: sdpa_backward_flop_count(g, q, k, v)  # noqa: E731
     names = {"_scaled_dot_product_flash_attention_for_cpu": fwd, "_scaled_dot_product_flash_attention_for_cpu_backward": bwd}
     return {getattr(aten, name): fn for name, fn in names.items() if hasattr(aten, name)}
 
@@ -457,8 +459,9 @@ def render_markdown(r: dict) -> str:
              "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     q = r["quoted_reference"]
-    lines += ["", "Plain ops: the same training with torch's F.dropout and the unfused logits + loss path, the baseline of the CPU speed-ups. "
-              "GFLOP/s: measured (FlopCounterMode) FLOPs per target token x tokens/s; % of peak: of the matmul peak of the same dtype (the faster of its timings at the start and at the end of the run) "
+    lines += ["", "Plain ops: the same training with torch's F.dropout and the unfused logits + loss path (kernels.use_reference_ops), "
+              "the baseline of the CPU speed-ups. GFLOP/s: measured (FlopCounterMode) FLOPs per target token x tokens/s; % of peak: "
+              "of the matmul peak of the same dtype (the faster of its timings at the start and at the end of the run) "
               "measured above. Peak RSS: each phase in its own process, the interpreter and torch included.",
               f"Quoted reference figures are {q['source']}: training {', '.join(f'{k} {v:,} tok/s' for k, v in q['train_tokens_per_s'].items())}; "
               f"beam 5 {', '.join(f'{k} {v} sent/s' for k, v in q['beam5_sentences_per_s'].items())} ({q['setting']}); "

@@ -13,8 +13,6 @@ model. Several threads may translate through one Translator at once (the HTTP se
 
 from __future__ import annotations
 
-from transformer_mt.errors import TmtError
-
 import math
 import os
 import time
@@ -28,6 +26,7 @@ from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, u
 from transformer_mt.config import Config
 from transformer_mt.data import source_tensor
 from transformer_mt.ensemble import Ensemble
+from transformer_mt.errors import TmtError
 from transformer_mt.model import Transformer
 from transformer_mt.search import Hypothesis, search
 from transformer_mt.textio import count_lines, file_chunks, stdin_chunks  # noqa: F401 - moved to textio; kept importable from here
