@@ -13,6 +13,8 @@ for any other summation order.
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import os
 import shutil
@@ -28,7 +30,9 @@ import torch.multiprocessing as mp
 from tests.conftest import head
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import load_config
-from transformer_mt.train import Trainer, resumed_config, train
+from transformer_mt.prepare import load_corpora
+from transformer_mt.tokenizer import Tokenizer
+from transformer_mt.train import Trainer, resumed_config, train, update_schedule
 
 TINY = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.heads=2", "model.d_ff=64",
         "model.dropout=0.0", "train.lr_schedule=inverse_sqrt", "train.lr=0.003", "train.warmup_updates=4",
@@ -49,7 +53,7 @@ def setup(multi30k, spm_model, tmp_path_factory) -> dict:
         (root / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
     common = [f"data.train_src={root / 'train.en'}", f"data.train_tgt={root / 'train.de'}", f"data.valid_src={root / 'val.en'}",
               f"data.valid_tgt={root / 'val.de'}", f"data.cache_dir={root / 'cache'}", f"tokenizer.model={spm_model}", *TINY]
-    return {"root": root, "common": common}
+    return {"root": root, "common": common, "spm_model": spm_model}
 
 
 def _free_port() -> int:
@@ -86,6 +90,27 @@ def assert_params_close(a: dict, b: dict, atol: float) -> None:
 
 def losses(run: Path) -> list[float]:
     return [r["loss"] for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+def test_update_schedule_splits_one_process_updates_among_ranks(setup, tmp_path):
+    """The batches each rank trains on (the trainer's own `update_schedule`): the premise of the comparison below."""
+    cfg = load_config(None, [*setup["common"], f"train.out_dir={tmp_path}", f"train.update_freq={DDP_FREQ}"])
+    tok = Tokenizer(setup["spm_model"])
+    data, _ = load_corpora(cfg, tok, tok, quiet=True)
+    two_ranks = list(itertools.islice(update_schedule(data, cfg.train, world_size=2), 8))
+    one_process = list(itertools.islice(update_schedule(data, dataclasses.replace(cfg.train, update_freq=2 * DDP_FREQ)), 8))
+    # 5 batches per epoch: an update of 4 batches, then the epoch's remainder of 1, which leaves rank 1 without a batch
+    assert [(u.epoch, u.start, len(u.batches), u.last) for u in two_ranks] == [(e, s, n, s == 4) for e in (1, 2, 3, 4) for s, n in ((0, 4), (4, 1))]
+    assert [len(u.share(1, 2)) for u in two_ranks] == [2, 0] * 4
+    as_lists = lambda batches: [b.tolist() for b in batches]  # noqa: E731
+    for u, ref in zip(two_ranks, one_process):
+        assert (u.epoch, u.start, as_lists(u.batches)) == (ref.epoch, ref.start, as_lists(ref.batches))
+        # the ranks' shares interleaved give back the update's batches: none dropped, none repeated
+        shares = [u.share(rank, 2) for rank in (0, 1)]
+        assert as_lists(b for pair in itertools.zip_longest(*shares) for b in pair if b is not None) == as_lists(u.batches)
+        assert len(shares[0]) + len(shares[1]) == len(u.batches)
+    # epochs are deterministic but differently shuffled
+    assert as_lists(two_ranks[0].batches) != as_lists(two_ranks[2].batches)
 
 
 def test_two_gloo_ranks_match_one_process_and_resume_across_world_sizes(setup, tmp_path):

@@ -78,6 +78,60 @@ def test_tiny_model_overfits_64_real_pairs(pairs64, spm_model, tmp_path):
     assert (tmp_path / "run" / "config.yaml").is_file() and (tmp_path / "run" / "checkpoint_best.pt").is_file()
 
 
+TRAIN_FIELDS = {"kind", "update", "epoch", "wall", "loss", "nll", "ppl", "lr", "gnorm", "tokens", "tokens_per_s", "updates_per_s"}
+VALID_FIELDS = {"kind", "update", "epoch", "wall", "val_loss", "val_nll", "val_ppl", "val_bleu", "best", "valid_seconds"}
+SUMMARY_FIELDS = {"kind", "update", "epoch", "wall", "stop_reason", "target_tokens", "last_valid"}
+
+
+@pytest.mark.slow
+def test_metrics_jsonl_follows_the_documented_schema(pairs64, spm_model, tmp_path):
+    out = tmp_path / "run"
+    result = train(tiny_config(pairs64, spm_model, out, "train.max_tokens=300", "train.max_epochs=2", "train.log_every=1",
+                               "train.validate_every=4", "train.valid_bleu_sentences=4", "train.best_metric=loss"))
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    n = result.progress.update
+    by_kind = {kind: [r for r in records if r["kind"] == kind] for kind in ("train", "valid", "summary")}
+    assert sum(map(len, by_kind.values())) == len(records) and records[-1]["kind"] == "summary" and len(by_kind["summary"]) == 1
+    assert all(set(r) == TRAIN_FIELDS for r in by_kind["train"]) and [r["update"] for r in by_kind["train"]] == list(range(1, n + 1))
+    assert all(set(r) == VALID_FIELDS for r in by_kind["valid"])
+    assert [r["update"] for r in by_kind["valid"]] == list(range(4, n + 1, 4)) + ([n] if n % 4 else [])  # and once at the end
+    # "best": the validation loss improved on every earlier one
+    losses = [r["val_loss"] for r in by_kind["valid"]]
+    assert [r["best"] for r in by_kind["valid"]] == [all(x < y for y in losses[:i]) for i, x in enumerate(losses)]
+    walls = [r["wall"] for r in records]
+    assert walls == sorted(walls) and walls[0] >= 0
+    # the summary: two epochs of the 64 pairs, each target counted as its pieces + EOS (from the tokenizer, not the trainer)
+    summary = by_kind["summary"][0]
+    tok = Tokenizer(spm_model)
+    per_epoch = sum(len(ids) + 1 for ids in tok.encode(head(pairs64["train.de"], 64)))
+    assert set(summary) == SUMMARY_FIELDS
+    assert (summary["update"], summary["epoch"], summary["stop_reason"]) == (n, 3, "max_epochs=2 reached")
+    assert summary["target_tokens"] == 2 * per_epoch == sum(r["tokens"] for r in by_kind["train"])
+    assert summary["last_valid"] == {k: v for k, v in by_kind["valid"][-1].items() if k.startswith("val_")}
+    epochs = [r["epoch"] for r in by_kind["train"]]
+    assert epochs == sorted(epochs) and set(epochs) == {1, 2}
+
+
+@pytest.mark.slow
+def test_shared_tiny_runs_are_as_documented(tiny_run, tiny_run_postnorm):
+    """The session fixtures other tests build on: 150 updates, pre- and post-norm, translating more than one word."""
+    from transformer_mt.checkpoint import config_from_checkpoint
+    from transformer_mt.model import Transformer
+
+    for run, norm in ((tiny_run, "pre"), (tiny_run_postnorm, "post")):
+        state = load_checkpoint(run.checkpoint)
+        assert state["config"]["model"]["norm"] == norm and state["progress"]["update"] == 150
+        assert {"checkpoint_best.pt", "checkpoint_75.pt", "checkpoint_150.pt", "train.log", "config.yaml"} <= {p.name for p in run.run_dir.iterdir()}
+        records = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert [r["update"] for r in records if r["kind"] == "valid"] == [75, 150] and records[-1]["kind"] == "summary"
+        assert records[-1]["last_valid"]["val_loss"] < 5.5  # log(1000 pieces) = 6.9 at the start
+        tok = Tokenizer(run.spm_model)
+        model = Transformer(config_from_checkpoint(state).model, src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size)
+        model.load_state_dict(state["model"])
+        out = tok.decode([h[0].tokens for h in translate_ids(model, tok.encode(head(run.corpus["val.en"], 8)), beam=1)])
+        assert len({w for line in out for w in line.split()}) >= 5, out  # not one word repeated
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("subword_alpha", [0.0, 0.3])
 def test_resume_gives_the_same_parameters_and_losses(pairs64, spm_model, tmp_path, subword_alpha):

@@ -9,7 +9,7 @@ Data parallel. Launched by torchrun with WORLD_SIZE > 1, each process joins the 
 GPUs, one GPU per process; Gloo on CPU) and trains a DistributedDataParallel replica:
 - Batches. Every rank computes the same epoch batch list (a function of seed and epoch); an
   update consumes the next world_size x update_freq batches of it, rank r taking those at
-  positions r, r + world_size, ... So an update sees exactly the batches of one process with
+  positions r, r + world_size, ... (`update_schedule` and `UpdateBatches.share`). So an update sees exactly the batches of one process with
   update_freq x world_size, and `Progress.batch_in_epoch` counts these global batches: a
   checkpoint saved under one world size resumes under any other.
 - Epoch remainder. When the last window of an epoch holds fewer batches than ranks, a rank
@@ -18,8 +18,8 @@ GPUs, one GPU per process; Gloo on CPU) and trains a DistributedDataParallel rep
 - Loss. The update's target tokens are summed over ranks and each rank's loss is divided by
   that sum, times world_size because DDP averages gradients: the gradient is that of one
   process on the whole global batch. Only the last micro-batch of an update all-reduces.
-- Rank 0 alone trains the tokenizer (the others receive it), writes train.log, metrics.jsonl,
-  config.yaml and checkpoints, and validates; results and patience are shared with all ranks.
+- Rank 0 alone trains the tokenizer (the others receive it), writes train.log, metrics.jsonl
+  (a `RunLog`, schema in runlog.py), config.yaml and checkpoints, and validates; results and patience are shared with all ranks.
   It encodes the corpus cache first, the others then read it. Other ranks print only errors.
 - Stopping. A SIGINT/SIGTERM on any rank, or max_time on any rank's clock, is summed across
   ranks once per update: all ranks stop after the same update and rank 0 saves.
@@ -31,8 +31,6 @@ GPUs, one GPU per process; Gloo on CPU) and trains a DistributedDataParallel rep
 
 from __future__ import annotations
 
-from transformer_mt.errors import TmtError
-
 import contextlib
 import functools
 import json
@@ -42,12 +40,13 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable, Iterator
 
 import torch
 
 from transformer_mt import runtime
 from transformer_mt.checkpoint import (
+    config_from_checkpoint,
     load_checkpoint,
     numbered_checkpoint_path,
     pack_tokenizers,
@@ -56,17 +55,17 @@ from transformer_mt.checkpoint import (
     save_checkpoint,
     set_rng_state,
     unpack_tokenizers,
-    config_from_checkpoint,
 )
-from transformer_mt.config import Config, ConfigError, load_config, save_config, to_dict
+from transformer_mt.config import Config, ConfigError, TrainConfig, load_config, save_config, to_dict
 from transformer_mt.data import Batch, SampledSegmentation
-from transformer_mt.loss import TeacherForcedLoss, label_smoothed_nll_loss
-from transformer_mt.metrics import read_lines, score
+from transformer_mt.errors import TmtError
+from transformer_mt.evaluate import BleuSet, bleu_set, validation_bleu, validation_loss
+from transformer_mt.loss import TeacherForcedLoss
 from transformer_mt.model import Transformer, count_parameters
 from transformer_mt.optim import build_optimizer, build_scheduler
 from transformer_mt.prepare import load_corpora, prepare_tokenizers
-from transformer_mt.tokenizer import PAD_ID, Tokenizer
-from transformer_mt.translate import translate_ids
+from transformer_mt.runlog import RunLog, Window, echo
+from transformer_mt.tokenizer import Tokenizer
 
 
 class TrainError(TmtError, RuntimeError):
@@ -84,6 +83,7 @@ class Progress:
     bad_validations: int = 0  # validations without improvement (for patience)
     elapsed: float = 0.0  # training seconds before this process started
     last_validated: int = -1  # update of the last validation
+    tokens: int = 0  # target tokens trained on (pieces + EOS, all ranks)
 
 
 @dataclass
@@ -98,7 +98,8 @@ class TrainResult:
 
 # ---------------------------------------------------------------- entry points
 def train_from_cli(*, config: Path | None, overrides: list[str], resume: Path | None) -> TrainResult:
-    """Build the config (from --config, or from the run being resumed) and train; exits 130 when interrupted."""
+    """Build the config (from --config, or from the run being resumed) and train. An interrupted run
+    returns normally with stop_reason "interrupted" (the command line exits 130 on it)."""
     if resume is not None:
         cfg = resumed_config(resume, overrides)
         if config is not None and runtime.dist_info().is_main:
@@ -107,10 +108,7 @@ def train_from_cli(*, config: Path | None, overrides: list[str], resume: Path | 
         if config is None:
             raise ConfigError("tmt train needs --config FILE (see configs/) or --resume RUN_DIR")
         cfg = load_config(config, overrides)
-    result = train(cfg, resume=resume is not None)
-    if result.stop_reason == "interrupted":
-        sys.exit(130)
-    return result
+    return train(cfg, resume=resume is not None)
 
 
 def resumed_config(run_dir: Path, overrides: list[str]) -> Config:
@@ -132,6 +130,32 @@ def train(cfg: Config, *, resume: bool = False, on_update: Callable[[int, dict],
     return Trainer(cfg, resume=resume, on_update=on_update).run()
 
 
+# ---------------------------------------------------------------- the batches of each update
+@dataclass(frozen=True)
+class UpdateBatches:
+    """The global batches of one update: consecutive batches of its epoch's list."""
+
+    epoch: int
+    start: int  # position of its first batch in the epoch's batch list
+    batches: list  # index arrays (ParallelData.get_batch), at most world_size x update_freq of them
+    last: bool  # it ends the epoch
+
+    def share(self, rank: int, world_size: int) -> list:
+        """Rank r's batches: positions r, r + world_size, ...; empty for a rank left without one at an epoch's end."""
+        return self.batches[rank::world_size]
+
+
+def update_schedule(data, t: TrainConfig, *, world_size: int = 1, epoch: int = 1, start: int = 0) -> Iterator[UpdateBatches]:
+    """Every update's batches in training order, from batch `start` of `epoch` on, until t.max_epochs
+    (0: for ever). The same on every rank, and for one process with update_freq x world_size."""
+    per_update = world_size * t.update_freq
+    while not t.max_epochs or epoch <= t.max_epochs:
+        batches = data.batches(epoch, max_tokens=t.max_tokens, seed=t.seed)
+        for i in range(start, len(batches), per_update):
+            yield UpdateBatches(epoch, i, batches[i:i + per_update], last=i + per_update >= len(batches))
+        epoch, start = epoch + 1, 0
+
+
 # ---------------------------------------------------------------- the trainer
 class Trainer:
     """Holds the model, optimizer and data of one run; `run()` is the loop."""
@@ -141,7 +165,8 @@ class Trainer:
         self.out = Path(self.t.out_dir)
         self.on_update = on_update
         self.dist = runtime.dist_info()
-        self.log_file = self.metrics_file = None  # opened on rank 0 only
+        self.runlog = RunLog(None)  # silent until rank 0 opens the run directory
+        self.log = self.runlog.log
         self.device = runtime.pick_device(self.t.device)
         runtime.check_dtype(self.t.dtype, self.device)
         runtime.set_threads(self.t.threads)
@@ -198,12 +223,12 @@ class Trainer:
 
     # ------------------------------------------------------------ setup helpers
     def _open_run_dir(self, resume: bool) -> None:
-        """Rank 0: refuse to overwrite a run, create the directory, open the log and metrics files."""
+        """Rank 0: refuse to overwrite a run, create the directory, open the run log."""
         if not resume and (self.out / "checkpoint_last.pt").exists():
             raise TrainError(f"{self.out} already holds a run (checkpoint_last.pt); continue it with `tmt train --resume {self.out}` or set train.out_dir to a new directory")
         self.out.mkdir(parents=True, exist_ok=True)
-        self.log_file = open(self.out / "train.log", "a", encoding="utf-8")
-        self.metrics_file = open(self.out / "metrics.jsonl", "a", encoding="utf-8")
+        self.runlog = RunLog(self.out)
+        self.log = self.runlog.log
 
     def _restore(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
@@ -217,32 +242,14 @@ class Trainer:
         self.log(f"resumed from {self.out / 'checkpoint_last.pt'} at update {self.progress.update}, epoch {self.progress.epoch}")
 
     def close(self) -> None:
-        """Close the log files and leave the process group this trainer created."""
-        for handle in (self.log_file, self.metrics_file):
-            if handle is not None:
-                handle.close()
-        self.log_file = self.metrics_file = None
+        """Close the run log and leave the process group this trainer created."""
+        self.runlog.close()
         # Drop DDP first: were its reducer the last holder of the Gloo group, the group's destructor
         # would wait for Gloo's threads while holding the GIL they may need (a deadlock at exit).
         self.train_model = getattr(self, "model", None)
         if self._owns_group:
             runtime.shutdown_distributed()
             self._owns_group = False
-
-    # ------------------------------------------------------------ logging
-    def log(self, msg: str) -> None:
-        if self.log_file is None:  # ranks other than 0 stay silent
-            return
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        self.log_file.write(f"{stamp} {msg}\n")
-        self.log_file.flush()
-        _tqdm_write(msg)
-
-    def metric(self, record: dict[str, Any]) -> None:
-        if self.metrics_file is None:
-            return
-        self.metrics_file.write(json.dumps(record) + "\n")
-        self.metrics_file.flush()
 
     # ------------------------------------------------------------ the loop
     def run(self) -> TrainResult:
@@ -256,44 +263,45 @@ class Trainer:
         start = time.monotonic()
         elapsed = lambda: p.elapsed + (time.monotonic() - start)  # noqa: E731 - tiny closure over start
         previous = _install_signal_handlers(self._request_stop, verbose=self.dist.is_main)
-        bar = _progress_bar(total=t.max_updates or None, initial=p.update, enabled=self.dist.is_main)
-        window = _Window()
+        self.runlog.start_progress(total=t.max_updates or None, initial=p.update)
+        window = Window()
         reason = ""
         last_val: dict[str, float] = {}
         try:
-            while not reason:
-                batches = self.train_data.batches(p.epoch, max_tokens=t.max_tokens, seed=t.seed)
-                if isinstance(self.train_data, SampledSegmentation) and p.batch_in_epoch == 0:
+            for u in update_schedule(self.train_data, t, world_size=world, epoch=p.epoch, start=p.batch_in_epoch):
+                if isinstance(self.train_data, SampledSegmentation) and u.start == 0:
                     st = self.train_data.last_stats
-                    self.log(f"epoch {p.epoch}: sampled segmentation in {st['seconds']:.1f} s, pieces x{st['src_piece_ratio']:.3f} (source) "
+                    self.log(f"epoch {u.epoch}: sampled segmentation in {st['seconds']:.1f} s, pieces x{st['src_piece_ratio']:.3f} (source) "
                              f"x{st['tgt_piece_ratio']:.3f} (target) of the best segmentation")
-                while p.batch_in_epoch < len(batches) and not reason:
-                    group = batches[p.batch_in_epoch:p.batch_in_epoch + world * t.update_freq]  # global batches of this update
-                    mine = group[rank::world]
-                    filler = None if mine else self.train_data.get_batch(group[0])
-                    stats = self._update([self.train_data.get_batch(idx) for idx in mine], filler=filler)
-                    p.batch_in_epoch += len(group)
-                    p.update += 1
-                    window.add(stats)
-                    bar.update(1)
-                    if self.on_update is not None:
-                        self.on_update(p.update, stats)
-                    if p.update % t.log_every == 0:
-                        self._log_window(window, bar, elapsed())
-                    if self.valid_data is not None and p.update % t.validate_every == 0:
-                        last_val = self._validate_everywhere(elapsed())
-                        if t.patience and p.bad_validations >= t.patience:
-                            reason = f"no improvement in {t.patience} validations (patience)"
-                    elif t.save_every and p.update % t.save_every == 0:  # a numbered checkpoint between validations
-                        wall = elapsed()
-                        runtime.on_main(lambda: self._save_numbered(last_val, wall))
-                    reason = reason or self._stop_reason(elapsed())
-                if p.batch_in_epoch >= len(batches):
-                    p.epoch, p.batch_in_epoch = p.epoch + 1, 0
-                    if t.max_epochs and p.epoch > t.max_epochs:
-                        reason = reason or f"max_epochs={t.max_epochs} reached"
+                mine = u.share(rank, world)
+                filler = None if mine else self.train_data.get_batch(u.batches[0])
+                stats = self._update([self.train_data.get_batch(idx) for idx in mine], filler=filler)
+                p.epoch, p.batch_in_epoch = u.epoch, u.start + len(u.batches)
+                p.update += 1
+                p.tokens += stats["ntokens"]
+                window.add(stats)
+                self.runlog.advance()
+                if self.on_update is not None:
+                    self.on_update(p.update, stats)
+                if p.update % t.log_every == 0:
+                    self.runlog.train(update=p.update, epoch=p.epoch, wall=elapsed(), **window.flush())
+                if self.valid_data is not None and p.update % t.validate_every == 0:
+                    last_val = self._validate_everywhere(elapsed())
+                    if t.patience and p.bad_validations >= t.patience:
+                        reason = f"no improvement in {t.patience} validations (patience)"
+                elif t.save_every and p.update % t.save_every == 0:  # a numbered checkpoint between validations
+                    wall = elapsed()
+                    runtime.on_main(lambda: self._save_numbered(last_val, wall))
+                reason = reason or self._stop_reason(elapsed())
+                if u.last:
+                    p.epoch, p.batch_in_epoch = u.epoch + 1, 0
+                if reason:
+                    break
+            else:  # the schedule ran out of epochs (also when resumed at the end of the last one)
+                p.epoch, p.batch_in_epoch = t.max_epochs + 1, 0
+                reason = f"max_epochs={t.max_epochs} reached"
         finally:
-            bar.close()
+            self.runlog.end_progress()
             _restore_signal_handlers(previous)
         if reason != "interrupted" and self.valid_data is not None and p.last_validated != p.update:
             last_val = self._validate_everywhere(elapsed())
@@ -304,6 +312,7 @@ class Trainer:
     def _finish(self, reason: str, last_val: dict[str, float]) -> None:
         p = self.progress
         self._save(self.out / "checkpoint_last.pt", last_val)
+        self.runlog.summary(update=p.update, epoch=p.epoch, wall=p.elapsed, stop_reason=reason, target_tokens=p.tokens, last_valid=last_val)
         if reason == "interrupted":
             self.log(f"interrupted at update {p.update}: saved {self.out / 'checkpoint_last.pt'}; continue with `tmt train --resume {self.out}`")
         else:
@@ -314,7 +323,11 @@ class Trainer:
 
     def _stop_reason(self, elapsed: float) -> str:
         """Why to stop after this update ("" = go on): a signal or a limit; the same on every rank."""
-        reason = self.stop_requested or _limit_reached(self.t, self.progress, elapsed)
+        t, reason = self.t, self.stop_requested or ""
+        if not reason and t.max_updates and self.progress.update >= t.max_updates:
+            reason = f"max_updates={t.max_updates} reached"
+        elif not reason and t.max_time and elapsed >= t.max_time * 60:
+            reason = f"max_time={t.max_time:g} minutes reached"
         if not self.dist.enabled:
             return reason
         # a signal may reach one rank only, and clocks differ: any rank's stop stops all
@@ -365,45 +378,22 @@ class Trainer:
         return {"loss": loss_sum, "nll": nll_sum, "ntokens": total_tokens, "lr": lr, "gnorm": gnorm,
                 "seconds": time.perf_counter() - tic}
 
-    def _log_window(self, window: "_Window", bar, wall: float) -> None:
-        rec = window.flush()
-        rec.update(update=self.progress.update, epoch=self.progress.epoch, wall=round(wall, 2))
-        self.metric(rec)
-        bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{rec['lr']:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}")
-        if bar.disable:
-            self.log(f"update {rec['update']} epoch {rec['epoch']}: loss {rec['loss']:.3f} ppl {rec['ppl']:.2f} lr {rec['lr']:.3e} {rec['tokens_per_s']:.0f} tgt tok/s")
-
     # ------------------------------------------------------------ validation and checkpoints
     def validate(self) -> dict[str, float]:
-        """Validation loss/perplexity over the whole validation set and BLEU on its first sentences."""
+        """Validation loss/perplexity over the whole validation set and BLEU on its first sentences (evaluate.py)."""
         assert self.valid_data is not None
-        self.model.eval()
-        loss_sum = nll_sum = 0.0
-        ntokens = 0
-        with torch.inference_mode(), runtime.autocast(self.device, self.t.dtype):
-            for idx in self.valid_data.batches(0, max_tokens=self.t.max_tokens, seed=self.t.seed):
-                batch = self.valid_data.get_batch(idx).to(self.device)
-                loss, nll, n = label_smoothed_nll_loss(self.model(batch.src, batch.tgt_in), batch.tgt_out, epsilon=self.t.label_smoothing)
-                loss_sum, nll_sum, ntokens = loss_sum + loss.item(), nll_sum + nll.item(), ntokens + int(n)
-        result = {"val_loss": loss_sum / ntokens, "val_nll": nll_sum / ntokens, "val_ppl": math.exp(min(nll_sum / ntokens, 100.0))}
-        if self.t.valid_bleu_sentences >= 0:
-            result.update(self._valid_bleu())
+        t = self.t
+        result = validation_loss(self.model, self.valid_data, max_tokens=t.max_tokens, seed=t.seed, label_smoothing=t.label_smoothing,
+                                 device=self.device, dtype=t.dtype)
+        if t.valid_bleu_sentences >= 0:
+            result["val_bleu"] = validation_bleu(self.model, self._bleu_set, self.tgt_tok, beam=t.valid_beam, decode=self.cfg.decode,
+                                                 device=self.device, dtype=t.dtype)
         return result
 
     @functools.cached_property
-    def _bleu_set(self) -> tuple[list[list[int]], list[str]]:
-        """Encoded sources and raw references for validation BLEU: read and encoded once per run."""
-        srcs, refs = _valid_pairs(self.cfg.data.valid_src, self.cfg.data.valid_tgt, self.t.valid_bleu_sentences)
-        return self.src_tok.encode(srcs), refs
-
-    def _valid_bleu(self) -> dict[str, float]:
-        src_ids, refs = self._bleu_set
-        d = self.cfg.decode
-        hyps = translate_ids(self.model, src_ids, beam=self.t.valid_beam, lenpen=d.lenpen,
-                             max_len_a=d.max_len_a, max_len_b=d.max_len_b, batch_tokens=d.batch_tokens,
-                             device=self.device, dtype=self.t.dtype)
-        text = self.tgt_tok.decode([h[0].tokens for h in hyps])
-        return {"val_bleu": score(text, [refs], metrics=("bleu",))["bleu"]["score"]}
+    def _bleu_set(self) -> BleuSet:
+        """The validation pairs of BLEU, read and encoded once per run."""
+        return bleu_set(self.cfg.data.valid_src, self.cfg.data.valid_tgt, self.src_tok, limit=self.t.valid_bleu_sentences)
 
     def _validate_everywhere(self, wall: float) -> dict[str, float]:
         """Validate and save on rank 0; every rank gets the results and the patience bookkeeping."""
@@ -428,9 +418,7 @@ class Trainer:
             p.best, p.bad_validations = metric, 0
         else:
             p.bad_validations += 1
-        self.metric({"update": p.update, "epoch": p.epoch, **{k: round(v, 4) for k, v in val.items()}, "wall": round(wall, 2), "valid_seconds": round(time.perf_counter() - tic, 2)})
-        shown = ", ".join(f"{k[4:]} {v:.2f}" for k, v in val.items())
-        self.log(f"validation at update {p.update}: {shown}{' (best)' if improved else ''}")
+        self.runlog.valid(update=p.update, epoch=p.epoch, wall=wall, val=val, best=improved, seconds=time.perf_counter() - tic)
         self._save(self.out / "checkpoint_last.pt", val, elapsed=wall)
         if improved:
             self._save(self.out / "checkpoint_best.pt", val, elapsed=wall)
@@ -462,51 +450,6 @@ class Trainer:
 
 
 # ---------------------------------------------------------------- small helpers
-class _Window:
-    """Sums training stats between two log lines."""
-
-    def __init__(self) -> None:
-        self.reset()
-
-    def reset(self) -> None:
-        self.loss = self.nll = self.tokens = self.seconds = 0.0
-        self.updates = 0
-        self.lr = self.gnorm = 0.0
-        self.tic = time.perf_counter()
-
-    def add(self, s: dict[str, float]) -> None:
-        self.loss += s["loss"]
-        self.nll += s["nll"]
-        self.tokens += s["ntokens"]
-        self.updates += 1
-        self.lr, self.gnorm = s["lr"], s["gnorm"]
-
-    def flush(self) -> dict[str, float]:
-        seconds = time.perf_counter() - self.tic
-        tokens = max(self.tokens, 1.0)
-        rec = {"loss": self.loss / tokens, "nll": self.nll / tokens, "ppl": math.exp(min(self.nll / tokens, 100.0)),
-               "lr": self.lr, "gnorm": round(self.gnorm, 4), "tokens_per_s": self.tokens / max(seconds, 1e-9),
-               "updates_per_s": self.updates / max(seconds, 1e-9)}
-        self.reset()
-        return rec
-
-
-def _limit_reached(t, p: Progress, elapsed: float) -> str:
-    if t.max_updates and p.update >= t.max_updates:
-        return f"max_updates={t.max_updates} reached"
-    if t.max_time and elapsed >= t.max_time * 60:
-        return f"max_time={t.max_time:g} minutes reached"
-    return ""
-
-
-def _valid_pairs(src_path: str, tgt_path: str, limit: int) -> tuple[list[str], list[str]]:
-    """The first `limit` (0 = all) validation pairs with text on both sides, as raw strings."""
-    pairs = [(s, r) for s, r in zip(read_lines(src_path), read_lines(tgt_path)) if s.strip() and r.strip()]
-    if limit > 0:
-        pairs = pairs[:limit]
-    return [s for s, _ in pairs], [r for _, r in pairs]
-
-
 def _install_signal_handlers(request_stop: Callable[[], None], *, verbose: bool = True) -> dict:
     """First SIGINT/SIGTERM: finish the current update, save, exit. A second SIGINT aborts at once
     (checkpoints are written atomically, so the last one stays intact). `verbose`: say so on stderr."""
@@ -516,7 +459,7 @@ def _install_signal_handlers(request_stop: Callable[[], None], *, verbose: bool 
         request_stop()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if verbose:
-            _tqdm_write(f"\n{signal.Signals(signum).name} received: finishing this update and saving a checkpoint (Ctrl-C again to abort)")
+            echo(f"\n{signal.Signals(signum).name} received: finishing this update and saving a checkpoint (Ctrl-C again to abort)")
 
     try:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -530,14 +473,3 @@ def _restore_signal_handlers(previous: dict) -> None:
     for sig, handler in previous.items():
         signal.signal(sig, handler)
 
-
-def _progress_bar(*, total: int | None, initial: int, enabled: bool = True):
-    from tqdm import tqdm
-
-    return tqdm(total=total, initial=initial, unit="upd", dynamic_ncols=True, disable=not (enabled and sys.stderr.isatty()), leave=False)
-
-
-def _tqdm_write(msg: str) -> None:
-    from tqdm import tqdm
-
-    tqdm.write(msg, file=sys.stderr)

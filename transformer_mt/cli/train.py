@@ -21,7 +21,9 @@ def train(
     from transformer_mt.train import train_from_cli
 
     overrides = list(set_) + ([f"train.device={device}"] if device else [])
-    train_from_cli(config=config, overrides=overrides, resume=resume)
+    result = train_from_cli(config=config, overrides=overrides, resume=resume)
+    if result.stop_reason == "interrupted":  # saved and resumable, but not finished: 128 + SIGINT, as shells report it
+        raise typer.Exit(130)
 
 
 @app.command()

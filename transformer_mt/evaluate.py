@@ -1,0 +1,63 @@
+"""Scoring a model: validation loss and BLEU during `tmt train`, and `tmt evaluate` on a test set.
+
+Validation (`validate`) runs on the model in memory: the label-smoothed loss, the plain NLL and
+the perplexity over the whole validation set, teacher-forced, and BLEU of greedy (or beam)
+translations of its first sentences against their raw references. Both are sums over target
+tokens (pieces + EOS, padding excluded) divided once by their count, so the result does not
+depend on how the set is batched.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from transformer_mt import runtime
+from transformer_mt.config import DecodeConfig
+from transformer_mt.data import ParallelData
+from transformer_mt.loss import label_smoothed_nll_loss
+from transformer_mt.metrics import read_lines, score
+from transformer_mt.model import Transformer
+from transformer_mt.tokenizer import Tokenizer
+from transformer_mt.translate import translate_ids
+
+
+@dataclass
+class BleuSet:
+    """The validation pairs BLEU is computed on: encoded sources and raw references."""
+
+    src_ids: list[list[int]]  # source pieces, without EOS
+    refs: list[str]  # reference lines as written (sacreBLEU tokenizes them)
+
+
+def bleu_set(src_path: str, tgt_path: str, src_tok: Tokenizer, *, limit: int) -> BleuSet:
+    """The first `limit` (0 = all) validation pairs with text on both sides."""
+    pairs = [(s, r) for s, r in zip(read_lines(src_path), read_lines(tgt_path)) if s.strip() and r.strip()]
+    if limit > 0:
+        pairs = pairs[:limit]
+    return BleuSet(src_tok.encode([s for s, _ in pairs]), [r for _, r in pairs])
+
+
+def validation_loss(model: Transformer, data: ParallelData, *, max_tokens: int, seed: int, label_smoothing: float,
+                    device: torch.device, dtype: str = "float32") -> dict[str, float]:
+    """val_loss (label-smoothed), val_nll and val_ppl per target token over all of `data`, teacher-forced."""
+    model.eval()
+    loss_sum = nll_sum = 0.0
+    ntokens = 0
+    with torch.inference_mode(), runtime.autocast(device, dtype):
+        for idx in data.batches(0, max_tokens=max_tokens, seed=seed):
+            batch = data.get_batch(idx).to(device)
+            loss, nll, n = label_smoothed_nll_loss(model(batch.src, batch.tgt_in), batch.tgt_out, epsilon=label_smoothing)
+            loss_sum, nll_sum, ntokens = loss_sum + loss.item(), nll_sum + nll.item(), ntokens + int(n)
+    return {"val_loss": loss_sum / ntokens, "val_nll": nll_sum / ntokens, "val_ppl": math.exp(min(nll_sum / ntokens, 100.0))}
+
+
+def validation_bleu(model: Transformer, pairs: BleuSet, tgt_tok: Tokenizer, *, beam: int, decode: DecodeConfig,
+                    device: torch.device, dtype: str = "float32") -> float:
+    """sacreBLEU (default 13a tokenization) of `pairs` translated with `beam` and decode's lenpen and length limits."""
+    hyps = translate_ids(model, pairs.src_ids, beam=beam, lenpen=decode.lenpen, max_len_a=decode.max_len_a,
+                         max_len_b=decode.max_len_b, batch_tokens=decode.batch_tokens, device=device, dtype=dtype)
+    text = tgt_tok.decode([h[0].tokens for h in hyps])
+    return score(text, [pairs.refs], metrics=("bleu",))["bleu"]["score"]

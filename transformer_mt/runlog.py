@@ -1,0 +1,165 @@
+"""What a training run shows: `train.log` and a progress bar for people, `metrics.jsonl` for programs.
+
+`RunLog` owns both files of a run directory and the progress bar. On ranks other than 0 of a
+data-parallel run it is silent from the start and every call does nothing, so the trainer calls it
+unconditionally. On a terminal, training progress is a bar (loss, lr, tokens/s); otherwise each
+"train" record is also a line of train.log.
+
+`metrics.jsonl` holds one JSON object per line, appended as training goes (a resumed run appends
+to the same file). Every record has a ``"kind"``; a reader selects by kind and ignores keys it does
+not know (later versions may add keys, never rename or remove them). Losses are per target token
+(pieces + EOS, padding excluded), in nats.
+
+``kind: "train"``, every ``train.log_every`` updates, over the updates since the previous one:
+    update        optimizer updates done so far (int)
+    epoch         the epoch the last of those updates belongs to (1-based)
+    wall          training seconds since the run began, earlier sessions of a resumed run included
+    loss          label-smoothed cross-entropy (the optimised objective)
+    nll           cross-entropy without smoothing
+    ppl           exp(nll)
+    lr            learning rate of the last update
+    gnorm         gradient norm of the last update, before clipping
+    tokens        target tokens trained on in the window
+    tokens_per_s  target tokens per second of the window
+    updates_per_s updates per second of the window
+
+``kind: "valid"``, at every validation (``train.validate_every`` updates, and at the end):
+    update, epoch, wall   as for "train"
+    val_loss      label-smoothed cross-entropy over the whole validation set
+    val_nll       cross-entropy over the whole validation set
+    val_ppl       exp(val_nll)
+    val_bleu      sacreBLEU on the first ``train.valid_bleu_sentences`` pairs; absent when BLEU is off (-1)
+    best          true when this validation improved ``train.best_metric`` (checkpoint_best.pt was written)
+    valid_seconds seconds this validation took
+
+``kind: "summary"``, once at the end of each session (``tmt train`` or ``--resume``), after the last save:
+    update, epoch, wall   where training stopped (epoch: the next one to start when an epoch just ended;
+                          wall: training seconds of the whole run)
+    stop_reason   why: "max_updates=N reached", "max_epochs=N reached", "max_time=M minutes reached",
+                  "no improvement in N validations (patience)" or "interrupted"
+    target_tokens target tokens trained on over the whole run
+    last_valid    the last validation's val_* values ({} when the run has no validation set)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+KINDS = ("train", "valid", "summary")
+
+
+class RunLog:
+    """Writes `train.log` (time-stamped lines, echoed on stderr) and `metrics.jsonl` (records with a kind)."""
+
+    def __init__(self, out_dir: Path | None):
+        """Open (append to) the files in `out_dir`; None: a silent log (ranks other than 0)."""
+        self.log_file = self.metrics_file = None
+        self.bar = None
+        if out_dir is not None:
+            self.log_file = open(Path(out_dir) / "train.log", "a", encoding="utf-8")
+            self.metrics_file = open(Path(out_dir) / "metrics.jsonl", "a", encoding="utf-8")
+
+    # ------------------------------------------------------------ the three kinds of record
+    def train(self, *, update: int, epoch: int, wall: float, **window: float) -> None:
+        """A "train" record: `window` is `Window.flush()`."""
+        rec = {"update": update, "epoch": epoch, "wall": round(wall, 2), **window}
+        self.record("train", **rec)
+        if self.bar is not None and not self.bar.disable:
+            self.bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{rec['lr']:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}")
+        else:
+            self.log(f"update {update} epoch {epoch}: loss {rec['loss']:.3f} ppl {rec['ppl']:.2f} lr {rec['lr']:.3e} {rec['tokens_per_s']:.0f} tgt tok/s")
+
+    def valid(self, *, update: int, epoch: int, wall: float, val: dict[str, float], best: bool, seconds: float) -> None:
+        """A "valid" record and its log line; `val` holds the val_* values."""
+        self.record("valid", update=update, epoch=epoch, wall=round(wall, 2), **{k: round(v, 4) for k, v in val.items()},
+                    best=best, valid_seconds=round(seconds, 2))
+        shown = ", ".join(f"{k[4:]} {v:.2f}" for k, v in val.items())
+        self.log(f"validation at update {update}: {shown}{' (best)' if best else ''}")
+
+    def summary(self, *, update: int, epoch: int, wall: float, stop_reason: str, target_tokens: int, last_valid: dict[str, float]) -> None:
+        """The "summary" record of a session's end."""
+        self.record("summary", update=update, epoch=epoch, wall=round(wall, 2), stop_reason=stop_reason,
+                    target_tokens=int(target_tokens), last_valid={k: round(v, 4) for k, v in last_valid.items()})
+
+    # ------------------------------------------------------------ the progress bar (a terminal only)
+    def start_progress(self, *, total: int | None, initial: int) -> None:
+        if self.log_file is not None and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, unit="upd", dynamic_ncols=True, leave=False)
+
+    def advance(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def end_progress(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    # ------------------------------------------------------------ the files
+
+    def log(self, msg: str) -> None:
+        """One line in train.log, with a time stamp, and on stderr (above the progress bar)."""
+        if self.log_file is None:
+            return
+        self.log_file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}\n")
+        self.log_file.flush()
+        echo(msg)
+
+    def record(self, kind: str, **fields: Any) -> None:
+        """Append one record of `kind` (see the module docstring for each kind's fields)."""
+        assert kind in KINDS, kind
+        if self.metrics_file is None:
+            return
+        self.metrics_file.write(json.dumps({"kind": kind, **fields}) + "\n")
+        self.metrics_file.flush()
+
+    def close(self) -> None:
+        for handle in (self.log_file, self.metrics_file):
+            if handle is not None:
+                handle.close()
+        self.log_file = self.metrics_file = None
+
+
+class Window:
+    """Sums training stats between two "train" records."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.loss = self.nll = self.tokens = 0.0
+        self.updates = 0
+        self.lr = self.gnorm = 0.0
+        self.tic = time.perf_counter()
+
+    def add(self, s: dict[str, float]) -> None:
+        """Count one update's stats (`Trainer._update`: loss and nll summed over its tokens, ntokens, lr, gnorm)."""
+        self.loss += s["loss"]
+        self.nll += s["nll"]
+        self.tokens += s["ntokens"]
+        self.updates += 1
+        self.lr, self.gnorm = s["lr"], s["gnorm"]
+
+    def flush(self) -> dict[str, float]:
+        """The window's fields of a "train" record (all but update, epoch and wall); starts a new window."""
+        seconds = time.perf_counter() - self.tic
+        tokens = max(self.tokens, 1.0)
+        rec = {"loss": self.loss / tokens, "nll": self.nll / tokens, "ppl": math.exp(min(self.nll / tokens, 100.0)),
+               "lr": self.lr, "gnorm": round(self.gnorm, 4), "tokens": int(self.tokens), "tokens_per_s": self.tokens / max(seconds, 1e-9),
+               "updates_per_s": self.updates / max(seconds, 1e-9)}
+        self.reset()
+        return rec
+
+
+def echo(msg: str) -> None:
+    """A line on stderr that does not break a tqdm progress bar."""
+    from tqdm import tqdm
+
+    tqdm.write(msg, file=sys.stderr)
