@@ -41,6 +41,7 @@ from transformer_mt.config import Config
 from transformer_mt.export import ExportError
 from transformer_mt.model import MultiHeadAttention, Transformer, sinusoids
 from transformer_mt.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
+from transformer_mt.translate import positions_needed
 
 INSTALL_HINT = 'ctranslate2 is not installed; run: pip install -e ".[export]"'
 # Which sentencepiece model(s) go into the directory, for tokenizing before and detokenizing after.
@@ -86,7 +87,7 @@ def export_ctranslate2(checkpoint: str | os.PathLike, out_dir: str | os.PathLike
             self.spm_dir = spm_dir
 
         def _load(self):
-            spec = build_spec(model, src_tok, tgt_tok)
+            spec = build_spec(model, src_tok, tgt_tok, config=cfg)
             for name, proto in _spm_files(src_proto, tgt_proto).items():
                 path = self.spm_dir / name
                 path.write_bytes(proto)
@@ -104,8 +105,9 @@ def _spm_files(src_proto: bytes, tgt_proto: bytes) -> dict[str, bytes]:
     return {JOINT_SPM: src_proto} if src_proto == tgt_proto else {SOURCE_SPM: src_proto, TARGET_SPM: tgt_proto}
 
 
-def build_spec(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer):
-    """A filled ``ctranslate2.specs.TransformerSpec`` for ``model`` (float32 weights, tmt's special tokens)."""
+def build_spec(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, *, config: Config):
+    """A filled ``ctranslate2.specs.TransformerSpec`` for ``model`` (float32 weights, tmt's special tokens);
+    ``config`` (the checkpoint's Config) sizes the sinusoid table."""
     require_ctranslate2()
     from ctranslate2.specs import common_spec, transformer_spec
 
@@ -119,7 +121,7 @@ def build_spec(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer):
         transformer_spec.TransformerEncoderSpec(cfg.encoder_layers, cfg.heads, **common),
         transformer_spec.TransformerDecoderSpec(cfg.decoder_layers, cfg.heads, **common),
     )
-    positions = _position_table(model)
+    positions = _position_table(model, config)
     _set_stack_inputs(spec.encoder, model.src_embed, positions, embed_list=True)
     _set_stack_inputs(spec.decoder, model.tgt_embed, positions, embed_list=False)
     for layer_spec, layer in zip(spec.encoder.layer, model.encoder):
@@ -153,15 +155,17 @@ def _activation(common_spec, name: str):
     return {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[name]
 
 
-def _position_table(model: Transformer) -> np.ndarray:
+def _position_table(model: Transformer, cfg: Config) -> np.ndarray:
     """(P, D) position vectors, row p for position p (the first token is position 0, as in tmt).
 
     Learned positions: the trained table (P = model.max_positions). Sinusoids extend to any length in
-    tmt, but CTranslate2 needs a finite table: 2 * max_positions rows cover the default maximum output
-    (source length + 50) of the longest source tmt accepts (max_positions)."""
+    tmt, but CTranslate2 needs a finite table: P is what tmt's Translator reserves when it loads the
+    checkpoint, the longest accepted source (max_positions) and the longest output decode.max_len_a/b
+    allow for it (1074 rows for max_positions 1024, a = 1, b = 50)."""
     if model.learned_positions:
         return _np(model.pos_embed.weight)
-    return sinusoids(2 * model.cfg.max_positions, model.cfg.d_model).numpy()
+    rows = positions_needed(cfg.model.max_positions, max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b)
+    return sinusoids(rows, cfg.model.d_model).numpy()
 
 
 def _set_stack_inputs(stack_spec, embed: torch.nn.Embedding, positions: np.ndarray, *, embed_list: bool) -> None:

@@ -80,10 +80,10 @@ def load_models(specs: list[str], *, device: str, threads: int, options: ServeOp
 
 
 def _translate_fn(tr: Translator):
-    """The one place that knows the Translator's return shape: n-best lists, one per line, in order."""
+    """The worker's call: n-best lists, one per line, in order. The Translator keeps no state between
+    calls, so the one worker thread per model could become several without a lock."""
     def run(lines: list[str], *, beam: int, lenpen: float, nbest: int) -> list:
-        out = tr.translate(lines, beam=beam, lenpen=lenpen, nbest=nbest)
-        return out[0] if isinstance(out, tuple) else out  # the stateless Translator returns (results, stats)
+        return tr.translate(lines, beam=beam, lenpen=lenpen, nbest=nbest).hypotheses
     return run
 
 
