@@ -73,7 +73,7 @@ from transformer_mt.data import load_parallel
 from transformer_mt.loss import label_smoothed_nll_loss
 from transformer_mt.model import count_parameters
 from transformer_mt.tokenizer import PAD_ID, Tokenizer, train_sentencepiece
-from transformer_mt.train import Trainer
+from transformer_mt.train import Trainer, update_schedule
 from transformer_mt.translate import Translator
 
 REPO = Path(__file__).resolve().parents[1]
@@ -200,16 +200,6 @@ def combine_peaks(start: dict, end: dict) -> dict:
     return out
 
 
-def update_groups(data, t: TrainConfig, n: int) -> list[list]:
-    """The first ``n`` updates' batches (lists of index arrays), epoch after epoch, as Trainer.run takes them."""
-    groups, epoch = [], 1
-    while len(groups) < n:
-        batches = data.batches(epoch, max_tokens=t.max_tokens, seed=t.seed)
-        groups += [batches[i:i + t.update_freq] for i in range(0, len(batches), t.update_freq)]
-        epoch += 1
-    return groups[:n]
-
-
 def phase_train(spec: dict) -> dict:
     # The baseline of the CPU speed-ups: torch's own dropout and the unfused logits-then-loss path
     # (the (N, V) logits under autograd), for this phase's process only.
@@ -231,9 +221,10 @@ def phase_train(spec: dict) -> dict:
     if len(marks) < 2:
         raise RuntimeError(f"training stopped at update {result.progress.update} ({result.stop_reason}) before update {warmup + updates}")
     seconds = marks[warmup + updates] - marks[warmup]
-    batches = [trainer.train_data.get_batch(idx) for group in update_groups(trainer.train_data, cfg.train, warmup + updates)[warmup:] for idx in group]
+    timed = itertools.islice(update_schedule(trainer.train_data, cfg.train), warmup, warmup + updates)  # as Trainer.run took them
+    batches = [trainer.train_data.get_batch(idx) for u in timed for idx in u.batches]
     if sum(b.ntokens for b in batches) != sum(tokens):
-        raise RuntimeError("the batches replayed for FLOP counting differ from those Trainer.run trained on; update update_groups()")
+        raise RuntimeError("the batches replayed for FLOP counting differ from those Trainer.run trained on")
     vocab, sample = trainer.tgt_tok.vocab_size, batches[: spec["flop_batches"]]
     analytic = sum(3 * forward_flops(cfg.model, vocab=vocab, batch=b.nsentences, src_len=b.src.size(1), tgt_len=b.tgt_in.size(1)) for b in batches)
     measured = sum(train_step_flops(trainer.model, b, dtype=cfg.train.dtype, epsilon=cfg.train.label_smoothing) for b in sample)

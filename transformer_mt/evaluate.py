@@ -44,6 +44,8 @@ def validation_loss(model: Transformer, data: ParallelData, *, max_tokens: int, 
                     device: torch.device, dtype: str = "float32") -> dict[str, float]:
     """val_loss (label-smoothed), val_nll and val_ppl per target token over all of `data`, teacher-forced."""
     model.eval()
+    if data.num_pairs:  # validation lines are not length-filtered: sinusoids extend past the training lengths (section 3.5)
+        model.reserve_positions(int(max(data.src_lengths.max(), data.tgt_lengths.max())) + 1)  # + EOS / BOS
     loss_sum = nll_sum = 0.0
     ntokens = 0
     with torch.inference_mode(), runtime.autocast(device, dtype):
