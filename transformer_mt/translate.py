@@ -53,8 +53,8 @@ def translate_ids(
     """Translate id sequences (without EOS; it is appended here) and return n-best lists in input order.
 
     The model's sinusoid table is grown first if this call's longest source or output needs more positions
-    (``reserve_positions``), never during decoding; a Translator's model was sized when loading, and a model
-    already in eval mode is not touched at all.
+    (``reserve_positions``), never during decoding (a Translator's model was sized when loading: nothing to do),
+    and a model already in eval mode is left in it (only a training model is switched to eval and back).
     """
     device = torch.device(device)
     if src_ids:
