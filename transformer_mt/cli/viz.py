@@ -1,0 +1,58 @@
+"""`tmt inspect`, `tmt plot` and `tmt attention`: see inside a model and its training (transformer_mt.viz)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from transformer_mt.cli.app import app
+
+
+@app.command("inspect")
+def inspect_cmd(
+    target: Path = typer.Argument(..., help="A YAML config (built without weights) or a checkpoint (.pt)."),
+    set_: List[str] = typer.Option([], "--set", "-s", help="Override one config value: section.key=value (repeatable; configs only)."),
+    src_len: int = typer.Option(10, "--src-len", help="Source length S of the example batch and of the FLOPs count."),
+    tgt_len: int = typer.Option(8, "--tgt-len", help="Target length T (BOS + pieces) of the example batch and of the FLOPs count."),
+    layers: int = typer.Option(1, "--layers", help="Layers per stack shown with their insides (the others get one line each)."),
+    pe: Optional[Path] = typer.Option(None, "--pe", help="Also draw the positional-encoding matrix to this PNG (or .svg); needs matplotlib."),
+    pe_length: int = typer.Option(100, "--pe-length", help="Positions drawn by --pe."),
+) -> None:
+    """The architecture as a tree: parameters per module, tensor shapes of one example batch, FLOPs per token."""
+    from transformer_mt.viz import VizError
+    from transformer_mt.viz.inspect import inspect_report, load_model
+
+    if src_len < 1 or tgt_len < 1 or pe_length < 2:
+        raise VizError(f"--src-len {src_len} --tgt-len {tgt_len} --pe-length {pe_length}: lengths must be >= 1 (--pe-length >= 2)")
+    model, cfg, vocab = load_model(target, list(set_))
+    lines, _ = inspect_report(model, cfg, vocab=vocab, source=str(target), src_len=src_len, tgt_len=tgt_len, full_layers=layers)
+    if pe is not None:
+        typer.echo(f"positional encoding: {_draw_positions(model, cfg, pe, pe_length)}")
+    typer.echo("\n".join(lines))
+
+
+def _draw_positions(model, cfg, out: Path, length: int) -> Path:
+    from transformer_mt.model import sinusoids
+    from transformer_mt.viz import VizError
+    from transformer_mt.viz.positions import plot_positions, position_table
+
+    if next(model.parameters()).device.type != "meta":
+        table, title = position_table(model, length), f"{cfg.model.positions} positions (checkpoint)"
+    elif cfg.model.positions == "sinusoidal":
+        table, title = sinusoids(length, cfg.model.d_model), "sinusoidal positional encoding"
+    else:
+        raise VizError("model.positions=learned: a config has no learned values to draw; give a trained checkpoint (.pt) instead")
+    return plot_positions(table, out, sinusoidal=cfg.model.positions == "sinusoidal", title=title)
+
+
+@app.command()
+def plot(
+    runs: List[Path] = typer.Argument(..., help="Run directories (train.out_dir) whose metrics.jsonl to draw; several are overlaid."),
+    output: Path = typer.Option(Path("curves.png"), "--output", "-o", help="The picture to write (.png or .svg)."),
+) -> None:
+    """Training curves: train loss, validation loss and BLEU against updates and wall-clock, one PNG."""
+    from transformer_mt.viz.curves import plot_runs
+
+    typer.echo(plot_runs(runs, output))

@@ -1,0 +1,268 @@
+"""`tmt inspect`: the model as an indented tree with parameter counts and the tensor shapes of one batch.
+
+The shapes are recorded from the real modules while one example batch runs through ``encode`` and
+``decode``: forward hooks on every submodule (input -> output shape), and for each
+:class:`~transformer_mt.model.MultiHeadAttention` its ``attend`` call is wrapped for the duration to
+read Q, K, V per head, the attention mask and the score matrix (B, H, queries, keys). Nothing is
+re-implemented, so the report is what the model computes. A config (no weights) is built on the
+``meta`` device: shapes and counts without allocating a big model's memory.
+
+Parameter counts: every module's subtree, a matrix shared by several modules (tied embeddings)
+counted where it first appears, so the lines add up and the total is ``sum(p.numel())`` over
+``model.parameters()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from transformer_mt import flops
+from transformer_mt.config import Config, ModelConfig
+from transformer_mt.model import MultiHeadAttention, Transformer
+from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+# Table 3 of the paper (PAPER.md): sizes and parameter counts (37k shared BPE vocabulary);
+# Table 2: training cost, estimated there as GPU time x sustained GPU speed, not counted.
+PAPER = {
+    "base": dict(n=6, d_model=512, d_ff=2048, heads=8, dk=64, params=65e6, cost=3.3e18, updates=100_000),
+    "big": dict(n=6, d_model=1024, d_ff=4096, heads=16, dk=64, params=213e6, cost=2.3e19, updates=300_000),
+}
+PAPER_TOKENS_PER_UPDATE = 25_000  # section 5.1: ~25k source and ~25k target tokens per batch
+
+
+@dataclass
+class Node:
+    """One line of the tree (and its children)."""
+
+    name: str
+    what: str  # module description
+    params: int  # parameters first seen in this subtree
+    calls: list[str] = field(default_factory=list)  # "in -> out" shapes, one per call
+    details: list[str] = field(default_factory=list)  # attention internals
+    children: list["Node"] = field(default_factory=list)
+
+
+def describe(module: nn.Module) -> str:
+    if isinstance(module, nn.Embedding):
+        return f"Embedding({module.num_embeddings}, {module.embedding_dim})"
+    if isinstance(module, nn.Linear):
+        return f"Linear({module.in_features} -> {module.out_features}{'' if module.bias is not None else ', no bias'})"
+    if isinstance(module, nn.LayerNorm):
+        return f"LayerNorm({module.normalized_shape[0]})"
+    if isinstance(module, MultiHeadAttention):
+        return f"MultiHeadAttention({module.heads} heads, d_k {module.dk}, d_v {module.dv})"
+    if isinstance(module, nn.ModuleList):
+        return f"ModuleList x{len(module)}"
+    return type(module).__name__
+
+
+def _shape(x) -> str:
+    return str(tuple(x.shape)) if isinstance(x, torch.Tensor) else "-"
+
+
+def _first_tensor(x):
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, (tuple, list)):  # layer outputs (x, weights), EncoderOut(memory, src_pad)
+        return next((t for t in map(_first_tensor, x) if t is not None), None)
+    return None
+
+
+def _symbols(name: str) -> tuple[str, str]:
+    """Query and key length letters of an attention module from its place in the tree."""
+    if name.startswith("encoder"):
+        return "S", "S"
+    return ("T", "S") if name.endswith("cross_attn") else ("T", "T")
+
+
+@contextlib.contextmanager
+def traced(model: Transformer):
+    """Record shapes while the body runs: {module name: ["in -> out", ...]} and {mha name: [detail lines]}."""
+    calls: dict[str, list[str]] = defaultdict(list)
+    details: dict[str, list[str]] = defaultdict(list)
+    handles, wrapped = [], []
+    for name, module in model.named_modules():
+        if not name:
+            continue
+        hook = lambda _mod, args, out, name=name: calls[name].append(f"{_shape(_first_tensor(args))} -> {_shape(_first_tensor(out))}")  # noqa: E731
+        handles.append(module.register_forward_hook(hook))
+        if isinstance(module, MultiHeadAttention):
+            wrapped.append(module)
+            module.attend = _recording_attend(module, name, details[name])
+    try:
+        yield calls, details
+    finally:
+        for h in handles:
+            h.remove()
+        for module in wrapped:
+            del module.attend  # the class's method again
+
+
+def _recording_attend(module: MultiHeadAttention, name: str, lines: list[str]):
+    real = type(module).attend.__get__(module)
+    tq, tk = _symbols(name)
+
+    def attend(q, k, v, allowed=None, *args, **kwargs):
+        out = real(q, k, v, allowed, *args, **kwargs)
+        b, h, nq, _ = q.shape
+        mask = f"allowed {_shape(allowed)} bool, True = attend" if allowed is not None else "no mask"
+        causal = " (causal + padding)" if (tq, tk) == ("T", "T") and allowed is not None else ""
+        lines.append(f"Q (B, H, {tq}, Dk) = {_shape(q)}   K (B, H, {tk}, Dk) = {_shape(k)}   V (B, H, {tk}, Dv) = {_shape(v)}")
+        lines.append(f"scores softmax(QK^T/sqrt(Dk)) (B, H, {tq}, {tk}) = {(b, h, nq, k.size(-2))}   mask {mask}{causal}")
+        lines.append(f"heads concatenated (B, {tq}, H*Dv) = {(b, nq, h * v.size(-1))} -> out")
+        return out
+
+    return attend
+
+
+_ROLE = {"in_weight": " = W^Q, W^K, W^V stacked (rows H*Dk, H*Dk, H*Dv)", "in_bias": " = their biases"}
+
+
+def build_tree(model: nn.Module, calls: dict[str, list[str]], details: dict[str, list[str]]) -> Node:
+    seen_modules: dict[int, str] = {}
+    seen_params: dict[int, str] = {}
+
+    def visit(name: str, module: nn.Module, short: str) -> Node:
+        if id(module) in seen_modules:
+            return Node(short, f"= {seen_modules[id(module)]} (the same module)", 0)
+        seen_modules[id(module)] = name or "model"
+        node = Node(short, describe(module), 0, calls.get(name, []))
+        for pname, p in module.named_parameters(recurse=False):
+            full = f"{name}.{pname}" if name else pname
+            if id(p) in seen_params:
+                node.details.append(f"{pname} is {seen_params[id(p)]} (tied, counted there)")
+            else:
+                seen_params[id(p)] = full
+                node.params += p.numel()
+                if module._modules:  # a module with children and weights of its own: name them
+                    node.details.append(f"{pname} {tuple(p.shape)}{_ROLE.get(pname, '')}")
+        node.details += details.get(name, [])  # attention internals after the weights
+        for child_name, child in module._modules.items():
+            if child is not None:
+                kid = visit(f"{name}.{child_name}" if name else child_name, child, child_name)
+                node.children.append(kid)
+                node.params += kid.params
+        return node
+
+    root = visit("", model, "Transformer")
+    for name, buf in model.named_buffers():
+        root.details.append(f"buffer {name} {tuple(buf.shape)} (not a parameter: a function of the config)")
+    return root
+
+
+def render_tree(root: Node, *, full_layers: int = 1) -> list[str]:
+    """Lines of the tree; in a ModuleList the first ``full_layers`` layers show their insides, the others one line."""
+    out: list[str] = []
+
+    def line(node: Node, depth: int, expand: bool) -> None:
+        pad = "  " * depth
+        shapes = "; ".join(node.calls)
+        out.append(f"{pad + node.name:<28} {node.what:<44} {node.params:>13,}   {shapes}".rstrip())
+        if not expand:
+            return
+        for d in node.details:
+            out.append(f"{pad}    | {d}")
+        for i, kid in enumerate(node.children):
+            line(kid, depth + 1, expand=not (node.what.startswith("ModuleList") and i >= full_layers))
+
+    line(root, 0, True)
+    return out
+
+
+def example_batch(src_len: int, tgt_len: int, *, vocab: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two sentences: the first fills (S, T), the second is shorter, so the masks hold padding. src (2, S), tgt_in (2, T)."""
+    gen = torch.Generator().manual_seed(0)
+    ids = lambda n: torch.randint(4, max(vocab, 5), (n,), generator=gen).tolist()  # noqa: E731 - no special ids
+    short_s, short_t = max(1, src_len - 3), max(1, tgt_len - 2)
+    src = [ids(src_len - 1) + [EOS_ID], ids(short_s - 1) + [EOS_ID] + [PAD_ID] * (src_len - short_s)]
+    tgt = [[BOS_ID] + ids(tgt_len - 1), [BOS_ID] + ids(short_t - 1) + [PAD_ID] * (tgt_len - short_t)]
+    return torch.tensor(src, device=device), torch.tensor(tgt, device=device)
+
+
+def _si(flop: float) -> str:
+    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if flop >= scale:
+            return f"{flop / scale:.3g} {unit}"
+    return f"{flop:.3g} FLOP"
+
+
+def paper_size(m: ModelConfig) -> str | None:
+    """'base' or 'big' when the config has that Table 3 size (layers, widths, heads, d_k)."""
+    dk = m.head_dim or m.d_model // m.heads
+    for name, p in PAPER.items():
+        if (m.encoder_layers, m.decoder_layers, m.d_model, m.d_ff, m.heads, dk) == (p["n"], p["n"], p["d_model"], p["d_ff"], p["heads"], p["dk"]):
+            return name
+    return None
+
+
+def inspect_report(model: Transformer, cfg: Config, *, vocab: tuple[int, int], source: str, src_len: int = 10, tgt_len: int = 8,
+                   full_layers: int = 1) -> tuple[list[str], dict]:
+    """The report's lines, and its numbers (``total_params``, ``tree_params``, ``flops_per_token``)."""
+    m = cfg.model
+    device = next(model.parameters()).device
+    src, tgt_in = example_batch(src_len, tgt_len, vocab=vocab[0], device=device)
+    model.eval()
+    with traced(model) as (calls, details), torch.no_grad():
+        model.decode(tgt_in, model.encode(src))
+    root = build_tree(model, calls, details)
+    total = sum(p.numel() for p in model.parameters())
+    dk, dv = m.head_dim or m.d_model // m.heads, m.value_dim or m.d_model // m.heads
+    shared = "shared source/target/output" if m.share_all_embeddings else "target/output tied" if m.share_decoder_embeddings else "untied"
+    lines = [f"tmt inspect {source}",
+             f"model: {m.norm}-norm, {m.encoder_layers} encoder + {m.decoder_layers} decoder layers, d_model {m.d_model}, {m.heads} heads "
+             f"(d_k {dk}, d_v {dv}), d_ff {m.d_ff} {m.activation}, {m.positions} positions; vocabulary {vocab[0]:,} source / {vocab[1]:,} target ({shared})",
+             f"parameters: {total:,} (sum of p.numel() over model.parameters(); a tied matrix counted once)"]
+    size = paper_size(m)
+    per = flops.per_target_token(m, vocab=vocab[1], src_len=src_len, tgt_len=tgt_len)
+    per4 = flops.per_target_token(m, vocab=vocab[1], src_len=src_len, tgt_len=tgt_len, beam=4)
+    if size:
+        p = PAPER[size]
+        est = p["updates"] * PAPER_TOKENS_PER_UPDATE * per["train"]
+        lines.append(f"paper, Table 3 '{size}': {p['params'] / 1e6:.0f}M parameters with a 37k shared vocabulary; this model {total / 1e6:.1f}M "
+                     f"with {vocab[1]:,} pieces")
+        lines.append(f"paper, Table 2 '{size}': training cost {p['cost']:.1e} FLOPs (GPU time x sustained speed); counted here: "
+                     f"{p['updates']:,} updates x {PAPER_TOKENS_PER_UPDATE:,} target tokens x {_si(per['train'])} = {est:.1e} FLOPs")
+    lines += [
+        f"FLOPs per target token (matmuls, multiply-add = 2) for one {src_len}-token source and {tgt_len}-token target: "
+        f"training {_si(per['train'])} (3 x forward), decoding {_si(per['decode'])} greedy / {_si(per4['decode'])} beam 4 (KV cache)",
+        "",
+        f"example batch: B=2 sentences, source S={src_len} (2nd sentence {max(1, src_len - 3)} + padding), target T={tgt_len} "
+        f"(2nd {max(1, tgt_len - 2)} + padding); shapes are input -> output of each call"
+        + ("; built on the meta device (no weights)" if device.type == "meta" else ""),
+        f"{'module':<28} {'type':<44} {'parameters':>13}   shapes",
+        *render_tree(root, full_layers=full_layers),
+    ]
+    return lines, {"total_params": total, "tree_params": root.params, "flops_per_token": per, "root": root}
+
+
+def load_model(target: str | Path, overrides: list[str] | None = None) -> tuple[Transformer, Config, tuple[int, int]]:
+    """A checkpoint (weights loaded, CPU) or a YAML config (built on the meta device); vocab from the
+    checkpoint's tokenizers or from ``tokenizer.vocab_size``."""
+    from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, unpack_tokenizers
+    from transformer_mt.config import load_config
+    from transformer_mt.tokenizer import Tokenizer
+
+    target = Path(target)
+    if target.suffix == ".pt":
+        if overrides:
+            from transformer_mt.viz import VizError
+
+            raise VizError(f"{target}: --set applies to a YAML config, not a checkpoint (its architecture is fixed)")
+        state = load_checkpoint(target)
+        cfg = config_from_checkpoint(state, source=str(target))
+        src_proto, tgt_proto = unpack_tokenizers(state, source=str(target))
+        vocab = (Tokenizer(src_proto).vocab_size, Tokenizer(tgt_proto).vocab_size)
+        model = Transformer(cfg.model, src_vocab_size=vocab[0], tgt_vocab_size=vocab[1])
+        model.load_state_dict(state["model"])
+        return model, cfg, vocab
+    cfg = load_config(target, overrides or [], check_files=False)
+    vocab = (cfg.tokenizer.vocab_size, cfg.tokenizer.vocab_size)
+    with torch.device("meta"):
+        model = Transformer(cfg.model, src_vocab_size=vocab[0], tgt_vocab_size=vocab[1])
+    return model, cfg, vocab
