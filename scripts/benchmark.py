@@ -70,6 +70,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 from transformer_mt import kernels, runtime
 from transformer_mt.config import Config, DecodeConfig, ModelConfig, TrainConfig, from_dict, load_config, to_dict
 from transformer_mt.data import load_parallel
+from transformer_mt.flops import forward_flops  # the analytic formula of the docstring, shared with tmt train's cost report
 from transformer_mt.loss import label_smoothed_nll_loss
 from transformer_mt.model import count_parameters
 from transformer_mt.tokenizer import PAD_ID, Tokenizer, train_sentencepiece
@@ -122,20 +123,6 @@ QUICK = Sizes(warmup=1, updates=2, matmul_n=256, matmul_reps=3, sentences=20, fl
 
 
 # ---------------------------------------------------------------- FLOP counting
-def forward_flops(m: ModelConfig, *, vocab: int, batch: int, src_len: int, tgt_len: int) -> int:
-    """Matmul FLOPs of one teacher-forced forward pass over a padded (batch, src_len) x (batch, tgt_len)
-    batch: the formula of the module docstring."""
-    d, h, f = m.d_model, m.heads, m.d_ff
-    dk, dv = m.head_dim or d // h, m.value_dim or d // h
-    ns, nt = batch * src_len, batch * tgt_len
-    qkv_out = lambda n: 2 * n * d * h * (2 * dk + dv) + 2 * n * h * dv * d  # noqa: E731
-    attend = lambda tq, tk: 2 * batch * h * tq * tk * (dk + dv)  # noqa: E731
-    cross = 2 * nt * d * h * dk + 2 * ns * d * h * (dk + dv) + 2 * nt * h * dv * d + attend(tgt_len, src_len)
-    encoder = m.encoder_layers * (qkv_out(ns) + attend(src_len, src_len) + 4 * ns * d * f)
-    decoder = m.decoder_layers * (qkv_out(nt) + attend(tgt_len, tgt_len) + cross + 4 * nt * d * f)
-    return encoder + decoder + 2 * nt * d * vocab
-
-
 def cpu_sdpa_formulas() -> dict:
     """FlopCounterMode formulas for the CPU flash-attention kernels, borrowed from the CUDA kernels'."""
     aten = torch.ops.aten
