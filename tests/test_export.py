@@ -97,14 +97,16 @@ def test_learned_positions_separate_vocabularies_teacher_forced(norm, separate_t
     model = Transformer(config_from_checkpoint(state).model, src_vocab_size=500, tgt_vocab_size=600).eval()
     model.load_state_dict(state["model"])
     src_lines, tgt_lines = head(corpus_slice["val.en"], 20), head(corpus_slice["val.de"], 20)
-    # Sources up to 39 pieces + EOS and targets BOS + 38 pieces + EOS: the 40-row table's last row is used.
-    src_pieces = [p[:39] for p in src_tok.encode_pieces(src_lines)]
+    # Sources longer than the model takes are truncated as tmt truncates them (39 pieces + EOS) by the export's
+    # max_input_length; targets BOS + 38 pieces + EOS: the 40-row table's last row is used on both sides.
+    src_pieces = src_tok.encode_pieces(src_lines)
     tgt_pieces = [p[:38] for p in tgt_tok.encode_pieces(tgt_lines)]
-    assert max(map(len, src_pieces)) == 39 and max(map(len, tgt_pieces)) == 38
+    assert max(map(len, src_pieces)) > 39 and max(map(len, tgt_pieces)) == 38
     ct = ctranslate2.Translator(str(out), device="cpu", compute_type="float32")
-    scored = ct.score_batch(src_pieces, tgt_pieces)
+    max_input = json.loads((out / "tmt_export.json").read_text(encoding="utf-8"))["max_input_length"]
+    scored = ct.score_batch(src_pieces, tgt_pieces, max_input_length=max_input)
     for sp, tp, res in zip(src_pieces, tgt_pieces, scored):
-        src = source_tensor([src_tok.sp.piece_to_id(sp)])
+        src = source_tensor([src_tok.sp.piece_to_id(sp[:39])])
         tgt = tgt_tok.sp.piece_to_id(tp)
         with torch.inference_mode():
             lprobs = torch.log_softmax(model.decode(torch.tensor([[BOS_ID] + tgt]), model.encode(src)), dim=-1)[0]  # (T, V)
@@ -123,6 +125,7 @@ def test_special_tokens_and_files(tiny_checkpoint, tmp_path):
     assert (out / "sentencepiece.model").read_bytes() == unpack_tokenizers(load_checkpoint(tiny_checkpoint))[0]
     notes = json.loads((out / "tmt_export.json").read_text(encoding="utf-8"))
     assert notes["quantization"] == "float32" and notes["sentencepiece"] == ["sentencepiece.model"]
+    assert notes["max_input_length"] == 1024  # the model's max_positions: 1023 pieces + the EOS CTranslate2 appends
 
 
 def test_int8_export_quantizes_the_weight_matrices(tiny_checkpoint, multi30k, tmp_path):

@@ -221,7 +221,8 @@ def describe(cfg: Config, *, checkpoint: str, quantization: str | None, joint: b
         "quantization": quantization or "float32",
         "sentencepiece": [JOINT_SPM] if joint else [SOURCE_SPM, TARGET_SPM],
         "source": "sentencepiece pieces of one line (no BOS/EOS: the model config appends EOS)",
-        "max_input_length": cfg.model.max_positions - 1,
+        # CTranslate2's max_input_length counts the EOS it appends: max_positions keeps max_positions - 1 pieces, as tmt does.
+        "max_input_length": cfg.model.max_positions,
         "tmt_decode": {"beam": d.beam, "lenpen": d.lenpen, "max_len_a": d.max_len_a, "max_len_b": d.max_len_b},
         "note": ("tmt's lenpen is GNMT ((5+len)/6)^alpha, CTranslate2's length_penalty divides by len^alpha: "
                  "the two agree exactly only at 0; tmt's maximum output is floor(a * (pieces + 1) + b) per line, "
