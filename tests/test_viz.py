@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import transformer_mt.cli.viz  # noqa: F401 - registers the commands (also done by transformer_mt.cli)
 from transformer_mt.cli import main
@@ -159,3 +160,135 @@ def test_without_matplotlib_one_line_names_the_extra(tmp_path, capsys, monkeypat
     path.write_text(TINY_YAML % ("pre", "sinusoidal", "true", "true"))
     code, out, err = run_cli(capsys, "inspect", str(path))  # the text report needs no matplotlib
     assert code == 0 and "parameters:" in out, err
+
+
+# ---------------------------------------------------------------- tmt attention
+def independent_weights(model, src_ids: list[int], tgt_in_ids: list[int]) -> dict[str, list[torch.Tensor]]:
+    """softmax(Q K^T / sqrt(d_k)) with the masks, in float64, from each layer's own input (read by hooks on a plain
+    SDPA forward) and the model's W^Q, W^K, W^V; decoder layers are followed through their self-attention sublayer
+    by hand to get the cross-attention queries."""
+    inputs: dict[str, torch.Tensor] = {}
+    hooks = [layer.register_forward_pre_hook(lambda _m, args, key=f"{stack}{i}": inputs.__setitem__(key, args[0].detach()))
+             for stack in ("encoder", "decoder") for i, layer in enumerate(getattr(model, stack))]
+    src, tgt_in = torch.tensor([src_ids]), torch.tensor([tgt_in_ids])
+    with torch.no_grad():
+        memory = model.encode(src).memory.double()
+        model.decode(tgt_in, model.encode(src))
+    for h in hooks:
+        h.remove()
+    pre = model.cfg.norm == "pre"
+
+    def heads(x, w, b, mha):  # (1, N, D) -> (1, H, N, d)
+        return (x @ w.double().T + b.double()).view(1, x.size(1), mha.heads, -1).transpose(1, 2)
+
+    def softmax(q, k, mask=None):
+        scores = q @ k.transpose(-1, -2) / q.size(-1) ** 0.5
+        return (scores if mask is None else scores.masked_fill(~mask, float("-inf"))).softmax(-1)
+
+    def norm(ln, x):
+        return torch.nn.functional.layer_norm(x, ln.normalized_shape, ln.weight.double(), ln.bias.double(), ln.eps)
+
+    out = {"encoder_self": [], "decoder_self": [], "cross": []}
+    for i, layer in enumerate(model.encoder):
+        x = inputs[f"encoder{i}"].double()
+        h = norm(layer.norm1, x) if pre else x
+        wq, wk, _ = layer.self_attn.in_weight.split(layer.self_attn.sizes)
+        bq, bk, _ = layer.self_attn.in_bias.split(layer.self_attn.sizes)
+        out["encoder_self"].append(softmax(heads(h, wq, bq, layer.self_attn), heads(h, wk, bk, layer.self_attn))[0])
+    t = len(tgt_in_ids)
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    for i, layer in enumerate(model.decoder):
+        x = inputs[f"decoder{i}"].double()
+        sa, ca = layer.self_attn, layer.cross_attn
+        h = norm(layer.norm1, x) if pre else x
+        wq, wk, wv = sa.in_weight.split(sa.sizes)
+        bq, bk, bv = sa.in_bias.split(sa.sizes)
+        w = softmax(heads(h, wq, bq, sa), heads(h, wk, bk, sa), causal)
+        out["decoder_self"].append(w[0])
+        attn = (w @ heads(h, wv, bv, sa)).transpose(1, 2).reshape(1, t, -1) @ sa.out.weight.double().T + sa.out.bias.double()
+        x = x + attn if pre else norm(layer.norm1, x + attn)
+        h = norm(layer.norm2, x) if pre else x
+        wq, wk, _ = ca.in_weight.split(ca.sizes)
+        bq, bk, _ = ca.in_bias.split(ca.sizes)
+        out["cross"].append(softmax(heads(h, wq, bq, ca), heads(memory, wk, bk, ca))[0])
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tiny_checkpoint):
+    from transformer_mt.translate import Translator
+
+    return Translator.from_checkpoint(tiny_checkpoint, device="cpu")
+
+
+def test_attention_json_equals_independent_computation(tmp_path, capsys, tiny_checkpoint, tiny_model, tiny_run):
+    line = tiny_run.corpus["val.en"].read_text().splitlines()[3]
+    code, out, err = run_cli(capsys, "attention", "-c", str(tiny_checkpoint), "--src", line, "-o", str(tmp_path / "maps"))
+    assert code == 0, err
+    data = json.loads((tmp_path / "maps" / "attention.json").read_text())
+    sp = tiny_model.src_tok.sp
+    src_ids = [sp.piece_to_id(p) for p in data["src_pieces"]]
+    tgt_in_ids = [sp.piece_to_id(p) for p in data["tgt_in_pieces"]]
+    assert src_ids[:-1] == tiny_model.src_tok.encode([line])[0] and src_ids[-1] == 3 and tgt_in_ids[0] == 2  # pieces + EOS; BOS + output
+    expected = independent_weights(tiny_model.model, src_ids, tgt_in_ids)
+    s, t = len(src_ids), len(tgt_in_ids)
+    for kind, shape in (("encoder_self", (4, s, s)), ("decoder_self", (4, t, t)), ("cross", (4, t, s))):
+        got = torch.tensor(data[kind], dtype=torch.float64)  # (L, H, Q, K)
+        assert got.shape == (2, *shape)
+        torch.testing.assert_close(got, torch.stack(expected[kind]), atol=2e-5, rtol=0)
+        torch.testing.assert_close(got.sum(-1), torch.ones(got.shape[:-1], dtype=torch.float64), atol=1e-5, rtol=0)
+    dec = torch.tensor(data["decoder_self"])
+    below = torch.ones(t, t, dtype=torch.bool).tril()
+    assert bool((dec[..., ~below] == 0).all()) and bool((dec[..., below] > 0).all())  # causal: exactly zero above the diagonal only
+    for name in ("encoder_self", "decoder_self", "cross"):
+        assert_not_blank(decoded_png(tmp_path / "maps" / f"{name}.png"))
+    # the drawn translation is what `tmt translate` prints for that line (same checkpoint, same beam)
+    (tmp_path / "in.en").write_text(line + "\n")
+    code, _, err = run_cli(capsys, "translate", "-c", str(tiny_checkpoint), str(tmp_path / "in.en"), "-o", str(tmp_path / "out.de"))
+    assert code == 0, err
+    assert data["target"] == (tmp_path / "out.de").read_text().rstrip("\n") and not data["teacher_forced"]
+    assert f"translation: {data['target']}" in out
+
+
+def test_attention_padding_gets_zero_weight_and_changes_nothing(tiny_model):
+    from transformer_mt.viz.attention import batch_attention
+
+    model, tok = tiny_model.model, tiny_model.src_tok
+    long, short = tok.encode(["A man in a blue shirt is standing on a ladder.", "Two dogs."])
+    tgt_long, tgt_short = tok.encode(["Ein Mann in einem blauen Hemd steht auf einer Leiter.", "Zwei Hunde."])
+    enc, dec, cross, src, tgt_in = batch_attention(model, [long, short], [tgt_long, tgt_short])
+    s, t = len(short) + 1, len(tgt_short) + 1  # the short pair's real lengths (EOS / BOS included)
+    assert src.size(1) > s and tgt_in.size(1) > t  # it is padded
+    assert bool((cross[1, ..., s:] == 0).all()) and bool((enc[1, ..., s:] == 0).all())  # padded source keys get exactly 0
+    assert bool((dec[1, ..., t:] == 0).all())  # padded target keys too
+    alone = batch_attention(model, [short], [tgt_short])
+    for batched, single, (q, k) in zip((enc, dec, cross), alone[:3], ((s, s), (t, t), (t, s))):
+        torch.testing.assert_close(batched[1, :, :, :q, :k], single[0], atol=1e-5, rtol=0)
+
+
+def test_attention_options(tmp_path, capsys, tiny_checkpoint, tiny_model):
+    src = tmp_path / "src.en"
+    src.write_text("A dog runs.\nTwo children play in the snow.\n")
+    ref = "Zwei Kinder spielen im Schnee."
+    code, _, err = run_cli(capsys, "attention", "-c", str(tiny_checkpoint), str(src), "--line", "2", "--ref", ref,
+                           "--layers", "1", "--heads", "0,3", "--svg", "-o", str(tmp_path / "m"))
+    assert code == 0, err
+    data = json.loads((tmp_path / "m" / "attention.json").read_text())
+    assert data["source"] == "Two children play in the snow." and data["teacher_forced"] and data["target"] == ref
+    assert data["tgt_out_pieces"] == tiny_model.tgt_tok.encode_pieces([ref])[0] + ["</s>"]
+    assert (data["encoder_layers"], data["decoder_layers"], data["heads"]) == ([1], [1], [0, 3])
+    full = run_cli(capsys, "attention", "-c", str(tiny_checkpoint), "--src", "Two children play in the snow.", "--ref", ref,
+                   "-o", str(tmp_path / "all"))
+    assert full[0] == 0
+    everything = json.loads((tmp_path / "all" / "attention.json").read_text())
+    for kind in ("encoder_self", "decoder_self", "cross"):
+        assert torch.equal(torch.tensor(data[kind]), torch.tensor(everything[kind])[[1]][:, [0, 3]])
+    assert (tmp_path / "m" / "cross.svg").read_text().lstrip().startswith("<?xml")
+    for bad, needle in ((["--heads", "4"], "--heads 4: the model has 4 heads"), (["--layers", "x"], "--layers 'x'"),
+                        (["--line", "3"], "fewer than 3 lines")):
+        args = ["attention", "-c", str(tiny_checkpoint), str(src), "-o", str(tmp_path / "bad")]
+        args += [] if "--line" in bad else ["--line", "1"]
+        code, _, err = run_cli(capsys, *args, *bad)
+        assert code == 2 and needle in err and err.count("\n") == 1, err
+    code, _, err = run_cli(capsys, "attention", "-c", str(tiny_checkpoint), "--src", "x", str(src), "--line", "1", "-o", str(tmp_path / "b"))
+    assert code == 2 and "either" in err

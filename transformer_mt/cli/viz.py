@@ -56,3 +56,34 @@ def plot(
     from transformer_mt.viz.curves import plot_runs
 
     typer.echo(plot_runs(runs, output))
+
+
+@app.command()
+def attention(
+    checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="A checkpoint written by `tmt train` or `tmt average`."),
+    file: Optional[Path] = typer.Argument(None, help="A source text file; with --line N its N-th line is drawn."),
+    src: Optional[str] = typer.Option(None, "--src", help="The source sentence (instead of FILE --line N)."),
+    line: Optional[int] = typer.Option(None, "--line", help="Line number (1-based) of FILE."),
+    ref: Optional[str] = typer.Option(None, "--ref", help="Teacher-force this target instead of drawing the model's translation."),
+    layers: Optional[str] = typer.Option(None, "--layers", help="Layers to draw, 0-based and comma-separated (e.g. 0,2); default all."),
+    heads: Optional[str] = typer.Option(None, "--heads", help="Heads to draw, 0-based and comma-separated; default all."),
+    beam: Optional[int] = typer.Option(None, "--beam", "-b", help="Beam size of the translation. Default: the checkpoint's decode.beam."),
+    svg: bool = typer.Option(False, "--svg", help="Also write SVG files beside the PNGs."),
+    output: Path = typer.Option(Path("attention"), "--output", "-o", help="Directory for the pictures and attention.json."),
+) -> None:
+    """Attention maps of one sentence: encoder self, decoder self (causal) and cross-attention, per layer and head."""
+    from transformer_mt.translate import Translator
+    from transformer_mt.viz import VizError
+    from transformer_mt.viz.attention import parse_indices, read_line, sentence_maps, write_maps
+
+    if (src is None) == (file is None) or (file is not None) != (line is not None):
+        raise VizError('give the sentence either as --src "text" or as FILE --line N')
+    layer_ids, head_ids = parse_indices(layers, "--layers"), parse_indices(heads, "--heads")
+    source = src if src is not None else read_line(file, line)
+    if beam is not None and beam < 1:
+        raise VizError(f"--beam {beam}: need beam >= 1")
+    translator = Translator.from_checkpoint(checkpoint, device="cpu")
+    maps = sentence_maps(translator, source, reference=ref, beam=beam).select(layer_ids, head_ids)
+    typer.echo(f"source: {maps.source}\n{'reference' if maps.teacher_forced else 'translation'}: {maps.target}")
+    for path in write_maps(maps, output, svg=svg):
+        typer.echo(path)
