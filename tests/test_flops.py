@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
+from tests.conftest import tiny_model
 from transformer_mt import flops
 from transformer_mt.config import ModelConfig
 from transformer_mt.data import collate
-from transformer_mt.model import Transformer
 
 VOCAB = 50
 CONFIGS = {
@@ -33,14 +33,9 @@ def counted(fn) -> int:
     return counter.get_total_flops()
 
 
-def tiny(name: str) -> Transformer:
-    torch.manual_seed(0)
-    return Transformer(CONFIGS[name], src_vocab_size=VOCAB, tgt_vocab_size=VOCAB).eval()
-
-
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 def test_forward_flops_equal_torch_count(name):
-    model = tiny(name)
+    model = tiny_model(VOCAB, config=CONFIGS[name])
     batch = collate([([5, 6, 7, 8, 9, 10], [11, 12, 13]), ([5, 6], [7, 8, 9, 10, 11, 12, 13])])  # padded both sides
     with torch.inference_mode():
         measured = counted(lambda: model(batch.src, batch.tgt_in))
@@ -53,7 +48,7 @@ def test_forward_flops_equal_torch_count(name):
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 @pytest.mark.parametrize("beam", [1, 3])
 def test_decode_flops_equal_torch_count_of_cached_decoding(name, beam):
-    model = tiny(name)
+    model = tiny_model(VOCAB, config=CONFIGS[name])
     src = torch.tensor([[4, 5, 6, 7, 8, 3]])  # (1, S)
     steps = 5
 
@@ -82,18 +77,18 @@ def test_paper_base_forward_flops_by_hand():
 
 def test_training_cost_totals_and_mfu():
     m = CONFIGS["plain"]
-    b1 = collate([([5, 6, 7], [8, 9]), ([5], [8, 9, 10, 11])])  # src (2, 4), tgt (2, 5), 2 + 1 + 4 + 1 = 8 labels
-    b2 = collate([([5, 6], [8])])  # src (1, 3), tgt (1, 2), 2 labels
-    cost = flops.TrainingCost(m, vocab=VOCAB)
-    cost.add([b1], seconds=2.0)
-    cost.add([b2], seconds=1.0)
-    expected = 3 * (flops.forward_flops(m, vocab=VOCAB, batch=2, src_len=4, tgt_len=5) + flops.forward_flops(m, vocab=VOCAB, batch=1, src_len=3, tgt_len=2))
-    assert (cost.tokens, cost.flops) == (10, expected)
-    s = cost.summary(wall_seconds=6.0, peak_flops_per_s=1e6, peak_source="config", world_size=2)
-    assert s["mfu"] == pytest.approx(expected / 3.0 / 2e6)
-    assert s["mfu_wall"] == pytest.approx(expected / 6.0 / 2e6)
+    b1 = collate([([5, 6, 7], [8, 9]), ([5], [8, 9, 10, 11])])  # src (2, 4), tgt (2, 5)
+    b2 = collate([([5, 6], [8])])  # src (1, 3), tgt (1, 2)
+    total = flops.batches_train_flops(m, [b1, b2], vocab=VOCAB)
+    by_batch = flops.forward_flops(m, vocab=VOCAB, batch=2, src_len=4, tgt_len=5), flops.forward_flops(m, vocab=VOCAB, batch=1, src_len=3, tgt_len=2)
+    assert total == 3 * sum(by_batch)
+    s = flops.cost_summary(tokens=10, train_flops=total, update_seconds=3.0, wall_seconds=6.0, peak_flops_per_s=1e6, peak_source="config", world_size=2)
+    assert s["target_tokens"] == 10 and s["flops_per_token"] == pytest.approx(total / 10)
+    assert s["mfu"] == pytest.approx(total / 3.0 / 2e6) and s["mfu_wall"] == pytest.approx(total / 6.0 / 2e6)
+    assert s["achieved_tflops"] == pytest.approx(total / 3.0 / 1e12) and s["peak_tflops"] == pytest.approx(2e-6)
     assert json.loads(json.dumps(s)) == s  # plain types for metrics.jsonl
-    assert "MFU" in flops.format_cost(s)
+    line = flops.format_cost(s)
+    assert "MFU" in line and "\n" not in line
 
 
 def test_peak_measured_once_then_read_from_cache(tmp_path, monkeypatch):

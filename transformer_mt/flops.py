@@ -28,7 +28,6 @@ import json
 import os
 import platform
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -157,40 +156,26 @@ def cached_peak(dtype: str = "float32", *, device: torch.device | str = "cpu") -
 
 
 # ---------------------------------------------------------------- the training cost report
-@dataclass
-class TrainingCost:
-    """Running totals of one training session, counted like the benchmark: 3 x forward FLOPs of every
-    padded batch trained on, its non-pad target tokens, and the seconds spent in updates.
+def batches_train_flops(m: ModelConfig, batches, *, vocab: int) -> int:
+    """:func:`train_flops` summed over padded :class:`~transformer_mt.data.Batch` es (src (B, S), tgt_in (B, T)),
+    as the benchmark counts them: padding included, the output layer over every target position."""
+    return sum(train_flops(m, vocab=vocab, batch=b.src.size(0), src_len=b.src.size(1), tgt_len=b.tgt_in.size(1)) for b in batches)
 
-    The trainer calls :meth:`add` once per update with that update's batches, and :meth:`summary` at
-    the end; under DDP each rank counts its own batches (sum ``flops`` and ``tokens`` over ranks).
-    """
 
-    model: ModelConfig
-    vocab: int  # target vocabulary (the output layer's rows)
-    tokens: int = 0  # non-pad target tokens (pieces + EOS)
-    flops: int = 0  # analytic training FLOPs
-    update_seconds: float = 0.0  # time inside updates (forward, backward, optimizer), validation excluded
+def cost_summary(*, tokens: int, train_flops: float, update_seconds: float, wall_seconds: float, peak_flops_per_s: float,
+                 peak_source: str, world_size: int = 1) -> dict[str, float | int | str]:
+    """The training cost record (plain types, for metrics.jsonl): totals, achieved FLOP/s and MFU.
 
-    def add(self, batches, *, seconds: float = 0.0) -> None:
-        """Count one update: ``batches`` are :class:`~transformer_mt.data.Batch` (src (B, S), tgt_in (B, T))."""
-        for b in batches:
-            self.flops += train_flops(self.model, vocab=self.vocab, batch=b.src.size(0), src_len=b.src.size(1), tgt_len=b.tgt_in.size(1))
-            self.tokens += int(b.ntokens)
-        self.update_seconds += seconds
-
-    def summary(self, *, wall_seconds: float, peak_flops_per_s: float, peak_source: str, world_size: int = 1) -> dict[str, float | int | str]:
-        """The cost record (plain types, for metrics.jsonl): totals, achieved FLOP/s and MFU.
-
-        ``mfu`` divides the FLOPs by the update time (validation and checkpoints excluded) and by the
-        peak of all ``world_size`` processes; ``mfu_wall`` by the whole wall time instead."""
-        peak = peak_flops_per_s * world_size
-        busy = self.update_seconds or wall_seconds
-        return {"target_tokens": self.tokens, "train_flops": self.flops, "flops_per_token": self.flops / max(self.tokens, 1),
-                "wall_seconds": round(wall_seconds, 2), "update_seconds": round(busy, 2),
-                "achieved_tflops": self.flops / max(busy, 1e-9) / 1e12, "peak_tflops": peak / 1e12, "peak_source": peak_source,
-                "mfu": self.flops / max(busy, 1e-9) / peak if peak > 0 else 0.0,
-                "mfu_wall": self.flops / max(wall_seconds, 1e-9) / peak if peak > 0 else 0.0}
+    ``tokens`` and ``train_flops`` are the whole run's (all ranks); ``update_seconds`` the time inside
+    updates (forward, backward, optimizer: validation and checkpoints excluded), ``wall_seconds`` all of
+    it. ``mfu`` = FLOPs / update_seconds / (peak x world_size); ``mfu_wall`` the same over the wall time."""
+    peak = peak_flops_per_s * world_size
+    busy = update_seconds if update_seconds > 0 else wall_seconds
+    achieved = train_flops / max(busy, 1e-9)
+    return {"target_tokens": int(tokens), "train_flops": float(train_flops), "flops_per_token": train_flops / max(tokens, 1),
+            "wall_seconds": round(wall_seconds, 2), "update_seconds": round(busy, 2), "achieved_tflops": achieved / 1e12,
+            "peak_tflops": peak / 1e12, "peak_source": peak_source, "mfu": achieved / peak if peak > 0 else 0.0,
+            "mfu_wall": train_flops / max(wall_seconds, 1e-9) / peak if peak > 0 else 0.0}
 
 
 def peak_for(dtype: str, *, device: torch.device | str, peak_tflops: float = 0.0) -> tuple[float, str]:
