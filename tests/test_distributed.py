@@ -27,7 +27,6 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tests.conftest import head
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import load_config
 from transformer_mt.prepare import load_corpora
@@ -43,17 +42,12 @@ ATOL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def setup(multi30k, spm_model, tmp_path_factory) -> dict:
-    """64 short real pairs, 16 validation pairs, and the overrides every run shares (one corpus cache)."""
-    en, de = head(multi30k / "train.en", 3000), head(multi30k / "train.de", 3000)
-    chosen = [(s, t) for s, t in zip(en, de) if len(t.split()) <= 10][:64]
+def setup(pairs64, spm_model, tmp_path_factory) -> dict:
+    """The 64 short real pairs and 16 validation pairs, and the overrides every run shares (one corpus cache)."""
     root = tmp_path_factory.mktemp("ddp")
-    for name, lines in (("train.en", [s for s, _ in chosen]), ("train.de", [t for _, t in chosen]),
-                        ("val.en", head(multi30k / "val.en", 16)), ("val.de", head(multi30k / "val.de", 16))):
-        (root / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
-    common = [f"data.train_src={root / 'train.en'}", f"data.train_tgt={root / 'train.de'}", f"data.valid_src={root / 'val.en'}",
-              f"data.valid_tgt={root / 'val.de'}", f"data.cache_dir={root / 'cache'}", f"tokenizer.model={spm_model}", *TINY]
-    return {"root": root, "common": common, "spm_model": spm_model}
+    common = [f"data.train_src={pairs64['train.en']}", f"data.train_tgt={pairs64['train.de']}", f"data.valid_src={pairs64['val.en']}",
+              f"data.valid_tgt={pairs64['val.de']}", f"data.cache_dir={root / 'cache'}", f"tokenizer.model={spm_model}", *TINY]
+    return {"common": common, "spm_model": spm_model}
 
 
 def _free_port() -> int:

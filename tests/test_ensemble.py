@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
-from tests.test_model import one_thread, tiny, tokens  # noqa: F401 - one_thread is an autouse fixture
+from tests.conftest import tiny_model, tokens
 from transformer_mt.ensemble import Ensemble
 from transformer_mt.search import beam_search, greedy_search
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 def test_step_scores_are_the_log_of_the_members_mean_probability_through_reorders():
-    a, b = tiny(seed=0), tiny(seed=1, positions="learned", max_positions=32)
+    a, b = tiny_model(seed=0), tiny_model(seed=1, positions="learned", max_positions=32)
     ens = Ensemble([a, b]).eval()
     src = tokens([5, 3, 4], seed=2)  # (3, 5)
     tgt_in = tokens([6, 6, 6], bos=True, seed=3)  # (3, 6): BOS + 5 tokens
@@ -36,7 +39,7 @@ def test_step_scores_are_the_log_of_the_members_mean_probability_through_reorder
 
 
 def test_an_ensemble_of_one_model_twice_searches_like_the_model():
-    model = tiny(seed=4)
+    model = tiny_model(seed=4)
     ens = Ensemble([model, model]).eval()
     src = tokens([7, 4, 6, 2], seed=5)
     assert [h.tokens for h in greedy_search(model, src)] == [h.tokens for h in greedy_search(ens, src)]
@@ -48,5 +51,5 @@ def test_an_ensemble_of_one_model_twice_searches_like_the_model():
 
 
 def test_output_limit_is_the_shortest_members():
-    assert Ensemble([tiny(), tiny(positions="learned", max_positions=16)]).max_output_length() == 16
-    assert Ensemble([tiny(), tiny()]).max_output_length() is None  # sinusoids extend to any length
+    assert Ensemble([tiny_model(), tiny_model(positions="learned", max_positions=16)]).max_output_length() == 16
+    assert Ensemble([tiny_model(), tiny_model()]).max_output_length() is None  # sinusoids extend to any length

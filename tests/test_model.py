@@ -3,45 +3,19 @@ independent computation (the full teacher-forced pass, the same sentence alone).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.conftest import TINY_MODEL, TINY_VOCAB, tiny_model, tokens
 from transformer_mt.config import ModelConfig
 from transformer_mt.model import Transformer, count_parameters, sinusoids
 from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-V = 40  # tiny joint vocabulary
-TINY = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, heads=4, d_ff=64, dropout=0.0, max_positions=64)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # Tiny tensors gain nothing from intra-op threads, and on a busy 2-core machine their spin-waits
-    # make each op ~20x slower.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def tiny(*, seed: int = 0, src_vocab: int = V, tgt_vocab: int = V, **changes) -> Transformer:
-    torch.manual_seed(seed)
-    return Transformer(dataclasses.replace(TINY, **changes), src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab).eval()
-
-
-def tokens(lengths: list[int], *, bos: bool = False, seed: int = 1) -> torch.Tensor:
-    """Right-padded (B, max(lengths)) batch of random real tokens (ids >= 4), BOS first if asked."""
-    g = torch.Generator().manual_seed(seed)
-    out = torch.full((len(lengths), max(lengths)), PAD_ID)
-    for row, n in enumerate(lengths):
-        out[row, :n] = torch.randint(4, V, (n,), generator=g)
-        if bos:
-            out[row, 0] = BOS_ID
-    return out
+V = TINY_VOCAB  # the tiny models' joint vocabulary (40 ids)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def expected_count(*, vocab: int, n: int, d: int, d_ff: int) -> int:
@@ -66,9 +40,9 @@ def test_parameter_counts_of_base_and_big(n, d, d_ff, heads, low, high):
 
 
 def test_shared_matrix_counted_once():
-    shared = count_parameters(tiny(share_all_embeddings=True))
-    separate = count_parameters(tiny(share_all_embeddings=False, share_decoder_embeddings=False))
-    assert separate - shared == 2 * V * TINY.d_model
+    shared = count_parameters(tiny_model(share_all_embeddings=True))
+    separate = count_parameters(tiny_model(share_all_embeddings=False, share_decoder_embeddings=False))
+    assert separate - shared == 2 * V * TINY_MODEL.d_model
 
 
 def test_sinusoids_follow_the_paper_formula():
@@ -83,7 +57,7 @@ def test_sinusoids_follow_the_paper_formula():
 
 def test_encoder_input_is_scaled_embedding_plus_position_and_grows_past_max_positions():
     # With no encoder layer (post-norm: no final LayerNorm) the memory is the encoder input itself.
-    model = tiny(encoder_layers=0, max_positions=8)
+    model = tiny_model(encoder_layers=0, max_positions=8)
     src = tokens([20])
     with pytest.raises(ValueError, match=r"reserve_positions\(20\)"):  # encoding and decoding never grow the table
         model.encode(src)
@@ -93,7 +67,7 @@ def test_encoder_input_is_scaled_embedding_plus_position_and_grows_past_max_posi
     assert model.pe.size(0) == 20 and not model.pe.is_inference()
     memory = model.encode(src).memory[0]
     emb = model.src_embed.weight[src[0]]
-    d = TINY.d_model
+    d = TINY_MODEL.d_model
     for pos in (0, 5, 19):  # 19 is past max_positions=8: the sinusoid table grows
         for i in (0, 3, d // 2 - 1):
             angle = pos / 10000 ** (2 * i / d)
@@ -102,14 +76,14 @@ def test_encoder_input_is_scaled_embedding_plus_position_and_grows_past_max_posi
 
 
 def test_learned_positions_reject_longer_inputs():
-    model = tiny(positions="learned", max_positions=8)
+    model = tiny_model(positions="learned", max_positions=8)
     model.encode(tokens([8]))
     with pytest.raises(ValueError, match="max_positions=8"):
         model.encode(tokens([9]))
 
 
 def test_decoder_is_causal():
-    model = tiny()
+    model = tiny_model()
     src, tgt = tokens([6, 4]), tokens([7, 7], bos=True, seed=2)
     enc = model.encode(src)
     before = model.decode(tgt, enc)
@@ -123,7 +97,7 @@ def test_decoder_is_causal():
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_sentence_alone_equals_sentence_in_a_padded_batch(norm):
-    model = tiny(norm=norm)
+    model = tiny_model(norm=norm)
     src, tgt = tokens([5, 9, 7], seed=3), tokens([4, 6, 8], bos=True, seed=4)  # row 0 is padded on both sides
     enc = model.encode(src)
     batch = model.decode(tgt, enc)
@@ -134,7 +108,7 @@ def test_sentence_alone_equals_sentence_in_a_padded_batch(norm):
 
 
 def test_all_padding_rows_give_no_nan():
-    model = tiny()
+    model = tiny_model()
     src, tgt = tokens([5, 3]), tokens([4, 2], bos=True)
     src[1], tgt[1] = PAD_ID, PAD_ID  # an all-pad row must not produce NaN (SDPA on a fully masked row would)
     logits = model(src, tgt)
@@ -146,7 +120,7 @@ def test_all_padding_rows_give_no_nan():
 def test_cached_decoding_matches_full_forward_through_beam_reorders(norm, positions, max_positions):
     # 20 steps: the cache outgrows its first capacity (16) and, with max_positions=8, the sinusoid table
     # (reserved up front, as Translator and translate_ids do).
-    model = tiny(norm=norm, positions=positions, max_positions=max_positions)
+    model = tiny_model(norm=norm, positions=positions, max_positions=max_positions)
     model.reserve_positions(21)
     src = tokens([6, 3], seed=5)
     g = torch.Generator().manual_seed(6)
@@ -179,7 +153,7 @@ def test_cached_decoding_matches_full_forward_through_beam_reorders(norm, positi
 def test_cached_decoding_when_grouped_sentences_leave_the_batch():
     """Beam search's pattern: 3 sentences x beam 2, beams permuted within sentences, then the middle
     sentence finishes and leaves; each remaining row must still match the full forward of its prefix."""
-    model = tiny()
+    model = tiny_model()
     src = tokens([6, 3, 5], seed=7)
     g = torch.Generator().manual_seed(8)
     cache = model.init_cache(model.encode(src))
@@ -199,7 +173,7 @@ def test_cached_decoding_when_grouped_sentences_leave_the_batch():
 
 
 def test_cache_reset_forgets_the_prefix():
-    model = tiny()
+    model = tiny_model()
     src = tokens([5, 4])
     cache = model.init_cache(model.encode(src))
     first = model.decode_step(torch.full((2,), BOS_ID), cache)
@@ -210,13 +184,13 @@ def test_cache_reset_forgets_the_prefix():
 
 
 def test_attention_weights_are_distributions_with_zeros_on_padding_and_future():
-    model = tiny()
+    model = tiny_model()
     src, tgt = tokens([6, 3, 5], seed=7), tokens([5, 7, 2], bos=True, seed=8)
     with torch.no_grad():
         weights = model.attention(src, tgt)
         torch.testing.assert_close(weights.logits, model.decode(tgt, model.encode(src)), rtol=0, atol=1e-5)  # explicit path == SDPA path
-    assert len(weights.encoder) == TINY.encoder_layers and len(weights.decoder) == len(weights.cross) == TINY.decoder_layers
-    b, t, s, h = tgt.size(0), tgt.size(1), src.size(1), TINY.heads
+    assert len(weights.encoder) == TINY_MODEL.encoder_layers and len(weights.decoder) == len(weights.cross) == TINY_MODEL.decoder_layers
+    b, t, s, h = tgt.size(0), tgt.size(1), src.size(1), TINY_MODEL.heads
     future = torch.ones(t, t, dtype=torch.bool).triu(1)
     for enc_w in weights.encoder:
         assert enc_w.shape == (b, h, s, s)
@@ -301,7 +275,7 @@ def reference_pass(model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor) 
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_attention_weights_equal_an_independent_computation(norm):
-    model = tiny(norm=norm, encoder_layers=2, decoder_layers=3)
+    model = tiny_model(norm=norm, encoder_layers=2, decoder_layers=3)
     src, tgt = tokens([6, 3, 5], seed=11), tokens([5, 7, 2], bos=True, seed=12)  # padding on both sides
     with torch.no_grad():
         got = model.attention(src, tgt)
@@ -317,7 +291,7 @@ def test_translation_is_the_same_with_and_without_weight_capture():
     forcing the greedy translation through attention() predicts that translation again, token by token."""
     from transformer_mt.search import greedy_search, search
 
-    model = tiny(seed=3)
+    model = tiny_model(seed=3)
     src = tokens([6, 3, 5], seed=13)
     before = [search(model, src, beam=beam, max_len_b=8, nbest=1) for beam in (1, 3)]
     greedy = greedy_search(model, src, max_len_a=1.0, max_len_b=8)
@@ -342,34 +316,34 @@ def test_fast_path_uses_sdpa_and_attention_request_does_not(monkeypatch):
     calls = []
     sdpa = F.scaled_dot_product_attention
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k))
-    model = tiny()
+    model = tiny_model()
     src, tgt = tokens([5, 3]), tokens([4, 2], bos=True)
     enc = model.encode(src)
-    assert len(calls) == TINY.encoder_layers
+    assert len(calls) == TINY_MODEL.encoder_layers
     calls.clear()
     model.decode(tgt, enc)
-    assert len(calls) == 2 * TINY.decoder_layers
+    assert len(calls) == 2 * TINY_MODEL.decoder_layers
     calls.clear()
     model.attention(src, tgt)
     assert not calls
 
 
 def test_weight_sharing():
-    model = tiny(share_all_embeddings=True)
+    model = tiny_model(share_all_embeddings=True)
     assert model.src_embed.weight is model.tgt_embed.weight is model.output_proj.weight
     assert model.output_proj.bias is None
-    model = tiny(src_vocab=V, tgt_vocab=V + 10, share_all_embeddings=False, share_decoder_embeddings=True)
+    model = tiny_model(src_vocab=V, tgt_vocab=V + 10, share_all_embeddings=False, share_decoder_embeddings=True)
     assert model.tgt_embed.weight is model.output_proj.weight
     assert model.src_embed.weight is not model.tgt_embed.weight
-    assert model.output_proj.weight.shape == (V + 10, TINY.d_model)
-    model = tiny(share_all_embeddings=False, share_decoder_embeddings=False)
+    assert model.output_proj.weight.shape == (V + 10, TINY_MODEL.d_model)
+    model = tiny_model(share_all_embeddings=False, share_decoder_embeddings=False)
     assert len({id(model.src_embed.weight), id(model.tgt_embed.weight), id(model.output_proj.weight)}) == 3
     with pytest.raises(ValueError, match="src_vocab_size=40 != tgt_vocab_size=50"):
-        tiny(src_vocab=V, tgt_vocab=V + 10, share_all_embeddings=True)
+        tiny_model(src_vocab=V, tgt_vocab=V + 10, share_all_embeddings=True)
 
 
 def test_initialisation():
-    model = tiny(d_model=64, d_ff=128)
+    model = tiny_model(d_model=64, d_ff=128)
     emb = model.src_embed.weight
     assert (emb[PAD_ID] == 0).all()
     assert emb[PAD_ID + 1 :].std().item() == pytest.approx(64**-0.5, rel=0.1)
@@ -379,7 +353,7 @@ def test_initialisation():
 
 
 def test_training_step_gives_finite_gradients_and_dropout_only_in_training():
-    model = tiny(norm="pre", positions="learned", dropout=0.3, attention_dropout=0.1, activation_dropout=0.1, activation="gelu")
+    model = tiny_model(norm="pre", positions="learned", dropout=0.3, attention_dropout=0.1, activation_dropout=0.1, activation="gelu")
     src, tgt = tokens([6, 4], seed=9), tokens([5, 3], bos=True, seed=10)
     labels = tokens([5, 3], seed=11)
     model.train()
@@ -395,7 +369,7 @@ def test_training_step_gives_finite_gradients_and_dropout_only_in_training():
 
 
 def test_head_and_value_sizes_independent_of_d_model():
-    model = tiny(d_model=32, heads=4, head_dim=4, value_dim=8)
+    model = tiny_model(d_model=32, heads=4, head_dim=4, value_dim=8)
     attn = model.decoder[0].self_attn
     assert attn.in_weight.shape == (4 * (4 + 4 + 8), 32) and attn.out.weight.shape == (32, 4 * 8)
     src, tgt = tokens([6, 4]), tokens([5, 5], bos=True)

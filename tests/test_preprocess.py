@@ -8,22 +8,13 @@ import json
 import numpy as np
 import pytest
 
-from tests.conftest import head
+from tests.conftest import head, run_cli
 from transformer_mt import data as data_module
-from transformer_mt.cli import main
 from transformer_mt.config import load_config
 from transformer_mt.data import load_parallel
 from transformer_mt.tokenizer import Tokenizer
 
 MAX_LEN = 40  # pieces: drops some of the 2000 Multi30k pairs, so the filters are exercised too
-
-
-def run_cli(argv, capsys) -> str:
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)
-    out, err = capsys.readouterr()
-    assert exit_.value.code in (0, None), err
-    return out
 
 
 @pytest.fixture()
@@ -45,7 +36,8 @@ def test_preprocess_reads_back_direct_encoding_in_chunks_and_train_reuses_it(con
     sizes = []
     real_encode = Tokenizer.encode
     monkeypatch.setattr(Tokenizer, "encode", lambda self, lines: sizes.append(len(lines)) or real_encode(self, lines))
-    out = run_cli(["preprocess", "-c", str(config)], capsys)
+    code, out, err = run_cli(["preprocess", "-c", str(config)], capsys)
+    assert code == 0, err
     assert "2,000 pairs read" in out and "100 pairs read" in out and out.count("(written)") == 2
     # streamed: the 2000 + 100 lines were encoded 300 at a time (source and target), never all at once
     assert max(sizes) <= 300 and len(sizes) == 2 * (7 + 1)
@@ -74,7 +66,8 @@ def test_preprocess_reads_back_direct_encoding_in_chunks_and_train_reuses_it(con
 
     # training with the same config finds the tokenizer and both caches: nothing is retrained or re-encoded
     caches = sorted(p.name for p in (run / "cache").iterdir())
-    run_cli(["train", "-c", str(config)], capsys)
+    code, _, err = run_cli(["train", "-c", str(config)], capsys)
+    assert code == 0, err
     log = (run / "train.log").read_text()
     assert "reusing sentencepiece model" in log and "training sentencepiece" not in log
     assert log.count("(loaded)") == 2 and "(written)" not in log

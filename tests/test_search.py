@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from transformer_mt.config import ModelConfig
+from tests.conftest import tiny_model, tiny_model_config
 from transformer_mt.model import Transformer
 from transformer_mt.search import SearchCache, SearchError, SearchModel, beam_search, greedy_search, length_penalty, search
 from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -24,11 +24,8 @@ from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
 VOCAB = 16  # 4 specials + 12 symbols
 
 
-def tiny_config(**changes) -> ModelConfig:
-    cfg = ModelConfig(encoder_layers=1, decoder_layers=1, d_model=32, heads=4, d_ff=64, dropout=0.0, max_positions=64)
-    for key, value in changes.items():
-        setattr(cfg, key, value)
-    return cfg
+ONE_LAYER = {"encoder_layers": 1, "decoder_layers": 1}  # conftest's tiny model with one layer a side
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def pad_batch(seqs: list[list[int]]) -> torch.Tensor:
@@ -50,21 +47,11 @@ def reversal_batch(gen: torch.Generator, n: int, lo: int = 1, hi: int = 7):
     return pad_batch(src), pad_batch(tgt_in), pad_batch(tgt_out)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny matmuls: extra intra-op threads only add synchronisation, and on shared cores they spin
-    (this module runs ~6x slower with 2 threads on a busy 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def trained() -> Transformer:
     """A 1+1-layer model trained 150 Adam steps on reversal: peaked, but not yet always right."""
     torch.manual_seed(0)
-    model = Transformer(tiny_config(), src_vocab_size=VOCAB, tgt_vocab_size=VOCAB)
+    model = Transformer(tiny_model_config(**ONE_LAYER), src_vocab_size=VOCAB, tgt_vocab_size=VOCAB)
     opt = torch.optim.Adam(model.parameters(), lr=5e-3, betas=(0.9, 0.98))
     gen = torch.Generator().manual_seed(0)
     for _ in range(150):
@@ -79,15 +66,14 @@ def trained() -> Transformer:
 @pytest.fixture(scope="module")
 def untrained() -> Transformer:
     """Random weights: near-uniform outputs, so many sentences run to the length limit."""
-    torch.manual_seed(1)
-    return Transformer(tiny_config(), src_vocab_size=VOCAB, tgt_vocab_size=VOCAB).eval()
+    return tiny_model(VOCAB, seed=1, **ONE_LAYER)
 
 
 @pytest.fixture(scope="module")
 def peaked() -> Transformer:
     """Random weights with the output layer (untied) scaled up: confident, arbitrary choices."""
     torch.manual_seed(1)
-    model = Transformer(tiny_config(share_all_embeddings=False, share_decoder_embeddings=False), src_vocab_size=VOCAB, tgt_vocab_size=VOCAB)
+    model = Transformer(tiny_model_config(**ONE_LAYER, share_all_embeddings=False, share_decoder_embeddings=False), src_vocab_size=VOCAB, tgt_vocab_size=VOCAB)
     with torch.no_grad():
         model.output_proj.weight.mul_(3.0)
     return model.eval()
@@ -218,7 +204,7 @@ class Rounded(Transformer):
 
 
 def clone_as(cls, model: Transformer, **cfg_changes) -> Transformer:
-    other = cls(tiny_config(**cfg_changes), src_vocab_size=VOCAB, tgt_vocab_size=VOCAB)
+    other = cls(tiny_model_config(**ONE_LAYER, **cfg_changes), src_vocab_size=VOCAB, tgt_vocab_size=VOCAB)
     other.load_state_dict(model.state_dict(), strict=False)
     return other.eval()
 
@@ -461,7 +447,7 @@ def test_search_needs_only_the_protocol(sources):
     as it runs the real model, and its answers follow from the toy's rule (copy the source)."""
     from transformer_mt.ensemble import Ensemble
 
-    model = Transformer(tiny_config(), src_vocab_size=VOCAB, tgt_vocab_size=VOCAB).eval()
+    model = Transformer(tiny_model_config(**ONE_LAYER), src_vocab_size=VOCAB, tgt_vocab_size=VOCAB).eval()
     ensemble = Ensemble([model, model]).eval()
     for m in (model, ensemble, CopyModel()):
         assert isinstance(m, SearchModel)

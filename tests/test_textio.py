@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 
-from tests.test_translate import make_checkpoint
+from tests.conftest import make_checkpoint, run_cli
 from transformer_mt import textio
-from transformer_mt.cli import main
 from transformer_mt.config import DataConfig
 from transformer_mt.data import load_parallel
 from transformer_mt.textio import MAX_LINE_BYTES, READ_BYTES, TextError
@@ -38,13 +37,6 @@ CASES = {
     "lone_cr": (f"{DOG}\r{CATS}\n{BIRDS}\n".encode(), [f"{DOG}\r{CATS}", BIRDS]),
     "invalid_utf8": (f"{DOG}\n".encode() + "Zwei Kätzchen schlafen.\n".encode("latin-1"), 2),  # line 2 saved as latin-1
 }
-
-
-def cli(argv, capsys):
-    with pytest.raises(SystemExit) as exit_:
-        main([str(a) for a in argv])
-    captured = capsys.readouterr()
-    return exit_.value.code or 0, captured.out, captured.err
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +66,7 @@ def test_every_reader_sees_the_same_lines(case, tmp_path, spm_model, ckpt, monke
     # tmt tokenize train: the sentences handed to sentencepiece (spied, not trained: a 2-line corpus is too small)
     seen: list[str] = []
     monkeypatch.setattr(spm.SentencePieceTrainer, "train", lambda **kw: seen.extend(kw["sentence_iterator"]))
-    code, _, err = cli(["tokenize", "train", "-i", path, "-o", tmp_path / "spm", "--vocab-size", "50"], capsys)
+    code, _, err = run_cli(["tokenize", "train", "-i", path, "-o", tmp_path / "spm", "--vocab-size", "50"], capsys)
     monkeypatch.undo()
     if invalid:
         assert_error_names(code, err, where)
@@ -98,7 +90,7 @@ def test_every_reader_sees_the_same_lines(case, tmp_path, spm_model, ckpt, monke
     else:
         assert [line for chunk in textio.file_chunks(path, chunk_lines=1) for line in chunk] == expected
         assert textio.count_lines(path) == len(expected)
-    code, out, err = cli(["translate", "-c", ckpt, path, "--beam", "1", "--device", "cpu"], capsys)
+    code, out, err = run_cli(["translate", "-c", ckpt, path, "--beam", "1", "--device", "cpu"], capsys)
     if invalid:
         assert_error_names(code, err, where)
     else:
@@ -109,7 +101,7 @@ def test_every_reader_sees_the_same_lines(case, tmp_path, spm_model, ckpt, monke
     ref.write_bytes(b"".join(line.encode() + b"\n" for line in (["x", "y"] if invalid else expected)))
     for hyp, name in ((path, str(path)), ("-", "<stdin>")):
         fake_stdin(monkeypatch, data)
-        code, out, err = cli(["bleu", "-r", ref, hyp, "-w", "2"], capsys)
+        code, out, err = run_cli(["bleu", "-r", ref, hyp, "-w", "2"], capsys)
         if invalid:
             assert_error_names(code, err, f"{name}:{expected}")
         else:
@@ -118,7 +110,7 @@ def test_every_reader_sees_the_same_lines(case, tmp_path, spm_model, ckpt, monke
     # tmt tokenize encode, from the file and from stdin
     for src, name in ((path, str(path)), ("-", "<stdin>")):
         fake_stdin(monkeypatch, data)
-        code, out, err = cli(["tokenize", "encode", "-m", spm_model, src], capsys)
+        code, out, err = run_cli(["tokenize", "encode", "-m", spm_model, src], capsys)
         if invalid:
             assert_error_names(code, err, f"{name}:{expected}")
         else:
@@ -131,7 +123,7 @@ def test_tokenize_train_rejects_invalid_utf8_like_training(tmp_path, corpus_slic
     lines[1499] = "Ein Mädchen".encode("latin-1")
     bad = tmp_path / "bad.de"
     bad.write_bytes(b"\n".join(lines))
-    code, _, err = cli(["tokenize", "train", "-i", corpus_slice["train.en"], "-i", bad, "-o", tmp_path / "spm", "--vocab-size", "300"], capsys)
+    code, _, err = run_cli(["tokenize", "train", "-i", corpus_slice["train.en"], "-i", bad, "-o", tmp_path / "spm", "--vocab-size", "300"], capsys)
     assert_error_names(code, err, f"{bad}:1500")
     assert not (tmp_path / "spm.model").exists()
 
@@ -164,7 +156,7 @@ def test_output_that_is_an_input_is_refused(tmp_path, spm_model, ckpt, corpus_sl
         for argv in (["tokenize", "encode", "-m", spm_model, text, "-o", out],
                      ["tokenize", "decode", "-m", spm_model, text, "-o", out],
                      ["translate", "-c", ckpt, text, "-o", out, "--device", "cpu"]):
-            code, stdout, err = cli(argv, capsys)
+            code, stdout, err = run_cli(argv, capsys)
             assert code == 2 and err.count("\n") == 1 and "the output is the input file" in err, (argv, err)
             assert text.read_bytes() == original
     # tmt evaluate -o pointed at its reference (or its source) is refused before anything is scored
@@ -173,7 +165,7 @@ def test_output_that_is_an_input_is_refused(tmp_path, spm_model, ckpt, corpus_sl
     src.write_bytes(corpus_slice["val.en"].read_bytes())
     for out in (ref, src):
         before = out.read_bytes()
-        code, stdout, err = cli(["evaluate", "-c", ckpt, "--src", src, "--ref", ref, "-o", out, "--device", "cpu"], capsys)
+        code, stdout, err = run_cli(["evaluate", "-c", ckpt, "--src", src, "--ref", ref, "-o", out, "--device", "cpu"], capsys)
         assert code == 2 and stdout == "" and "the output is the input file" in err and err.count("\n") == 1, err
         assert out.read_bytes() == before
 
@@ -188,13 +180,13 @@ def test_failed_command_leaves_the_output_untouched(tmp_path, spm_model, ckpt, c
                  ["translate", "-c", ckpt, tmp_path / "mistyped.txt", "-o", results, "--device", "cpu"],
                  ["tokenize", "encode", "-m", spm_model, bad, "-o", results],
                  ["translate", "-c", ckpt, bad, "-o", results, "--device", "cpu", "--beam", "1"]):
-        code, _, err = cli(argv, capsys)
+        code, _, err = run_cli(argv, capsys)
         assert code == 2 and err.count("\n") == 1, err
         assert results.read_bytes() == b"yesterday's results\n"
         assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt", "results.txt"], "a temporary file was left behind"
     good = tmp_path / "good.txt"
     good.write_text("Ein Hund.\n", encoding="utf-8")
-    code, _, err = cli(["tokenize", "encode", "-m", spm_model, good, "-o", results], capsys)
+    code, _, err = run_cli(["tokenize", "encode", "-m", spm_model, good, "-o", results], capsys)
     assert code == 0 and results.read_text(encoding="utf-8") == " ".join(Tokenizer(spm_model).encode_pieces(["Ein Hund."])[0]) + "\n"
     assert (os.stat(results).st_mode & 0o777) == 0o640  # replacing the file kept its permissions
 

@@ -9,14 +9,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import head
+from tests.conftest import head, run_cli, run_config
 from transformer_mt.checkpoint import CheckpointError, load_checkpoint
-from transformer_mt.cli import main
 from transformer_mt.config import load_config
 from transformer_mt.tokenizer import Tokenizer
 from transformer_mt.train import TrainError, train
@@ -25,26 +23,8 @@ from transformer_mt.translate import translate_ids
 TINY = ["model.encoder_layers=2", "model.decoder_layers=2", "model.d_model=64", "model.heads=4", "model.d_ff=128"]
 
 
-@pytest.fixture(scope="module")
-def pairs64(multi30k, tmp_path_factory) -> dict[str, Path]:
-    """64 short real training pairs (target of at most 10 words) and 16 validation pairs."""
-    en, de = head(multi30k / "train.en", 3000), head(multi30k / "train.de", 3000)
-    chosen = [(s, t) for s, t in zip(en, de) if len(t.split()) <= 10][:64]
-    root = tmp_path_factory.mktemp("pairs64")
-    files = {}
-    for name, lines in (("train.en", [s for s, _ in chosen]), ("train.de", [t for _, t in chosen]),
-                        ("val.en", head(multi30k / "val.en", 16)), ("val.de", head(multi30k / "val.de", 16))):
-        files[name] = root / name
-        files[name].write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return files
-
-
 def tiny_config(files, spm_model, out_dir, *extra):
-    return load_config(None, [
-        f"data.train_src={files['train.en']}", f"data.train_tgt={files['train.de']}",
-        f"data.valid_src={files['val.en']}", f"data.valid_tgt={files['val.de']}",
-        f"tokenizer.model={spm_model}", f"train.out_dir={out_dir}", "train.threads=1", *TINY, *extra,
-    ])
+    return run_config(files, spm_model, out_dir, "train.threads=1", *TINY, *extra)
 
 
 @pytest.mark.slow
@@ -226,11 +206,6 @@ def test_sigint_saves_a_resumable_checkpoint(pairs64, spm_model, tmp_path):
     assert result.progress.update == done + 2
 
 
-def cli(argv, capsys):
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)
-    captured = capsys.readouterr()
-    return exit_.value.code, captured.err
 
 
 def write_cfg(tmp_path, src, tgt, spm_model, **train):
@@ -247,7 +222,7 @@ def write_cfg(tmp_path, src, tgt, spm_model, **train):
 def test_mismatched_line_counts_is_one_line(tmp_path, spm_model, capsys):
     (tmp_path / "a.en").write_text("one\ntwo\nthree\n")
     (tmp_path / "a.de").write_text("eins\nzwei\n")
-    code, err = cli(["train", "-c", str(write_cfg(tmp_path, tmp_path / "a.en", tmp_path / "a.de", spm_model))], capsys)
+    code, _, err = run_cli(["train", "-c", str(write_cfg(tmp_path, tmp_path / "a.en", tmp_path / "a.de", spm_model))], capsys)
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert "a.en" in err and "a.de" in err and "3" in err and "2" in err
 
@@ -255,7 +230,7 @@ def test_mismatched_line_counts_is_one_line(tmp_path, spm_model, capsys):
 def test_invalid_utf8_names_file_and_line(tmp_path, spm_model, capsys):
     (tmp_path / "a.en").write_bytes(b"one\ntwo\nth\xffree\n")
     (tmp_path / "a.de").write_text("eins\nzwei\ndrei\n")
-    code, err = cli(["train", "-c", str(write_cfg(tmp_path, tmp_path / "a.en", tmp_path / "a.de", spm_model))], capsys)
+    code, _, err = run_cli(["train", "-c", str(write_cfg(tmp_path, tmp_path / "a.en", tmp_path / "a.de", spm_model))], capsys)
     assert code == 2 and err.count("\n") == 1 and "a.en" in err and ":3" in err and "UTF-8" in err
 
 
@@ -276,7 +251,7 @@ def test_empty_lines_and_long_pairs_are_dropped_and_counted(tmp_path, pairs64, s
     tgt[12] = " ".join(["Hund"] * 40)
     (tmp_path / "e.en").write_text("\n".join(src) + "\n")
     (tmp_path / "e.de").write_text("\n".join(tgt) + "\n")
-    code, err = cli(["train", "-c", str(write_cfg(tmp_path, tmp_path / "e.en", tmp_path / "e.de", spm_model))], capsys)
+    code, _, err = run_cli(["train", "-c", str(write_cfg(tmp_path, tmp_path / "e.en", tmp_path / "e.de", spm_model))], capsys)
     assert code in (0, None), err
     log = (tmp_path / "run" / "train.log").read_text()
     assert "20 pairs read, 16 kept" in log

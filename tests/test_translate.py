@@ -13,39 +13,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import head
+from tests.conftest import head, make_checkpoint, run_cli
 from transformer_mt.checkpoint import load_checkpoint, pack_tokenizers, save_checkpoint
-from transformer_mt.cli import main
-from transformer_mt.config import load_config, to_dict
-from transformer_mt.model import Transformer
-from transformer_mt.tokenizer import Tokenizer
 from transformer_mt.translate import TranslateError, Translator
 
 VENV_BIN = Path(sys.executable).parent
 
 
-def make_checkpoint(spm_model: Path, path: Path, *, seed: int = 0, d_model: int = 32, positions: str = "learned") -> Path:
-    """A randomly initialised tiny model with its tokenizer: enough to test plumbing, not quality."""
-    cfg = load_config(None, ["model.encoder_layers=1", "model.decoder_layers=1", f"model.d_model={d_model}", "model.heads=2",
-                             "model.d_ff=64", "model.max_positions=64", "data.max_len=60", f"model.positions={positions}", "decode.max_len_b=6",
-                             "decode.beam=3"])
-    tok = Tokenizer(spm_model)
-    torch.manual_seed(seed)
-    model = Transformer(cfg.model, src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size)
-    save_checkpoint({"model": model.state_dict(), "config": to_dict(cfg), "tokenizers": pack_tokenizers(tok.proto)}, path)
-    return path
-
-
 @pytest.fixture(scope="module")
 def ckpt(spm_model, tmp_path_factory) -> Path:
     return make_checkpoint(spm_model, tmp_path_factory.mktemp("ckpt") / "model.pt")
-
-
-def cli(argv, capsys):
-    with pytest.raises(SystemExit) as exit_:
-        main(argv)
-    captured = capsys.readouterr()
-    return exit_.value.code or 0, captured.out, captured.err
 
 
 def test_one_output_line_per_input_line(ckpt, multi30k, tmp_path, capsys):
@@ -55,7 +32,7 @@ def test_one_output_line_per_input_line(ckpt, multi30k, tmp_path, capsys):
     src = tmp_path / "in.en"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "out.de"
-    code, _, err = cli(["translate", "-c", str(ckpt), str(src), "-o", str(out), "--beam", "2", "--device", "cpu"], capsys)
+    code, _, err = run_cli(["translate", "-c", str(ckpt), str(src), "-o", str(out), "--beam", "2", "--device", "cpu"], capsys)
     assert code == 0
     result = out.read_text(encoding="utf-8").split("\n")
     assert result[-1] == "" and len(result) - 1 == len(lines)
@@ -113,7 +90,7 @@ def test_sinusoid_table_is_sized_at_load_time(spm_model, tmp_path):
 def test_nbest_format(ckpt, tmp_path, capsys):
     src = tmp_path / "in.en"
     src.write_text("A man rides a horse.\n\nTwo children play.\n", encoding="utf-8")
-    code, out, _ = cli(["translate", "-c", str(ckpt), str(src), "--beam", "3", "--nbest", "3"], capsys)
+    code, out, _ = run_cli(["translate", "-c", str(ckpt), str(src), "--beam", "3", "--nbest", "3"], capsys)
     assert code == 0
     rows = [line.split("\t") for line in out.splitlines()]
     assert [int(r[0]) for r in rows] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
@@ -121,7 +98,7 @@ def test_nbest_format(ckpt, tmp_path, capsys):
         scores = [float(r[1]) for r in rows if int(r[0]) == i]
         assert scores == sorted(scores, reverse=True) and len(set(r[2] for r in rows if int(r[0]) == i)) == 3
     assert all(r[2] == "" for r in rows if int(r[0]) == 1)
-    code, _, err = cli(["translate", "-c", str(ckpt), str(src), "--beam", "2", "--nbest", "3"], capsys)
+    code, _, err = run_cli(["translate", "-c", str(ckpt), str(src), "--beam", "2", "--nbest", "3"], capsys)
     assert code == 2 and "1 <= nbest <= beam" in err
 
 
@@ -145,14 +122,14 @@ def test_stdin_is_translated_as_lines_arrive(ckpt):
 
 def test_evaluate_reports_scores_and_speed(ckpt, corpus_slice, tmp_path, capsys):
     hyp = tmp_path / "val.hyp"
-    code, out, _ = cli(["evaluate", "-c", str(ckpt), "--src", str(corpus_slice["val.en"]), "--ref", str(corpus_slice["val.de"]),
+    code, out, _ = run_cli(["evaluate", "-c", str(ckpt), "--src", str(corpus_slice["val.en"]), "--ref", str(corpus_slice["val.de"]),
                         "-o", str(hyp), "--beam", "2", "--json"], capsys)
     assert code == 0
     report = json.loads(out)
     assert set(report) >= {"bleu", "chrf", "sentences_per_s", "tgt_tokens_per_s", "bleu_signature"}
     assert report["sentences_per_s"] > 0 and len(hyp.read_text().splitlines()) == 100
     # the printed BLEU is the BLEU of the written file
-    code, out, _ = cli(["bleu", "--ref", str(corpus_slice["val.de"]), str(hyp), "--json", "-w", "2"], capsys)
+    code, out, _ = run_cli(["bleu", "--ref", str(corpus_slice["val.de"]), str(hyp), "--json", "-w", "2"], capsys)
     assert json.loads(out)[0]["score"] == report["bleu"]
 
 
@@ -163,7 +140,7 @@ def test_ensemble_from_the_command_line(ckpt, spm_model, corpus_slice, tmp_path,
                         ("pair", [ckpt, make_checkpoint(spm_model, tmp_path / "other.pt", seed=7)])):
         outs[name] = tmp_path / f"{name}.de"
         args = [a for p in paths for a in ("-c", str(p))]
-        code, _, err = cli(["translate", *args, str(src), "-o", str(outs[name]), "--beam", "3"], capsys)
+        code, _, err = run_cli(["translate", *args, str(src), "-o", str(outs[name]), "--beam", "3"], capsys)
         assert code == 0, err
     text = {name: path.read_text(encoding="utf-8") for name, path in outs.items()}
     assert text["twice"] == text["alone"]  # the mean of one distribution twice is that distribution
@@ -173,7 +150,7 @@ def test_ensemble_from_the_command_line(ckpt, spm_model, corpus_slice, tmp_path,
     src_proto = bytes(state["tokenizers"]["src"].tolist())
     state["tokenizers"] = pack_tokenizers(src_proto, src_proto + b"\n")
     save_checkpoint(state, tmp_path / "alien.pt")
-    code, _, err = cli(["translate", "-c", str(ckpt), "-c", str(tmp_path / "alien.pt"), str(src), "-o", str(tmp_path / "x.de")], capsys)
+    code, _, err = run_cli(["translate", "-c", str(ckpt), "-c", str(tmp_path / "alien.pt"), str(src), "-o", str(tmp_path / "x.de")], capsys)
     assert code == 2
     assert err.strip() == (f"tmt: error: {tmp_path / 'alien.pt'}: its sentencepiece models differ from those of {ckpt}; "
                            "an ensemble needs checkpoints trained with the same tokenizer")
@@ -193,28 +170,28 @@ def test_bleu_matches_sacrebleu_command_line(multi30k, tmp_path, capsys):
     hyp = tmp_path / "hyp.de"
     hyp.write_text("\n".join(hyp_lines) + "\n", encoding="utf-8")
     for extra in ([], ["-lc"]):
-        code, out, _ = cli(["bleu", "--ref", str(ref), str(hyp), "--json", "-w", "2", *extra], capsys)
+        code, out, _ = run_cli(["bleu", "--ref", str(ref), str(hyp), "--json", "-w", "2", *extra], capsys)
         ours = json.loads(out)
         theirs = json.loads(_sacrebleu(str(ref), "-i", str(hyp), "-m", "bleu", "chrf", "-w", "2", "--format", "json",
                                        *(["-lc", "--chrf-lowercase"] if extra else [])))
         assert [(o["name"], o["score"], o["signature"]) for o in ours] == [(t["name"], t["score"], t["signature"]) for t in theirs]
-    code, out, _ = cli(["bleu", "--ref", str(ref), str(hyp)], capsys)
+    code, out, _ = run_cli(["bleu", "--ref", str(ref), str(hyp)], capsys)
     assert out.strip() == _sacrebleu(str(ref), "-i", str(hyp), "-m", "bleu", "chrf", "--format", "text").strip()
     short = tmp_path / "short.de"
     short.write_text("\n".join(hyp_lines[:10]) + "\n")
-    code, _, err = cli(["bleu", "--ref", str(ref), str(short)], capsys)
+    code, _, err = run_cli(["bleu", "--ref", str(ref), str(short)], capsys)
     assert code == 2 and "10" in err and "1000" in err and err.count("\n") == 1
 
 
 def test_average_cli_is_the_elementwise_mean(spm_model, tmp_path, capsys):
     a = make_checkpoint(spm_model, tmp_path / "a.pt", seed=1)
     b = make_checkpoint(spm_model, tmp_path / "b.pt", seed=2)
-    code, _, _ = cli(["average", str(a), str(b), "-o", str(tmp_path / "avg.pt")], capsys)
+    code, _, _ = run_cli(["average", str(a), str(b), "-o", str(tmp_path / "avg.pt")], capsys)
     assert code == 0
     sa, sb, avg = (load_checkpoint(p)["model"] for p in (a, b, tmp_path / "avg.pt"))
     for key in sa:
         torch.testing.assert_close(avg[key], (sa[key] + sb[key]) / 2)
     other = make_checkpoint(spm_model, tmp_path / "c.pt", d_model=64)
-    code, _, err = cli(["average", str(a), str(other), "-o", str(tmp_path / "bad.pt")], capsys)
+    code, _, err = run_cli(["average", str(a), str(other), "-o", str(tmp_path / "bad.pt")], capsys)
     assert code == 2 and "d_model" in err and not (tmp_path / "bad.pt").exists()
     assert os.path.getsize(tmp_path / "avg.pt") > 0
