@@ -1,16 +1,24 @@
 """Scoring a model: validation loss and BLEU during `tmt train`, and `tmt evaluate` on a test set.
 
+Both score with sacreBLEU through metrics.score (default 13a tokenization, signatures).
+
 Validation (`validate`) runs on the model in memory: the label-smoothed loss, the plain NLL and
 the perplexity over the whole validation set, teacher-forced, and BLEU of greedy (or beam)
 translations of its first sentences against their raw references. Both are sums over target
 tokens (pieces + EOS, padding excluded) divided once by their count, so the result does not
 depend on how the set is batched.
+
+`evaluate_file` is `tmt evaluate`: a Translator (one checkpoint or an ensemble) translates a source
+file into a hypotheses file, written safely (never over an input), then BLEU and chrF of that file.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
 
 import torch
 
@@ -20,8 +28,9 @@ from transformer_mt.data import ParallelData
 from transformer_mt.loss import label_smoothed_nll_loss
 from transformer_mt.metrics import read_lines, score
 from transformer_mt.model import Transformer
+from transformer_mt.textio import file_chunks, safe_output
 from transformer_mt.tokenizer import Tokenizer
-from transformer_mt.translate import translate_ids
+from transformer_mt.translate import TranslateStats, Translator, translate_ids, translate_stream
 
 
 @dataclass
@@ -63,3 +72,46 @@ def validation_bleu(model: Transformer, pairs: BleuSet, tgt_tok: Tokenizer, *, b
                          max_len_b=decode.max_len_b, batch_tokens=decode.batch_tokens, device=device, dtype=dtype)
     text = tgt_tok.decode([h[0].tokens for h in hyps])
     return score(text, [pairs.refs], metrics=("bleu",))["bleu"]["score"]
+
+
+# ---------------------------------------------------------------- tmt evaluate
+@dataclass
+class Evaluation:
+    """What `tmt evaluate` reports: the scores of the written hypotheses and the translation speed."""
+
+    scores: dict[str, dict[str, Any]]  # metrics.score's result for "bleu" and "chrf" (score, signature, text)
+    stats: TranslateStats  # lines, target tokens, seconds, truncated inputs
+    beam: int
+    lenpen: float
+    hypotheses: Path  # the file the scores are of
+
+    def report(self) -> dict[str, Any]:
+        """The --json object."""
+        st, bleu, chrf = self.stats, self.scores["bleu"], self.scores["chrf"]
+        return {"bleu": round(bleu["score"], 2), "chrf": round(chrf["score"], 2),
+                "sentences_per_s": round(st.lines / st.seconds, 2), "tgt_tokens_per_s": round(st.tgt_tokens / st.seconds, 1),
+                "seconds": round(st.seconds, 2), "beam": self.beam, "lenpen": self.lenpen, "hypotheses": str(self.hypotheses),
+                "bleu_signature": bleu["signature"], "chrf_signature": chrf["signature"]}
+
+    def text(self) -> list[str]:
+        """The lines printed without --json: sacreBLEU's BLEU and chrF lines, then the speed."""
+        st, rep = self.stats, self.report()
+        return [self.scores["bleu"]["text"], self.scores["chrf"]["text"],
+                f"{st.lines} sentences in {st.seconds:.1f} s: {rep['sentences_per_s']} sentences/s, {rep['tgt_tokens_per_s']} target tokens/s "
+                f"(beam {self.beam}, lenpen {self.lenpen}); hypotheses in {self.hypotheses}"]
+
+
+def evaluate_file(translator: Translator, src: str | os.PathLike, refs: Sequence[str | os.PathLike], *, output: str | os.PathLike,
+                  beam: int, lenpen: float, batch_tokens: int | None = None, lowercase: bool = False,
+                  keep_intact: Sequence[str | os.PathLike] = ()) -> Evaluation:
+    """Translate `src` into `output` and score it against `refs` (one file per reference stream).
+
+    The references are read first, so a bad one fails before the translation. `output` is written
+    through a temporary file renamed into place, and may not be `src`, a reference or one of
+    `keep_intact` (e.g. the checkpoints)."""
+    ref_lines = [read_lines(r) for r in refs]
+    with safe_output(output, inputs=[src, *refs, *keep_intact]) as out:
+        stats = translate_stream(translator, file_chunks(src), out, beam=beam, lenpen=lenpen, batch_tokens=batch_tokens)
+    scores = score(read_lines(output), ref_lines, metrics=("bleu", "chrf"), lowercase=lowercase, hyp_name=str(output),
+                   ref_names=[str(r) for r in refs])
+    return Evaluation(scores, stats, beam, lenpen, Path(output))
