@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import io
+import os
 import re
+import stat
 import subprocess
 import sys
 import tracemalloc
@@ -142,3 +146,171 @@ def test_out_dir_that_is_a_file_is_one_line(tmp_path, corpus_slice):
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert str(blocker) in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------- item 10: a table of bad command lines
+# Each row: tmt's arguments and what the error must name (the file, the key, the line or the option).
+# {ckpt}: a tiny checkpoint; {spm}: its sentencepiece model; {src}/{ref}: 100 val lines (en/de);
+# {long_ref}: 2000 lines; {bad_utf8}: line 2 in latin-1; {cfg}: a valid training config; {tmp}: a scratch dir.
+BAD_COMMANDS = [
+    # tokenize
+    ("tok-train-missing-input", "tokenize train -i {tmp}/missing.txt -o {tmp}/sp", "{tmp}/missing.txt"),
+    ("tok-train-vocab-0", "tokenize train -i {src} -o {tmp}/sp --vocab-size 0", "'--vocab-size'"),
+    ("tok-train-sentences-negative", "tokenize train -i {src} -o {tmp}/sp --input-sentence-size -1", "'--input-sentence-size'"),
+    ("tok-train-model-type", "tokenize train -i {src} -o {tmp}/sp --model-type word2", "'word2'"),
+    ("tok-train-prefix-through-file", "tokenize train -i {src} -o {src}/sp", "{src}"),
+    ("tok-train-invalid-utf8", "tokenize train -i {bad_utf8} -o {tmp}/sp", "{bad_utf8}:2"),
+    ("tok-encode-missing-model", "tokenize encode -m {tmp}/missing.model {src}", "{tmp}/missing.model"),
+    ("tok-encode-text-as-model", "tokenize encode -m {src} {src}", "{src}: not a sentencepiece model"),
+    ("tok-encode-missing-input", "tokenize encode -m {spm} {tmp}/missing.txt", "{tmp}/missing.txt"),
+    ("tok-encode-output-is-model", "tokenize encode -m {spm} {src} -o {spm}", "the output is the input file"),
+    ("tok-encode-invalid-utf8", "tokenize encode -m {spm} {bad_utf8}", "{bad_utf8}:2"),
+    ("tok-decode-not-ids", "tokenize decode -m {spm} --ids {src}", "{src}:1"),
+    # train
+    ("train-no-config", "train", "--config"),
+    ("train-missing-config", "train -c {tmp}/missing.yaml", "{tmp}/missing.yaml"),
+    ("train-config-not-a-mapping", "train -c {src}", "{src}"),
+    ("train-unknown-key", "train -c {cfg} --set train.lrr=0.1", "train.lrr"),
+    ("train-unknown-section", "train -c {cfg} --set trian.lr=0.1", "trian"),
+    ("train-set-without-equals", "train -c {cfg} --set train.lr", "--set"),
+    ("train-set-not-yaml", "train -c {cfg} --set train.optimizer_betas=[0.9,", "--set"),
+    ("train-negative-lr", "train -c {cfg} --set train.lr=-1", "train.lr"),
+    ("train-nan-lr", "train -c {cfg} --set train.lr=.nan", "train.lr"),
+    ("train-string-for-int", "train -c {cfg} --set train.max_tokens=many", "train.max_tokens"),
+    ("train-heads-not-dividing", "train -c {cfg} --set model.d_model=30 --set model.heads=4", "model.d_model"),
+    ("train-huge-model", "train -c {cfg} --set model.d_model=10000000", "model.d_model"),
+    ("train-dropout-one", "train -c {cfg} --set model.dropout=1.0", "model.dropout"),
+    ("train-bad-choice", "train -c {cfg} --set model.norm=middle", "model.norm"),
+    ("train-missing-train-file", "train -c {cfg} --set data.train_src={tmp}/missing.en", "data.train_src"),
+    ("train-half-validation-pair", "train -c {cfg} --set data.valid_src={src}", "data.valid_tgt"),
+    ("train-max-len-over-positions", "train -c {cfg} --set data.max_len=600 --set model.max_positions=512", "data.max_len"),
+    ("train-resume-nowhere", "train --resume {tmp}/no_run", "{tmp}/no_run"),
+    ("train-out-dir-through-file", "train -c {cfg} --set train.out_dir={src}/run", "{src}"),
+    ("train-duplicate-key", "train -c {dup_cfg}", "{dup_cfg}: line 3"),
+    # translate
+    ("tr-missing-checkpoint", "translate -c {tmp}/missing.pt {src}", "{tmp}/missing.pt"),
+    ("tr-text-as-checkpoint", "translate -c {src} {src}", "{src}: not a transformer_mt checkpoint"),
+    ("tr-directory-as-checkpoint", "translate -c {tmp} {src}", "{tmp}: is a directory"),
+    ("tr-missing-input", "translate -c {ckpt} {tmp}/missing.en", "{tmp}/missing.en"),
+    ("tr-beam-beyond-vocabulary", "translate -c {ckpt} {src} --beam 100000", "--beam 100000"),
+    ("tr-beam-zero", "translate -c {ckpt} {src} --beam 0", "--beam 0"),
+    ("tr-nbest-zero", "translate -c {ckpt} {src} --nbest 0", "--nbest 0"),
+    ("tr-nbest-over-beam", "translate -c {ckpt} {src} --beam 2 --nbest 3", "--nbest 3"),
+    ("tr-lenpen-nan", "translate -c {ckpt} {src} --lenpen nan", "--lenpen nan"),
+    ("tr-batch-tokens-zero", "translate -c {ckpt} {src} --batch-tokens 0", "'--batch-tokens'"),
+    ("tr-threads-negative", "translate -c {ckpt} {src} --threads -1", "'--threads'"),
+    ("tr-beam-not-a-number", "translate -c {ckpt} {src} --beam wide", "'--beam'"),
+    ("tr-device", "translate -c {ckpt} {src} --device gpu", "'gpu'"),
+    ("tr-dtype", "translate -c {ckpt} {src} --dtype float8", "'float8'"),
+    ("tr-output-is-input", "translate -c {ckpt} {src} -o {src}", "the output is the input file"),
+    ("tr-output-through-file", "translate -c {ckpt} {src} -o {src}/out.de", "{src}"),
+    ("tr-invalid-utf8", "translate -c {ckpt} {bad_utf8}", "{bad_utf8}:2"),
+    # evaluate
+    ("ev-missing-ref", "evaluate -c {ckpt} --src {src} --ref {tmp}/missing.de", "{tmp}/missing.de"),
+    ("ev-ref-line-count", "evaluate -c {ckpt} --src {src} --ref {long_ref} -o {tmp}/hyp", "{long_ref} has 2000"),
+    ("ev-beam-beyond-vocabulary", "evaluate -c {ckpt} --src {src} --ref {ref} --beam 100000", "--beam 100000"),
+    ("ev-output-is-ref", "evaluate -c {ckpt} --src {src} --ref {ref} -o {ref}", "the output is the input file"),
+    # bleu
+    ("bleu-width-negative", "bleu -r {ref} {ref} -w -1", "'--width'"),
+    ("bleu-width-huge", "bleu -r {ref} {ref} -w 1000000000", "'--width'"),
+    ("bleu-missing-ref", "bleu -r {tmp}/missing.de {ref}", "{tmp}/missing.de"),
+    ("bleu-tokenizer", "bleu -r {ref} {ref} -tok nope", "'nope'"),
+    ("bleu-line-count", "bleu -r {long_ref} {ref}", "{long_ref} has 2000"),
+    ("bleu-invalid-utf8", "bleu -r {ref} {bad_utf8}", "{bad_utf8}:2"),
+    # average
+    ("avg-one-checkpoint", "average {ckpt} -o {tmp}/avg.pt", "at least two checkpoints"),
+    ("avg-run-without-numbered", "average --run {tmp} --last 2 -o {tmp}/avg.pt", "{tmp}"),
+    ("avg-last-zero", "average --run {tmp} --last 0 -o {tmp}/avg.pt", "'--last'"),
+    ("avg-text-as-checkpoint", "average {ckpt} {src} -o {tmp}/avg.pt", "{src}"),
+    ("avg-output-is-input", "average {ckpt} {ckpt2} -o {ckpt2}", "the output is the input checkpoint"),
+    ("avg-output-fifo", "average {ckpt} {ckpt2} -o {fifo}", "{fifo}: exists and is not a regular file"),
+    # preprocess
+    ("pre-missing-config", "preprocess -c {tmp}/missing.yaml", "{tmp}/missing.yaml"),
+    ("pre-bad-value", "preprocess -c {cfg} --set data.max_len=0", "data.max_len"),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_inputs(corpus_slice, spm_model, tmp_path_factory) -> dict[str, str]:
+    from tests.conftest import make_checkpoint
+
+    root = tmp_path_factory.mktemp("bad_inputs")
+    bad = root / "bad.en"
+    bad.write_bytes("Ein Hund.\n".encode() + "Zwei Kätzchen.\n".encode("latin-1"))
+    cfg = write(root / "c.yaml", f"data:\n  train_src: {corpus_slice['train.en']}\n  train_tgt: {corpus_slice['train.de']}\n"
+                                 f"tokenizer:\n  model: {spm_model}\nmodel:\n  d_model: 16\n  heads: 2\n  d_ff: 16\n  encoder_layers: 1\n"
+                                 f"  decoder_layers: 1\ntrain:\n  out_dir: {root / 'run'}\n  max_updates: 1\n")  # tiny, should a row train
+    os.mkfifo(root / "fifo")
+    return {"ckpt": str(make_checkpoint(spm_model, root / "a.pt")), "ckpt2": str(make_checkpoint(spm_model, root / "b.pt", seed=1)),
+            "spm": str(spm_model), "src": str(corpus_slice["val.en"]), "ref": str(corpus_slice["val.de"]),
+            "long_ref": str(corpus_slice["train.de"]), "bad_utf8": str(bad), "cfg": str(cfg), "fifo": str(root / "fifo"),
+            "dup_cfg": str(write(root / "dup.yaml", "train:\n  lr: 0.001\n  lr: 0.002\n")), "tmp": str(root / "scratch")}
+
+
+def test_the_table_is_large_enough():
+    assert len(BAD_COMMANDS) >= 40 and len({name for name, _, _ in BAD_COMMANDS}) == len(BAD_COMMANDS)
+
+
+@pytest.mark.parametrize("name, argv, names", BAD_COMMANDS, ids=[row[0] for row in BAD_COMMANDS])
+def test_bad_command_line_is_one_clear_error(name, argv, names, bad_inputs, capsys):  # noqa: ARG001 - name: the row id
+    Path(bad_inputs["tmp"]).mkdir(exist_ok=True)
+    before = {p: Path(p).read_bytes() for p in (bad_inputs["src"], bad_inputs["ref"], bad_inputs["ckpt2"], bad_inputs["spm"])}
+    code, err = run_cli([arg.format(**bad_inputs) for arg in argv.split()], capsys)
+    flat = " ".join(err.replace("│", " ").split())  # usage errors come in a box that wraps long lines
+    assert code not in (0, None) and "Traceback" not in err, err
+    assert names.format(**bad_inputs) in flat, err
+    assert {p: Path(p).read_bytes() for p in before} == before  # no input was touched
+
+
+# ---------------------------------------------------------------- item 10: a full disk is one line naming the file
+def enospc(*_args, **_kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_disk_full_output_names_the_file_and_keeps_its_bytes(tmp_path, bad_inputs, monkeypatch, capsys):
+    from transformer_mt import textio
+
+    out = write(tmp_path / "out.txt", "yesterday's results\n")
+    monkeypatch.setattr(textio.os, "fsync", enospc)  # the disk fills up as the new output is completed
+    code, err = run_cli(["tokenize", "encode", "-m", bad_inputs["spm"], bad_inputs["src"], "-o", str(out)], capsys)
+    assert code == 2 and err == f"tmt: error: {out}: No space left on device; free some disk space or write elsewhere\n"
+    assert out.read_bytes() == b"yesterday's results\n" and sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
+
+
+@pytest.mark.skipif(not Path("/dev/full").is_char_device(), reason="no /dev/full")
+def test_writing_to_dev_full_names_it(bad_inputs, capsys):
+    code, err = run_cli(["translate", "-c", bad_inputs["ckpt"], bad_inputs["src"], "-o", "/dev/full"], capsys)
+    assert code == 2 and err.startswith("tmt: error: /dev/full: No space left on device") and err.count("\n") == 1, err
+    assert Path("/dev/full").is_char_device()  # written to, never replaced
+
+
+def test_disk_full_on_stdout_names_stdout(bad_inputs, monkeypatch, capsys):
+    class FullStdout(io.StringIO):
+        write = flush = enospc
+
+    monkeypatch.setattr(sys, "stdout", FullStdout())
+    code, err = run_cli(["bleu", "-r", bad_inputs["ref"], bad_inputs["ref"]], capsys)
+    assert code == 2 and err.startswith("tmt: error: <stdout>: No space left on device") and err.count("\n") == 1, err
+
+
+def test_disk_full_while_writing_the_cache_is_one_line(tmp_path, bad_inputs, monkeypatch, capsys):
+    from transformer_mt import data
+
+    def numpy_full(*_args, **_kwargs):  # what ndarray.tofile raises on a full disk: no errno, no file name
+        raise OSError("40000 requested and 0 written")
+
+    monkeypatch.setattr(data._CacheWriter, "add", numpy_full)
+    cache = tmp_path / "cache"
+    code, err = run_cli(["preprocess", "-c", bad_inputs["cfg"], "--set", f"data.cache_dir={cache}"], capsys)
+    line = err.strip().splitlines()[-1]
+    assert code == 2 and "Traceback" not in err and line.startswith(f"tmt: error: {cache}/train.en-train.de-"), err
+    assert "could not write the encoded corpus cache (40000 requested and 0 written); free disk space" in line
+    assert list(cache.iterdir()) == []  # the half-written temporary directory is gone
+
+
+def test_checkpoint_never_replaces_a_device_or_fifo(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(CheckpointError, match="exists and is not a regular file"):
+        save_checkpoint({"model": {}}, fifo)
+    assert stat.S_ISFIFO(fifo.stat().st_mode)

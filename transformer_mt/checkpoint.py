@@ -71,6 +71,8 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
     """
     path = Path(path)
     _check_plain(state, "state")
+    if path.exists() and not path.is_file():  # os.replace would put a file in place of a directory entry, device or FIFO
+        raise CheckpointError(f"{path}: exists and is not a regular file; give a file path for the checkpoint")
     payload = {"format": FORMAT, **{k: v for k, v in state.items() if k != "format"}}
     existed = path.is_file()
     tmp: str | None = None

@@ -398,7 +398,15 @@ def load_parallel(
     meta = _read_meta(directory, key)
     if meta is not None:
         return ParallelData(directory, meta, src_path, tgt_path, from_cache=True)
-    _encode_corpus(src_path, tgt_path, src_tok, tgt_tok, data_cfg, directory, key, inputs, filter_long=filter_long, quiet=quiet)
+    try:
+        _encode_corpus(src_path, tgt_path, src_tok, tgt_tok, data_cfg, directory, key, inputs, filter_long=filter_long, quiet=quiet)
+    except OSError as exc:
+        if exc.filename is not None and not str(exc.filename).startswith(str(directory.parent)):
+            raise  # about an input file: the command line names it
+        # numpy's tofile says only "N requested and 0 written" when the disk is full
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        raise DataError(f"{directory}: could not write the encoded corpus cache ({reason}); free disk space, or set data.cache_dir "
+                        "to a disk with room (nothing was kept: the next run encodes again)") from exc
     meta = _read_meta(directory, key)
     if meta is None:
         raise DataError(f"{directory}: the cache just written does not read back; check the disk (space, permissions) and delete the directory")

@@ -89,6 +89,21 @@ class SearchError(TmtError, ValueError):
     """A search request that cannot be honoured, worded for the user."""
 
 
+def max_beam(tgt_vocab_size: int) -> int:
+    """The largest beam a target vocabulary allows: each step ranks 2 * beam candidates among the ids
+    that can follow a prefix (all but PAD and BOS), so beam <= (V - 2) / 2; greedy (beam 1) always works."""
+    return max(1, (tgt_vocab_size - 2) // 2)
+
+
+def check_beam(beam: int, nbest: int, *, tgt_vocab_size: int) -> None:
+    """Refuse a beam / nbest pair that search cannot honour, before anything is encoded or allocated."""
+    if beam < 1 or not 1 <= nbest <= beam:
+        raise SearchError(f"need beam >= 1 and 1 <= nbest <= beam, got beam={beam} nbest={nbest}")
+    if beam > max_beam(tgt_vocab_size):
+        raise SearchError(f"beam={beam} needs a target vocabulary of at least {2 * beam + 2} ids, the model has {tgt_vocab_size}; "
+                          f"use a beam of at most {max_beam(tgt_vocab_size)}")
+
+
 def length_penalty(length: int | float | Tensor, alpha: float) -> float | Tensor:
     """GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al. 2016, eq. 14).
 
@@ -214,8 +229,8 @@ def beam_search(model: SearchModel[Any, Any], src: Tensor, *, beam: int = 4, len
         b, length = sent.numel(), step + 1  # length of every hypothesis extended at this step
         lprobs = _log_probs(model.decode_step(tokens, cache))  # (b*k, V)
         vocab = lprobs.size(1)
-        if step == 0 and vocab - 2 < 2 * k:
-            raise SearchError(f"beam={beam} needs a target vocabulary of at least {2 * k + 2} ids, the model has {vocab}; lower the beam")
+        if step == 0:
+            check_beam(beam, nbest, tgt_vocab_size=vocab)
         cand = lprobs.add_(cum.view(b * k, 1)).view(b, k, vocab)  # cum + log p: (b*k, V) -> (b, k, V)
         if step == 0:
             cand = cand[:, :1]  # (b, 1, V): the k beams are identical copies of BOS

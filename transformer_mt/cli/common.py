@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 from typing import Iterator, Optional
@@ -33,10 +34,19 @@ BEAM_HELP = "Beam size (1 = greedy). Default: the checkpoint's decode.beam."
 LENPEN_HELP = "GNMT length penalty alpha, ((5+len)/6)^alpha. Default: decode.lenpen."
 
 def decode_args(tr, beam: Optional[int], lenpen: Optional[float], nbest: int) -> tuple[int, float]:
+    """--beam / --lenpen (or the checkpoint's defaults), checked before any input is encoded: a beam too
+    large for the target vocabulary is refused here, not after allocating beam x sentences of decoder state."""
+    from transformer_mt.search import max_beam
     from transformer_mt.translate import TranslateError
 
     beam = tr.cfg.decode.beam if beam is None else beam
     lenpen = tr.cfg.decode.lenpen if lenpen is None else lenpen
     if beam < 1 or not 1 <= nbest <= beam:
         raise TranslateError(f"--beam {beam} --nbest {nbest}: need beam >= 1 and 1 <= nbest <= beam")
+    vocab = tr.tgt_tok.vocab_size
+    if beam > max_beam(vocab):
+        raise TranslateError(f"--beam {beam}: the model's target vocabulary has {vocab} ids, enough for a beam of at most {max_beam(vocab)}; "
+                             "lower --beam (4 to 10 is usual)")
+    if not math.isfinite(lenpen):
+        raise TranslateError(f"--lenpen {lenpen}: must be a finite number; the usual range is 0.6 to 1.5")
     return beam, lenpen

@@ -19,11 +19,11 @@ def evaluate(
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Where to write the hypotheses (default: SRC name + .hyp next to the checkpoint)."),
     beam: Optional[int] = typer.Option(None, "--beam", "-b", help=BEAM_HELP),
     lenpen: Optional[float] = typer.Option(None, "--lenpen", help=LENPEN_HELP),
-    batch_tokens: Optional[int] = typer.Option(None, "--batch-tokens", help="Source tokens per batch."),
+    batch_tokens: Optional[int] = typer.Option(None, "--batch-tokens", min=1, help="Source tokens per batch."),
     lowercase: bool = typer.Option(False, "--lowercase", "-lc", help="Case-insensitive BLEU and chrF."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
     dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16 (GPU)."),
-    threads: int = typer.Option(0, "--threads", help="CPU threads (0 = torch default)."),
+    threads: int = typer.Option(0, "--threads", min=0, help="CPU threads (0 = torch default)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
 ) -> None:
     """Translate SRC, write the hypotheses, print BLEU, chrF, sentences/s and target tokens/s."""

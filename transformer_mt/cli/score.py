@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 
 from transformer_mt.cli.app import app
+from transformer_mt.cli.common import safe_output
 
 
 @app.command()
@@ -18,7 +20,7 @@ def bleu(
     tokenize: Optional[str] = typer.Option(None, "--tokenize", "-tok", help="BLEU tokenizer (sacreBLEU's; default 13a)."),
     ter: bool = typer.Option(False, "--ter", help="Also compute TER."),
     json_out: bool = typer.Option(False, "--json", help="sacreBLEU's JSON output."),
-    width: int = typer.Option(1, "--width", "-w", help="Decimals to print."),
+    width: int = typer.Option(1, "--width", "-w", min=0, max=16, help="Decimals to print (0-16; a float has about 16)."),
 ) -> None:
     """Corpus BLEU and chrF (and TER) with sacreBLEU, signature included."""
     from transformer_mt.metrics import MetricsError, format_json, format_text, read_lines, score
@@ -29,14 +31,15 @@ def bleu(
         raise MetricsError("give at least one --ref file")
     results = score(hyps, [read_lines(r) for r in ref], metrics=("bleu", "chrf"), lowercase=lowercase, tokenize=tokenize,
                     ter=ter, hyp_name=hyp_name, ref_names=[str(r) for r in ref])
-    typer.echo(format_json(results, width=width) if json_out else format_text(results, width=width))
+    with safe_output(None) as out:  # stdout; a full disk names <stdout>
+        out.write((format_json(results, width=width) if json_out else format_text(results, width=width)) + "\n")
 
 
 @app.command()
 def average(
     checkpoints: List[Path] = typer.Argument(None, help="Checkpoint files to average (or give --run and --last)."),
     run: Optional[Path] = typer.Option(None, "--run", help="Run directory: average its newest numbered checkpoints."),
-    last: int = typer.Option(5, "--last", help="With --run: how many of the newest checkpoints."),
+    last: int = typer.Option(5, "--last", min=1, help="With --run: how many of the newest checkpoints."),
     output: Path = typer.Option(..., "--output", "-o", help="Where to write the averaged checkpoint."),
 ) -> None:
     """Average model parameters of several checkpoints (the paper averages the last 5 or 20)."""
@@ -47,5 +50,8 @@ def average(
         paths += last_checkpoints(run, last)
     if len(paths) < 2:
         raise CheckpointError("give at least two checkpoints, or --run RUN_DIR --last N")
+    for path in paths:  # a checkpoint replaced by the average loses its training state: refuse, as for text outputs
+        if output.exists() and path.exists() and os.path.samefile(output, path):
+            raise CheckpointError(f"{output}: the output is the input checkpoint {path}; writing it would destroy that checkpoint, so give another -o")
     save_checkpoint(average_checkpoints(paths), output)
     typer.echo(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {output}", err=True)

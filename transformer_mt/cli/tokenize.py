@@ -15,10 +15,10 @@ from transformer_mt.cli.common import input_lines, progress, safe_output
 def tokenize_train(
     inputs: List[Path] = typer.Option(..., "--input", "-i", help="Text file to learn from; repeat for source and target to get a joint vocabulary."),
     model_prefix: Path = typer.Option(..., "--model-prefix", "-o", help="Output prefix: writes PREFIX.model and PREFIX.vocab."),
-    vocab_size: int = typer.Option(8000, help="Number of pieces, special symbols included."),
+    vocab_size: int = typer.Option(8000, min=8, help="Number of pieces, special symbols included."),
     model_type: str = typer.Option("unigram", help="unigram or bpe."),
     character_coverage: float = typer.Option(1.0, help="Share of characters covered (0.9995 for large alphabets)."),
-    input_sentence_size: int = typer.Option(2_000_000, help="Sentences sampled for training (0 = all)."),
+    input_sentence_size: int = typer.Option(2_000_000, min=0, help="Sentences sampled for training (0 = all)."),
 ) -> None:
     """Train a sentencepiece model (pad=0, unk=1, bos=2, eos=3)."""
     from transformer_mt.tokenizer import train_sentencepiece

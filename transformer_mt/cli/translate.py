@@ -20,10 +20,10 @@ def translate(
     beam: Optional[int] = typer.Option(None, "--beam", "-b", help=BEAM_HELP),
     lenpen: Optional[float] = typer.Option(None, "--lenpen", help=LENPEN_HELP),
     nbest: int = typer.Option(1, "--nbest", help="Hypotheses per input; >1 prints INDEX<TAB>SCORE<TAB>TEXT lines."),
-    batch_tokens: Optional[int] = typer.Option(None, "--batch-tokens", help="Source tokens per batch. Default: decode.batch_tokens."),
+    batch_tokens: Optional[int] = typer.Option(None, "--batch-tokens", min=1, help="Source tokens per batch. Default: decode.batch_tokens."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
     dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16 (GPU)."),
-    threads: int = typer.Option(0, "--threads", help="CPU threads (0 = torch default)."),
+    threads: int = typer.Option(0, "--threads", min=0, help="CPU threads (0 = torch default)."),
 ) -> None:
     """Translate raw text with greedy or beam search: one output line per input line."""
     from transformer_mt.textio import count_lines, file_chunks, stdin_chunks
