@@ -3,7 +3,7 @@
 
     python scripts/benchmark.py [--config configs/multi30k_en_de.yaml] [--data DIR] [--out bench]
                                 [--threads 2] [--warmup 5] [--updates 40] [--sentences 0]
-                                [--checkpoint CKPT] [--reference-checkpoint CKPT] [--quick]
+                                [--checkpoint CKPT] [--reference-checkpoint CKPT] [--ctranslate2] [--quick]
 
 Each phase runs in a fresh subprocess of this script (``--phase SPEC.json``), so the ``ru_maxrss``
 it reports is that phase's own peak resident memory (the Python interpreter and torch included):
@@ -25,6 +25,14 @@ it reports is that phase's own peak resident memory (the Python interpreter and 
              fairseq's is this one's) and the recipe model (``--checkpoint``, timed only when given).
              Without ``--reference-checkpoint`` the reference model is the one after the benchmark's few
              float32 updates: its outputs are too long and the speed is flagged ``"representative": false``.
+  ctranslate2  with ``--ctranslate2`` (the ``export`` extra), after the others: each translated checkpoint
+             exported by ``tmt export`` and decoded by CTranslate2 with float32 and int8 weights (int8
+             quantized at load), greedy and beam 5, against tmt on the same lines in the same process at
+             the same batch size (``decode.batch_tokens`` source tokens) and length penalty 0 on both
+             sides (the only value whose meaning the two share). CTranslate2 takes one maximum output
+             length per call where tmt's is floor(a * n + b) per sentence, so the lines are decoded in one
+             call per source length n: the two engines then do the same work, and with float32 weights give
+             the same output. Reports tokens/s, sentences/s and the share of lines whose output equals tmt's.
 
 FLOPs per target token (multiply-add = 2 FLOPs), counted two ways on the padded batches actually run:
   measured   torch.utils.flop_counter.FlopCounterMode over forward, loss and backward of the first timed
@@ -54,6 +62,7 @@ import dataclasses
 import datetime
 import itertools
 import json
+import math
 import os
 import platform
 import resource
@@ -246,7 +255,67 @@ def phase_translate(spec: dict) -> dict:
             "sentences_per_s": len(lines) / seconds, "tokens_per_s": tokens / seconds}
 
 
-PHASES = {"matmul": phase_matmul, "train": phase_train, "translate": phase_translate}
+def phase_ctranslate2(spec: dict) -> dict:
+    """tmt, then CTranslate2 (float32 and int8 weights) on the same lines, beam, batch size and length penalty 0."""
+    import ctranslate2
+
+    from transformer_mt.export import export
+
+    translator = Translator.from_checkpoint(spec["checkpoint"], device="cpu", dtype="float32", threads=spec["threads"])
+    with open(spec["input"], encoding="utf-8") as handle:
+        lines = [line.rstrip("\n") for line in itertools.islice(handle, spec["sentences"] or None)]
+    d, beam = translator.cfg.decode, spec["beam"]
+    translator.translate(lines[:8], beam=beam, lenpen=0.0)  # warm-up
+    tic = time.perf_counter()
+    result = translator.translate(lines, beam=beam, lenpen=0.0)
+    seconds = time.perf_counter() - tic
+    ours = [nb[0][1] for nb in result.hypotheses]
+    rows = {"tmt": {"seconds": seconds, "target_tokens": result.stats.tgt_tokens, "same_as_tmt": 1.0}}
+    model_dir = export(spec["checkpoint"], Path(spec["result"]).with_suffix(".ct2"), force=True)
+    pieces = [p[: translator.max_src_tokens] for p in translator.src_tok.encode_pieces(lines)]  # tmt's truncation
+    by_length: dict[int, list[int]] = {}  # source length n -> its lines (empty lines are not decoded, as in tmt)
+    for i, p in enumerate(pieces):
+        if lines[i].strip():
+            by_length.setdefault(len(p), []).append(i)
+    options = dict(beam_size=beam, length_penalty=0.0, max_batch_size=d.batch_tokens, batch_type="tokens")
+
+    def decode(ct) -> list[list[str]]:
+        hyps: list[list[str]] = [[] for _ in lines]
+        for n, idx in by_length.items():  # one call per source length: tmt's maximum output, floor(a * (n + EOS) + b)
+            out = ct.translate_batch([pieces[i] for i in idx], max_decoding_length=math.floor(d.max_len_a * (n + 1) + d.max_len_b), **options)
+            for i, r in zip(idx, out):
+                hyps[i] = r.hypotheses[0]
+        return hyps
+
+    for compute_type in ("float32", "int8"):
+        ct = ctranslate2.Translator(str(model_dir), device="cpu", compute_type=compute_type, intra_threads=spec["threads"], inter_threads=1)
+        ct.translate_batch(pieces[:8], **options)  # warm-up
+        tic = time.perf_counter()
+        hyps = decode(ct)
+        seconds = time.perf_counter() - tic
+        texts = translator.tgt_tok.decode_pieces(hyps)
+        rows[compute_type] = {"seconds": seconds, "target_tokens": sum(len(h) + 1 for h, line in zip(hyps, lines) if line.strip()),  # + EOS, as tmt
+                              "same_as_tmt": sum(a == b for a, b in zip(texts, ours)) / len(lines)}
+    for row in rows.values():
+        row.update(sentences_per_s=len(lines) / row["seconds"], tokens_per_s=row["target_tokens"] / row["seconds"])
+    return {"parameters": count_parameters(translator.model), "model_config": dataclasses.asdict(translator.cfg.model), "sentences": len(lines),
+            "batch_tokens": d.batch_tokens, "calls": len(by_length), "ctranslate2_version": ctranslate2.__version__, "engines": rows}
+
+
+def ctranslate2_phases(args, checkpoints: list, test_src: Path) -> list[dict]:
+    """Run the ``ctranslate2`` phases (``--ctranslate2``) for every translated checkpoint, greedy and beam 5."""
+    specs = [{"kind": "ctranslate2", "name": f"ctranslate2-{model}-{search}", "threads": args.threads, "checkpoint": str(checkpoint),
+              "input": str(test_src), "sentences": args.sentences, "beam": beam, "search": search, "model": model, "representative": representative}
+             for model, checkpoint, representative in checkpoints for search, beam in (("greedy", 1), ("beam5", 5))]
+    rows = []
+    for i, spec in enumerate(specs, 1):
+        res = run_phase(spec, args.out, step=f"[ctranslate2 {i}/{len(specs)}]")
+        rows.append({key: spec[key] for key in ("model", "search", "beam", "checkpoint", "representative")}
+                    | {"description": describe(res["model_config"], res["parameters"]), **res})
+    return rows
+
+
+PHASES = {"matmul": phase_matmul, "train": phase_train, "translate": phase_translate, "ctranslate2": phase_ctranslate2}
 
 
 def run_phase_file(spec_path: Path) -> None:
@@ -384,6 +453,7 @@ def run_all(args, sizes: Sizes) -> dict:
     for t in training:  # the speed-ups, as a ratio over the plain-ops run of the same model, batches and dtype
         plain = next((p for p in training if p["ops"] == "plain" and p["model"] == t["model"] and p["dtype"] == t["dtype"]), None)
         t["speedup_vs_plain_ops"] = t["tokens_per_s"] / plain["tokens_per_s"] if plain and t["ops"] == "fast" else None
+    ctranslate2_rows = ctranslate2_phases(args, checkpoints, test_src) if args.ctranslate2 else []
     return {
         "schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "quick": args.quick,
         "machine": machine_info(), "threads": args.threads, "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg()),
@@ -392,6 +462,7 @@ def run_all(args, sizes: Sizes) -> dict:
                      "reference_checkpoint": str(args.reference_checkpoint or ""),
                      "test_input": str(test_src), "reference_model": REFERENCE_MODEL, "reference_train": REFERENCE_TRAIN},
         "matmul_peak": matmul, "training": training, "translation": translation, "quoted_reference": QUOTED,
+        "ctranslate2": ctranslate2_rows,
     }
 
 
@@ -428,6 +499,14 @@ def render_markdown(r: dict) -> str:
         flag = "" if t["representative"] else " †"
         rows.append([f"translate {t['search']}{flag}", f"{t['model']} ({t['description']})", t["dtype"], num(t["tokens_per_s"], ",.0f"), "",
                      num(t["sentences_per_s"], ".1f"), "", "", num(t["peak_rss_mib"], ".0f"), vs(t["vs_quoted"], "sent/s (fairseq)")])
+    for t in r.get("ctranslate2", []):  # --ctranslate2: tmt and CTranslate2 on the same checkpoint, lines and settings
+        flag = "" if t["representative"] else " †"
+        for engine, e in t["engines"].items():
+            ratio = e["tokens_per_s"] / t["engines"]["tmt"]["tokens_per_s"]
+            versus = "" if engine == "tmt" else f"{ratio:.2f}x of tmt's tokens/s; {100 * e['same_as_tmt']:.0f}% same output"
+            rows.append([f"translate {t['search']} lenpen 0 [{'tmt' if engine == 'tmt' else 'CTranslate2'}]{flag}", f"{t['model']} ({t['description']})",
+                         "float32" if engine == "tmt" else engine, num(e["tokens_per_s"], ",.0f"), "", num(e["sentences_per_s"], ".1f"), "", "",
+                         num(t["peak_rss_mib"], ".0f"), versus])
     m, s = r["machine"], r["settings"]
     lines = [f"# transformer_mt benchmark{' (quick mode: tiny models, not a measurement)' if r['quick'] else ''}", "",
              f"{r['date']}; {m['cpu']}, {m['logical_cpus']} logical CPUs, {r['threads']} threads; torch {m['torch']} ({m['cpu_capability']}); "
@@ -444,6 +523,10 @@ def render_markdown(r: dict) -> str:
               f"Quoted reference figures are {q['source']}: training {', '.join(f'{k} {v:,} tok/s' for k, v in q['train_tokens_per_s'].items())}; "
               f"beam 5 {', '.join(f'{k} {v} sent/s' for k, v in q['beam5_sentences_per_s'].items())} ({q['setting']}); "
               f"matmul peak {q['matmul_peak_gflops']['float32']} GFLOP/s float32, {q['matmul_peak_gflops']['bfloat16']} bfloat16."]
+    if r.get("ctranslate2"):
+        lines.append(f"CTranslate2 {r['ctranslate2'][0]['ctranslate2_version']} rows: the checkpoint exported by `tmt export`, tmt and "
+                     "CTranslate2 in one process each with length penalty 0, one CTranslate2 call per source length (tmt's maximum output "
+                     "length is per sentence); peak RSS is the phase's (both engines).")
     if any(not t["representative"] for t in r["translation"]):
         lines.append("† not representative: the reference model after only the benchmark's updates (outputs too long); pass --reference-checkpoint.")
     return "\n".join(lines) + "\n"
@@ -461,6 +544,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--checkpoint", type=Path, default=None, help="the trained recipe model: its translation speed is timed too")
     p.add_argument("--reference-checkpoint", type=Path, default=None,
                    help="a trained 3+3/d256 model, the size of the quoted fairseq beam-5 figure (else the benchmark's barely trained one)")
+    p.add_argument("--ctranslate2", action="store_true", help="also decode each translated checkpoint with CTranslate2 (needs the export extra)")
     p.add_argument("--quick", action="store_true", help="tiny models and sizes, seconds: checks the script, measures nothing")
     p.add_argument("--phase", type=Path, default=None, help=argparse.SUPPRESS)  # internal: run one phase's spec
     args = p.parse_args(argv)

@@ -169,3 +169,22 @@ def test_cli_export_and_missing_extra(tiny_checkpoint, tmp_path, capsys, monkeyp
     code, _, err = run(["export", "-c", str(tiny_checkpoint), "-o", str(tmp_path / "m2")])
     assert code == 2 and err.strip() == 'tmt: error: ctranslate2 is not installed; run: pip install -e ".[export]"'
     assert not (tmp_path / "m2").exists()
+
+
+def test_benchmark_ctranslate2_phase(tiny_checkpoint, multi30k, tmp_path):
+    """scripts/benchmark.py --ctranslate2's phase: tmt and CTranslate2 float32 / int8 on the same lines."""
+    import importlib.util
+
+    from tests.conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("benchmark_script_ct2", REPO / "scripts" / "benchmark.py")
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # its dataclasses look their module up while being defined
+    spec.loader.exec_module(bench)
+    res = bench.phase_ctranslate2({"checkpoint": str(tiny_checkpoint), "input": str(multi30k / "test_2016_flickr.en"), "sentences": 30,
+                                   "beam": 5, "threads": 1, "result": str(tmp_path / "ct2.result.json")})
+    assert set(res["engines"]) == {"tmt", "float32", "int8"} and res["sentences"] == 30
+    for e in res["engines"].values():
+        assert e["tokens_per_s"] == pytest.approx(e["target_tokens"] / e["seconds"]) and e["target_tokens"] >= 30
+    # One call per source length gives CTranslate2 tmt's maximum output per sentence: float32 output is tmt's.
+    assert res["engines"]["float32"]["same_as_tmt"] == 1.0 and res["engines"]["float32"]["target_tokens"] == res["engines"]["tmt"]["target_tokens"]
