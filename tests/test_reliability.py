@@ -18,6 +18,7 @@ import torch
 from transformer_mt.checkpoint import CheckpointError, _check_torch_is_safe, average_checkpoints, load_checkpoint, pack_tokenizers, save_checkpoint
 from transformer_mt.cli import main
 from transformer_mt.config import Config, ConfigError, load_config, to_dict
+from transformer_mt.search import SearchError
 from transformer_mt.translate import Translator
 
 
@@ -314,3 +315,19 @@ def test_checkpoint_never_replaces_a_device_or_fifo(tmp_path):
     with pytest.raises(CheckpointError, match="exists and is not a regular file"):
         save_checkpoint({"model": {}}, fifo)
     assert stat.S_ISFIFO(fifo.stat().st_mode)
+
+
+# ---------------------------------------------------------------- item 9: a beam is checked against the vocabulary first
+def test_translator_refuses_a_huge_beam_before_encoding(bad_inputs, monkeypatch):
+    tr = Translator.from_checkpoint(bad_inputs["ckpt"], device="cpu")
+    vocab = tr.tgt_tok.vocab_size  # 1000: ids that may follow a prefix are all but PAD and BOS, and a step ranks 2 x beam of them
+    assert len(tr.translate(["a dog ."], beam=(vocab - 2) // 2, lenpen=0.6).hypotheses[0]) == 1  # the largest beam allowed runs
+    monkeypatch.setattr(tr.src_tok, "encode", lambda *_: pytest.fail("encoded before refusing the beam"))
+    tracemalloc.start()
+    with pytest.raises(SearchError, match=f"beam=100000 needs a target vocabulary of at least 200002 ids, the model has {vocab}"):
+        tr.translate(["a dog ."], beam=100_000, lenpen=0.6)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 2**20
+    with pytest.raises(SearchError, match="use a beam of at most 499"):
+        tr.translate(["a dog ."], beam=vocab // 2, lenpen=0.6)

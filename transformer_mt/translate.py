@@ -28,7 +28,7 @@ from transformer_mt.data import source_tensor
 from transformer_mt.ensemble import Ensemble
 from transformer_mt.errors import TmtError
 from transformer_mt.model import Transformer
-from transformer_mt.search import Hypothesis, search
+from transformer_mt.search import Hypothesis, check_beam, search
 from transformer_mt.textio import count_lines, file_chunks, stdin_chunks  # noqa: F401 - moved to textio; kept importable from here
 from transformer_mt.tokenizer import Tokenizer
 
@@ -182,6 +182,7 @@ class Translator:
         """n-best (score, text) lists, one per input line, in input order (empty lines give [(0.0, "")] * nbest),
         and this call's stats. ``max_len_a`` / ``max_len_b`` override the checkpoint's decode settings
         within the positions sized at load time."""
+        check_beam(beam, nbest, tgt_vocab_size=self.tgt_tok.vocab_size)  # before encoding: --beam 100000 must not allocate first
         d = self.cfg.decode
         a, b = d.max_len_a if max_len_a is None else max_len_a, d.max_len_b if max_len_b is None else max_len_b
         if positions_needed(self.max_src_tokens + 1, max_len_a=a, max_len_b=b) > self.positions:
