@@ -237,6 +237,19 @@ def test_missing_extra_names_the_install_command(tiny_checkpoint, capsys, monkey
     assert capsys.readouterr().err.strip() == 'tmt: error: fastapi and uvicorn are not installed; run: pip install -e ".[serve]"'
 
 
+def test_port_in_use_is_one_line_before_loading(capsys):
+    from transformer_mt.cli import main
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_:
+            main(["serve", "-c", "no-such.pt", "--port", str(port)])  # refused before the checkpoint is even looked at
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and err.startswith(f"tmt: error: --host 127.0.0.1 --port {port}: cannot listen there (") and "\n" not in err
+
+
 def test_duplicate_model_names_are_refused_before_loading():
     from transformer_mt.serve import ServeError, ServeOptions
     from transformer_mt.serve.app import load_models

@@ -25,6 +25,7 @@ A leaf: the core never imports it; fastapi and uvicorn are imported only when a 
 
 from __future__ import annotations
 
+import socket
 from dataclasses import dataclass
 
 from transformer_mt.errors import TmtError
@@ -76,8 +77,21 @@ def serve(checkpoints: list[str], *, host: str = "127.0.0.1", port: int = 8000, 
 
     from transformer_mt.serve.app import build_app, load_models
 
+    _check_address(host, port)  # before the (slow) model loading
     models = load_models(checkpoints, device=device, threads=threads, options=options)
     app = build_app(models, options)
     # uvicorn's own SIGTERM/SIGINT handling: stop listening, let in-flight requests finish, then run the
     # app's shutdown (which drains the batch queues).
     uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level)).run()
+
+
+def _check_address(host: str, port: int) -> None:
+    """Refuse at once an address this process cannot listen on (in use, not local), as uvicorn would after loading."""
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port in TIME_WAIT is free
+            probe.bind(addr)
+    except OSError as exc:
+        raise ServeError(f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc}); choose another --port or stop the "
+                         "program using it") from None
