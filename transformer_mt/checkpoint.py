@@ -38,6 +38,7 @@ import errno
 import os
 import random
 import re
+import shutil
 import uuid
 from collections import OrderedDict
 from pathlib import Path
@@ -45,7 +46,7 @@ from typing import Any
 
 import torch
 
-from .config import Config, ConfigError, from_dict
+from transformer_mt.config import Config, ConfigError, from_dict
 
 FORMAT = "transformer_mt/1"
 _NUMBERED = re.compile(r"checkpoint_(\d+)\.pt")
@@ -93,6 +94,32 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
         if not isinstance(exc, Exception):  # KeyboardInterrupt, SystemExit: clean up, then let them through
             raise
         raise CheckpointError(_save_failure(path, exc, existed)) from exc
+    _fsync_dir(path.parent)
+    return path
+
+
+def link_checkpoint(source: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """Make ``path`` a second name of the finished checkpoint ``source``, atomically (a hard link renamed
+    into place; a copy where links are not supported): one serialisation can be the numbered, best and
+    last checkpoint at once. Later saves replace a name, never the shared bytes."""
+    source, path = Path(source), Path(path)
+    if path.exists() and not path.is_file():
+        raise CheckpointError(f"{path}: exists and is not a regular file; give a file path for the checkpoint")
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        try:
+            os.link(source, tmp)
+        except OSError:  # a file system without hard links: copy the bytes
+            shutil.copyfile(source, tmp)
+            with open(tmp, "rb+") as handle:
+                os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if not isinstance(exc, Exception):
+            raise
+        raise CheckpointError(_save_failure(path, exc, path.is_file())) from exc
     _fsync_dir(path.parent)
     return path
 

@@ -133,9 +133,9 @@ class Translator:
     settings, ready to translate text. Read-only after construction, so threads may share one."""
 
     def __init__(self, model: Transformer | Ensemble, src_tok: Tokenizer, tgt_tok: Tokenizer, cfg: Config, *,
-                 device: torch.device, dtype: str = "float32", max_src_tokens: int | None = None):
+                 device: torch.device, max_src_tokens: int | None = None):
         self.model, self.src_tok, self.tgt_tok, self.cfg = model.eval(), src_tok, tgt_tok, cfg
-        self.device, self.dtype = device, dtype
+        self.device = device  # the weights already carry the decoding dtype (cast once at load)
         # The longest source the model accepts: learned positions have a fixed table; EOS takes one place.
         self.max_src_tokens = cfg.model.max_positions - 1 if max_src_tokens is None else max_src_tokens
         # Size the sinusoid table now for the longest source accepted and the longest output the decode
@@ -175,7 +175,7 @@ class Translator:
             cfgs.append(cfg)
         max_src = min(c.model.max_positions for c in cfgs) - 1
         model = models[0] if len(models) == 1 else Ensemble(models)
-        return cls(model, *toks, cfgs[0], device=dev, dtype=dtype, max_src_tokens=max_src)
+        return cls(model, *toks, cfgs[0], device=dev, max_src_tokens=max_src)
 
     def translate(self, lines: list[str], *, beam: int, lenpen: float, nbest: int = 1, batch_tokens: int | None = None,
                   max_len_a: float | None = None, max_len_b: int | None = None) -> TranslationResult:
