@@ -134,13 +134,14 @@ def pairs64(multi30k, tmp_path_factory) -> dict[str, Path]:
 
 def run_config(corpus: dict[str, Path], spm_model: Path, out_dir: Path, *overrides: str):
     """A training Config on `corpus` files ("train.en/de", "val.en/de"), with the tokenizer `spm_model`,
-    train.out_dir `out_dir` and `overrides` ("section.key=value", as --set)."""
+    train.out_dir `out_dir`, train.device cpu (a GPU host would otherwise pick cuda; cuda-marked tests override it)
+    and `overrides` ("section.key=value", as --set)."""
     from transformer_mt.config import load_config
 
     return load_config(None, [
         f"data.train_src={corpus['train.en']}", f"data.train_tgt={corpus['train.de']}",
         f"data.valid_src={corpus['val.en']}", f"data.valid_tgt={corpus['val.de']}",
-        f"tokenizer.model={spm_model}", f"train.out_dir={out_dir}", *overrides,
+        f"tokenizer.model={spm_model}", f"train.out_dir={out_dir}", "train.device=cpu", *overrides,
     ])
 
 
@@ -209,7 +210,11 @@ def tiny_checkpoint_postnorm(tiny_run_postnorm) -> Path:
 
 
 def pytest_collection_modifyitems(items) -> None:
-    """A test that needs a trained model is slow (it trains one, the first time): mark it so."""
+    """A test that needs a trained model is slow (it trains one, the first time): mark it so. A test marked
+    `cuda` is skipped where torch sees no CUDA GPU."""
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
     for item in items:
         if TRAINED_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+        if item.get_closest_marker("cuda") is not None and not torch.cuda.is_available():
+            item.add_marker(no_gpu)

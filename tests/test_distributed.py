@@ -35,7 +35,8 @@ from transformer_mt.train import Trainer, resumed_config, train, update_schedule
 
 TINY = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.heads=2", "model.d_ff=64",
         "model.dropout=0.0", "train.lr_schedule=inverse_sqrt", "train.lr=0.003", "train.warmup_updates=4",
-        "train.optimizer_eps=1e-5", "train.max_tokens=300", "train.validate_every=3", "train.valid_bleu_sentences=2", "train.log_every=1", "train.threads=1"]
+        "train.optimizer_eps=1e-5", "train.max_tokens=300", "train.validate_every=3", "train.valid_bleu_sentences=2", "train.log_every=1", "train.threads=1",
+        "train.device=cpu"]  # Gloo on CPU: on a GPU host, auto would put rank 1 on cuda:1, which a one-GPU machine lacks
 pytestmark = pytest.mark.slow  # spawns two training processes
 DDP_FREQ = 2  # x 2 ranks = 4 batches per update, the reference's update_freq
 ATOL = 1e-5

@@ -25,7 +25,8 @@ def config(corpus_slice, tmp_path):
                  "valid_src": str(corpus_slice["val.en"]), "valid_tgt": str(corpus_slice["val.de"]), "max_len": MAX_LEN},
         "tokenizer": {"vocab_size": 400},  # no model given: trained into out_dir, as `tmt train` would
         "model": {"encoder_layers": 1, "decoder_layers": 1, "d_model": 32, "heads": 2, "d_ff": 64, "max_positions": 64},
-        "train": {"out_dir": str(tmp_path / "run"), "max_updates": 1, "max_tokens": 500, "threads": 1, "valid_bleu_sentences": -1},
+        "train": {"out_dir": str(tmp_path / "run"), "max_updates": 1, "max_tokens": 500, "threads": 1, "valid_bleu_sentences": -1,
+                  "device": "cpu"},
     }))
     return path
 

@@ -240,7 +240,7 @@ def bad_inputs(corpus_slice, spm_model, tmp_path_factory) -> dict[str, str]:
     bad.write_bytes("Ein Hund.\n".encode() + "Zwei Kätzchen.\n".encode("latin-1"))
     cfg = write(root / "c.yaml", f"data:\n  train_src: {corpus_slice['train.en']}\n  train_tgt: {corpus_slice['train.de']}\n"
                                  f"tokenizer:\n  model: {spm_model}\nmodel:\n  d_model: 16\n  heads: 2\n  d_ff: 16\n  encoder_layers: 1\n"
-                                 f"  decoder_layers: 1\ntrain:\n  out_dir: {root / 'run'}\n  max_updates: 1\n")  # tiny, should a row train
+                                 f"  decoder_layers: 1\ntrain:\n  out_dir: {root / 'run'}\n  max_updates: 1\n  device: cpu\n")  # tiny, should a row train
     os.mkfifo(root / "fifo")
     return {"ckpt": str(make_checkpoint(spm_model, root / "a.pt")), "ckpt2": str(make_checkpoint(spm_model, root / "b.pt", seed=1)),
             "spm": str(spm_model), "src": str(corpus_slice["val.en"]), "ref": str(corpus_slice["val.de"]),

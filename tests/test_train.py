@@ -182,7 +182,7 @@ def test_sigint_saves_a_resumable_checkpoint(pairs64, spm_model, tmp_path):
         "data": {"train_src": str(pairs64["train.en"]), "train_tgt": str(pairs64["train.de"])},
         "tokenizer": {"model": str(spm_model)},
         "model": {"encoder_layers": 1, "decoder_layers": 1, "d_model": 32, "heads": 2, "d_ff": 64},
-        "train": {"out_dir": str(run), "max_updates": 100000, "log_every": 1, "max_tokens": 300, "threads": 1},
+        "train": {"out_dir": str(run), "max_updates": 100000, "log_every": 1, "max_tokens": 300, "threads": 1, "device": "cpu"},
     }))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "transformer_mt.cli", "train", "-c", str(cfg_path)],
@@ -214,7 +214,7 @@ def write_cfg(tmp_path, src, tgt, spm_model, **train):
         "data": {"train_src": str(src), "train_tgt": str(tgt), "max_len": 30},
         "tokenizer": {"model": str(spm_model)},
         "model": {"encoder_layers": 1, "decoder_layers": 1, "d_model": 32, "heads": 2, "d_ff": 64, "max_positions": 64},
-        "train": {"out_dir": str(tmp_path / "run"), "max_updates": 3, "threads": 1, **train},
+        "train": {"out_dir": str(tmp_path / "run"), "max_updates": 3, "threads": 1, "device": "cpu", **train},
     }))
     return path
 
