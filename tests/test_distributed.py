@@ -148,7 +148,7 @@ def test_two_gloo_ranks_match_one_process_and_resume_across_world_sizes(setup, t
     assert log.count("training data:") == 1 and log.count("validation at update 3") == 1 and "2 processes (gloo)" in log
     assert (tmp_path / "rank1.out").read_text() == ""
     assert {p.name for p in ddp.iterdir()} == {"train.log", "metrics.jsonl", "config.yaml", "checkpoint_last.pt",
-                                               "checkpoint_best.pt", "checkpoint_3.pt", "checkpoint_6.pt"}
+                                               "checkpoint_best.pt", "checkpoint_3.pt", "checkpoint_6.pt", ".lock"}  # rank 0's run lock
 
     # a signal on one rank stops both after the same update, and rank 0 saves it
     for rank in (0, 1):

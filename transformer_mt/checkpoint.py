@@ -26,7 +26,8 @@ Sentencepiece protos are stored as uint8 tensors, not ``bytes``: torch before 2.
 :func:`load_checkpoint` refuses to read any checkpoint under a torch older than 2.10.
 
 A run directory keeps ``checkpoint_last.pt``, ``checkpoint_best.pt`` and numbered
-``checkpoint_<update>.pt`` files; :func:`prune_checkpoints` deletes the oldest numbered ones.
+``checkpoint_<update>.pt`` files (one save may write the same bytes under several of these names:
+:func:`copy_checkpoint`); :func:`prune_checkpoints` deletes the oldest numbered ones.
 """
 
 from __future__ import annotations
@@ -98,28 +99,26 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
     return path
 
 
-def link_checkpoint(source: str | os.PathLike, path: str | os.PathLike) -> Path:
-    """Make ``path`` a second name of the finished checkpoint ``source``, atomically (a hard link renamed
-    into place; a copy where links are not supported): one serialisation can be the numbered, best and
-    last checkpoint at once. Later saves replace a name, never the shared bytes."""
+def copy_checkpoint(source: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """Write the bytes of the finished checkpoint ``source`` to ``path`` atomically (a copy fsynced and renamed
+    into place, as :func:`save_checkpoint` does): one serialisation saved under several names (numbered, best,
+    last). A copy, not a hard link: a later ``cp x.pt checkpoint_last.pt`` must not rewrite another name too."""
     source, path = Path(source), Path(path)
     if path.exists() and not path.is_file():
         raise CheckpointError(f"{path}: exists and is not a regular file; give a file path for the checkpoint")
+    existed = path.is_file()
     tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     try:
-        try:
-            os.link(source, tmp)
-        except OSError:  # a file system without hard links: copy the bytes
-            shutil.copyfile(source, tmp)
-            with open(tmp, "rb+") as handle:
-                os.fsync(handle.fileno())
+        shutil.copyfile(source, tmp)
+        with open(tmp, "rb+") as handle:
+            os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         if not isinstance(exc, Exception):
             raise
-        raise CheckpointError(_save_failure(path, exc, path.is_file())) from exc
+        raise CheckpointError(_save_failure(path, exc, existed)) from exc
     _fsync_dir(path.parent)
     return path
 

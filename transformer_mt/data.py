@@ -45,6 +45,7 @@ from __future__ import annotations
 
 from transformer_mt.errors import TmtError
 
+import copy
 import dataclasses
 import hashlib
 import itertools
@@ -284,6 +285,16 @@ class ParallelData:
     def get_batch(self, indices: Sequence[int]) -> Batch:
         """The :class:`Batch` of the pairs ``indices``, in that order."""
         return collate([self.pair(int(i)) for i in indices], indices=indices)
+
+    def subset(self, keep: np.ndarray) -> ParallelData:
+        """A view of the pairs where ``keep`` (N,) bool is True, renumbered 0..kept-1 (e.g. the validation
+        pairs a model can take); the token files are shared, not copied."""
+        view = copy.copy(self)
+        rows = np.flatnonzero(keep)
+        view._src_offsets, view._tgt_offsets = self._src_offsets[rows], self._tgt_offsets[rows]
+        view.src_lengths, view.tgt_lengths = self.src_lengths[rows], self.tgt_lengths[rows]
+        view.line_numbers, view.num_pairs, view._memo = self.line_numbers[rows], int(rows.size), None
+        return view
 
     def texts(self, side: str) -> list[str]:
         """The stripped text lines of the kept pairs on ``side`` ("src" or "tgt"), e.g. BLEU references."""

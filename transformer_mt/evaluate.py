@@ -25,6 +25,7 @@ import torch
 from transformer_mt import runtime
 from transformer_mt.config import DecodeConfig
 from transformer_mt.data import ParallelData
+from transformer_mt.errors import TmtError
 from transformer_mt.loss import label_smoothed_nll_loss
 from transformer_mt.metrics import read_lines, score
 from transformer_mt.model import Transformer
@@ -39,14 +40,44 @@ class BleuSet:
 
     src_ids: list[list[int]]  # source pieces, without EOS
     refs: list[str]  # reference lines as written (sacreBLEU tokenizes them)
+    truncated: int = 0  # sources cut to the model's length
 
 
-def bleu_set(src_path: str, tgt_path: str, src_tok: Tokenizer, *, limit: int) -> BleuSet:
-    """The first `limit` (0 = all) validation pairs with text on both sides."""
+class ValidationError(TmtError, ValueError):
+    """A validation set the model cannot be validated on, worded for the user."""
+
+
+def bleu_set(src_path: str, tgt_path: str, src_tok: Tokenizer, *, limit: int, max_src_tokens: int | None = None) -> BleuSet:
+    """The first `limit` (0 = all) validation pairs with text on both sides; sources longer than
+    `max_src_tokens` are truncated, as `tmt translate` does (`truncated` counts them)."""
     pairs = [(s, r) for s, r in zip(read_lines(src_path), read_lines(tgt_path)) if s.strip() and r.strip()]
     if limit > 0:
         pairs = pairs[:limit]
-    return BleuSet(src_tok.encode([s for s, _ in pairs]), [r for _, r in pairs])
+    src_ids = src_tok.encode([s for s, _ in pairs])
+    long = [] if max_src_tokens is None else [i for i, ids in enumerate(src_ids) if len(ids) > max_src_tokens]
+    for i in long:
+        src_ids[i] = src_ids[i][:max_src_tokens]
+    return BleuSet(src_ids, [r for _, r in pairs], truncated=len(long))
+
+
+def checked_validation_set(data: ParallelData, *, max_positions: int, name: str) -> tuple[ParallelData, str | None]:
+    """The validation set as a model with `max_positions` can take it, checked when loaded rather than at the
+    first validation: refused when empty (ValidationError naming `name`); pairs longer than the positions allow
+    are left out of the loss (training drops them by data.max_len; one giant line would exhaust memory).
+    Returns the pairs kept and the line for the log (None when all are kept)."""
+    limit = max_positions - 1  # + EOS on the source, + BOS on the decoder input
+    if data.num_pairs == 0:
+        raise ValidationError(f"{name}: the validation set holds no pairs (empty files, or empty lines only); "
+                              "give a validation set, or leave data.valid_src and data.valid_tgt empty to train without one")
+    keep = (data.src_lengths <= limit) & (data.tgt_lengths <= limit)
+    kept = int(keep.sum())
+    if kept == data.num_pairs:
+        return data, None
+    if kept == 0:
+        raise ValidationError(f"{name}: every validation pair is longer than {limit} pieces (model.max_positions={max_positions}); "
+                              "check the validation files")
+    return data.subset(keep), (f"validation: {data.num_pairs - kept} of {data.num_pairs} pairs longer than {limit} pieces "
+                               f"(model.max_positions={max_positions}) left out of the validation loss")
 
 
 def validation_loss(model: Transformer, data: ParallelData, *, max_tokens: int, seed: int, label_smoothing: float,

@@ -139,3 +139,36 @@ def build_optimizer(model: nn.Module, train_cfg: TrainConfig) -> torch.optim.Opt
         return cls(groups, fused=True, **kwargs)
     except (RuntimeError, ValueError, TypeError):  # no fused kernel for this device or dtype in this torch
         return cls(groups, foreach=True, **kwargs)
+
+
+OPTIMIZER_KEYS = ("weight_decay", "optimizer_betas", "optimizer_eps")  # the TrainConfig fields build_optimizer reads
+
+
+def restore_optimizer(optimizer: torch.optim.Optimizer, saved: dict, *, model: nn.Module, saved_cfg: TrainConfig,
+                      train_cfg: TrainConfig) -> list[str]:
+    """Load a checkpoint's optimizer state into ``optimizer`` (built from ``train_cfg``); returns the
+    optimizer settings that changed since the checkpoint (``saved_cfg``), as "key: old -> new".
+
+    Unchanged settings: the state dict is loaded as it is (an exact resume). Changed ones: torch's
+    ``load_state_dict`` would bring the old betas, eps and decay back with the state (and refuses
+    outright when the decay turns Adam into AdamW: their parameter groups differ), so the saved state
+    goes into an optimizer built from ``saved_cfg`` and each parameter's moments (``step``,
+    ``exp_avg``, ``exp_avg_sq``: the same for Adam and AdamW) move into ``optimizer``, which keeps the
+    new settings from the next update on.
+    """
+    changes = [f"train.{key}: {_shown(getattr(saved_cfg, key))} -> {_shown(getattr(train_cfg, key))}"
+               for key in OPTIMIZER_KEYS if _shown(getattr(saved_cfg, key)) != _shown(getattr(train_cfg, key))]
+    if not changes:
+        optimizer.load_state_dict(saved)
+        return []
+    old = build_optimizer(model, saved_cfg)
+    old.load_state_dict(saved)
+    for group in old.param_groups:
+        for p in group["params"]:
+            if p in old.state:
+                optimizer.state[p] = old.state[p]
+    return changes
+
+
+def _shown(value) -> str:  # noqa: ANN001 - a float or a pair of floats
+    return str(list(value)) if isinstance(value, (list, tuple)) else f"{value:g}"

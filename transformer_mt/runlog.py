@@ -6,7 +6,8 @@ unconditionally. On a terminal, training progress is a bar (loss, lr, tokens/s);
 "train" record is also a line of train.log.
 
 `metrics.jsonl` holds one JSON object per line, appended as training goes (a resumed run appends
-to the same file). Every record has a ``"kind"``; a reader selects by kind and ignores keys it does
+to the same file, after dropping the records of updates later than the checkpoint it resumes from,
+so each update's record appears once). Every record has a ``"kind"``; a reader selects by kind and ignores keys it does
 not know (later versions may add keys, never rename or remove them). Losses are per target token
 (pieces + EOS, padding excluded), in nats.
 
@@ -45,10 +46,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from transformer_mt.textio import name_write_errors
 
 KINDS = ("train", "valid", "summary")
 
@@ -60,9 +64,35 @@ class RunLog:
         """Open (append to) the files in `out_dir`; None: a silent log (ranks other than 0)."""
         self.log_file = self.metrics_file = None
         self.bar = None
+        self.metrics_path = None if out_dir is None else Path(out_dir) / "metrics.jsonl"
         if out_dir is not None:
             self.log_file = open(Path(out_dir) / "train.log", "a", encoding="utf-8")
-            self.metrics_file = open(Path(out_dir) / "metrics.jsonl", "a", encoding="utf-8")
+            self.metrics_file = open(self.metrics_path, "a", encoding="utf-8")
+
+    def drop_after(self, update: int) -> int:
+        """Remove the metrics.jsonl records of updates after `update`, and a torn last line: a resume from the
+        checkpoint of `update` trains those updates again, and their records would appear twice. Returns how
+        many lines went. The file is rewritten through a temporary file renamed into place."""
+        if self.metrics_file is None or not self.metrics_path.is_file():
+            return 0
+        self.metrics_file.close()
+        kept, dropped = [], 0
+        for line in self.metrics_path.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                keep = json.loads(line).get("update", 0) <= update
+            except (ValueError, AttributeError):  # torn by a kill mid-write, or not a record
+                keep = False
+            if keep:
+                kept.append(line)
+            else:
+                dropped += 1
+        if dropped:
+            tmp = self.metrics_path.with_name(f".{self.metrics_path.name}.{os.getpid()}.tmp")
+            with name_write_errors(str(self.metrics_path)):
+                tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
+                os.replace(tmp, self.metrics_path)
+        self.metrics_file = open(self.metrics_path, "a", encoding="utf-8")
+        return dropped
 
     # ------------------------------------------------------------ the three kinds of record
     def train(self, *, update: int, epoch: int, wall: float, **window: float) -> None:
@@ -108,8 +138,9 @@ class RunLog:
         """One line in train.log, with a time stamp, and on stderr (above the progress bar)."""
         if self.log_file is None:
             return
-        self.log_file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}\n")
-        self.log_file.flush()
+        with name_write_errors(self.log_file.name):  # a full disk names train.log
+            self.log_file.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {msg}\n")
+            self.log_file.flush()
         echo(msg)
 
     def record(self, kind: str, **fields: Any) -> None:
@@ -117,8 +148,9 @@ class RunLog:
         assert kind in KINDS, kind
         if self.metrics_file is None:
             return
-        self.metrics_file.write(json.dumps({"kind": kind, **fields}) + "\n")
-        self.metrics_file.flush()
+        with name_write_errors(self.metrics_file.name):
+            self.metrics_file.write(json.dumps({"kind": kind, **fields}) + "\n")
+            self.metrics_file.flush()
 
     def close(self) -> None:
         for handle in (self.log_file, self.metrics_file):

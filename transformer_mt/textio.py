@@ -264,7 +264,7 @@ def safe_output(path: PathLike | None, *, inputs: Sequence[PathLike | None] = ()
     output that is not a regular file (``/dev/null``, a FIFO) is written directly.
     """
     if path is None or str(path) == "-":
-        with _name_write_errors("<stdout>"):
+        with name_write_errors("<stdout>"):
             yield sys.stdout
         return
     path = Path(path)
@@ -275,14 +275,14 @@ def safe_output(path: PathLike | None, *, inputs: Sequence[PathLike | None] = ()
                 raise TextError(f"{path}: the output is the input file {given}; writing it would destroy the input, so give another output file")
     target = Path(os.path.realpath(path))
     if target.exists() and not target.is_file():  # a device or FIFO: nothing to replace
-        with _name_write_errors(str(path)), open(target, "w", encoding="utf-8", newline="\n") as handle:
+        with name_write_errors(str(path)), open(target, "w", encoding="utf-8", newline="\n") as handle:
             yield handle
         return
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)  # 0o666 less the umask, as any new file
     try:
-        with _name_write_errors(str(path)), open(fd, "w", encoding="utf-8", newline="\n") as handle:
+        with name_write_errors(str(path)), open(fd, "w", encoding="utf-8", newline="\n") as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())  # the bytes on disk before the rename makes them the output
@@ -300,7 +300,7 @@ _WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG}
 
 
 @contextlib.contextmanager
-def _name_write_errors(name: str) -> Iterator[None]:
+def name_write_errors(name: str) -> Iterator[None]:
     """A failed write or flush (``OSError`` without a file name: "No space left on device") raised again
     naming the output, so the command line can say which file could not be written."""
     try:

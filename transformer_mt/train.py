@@ -3,7 +3,14 @@
 One update = `update_freq` token-budget batches whose gradients are summed, normalised by the
 update's target-token count, clipped, and applied by Adam under the warm-up schedule.
 Everything needed to continue exactly (weights, optimizer, scheduler, scaler, RNG states,
-epoch and position in the epoch) goes into `checkpoint_last.pt`, written atomically.
+epoch and position in the epoch) goes into every checkpoint, written atomically; each save (a
+validation, `save_every`, the end) also writes `checkpoint_last.pt`, after `checkpoint_best.pt`.
+`--resume` continues from the newest complete checkpoint; the run directory is locked, and a
+new run refuses one that holds a run unless `--overwrite` (rundir.py). A resume says what changed
+(optimizer settings: applied; batching: the epoch restarts) and drops metrics.jsonl records of
+updates after its checkpoint. SIGINT/SIGTERM: finish the update (or cut a validation short), save,
+exit; that holds through the final validation and save too. Ten non-finite updates in a row
+(MAX_NONFINITE_UPDATES) stop a diverged run.
 
 Data parallel. Launched by torchrun with WORLD_SIZE > 1, each process joins the job (NCCL on
 GPUs, one GPU per process; Gloo on CPU) and trains a DistributedDataParallel replica:
@@ -47,6 +54,7 @@ import torch
 from transformer_mt import runtime
 from transformer_mt.checkpoint import (
     config_from_checkpoint,
+    copy_checkpoint,
     load_checkpoint,
     numbered_checkpoint_path,
     pack_tokenizers,
@@ -59,17 +67,29 @@ from transformer_mt.checkpoint import (
 from transformer_mt.config import Config, ConfigError, TrainConfig, load_config, save_config, to_dict
 from transformer_mt.data import Batch, SampledSegmentation
 from transformer_mt.errors import TmtError
-from transformer_mt.evaluate import BleuSet, bleu_set, validation_bleu, validation_loss
+from transformer_mt.evaluate import BleuSet, bleu_set, checked_validation_set, validation_bleu, validation_loss
 from transformer_mt.loss import TeacherForcedLoss
 from transformer_mt.model import Transformer, count_parameters
-from transformer_mt.optim import build_optimizer, build_scheduler
+from transformer_mt.optim import build_optimizer, build_scheduler, restore_optimizer
 from transformer_mt.prepare import load_corpora, prepare_tokenizers
+from transformer_mt.rundir import RunLock, newest_checkpoint, remove_stale_temporaries, start_new_run
 from transformer_mt.runlog import RunLog, Window, echo
+from transformer_mt.search import max_beam
 from transformer_mt.tokenizer import Tokenizer
 
 
 class TrainError(TmtError, RuntimeError):
     """A training problem worded for the user."""
+
+
+# Updates in a row whose gradient norm is not finite (each skipped by the NaN guard) before the run stops:
+# one such update is a spike to step over; ten in a row is a diverged run that would skip updates for ever.
+MAX_NONFINITE_UPDATES = 10
+
+
+class _ValidationInterrupted(BaseException):
+    """Raised by the signal handler inside a validation: stop validating, save, exit (BaseException: no
+    `except Exception` on the way may swallow it)."""
 
 
 @dataclass
@@ -84,6 +104,7 @@ class Progress:
     elapsed: float = 0.0  # training seconds before this process started
     last_validated: int = -1  # update of the last validation
     tokens: int = 0  # target tokens trained on (pieces + EOS, all ranks)
+    batching: str = ""  # what the epoch's batch lists depend on (Trainer._batching); a resume checks it before using batch_in_epoch
 
 
 @dataclass
@@ -97,9 +118,11 @@ class TrainResult:
 
 
 # ---------------------------------------------------------------- entry points
-def train_from_cli(*, config: Path | None, overrides: list[str], resume: Path | None) -> TrainResult:
+def train_from_cli(*, config: Path | None, overrides: list[str], resume: Path | None, overwrite: bool = False) -> TrainResult:
     """Build the config (from --config, or from the run being resumed) and train. An interrupted run
     returns normally with stop_reason "interrupted" (the command line exits 130 on it)."""
+    if resume is not None and overwrite:
+        raise ConfigError(f"--overwrite starts a new run, --resume {resume} continues one; give one of them")
     if resume is not None:
         cfg = resumed_config(resume, overrides)
         if config is not None and runtime.dist_info().is_main:
@@ -108,15 +131,14 @@ def train_from_cli(*, config: Path | None, overrides: list[str], resume: Path | 
         if config is None:
             raise ConfigError("tmt train needs --config FILE (see configs/) or --resume RUN_DIR")
         cfg = load_config(config, overrides)
-    return train(cfg, resume=resume is not None)
+    return train(cfg, resume=resume is not None, overwrite=overwrite)
 
 
 def resumed_config(run_dir: Path, overrides: list[str]) -> Config:
-    """The config saved in RUN_DIR/checkpoint_last.pt, with --set overrides that do not change the architecture."""
-    path = Path(run_dir) / "checkpoint_last.pt"
-    if not path.is_file():
-        raise TrainError(f"{path}: no checkpoint to resume from; check the run directory given to --resume")
-    saved = config_from_checkpoint(load_checkpoint(path), source=str(path))
+    """The config saved in the run's newest checkpoint (rundir.newest_checkpoint), with --set overrides
+    that do not change the architecture."""
+    path, state = newest_checkpoint(run_dir)
+    saved = config_from_checkpoint(state, source=str(path))
     cfg = load_config(None, [f"{s}.{k}={json.dumps(v)}" for s, sec in to_dict(saved).items() for k, v in sec.items()] + list(overrides), check_files=False)
     if cfg.model != saved.model or cfg.tokenizer != saved.tokenizer:
         raise ConfigError(f"--resume {run_dir}: model.* and tokenizer.* cannot change when resuming; start a new run in another train.out_dir")
@@ -124,10 +146,11 @@ def resumed_config(run_dir: Path, overrides: list[str]) -> Config:
     return cfg
 
 
-def train(cfg: Config, *, resume: bool = False, on_update: Callable[[int, dict], None] | None = None) -> TrainResult:
-    """Train according to `cfg`; with `resume`, continue from cfg.train.out_dir/checkpoint_last.pt.
+def train(cfg: Config, *, resume: bool = False, overwrite: bool = False, on_update: Callable[[int, dict], None] | None = None) -> TrainResult:
+    """Train according to `cfg`; with `resume`, continue from the newest complete checkpoint in cfg.train.out_dir.
+    A new run refuses a directory holding one, unless `overwrite` (its checkpoints are removed; rundir.py).
     Under torchrun (WORLD_SIZE > 1) this process is one rank of a data-parallel run."""
-    return Trainer(cfg, resume=resume, on_update=on_update).run()
+    return Trainer(cfg, resume=resume, overwrite=overwrite, on_update=on_update).run()
 
 
 # ---------------------------------------------------------------- the batches of each update
@@ -160,10 +183,13 @@ def update_schedule(data, t: TrainConfig, *, world_size: int = 1, epoch: int = 1
 class Trainer:
     """Holds the model, optimizer and data of one run; `run()` is the loop."""
 
-    def __init__(self, cfg: Config, *, resume: bool, on_update: Callable[[int, dict], None] | None = None):
+    def __init__(self, cfg: Config, *, resume: bool, overwrite: bool = False, on_update: Callable[[int, dict], None] | None = None):
         self.cfg, self.t = cfg, cfg.train
         self.out = Path(self.t.out_dir)
         self.on_update = on_update
+        self.overwrite = overwrite
+        self.lock: RunLock | None = None  # rank 0's lock on the run directory
+        self._abort_validation = False  # True while a validation may be cut short by a signal
         self.dist = runtime.dist_info()
         self.runlog = RunLog(None)  # silent until rank 0 opens the run directory
         self.log = self.runlog.log
@@ -184,7 +210,14 @@ class Trainer:
         runtime.on_main(lambda: self._open_run_dir(resume))
         runtime.seed_everything(t.seed)  # the same on every rank: identical initial parameters
 
-        state = load_checkpoint(self.out / "checkpoint_last.pt", map_location="cpu") if resume else None
+        state, chosen = None, {}
+        if resume:  # rank 0 picks the newest complete checkpoint; every rank loads that one
+            def pick() -> str:
+                path, chosen["state"] = newest_checkpoint(self.out, log=self.log)
+                return str(path)
+
+            self.resumed_from = Path(runtime.on_main(pick))
+            state = chosen.get("state") or load_checkpoint(self.resumed_from, map_location="cpu")
         if state is not None:
             src_proto, tgt_proto = unpack_tokenizers(state)
         else:  # rank 0 trains or reads them; the others get the models, not a path they may not see
@@ -212,6 +245,11 @@ class Trainer:
             self.log(f"subword regularisation: training pairs re-segmented every epoch (alpha {cfg.data.subword_alpha:g}, nbest {cfg.data.subword_nbest})")
         if self.valid_data is not None:
             self.log(f"validation data: {self.valid_data.summary.format()}")
+            self.valid_data, dropped = checked_validation_set(self.valid_data, max_positions=cfg.model.max_positions, name=cfg.data.valid_src)
+            if dropped:
+                self.log(dropped)
+        self._check_valid_beam()
+        self._check_batching()
         # What the training forward runs: the loss module around the model (DDP wraps it); self.model is saved and validated.
         self.train_model: torch.nn.Module = TeacherForcedLoss(self.model, label_smoothing=t.label_smoothing)
         where = ""
@@ -223,23 +261,61 @@ class Trainer:
 
     # ------------------------------------------------------------ setup helpers
     def _open_run_dir(self, resume: bool) -> None:
-        """Rank 0: refuse to overwrite a run, create the directory, open the run log."""
-        if not resume and (self.out / "checkpoint_last.pt").exists():
-            raise TrainError(f"{self.out} already holds a run (checkpoint_last.pt); continue it with `tmt train --resume {self.out}` or set train.out_dir to a new directory")
+        """Rank 0: create and lock the directory, refuse (or with --overwrite clear) a run already there, open the run log."""
         self.out.mkdir(parents=True, exist_ok=True)
+        self.lock = RunLock(self.out)  # before anything is written; the holder's pid names a second process
+        remove_stale_temporaries(self.out)
+        removed = 0 if resume else start_new_run(self.out, overwrite=self.overwrite)
         self.runlog = RunLog(self.out)
         self.log = self.runlog.log
+        if removed:
+            self.log(f"--overwrite: removed the previous run's {removed} checkpoints from {self.out}")
+        if not resume:
+            self.runlog.drop_after(0)  # records of an earlier start that left no checkpoint (a new run's own come after)
+
+    def _batching(self) -> str:
+        """What the epoch batch lists depend on besides the epoch: the encoded training corpus (its cache
+        key covers the files, the tokenizer and the length filters), max_tokens, seed and subword sampling."""
+        d = self.cfg.data
+        return (f"data={Path(self.train_data.summary.cache).name} max_tokens={self.t.max_tokens} seed={self.t.seed} "
+                f"subword={d.subword_alpha:g}/{d.subword_nbest}")
+
+    def _check_batching(self) -> None:
+        """A resume continues at batch `batch_in_epoch` of its epoch's list; when the list itself changed (another
+        corpus, max_tokens or seed) that position means other batches, so the epoch starts again, and the log says so."""
+        p, now = self.progress, self._batching()
+        if p.batching and p.batching != now and p.batch_in_epoch:
+            was, changed = dict(kv.split("=", 1) for kv in p.batching.split()), dict(kv.split("=", 1) for kv in now.split())
+            what = ", ".join(f"{k} {was.get(k)} -> {v}" for k, v in changed.items() if was.get(k) != v)
+            self.log(f"resuming: the batching changed since the checkpoint ({what}): epoch {p.epoch} starts again from its first batch "
+                     f"(batch {p.batch_in_epoch} of the old list is another batch of the new one)")
+            p.batch_in_epoch = 0
+        p.batching = now
+
+    def _check_valid_beam(self) -> None:
+        """The validation beam against the target vocabulary now, not at the first validation hours later."""
+        t = self.t
+        if self.valid_data is not None and t.valid_bleu_sentences >= 0 and t.valid_beam > max_beam(self.tgt_tok.vocab_size):
+            raise ConfigError(f"train.valid_beam={t.valid_beam}: the target vocabulary has {self.tgt_tok.vocab_size} ids, enough for a beam "
+                              f"of at most {max_beam(self.tgt_tok.vocab_size)}; lower train.valid_beam (1 = greedy)")
 
     def _restore(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        saved = config_from_checkpoint(state, source=str(self.resumed_from)).train
+        changed = restore_optimizer(self.optimizer, state["optimizer"], model=self.model, saved_cfg=saved, train_cfg=self.t)
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress(**state["progress"])
         if self.dist.is_main:  # other ranks reseed (see the module docstring)
             set_rng_state(state["rng"])
-        self.log(f"resumed from {self.out / 'checkpoint_last.pt'} at update {self.progress.update}, epoch {self.progress.epoch}")
+        p = self.progress
+        self.log(f"resumed from {self.resumed_from} at update {p.update}, epoch {p.epoch}")
+        for change in changed:
+            self.log(f"resuming with {change}: applied from update {p.update + 1} on (Adam's moment estimates are kept)")
+        dropped = self.runlog.drop_after(p.update)
+        if dropped:
+            self.log(f"metrics.jsonl: {dropped} records after update {p.update} removed (written after that checkpoint; trained again now)")
 
     def close(self) -> None:
         """Close the run log and leave the process group this trainer created."""
@@ -250,6 +326,9 @@ class Trainer:
         if self._owns_group:
             runtime.shutdown_distributed()
             self._owns_group = False
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     # ------------------------------------------------------------ the loop
     def run(self) -> TrainResult:
@@ -259,16 +338,25 @@ class Trainer:
             self.close()
 
     def _run(self) -> TrainResult:
+        # The handlers stay until the final validation and save are done: a signal there (a scheduler's
+        # SIGTERM before its SIGKILL) cuts the validation short and the checkpoint is still written.
+        previous = _install_signal_handlers(self._request_stop, verbose=self.dist.is_main)
+        try:
+            return self._train()
+        finally:
+            _restore_signal_handlers(previous)
+
+    def _train(self) -> TrainResult:
         t, p, rank, world = self.t, self.progress, self.dist.rank, self.dist.world_size
         start = time.monotonic()
         elapsed = lambda: p.elapsed + (time.monotonic() - start)  # noqa: E731 - tiny closure over start
-        previous = _install_signal_handlers(self._request_stop, verbose=self.dist.is_main)
         self.runlog.start_progress(total=t.max_updates or None, initial=p.update)
         window = Window()
-        reason = ""
+        reason = self._stop_reason(elapsed())  # a resumed run may already be at its limits: then it trains no further
         last_val: dict[str, float] = {}
+        nonfinite = 0  # updates in a row skipped by the NaN guard
         try:
-            for u in update_schedule(self.train_data, t, world_size=world, epoch=p.epoch, start=p.batch_in_epoch):
+            for u in () if reason else update_schedule(self.train_data, t, world_size=world, epoch=p.epoch, start=p.batch_in_epoch):
                 if isinstance(self.train_data, SampledSegmentation) and u.start == 0:
                     st = self.train_data.last_stats
                     self.log(f"epoch {u.epoch}: sampled segmentation in {st['seconds']:.1f} s, pieces x{st['src_piece_ratio']:.3f} (source) "
@@ -279,6 +367,7 @@ class Trainer:
                 p.epoch, p.batch_in_epoch = u.epoch, u.start + len(u.batches)
                 p.update += 1
                 p.tokens += stats["ntokens"]
+                nonfinite = nonfinite + 1 if self.scaler is None and not math.isfinite(stats["gnorm"]) else 0
                 window.add(stats)
                 self.runlog.advance()
                 if self.on_update is not None:
@@ -292,26 +381,34 @@ class Trainer:
                 elif t.save_every and p.update % t.save_every == 0:  # a numbered checkpoint between validations
                     wall = elapsed()
                     runtime.on_main(lambda: self._save_numbered(last_val, wall))
+                if nonfinite >= MAX_NONFINITE_UPDATES:  # the gradient norm is the same on every rank (after the all-reduce)
+                    reason = (f"diverged: the last {nonfinite} updates all had a non-finite gradient norm and were skipped (NaN guard); "
+                              "the model is saved as it was before them; lower train.lr, raise train.warmup_updates or check the data")
                 reason = reason or self._stop_reason(elapsed())
                 if u.last:
                     p.epoch, p.batch_in_epoch = u.epoch + 1, 0
                 if reason:
                     break
             else:  # the schedule ran out of epochs (also when resumed at the end of the last one)
-                p.epoch, p.batch_in_epoch = t.max_epochs + 1, 0
-                reason = f"max_epochs={t.max_epochs} reached"
+                if not reason:
+                    p.epoch, p.batch_in_epoch = t.max_epochs + 1, 0
+                    reason = f"max_epochs={t.max_epochs} reached"
         finally:
             self.runlog.end_progress()
-            _restore_signal_handlers(previous)
-        if reason != "interrupted" and self.valid_data is not None and p.last_validated != p.update:
+        diverged = nonfinite >= MAX_NONFINITE_UPDATES
+        if reason != "interrupted" and not diverged and self.valid_data is not None and p.last_validated != p.update:
             last_val = self._validate_everywhere(elapsed())
+            if not last_val:  # a signal cut the final validation short (on rank 0; the empty result reached every rank)
+                reason = "interrupted"
         p.elapsed = elapsed()
         runtime.on_main(lambda: self._finish(reason, last_val))  # the others wait for the checkpoint
+        if diverged:
+            raise TrainError(f"{self.out}: {reason}")
         return TrainResult(self.out, p, reason, last_val)
 
     def _finish(self, reason: str, last_val: dict[str, float]) -> None:
         p = self.progress
-        self._save(self.out / "checkpoint_last.pt", last_val)
+        self._save([self.out / "checkpoint_last.pt"], last_val)
         self.runlog.summary(update=p.update, epoch=p.epoch, wall=p.elapsed, stop_reason=reason, target_tokens=p.tokens, last_valid=last_val)
         if reason == "interrupted":
             self.log(f"interrupted at update {p.update}: saved {self.out / 'checkpoint_last.pt'}; continue with `tmt train --resume {self.out}`")
@@ -319,7 +416,11 @@ class Trainer:
             self.log(f"stopped at update {p.update} (epoch {p.epoch}): {reason}; checkpoints in {self.out}")
 
     def _request_stop(self) -> None:
+        """The signal handler's action: stop after this update; inside a validation, stop validating now."""
         self.stop_requested = "interrupted"
+        if self._abort_validation:
+            self._abort_validation = False
+            raise _ValidationInterrupted
 
     def _stop_reason(self, elapsed: float) -> str:
         """Why to stop after this update ("" = go on): a signal or a limit; the same on every rank."""
@@ -392,8 +493,13 @@ class Trainer:
 
     @functools.cached_property
     def _bleu_set(self) -> BleuSet:
-        """The validation pairs of BLEU, read and encoded once per run."""
-        return bleu_set(self.cfg.data.valid_src, self.cfg.data.valid_tgt, self.src_tok, limit=self.t.valid_bleu_sentences)
+        """The validation pairs of BLEU, read and encoded once per run; sources longer than the model takes are
+        truncated, as `tmt translate` does, and counted in the log."""
+        limit = self.cfg.model.max_positions - 1  # + EOS
+        pairs = bleu_set(self.cfg.data.valid_src, self.cfg.data.valid_tgt, self.src_tok, limit=self.t.valid_bleu_sentences, max_src_tokens=limit)
+        if pairs.truncated:
+            self.log(f"validation BLEU: {pairs.truncated} of {len(pairs.src_ids)} sources longer than {limit} pieces truncated")
+        return pairs
 
     def _validate_everywhere(self, wall: float) -> dict[str, float]:
         """Validate and save on rank 0; every rank gets the results and the patience bookkeeping."""
@@ -407,9 +513,20 @@ class Trainer:
         return val
 
     def _validate_and_save(self, wall: float) -> dict[str, float]:
+        """Validate, then save best (when improved), numbered (when due) and last, in that order; {} when a
+        signal cut the validation short (nothing saved here: the run stops and saves checkpoint_last.pt)."""
         p, t = self.progress, self.t
         tic = time.perf_counter()
-        val = self.validate()
+        try:
+            self._abort_validation = not self.stop_requested
+            if self.stop_requested:
+                raise _ValidationInterrupted
+            val = self.validate()
+        except _ValidationInterrupted:
+            self.log(f"validation at update {p.update} cut short by the signal; saving without it")
+            return {}
+        finally:
+            self._abort_validation = False
         p.last_validated = p.update
         metric = val.get("val_bleu") if t.best_metric == "bleu" and "val_bleu" in val else val["val_loss"]
         higher_better = t.best_metric == "bleu" and "val_bleu" in val
@@ -419,18 +536,23 @@ class Trainer:
         else:
             p.bad_validations += 1
         self.runlog.valid(update=p.update, epoch=p.epoch, wall=wall, val=val, best=improved, seconds=time.perf_counter() - tic)
-        self._save(self.out / "checkpoint_last.pt", val, elapsed=wall)
-        if improved:
-            self._save(self.out / "checkpoint_best.pt", val, elapsed=wall)
-        if t.save_every == 0 or p.update % t.save_every == 0:
-            self._save_numbered(val, wall)
+        # best before last: a kill between the two must not leave an older model as best for good (the
+        # progress in last already counts this validation as the best)
+        numbered = t.save_every == 0 or p.update % t.save_every == 0
+        self._save([self.out / "checkpoint_best.pt"] * improved + [numbered_checkpoint_path(self.out, p.update)] * numbered
+                   + [self.out / "checkpoint_last.pt"], val, elapsed=wall)
+        if numbered:
+            prune_checkpoints(self.out, t.keep_last)
         return val
 
     def _save_numbered(self, val: dict[str, float], wall: float) -> None:
-        self._save(numbered_checkpoint_path(self.out, self.progress.update), val, elapsed=wall)
+        """checkpoint_<update>.pt and checkpoint_last.pt (every save is resumable: --resume takes the newest)."""
+        self._save([numbered_checkpoint_path(self.out, self.progress.update), self.out / "checkpoint_last.pt"], val, elapsed=wall)
         prune_checkpoints(self.out, self.t.keep_last)
 
-    def _save(self, path: Path, val: dict[str, float], *, elapsed: float | None = None) -> None:
+    def _save(self, paths: list[Path], val: dict[str, float], *, elapsed: float | None = None) -> None:
+        """The training state, serialised once, under each of `paths` in order: written atomically to the first,
+        copied atomically to the others, so that each name is complete whenever it exists."""
         p = self.progress
         progress = asdict(p)
         if elapsed is not None:
@@ -446,7 +568,9 @@ class Trainer:
             "progress": progress,
             "metrics": dict(val),
         }
-        save_checkpoint(state, path)
+        first = save_checkpoint(state, paths[0])
+        for path in paths[1:]:
+            copy_checkpoint(first, path)
 
 
 # ---------------------------------------------------------------- small helpers
@@ -456,10 +580,10 @@ def _install_signal_handlers(request_stop: Callable[[], None], *, verbose: bool 
     previous = {}
 
     def handler(signum, frame):  # noqa: ARG001 - signal handler signature
-        request_stop()
         signal.signal(signal.SIGINT, signal.default_int_handler)
         if verbose:
             echo(f"\n{signal.Signals(signum).name} received: finishing this update and saving a checkpoint (Ctrl-C again to abort)")
+        request_stop()  # last: inside a validation it raises to cut the validation short
 
     try:
         for sig in (signal.SIGINT, signal.SIGTERM):

@@ -14,14 +14,15 @@ from transformer_mt.cli.app import app
 def train(
     config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config (see configs/)."),
     set_: List[str] = typer.Option([], "--set", "-s", help="Override one value: section.key=value (repeatable)."),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Run directory to continue exactly where it stopped."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Run directory to continue exactly where it stopped (its newest complete checkpoint)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Start a new run in a train.out_dir that holds one, deleting that run's checkpoints."),
     device: Optional[str] = typer.Option(None, "--device", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps; same as --set train.device=..."),
 ) -> None:
     """Train a model with teacher forcing (writes checkpoints, logs and metrics to train.out_dir)."""
     from transformer_mt.train import train_from_cli
 
     overrides = list(set_) + ([f"train.device={device}"] if device else [])
-    result = train_from_cli(config=config, overrides=overrides, resume=resume)
+    result = train_from_cli(config=config, overrides=overrides, resume=resume, overwrite=overwrite)
     if result.stop_reason == "interrupted":  # saved and resumable, but not finished: 128 + SIGINT, as shells report it
         raise typer.Exit(130)
 

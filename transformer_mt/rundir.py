@@ -1,0 +1,152 @@
+"""A run directory (``train.out_dir``) as `tmt train` uses it: one writer at a time, a resume from the
+newest complete checkpoint, and no new run silently started over an old one.
+
+- Lock. A training process holds an exclusive ``fcntl.flock`` on ``OUT_DIR/.lock`` (the file names its
+  pid) from before it writes anything until it exits; the OS releases it when the process dies, even
+  by SIGKILL. A second `tmt train` or `--resume` of the same directory gets one line naming that pid,
+  instead of interleaving logs and pruning the first run's checkpoints.
+- Resume. Checkpoints are written atomically, so each file is complete or absent; a resume takes the
+  newest that loads: ``checkpoint_last.pt`` or a numbered ``checkpoint_<update>.pt`` of a later update
+  (a kill between writing the two), skipping any that does not load. A checkpoint without training
+  state (an average) cannot be resumed, and says so.
+- A new run refuses a directory that holds checkpoints, unless asked to start over (``--overwrite``),
+  which removes the old run's checkpoints: numbered files of two runs would mix in pruning, in
+  averaging and in finding the newest.
+- Leftovers. Temporary files of checkpoints (and of metrics.jsonl) whose writer was killed are removed under the lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable
+
+from transformer_mt.checkpoint import CheckpointError, load_checkpoint, numbered_checkpoints
+from transformer_mt.errors import TmtError
+
+try:  # POSIX; elsewhere runs are not locked
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None  # type: ignore[assignment]
+
+LOCK_NAME = ".lock"
+NAMED = ("checkpoint_last.pt", "checkpoint_best.pt")
+# the temporaries of save_checkpoint / copy_checkpoint, and of RunLog.drop_after
+_TEMPORARY = re.compile(r"\.(checkpoint_(last|best|\d+)\.pt|metrics\.jsonl)\..+\.tmp")
+
+
+class RunDirError(TmtError, RuntimeError):
+    """A run directory that cannot be used as asked: one line naming it and the fix."""
+
+
+class RunLock:
+    """An exclusive lock on a run directory for the life of one training process (see the module docstring)."""
+
+    def __init__(self, out_dir: str | os.PathLike):
+        self.path = Path(out_dir) / LOCK_NAME
+        self._fd: int | None = None
+        if fcntl is None:
+            return
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            raise RunDirError(f"{Path(out_dir)}: another tmt train (pid {holder}) is using this run directory; wait for it to end "
+                              f"or stop it, or set train.out_dir to another directory") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        """Release the lock (closing the file releases it; the file itself stays)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def run_checkpoints(out_dir: str | os.PathLike) -> list[Path]:
+    """The checkpoints a run wrote into ``out_dir``: last, best and numbered ones (other .pt files are not the run's)."""
+    out_dir = Path(out_dir)
+    return [out_dir / name for name in NAMED if (out_dir / name).is_file()] + numbered_checkpoints(out_dir)
+
+
+def start_new_run(out_dir: str | os.PathLike, *, overwrite: bool) -> int:
+    """Before a new run writes into ``out_dir`` (under its lock): refuse one that holds a run, or with
+    ``overwrite`` remove that run's checkpoints; returns how many were removed."""
+    found = run_checkpoints(out_dir)
+    if not found:
+        return 0
+    if not overwrite:
+        names = ", ".join(p.name for p in found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+        raise RunDirError(f"{out_dir} already holds a run ({names}); continue it with `tmt train --resume {out_dir}`, "
+                          "start it over with --overwrite, or set train.out_dir to a new directory")
+    for path in found:
+        path.unlink()
+    return len(found)
+
+
+def remove_stale_temporaries(out_dir: str | os.PathLike) -> int:
+    """Delete the temporary files of checkpoint writes that never finished (their process was killed);
+    only under the run's lock, when no other process can be writing one. Returns how many."""
+    out_dir, removed = Path(out_dir), 0
+    if out_dir.is_dir():
+        for path in out_dir.iterdir():
+            if _TEMPORARY.fullmatch(path.name):
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                    removed += 1
+    return removed
+
+
+def newest_checkpoint(run_dir: str | os.PathLike, *, log: Callable[[str], None] | None = None) -> tuple[Path, dict[str, Any]]:
+    """The newest complete training checkpoint of a run and its loaded state (see the module docstring).
+    ``log`` hears about each checkpoint skipped because it does not load."""
+    run_dir = Path(run_dir)
+    if run_dir.is_file():
+        raise RunDirError(f"--resume {run_dir}: give the run directory (train.out_dir), not a checkpoint file; "
+                          f"the newest checkpoint in it is found for you")
+    if not run_dir.is_dir():
+        raise RunDirError(f"--resume {run_dir}: no such run directory; give the train.out_dir of the run to continue")
+
+    def load(path: Path) -> dict[str, Any] | None:
+        try:
+            return load_checkpoint(path)
+        except CheckpointError as exc:
+            if log is not None:
+                log(f"skipping {path.name}: {exc}")
+            return None
+
+    last_path = run_dir / "checkpoint_last.pt"
+    last = load(last_path) if last_path.is_file() else None
+    last_update = _update_of(last)
+    for path in reversed(numbered_checkpoints(run_dir)):  # newest first; those after the last one (killed in between)
+        if int(path.stem.rsplit("_", 1)[1]) <= last_update:
+            break
+        state = load(path)
+        if state is not None:
+            return path, _resumable(path, state)
+    if last is not None:
+        return last_path, _resumable(last_path, last)
+    raise RunDirError(f"--resume {run_dir}: no checkpoint to resume from (no complete checkpoint_last.pt or checkpoint_<update>.pt); "
+                      "check the directory, or start a new run with --config")
+
+
+def _update_of(state: dict[str, Any] | None) -> int:
+    progress = (state or {}).get("progress")
+    return int(progress.get("update", -1)) if isinstance(progress, dict) else -1
+
+
+def _resumable(path: Path, state: dict[str, Any]) -> dict[str, Any]:
+    missing = [key for key in ("optimizer", "scheduler", "rng", "progress") if state.get(key) is None]
+    if missing:
+        what = "an averaged checkpoint" if "averaged_from" in state else "a checkpoint without training state"
+        raise RunDirError(f"{path}: {what} ({', '.join(missing)} missing) holds weights only, so training cannot continue from it; "
+                          f"resume a run directory written by `tmt train`, or start a new run")
+    return state
