@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from transformer_mt.cli import deploy, evaluate, score, tokenize, train, translate, viz  # noqa: F401 - register the commands
+from transformer_mt.cli import deploy, evaluate, score, sweep, tokenize, train, translate, viz  # noqa: F401 - register the commands
 from transformer_mt.cli.app import app
 from transformer_mt.errors import TmtError
 
