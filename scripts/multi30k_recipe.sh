@@ -1,83 +1,125 @@
 #!/usr/bin/env bash
-# The Multi30k en-de recipe end to end (issue 6): data, training (at most 60 minutes on CPU), the
-# decoding choices made on val only, then scores on test_2016_flickr.
+# The Multi30k recipe end to end, for any language pair (issues 6, 20): data, training (at most 60 minutes
+# on CPU), the decoding choices made on val only, then scores on the test sets.
 #
-#   bash scripts/multi30k_recipe.sh [--from DIR] [--run DIR] [--config FILE] [--data DIR]
-#     --from DIR     copy Multi30k from a folder (default: ../shared/data/multi30k if present, else download)
-#     --data DIR     train, choose and score on DIR/{train,val,test_2016_flickr}.{en,de} instead of the
-#                    copy in data/multi30k (e.g. a preprocessed copy; scores are against DIR's references;
-#                    a resumed run keeps the data it started with, so pass the same DIR again)
-#     --run DIR      run directory (default runs/multi30k_en_de; an existing run there is resumed,
+#   bash scripts/multi30k_recipe.sh [--src XX --tgt YY] [--from DIR | --data DIR] [--run DIR] [--config FILE] [--dry-run]
+#     --src XX, --tgt YY  the pair, as file suffixes (default en -> de; Multi30k also has fr and cs)
+#     --from DIR     copy Multi30k's XX and YY files from a folder into data/multi30k
+#                    (default: ../shared/data/multi30k if present, else download)
+#     --data DIR     any corpus instead: DIR/train.XX, train.YY, val.XX, val.YY, and each DIR/test*.XX with its
+#                    DIR/test*.YY is scored; nothing is copied or downloaded (a resumed run keeps the data it
+#                    started with, so pass the same DIR again)
+#     --run DIR      run directory (default runs/<data folder>_XX_YY; an existing run there is resumed,
 #                    a finished one goes straight to the evaluation)
-#     --config FILE  training config (default configs/multi30k_en_de.yaml)
+#     --config FILE  training config (default configs/multi30k_en_de.yaml: nothing in it depends on the pair;
+#                    its data.* are replaced by the files above)
+#     --dry-run      print the commands instead of running them (CHOSEN: what the choice on val picks)
 # Needs the project installed in .venv (see README). Chooses, by cased BLEU on val with beam 5, among
 # the last checkpoint, the averages of the last 4 and 8 numbered checkpoints and the ensemble of the
 # last 4, each with lenpen 0.6, 1.0 and 1.5; then prints cased and lowercased sacreBLEU and chrF of
-# that choice on val and test.
+# that choice on val and the test sets.
 set -euo pipefail
+here=$PWD
 cd "$(dirname "$0")/.."
-from=""; run=runs/multi30k_en_de; config=configs/multi30k_en_de.yaml; data=data/multi30k
+die() { echo "multi30k_recipe.sh: $*" >&2; exit 2; }
+abs() { case "$1" in /*) echo "$1" ;; *) echo "$here/$1" ;; esac; }  # user paths are relative to where the script was called
+src=en; tgt=de; from=""; data=""; run=""; config=configs/multi30k_en_de.yaml; dry=0
 while [ $# -gt 0 ]; do
+  case "$1" in --src|--tgt|--from|--data|--run|--config) [ $# -ge 2 ] && [ "${2#--}" = "$2" ] || die "$1 needs a value; see --help" ;; esac
   case "$1" in
-    --from) from="$2"; shift 2 ;;
-    --run) run="$2"; shift 2 ;;
-    --config) config="$2"; shift 2 ;;
-    --data) data="${2%/}"; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
-    *) echo "multi30k_recipe.sh: unknown argument '$1'; see --help" >&2; exit 2 ;;
+    --src) src="$2"; shift 2 ;;
+    --tgt) tgt="$2"; shift 2 ;;
+    --from) from=$(abs "$2"); shift 2 ;;
+    --data) data=$(abs "${2%/}"); shift 2 ;;
+    --run) run=$(abs "$2"); shift 2 ;;
+    --config) config=$(abs "$2"); shift 2 ;;
+    --dry-run) dry=1; shift ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    *) die "unknown argument '$1'; see --help" ;;
   esac
 done
-[ -z "$from" ] && [ -d ../shared/data/multi30k ] && from=../shared/data/multi30k
+for lang in "$src" "$tgt"; do [[ "$lang" =~ ^[A-Za-z][A-Za-z0-9_-]*$ ]] || die "--src/--tgt '$lang': give a file suffix such as fr or pt_br"; done
+[ "$src" != "$tgt" ] || die "--src and --tgt are both '$src'; give two languages"
+[ -z "$from" ] || [ -z "$data" ] || die "--from copies Multi30k, --data uses your own files; give one of them"
+[ -f "$config" ] || die "--config $config: file not found"
 tmt=.venv/bin/tmt
 py=.venv/bin/python
-if [ -n "$from" ]; then scripts/prepare_multi30k.sh --from "$from"; else scripts/prepare_multi30k.sh; fi
+run() { if [ "$dry" = 1 ]; then printf '%q ' "$@" | sed 's/ $//'; echo; else "$@"; fi; }  # a command, or with --dry-run its line
 
-if [ -f "$run/checkpoint_last.pt" ]; then
-  grep -q "stopped at update" "$run/train.log" || $tmt train --resume "$run"
+# 1. data: Multi30k laid out in data/multi30k, or the given corpus as it is
+if [ -z "$data" ]; then
+  data=data/multi30k
+  [ -z "$from" ] && [ -d ../shared/data/multi30k ] && from=../shared/data/multi30k
+  if [ -n "$from" ]; then run scripts/prepare_multi30k.sh --from "$from" --langs "$src $tgt"
+  else run scripts/prepare_multi30k.sh --langs "$src $tgt"; fi
+  tests=(test_2016_flickr)  # what prepare_multi30k.sh lays out
 else
-  $tmt train --config "$config" --set train.out_dir="$run" \
-    --set data.train_src="$data/train.en" --set data.train_tgt="$data/train.de" \
-    --set data.valid_src="$data/val.en" --set data.valid_tgt="$data/val.de"
+  for f in train."$src" train."$tgt" val."$src" val."$tgt"; do [ -f "$data/$f" ] || die "--data $data: $data/$f not found"; done
+  tests=()
+  for f in "$data"/test*."$src"; do
+    [ -f "$f" ] || continue
+    name=$(basename "$f" ".$src")
+    if [ -f "$data/$name.$tgt" ]; then tests+=("$name"); else echo "multi30k_recipe.sh: $f has no $data/$name.$tgt; not scored" >&2; fi
+  done
+  [ ${#tests[@]} -gt 0 ] || echo "multi30k_recipe.sh: no $data/test*.$src with its .$tgt; scoring val only" >&2
 fi
-grep -E "stopped at update" "$run/train.log" | tail -1
+[ -n "$run" ] || run=runs/$(basename "$data")_${src}_${tgt}
 
-# Candidates: the last checkpoint, the averages of the newest 4 and 8 numbered checkpoints, and the
+# 2. training (the sentencepiece model is trained first, into the run directory)
+if [ -f "$run/checkpoint_last.pt" ]; then
+  grep -q "stopped at update" "$run/train.log" || run $tmt train --resume "$run"
+else
+  run $tmt train --config "$config" --set train.out_dir="$run" \
+    --set data.train_src="$data/train.$src" --set data.train_tgt="$data/train.$tgt" \
+    --set data.valid_src="$data/val.$src" --set data.valid_tgt="$data/val.$tgt"
+fi
+[ "$dry" = 1 ] || grep -E "stopped at update" "$run/train.log" | tail -1
+
+# 3. candidates: the last checkpoint, the averages of the newest 4 and 8 numbered checkpoints, and the
 # ensemble of the newest 4 (their mean probability at every step; 4x slower to decode). Each is a
-# list of -c arguments (paths without spaces).
+# list of -c arguments (paths without spaces). A dry run lists them all.
 names=(last); models=("-c $run/checkpoint_last.pt")
-numbered=$(ls "$run"/checkpoint_[0-9]*.pt 2>/dev/null | wc -l)
+numbered=$( (ls "$run"/checkpoint_[0-9]*.pt 2>/dev/null || true) | wc -l)
+[ "$dry" = 1 ] && numbered=8
 for n in 4 8; do
   if [ "$numbered" -ge "$n" ]; then
-    $tmt average --run "$run" --last "$n" -o "$run/checkpoint_avg$n.pt" >/dev/null
+    if [ "$dry" = 1 ]; then run $tmt average --run "$run" --last "$n" -o "$run/checkpoint_avg$n.pt"
+    else $tmt average --run "$run" --last "$n" -o "$run/checkpoint_avg$n.pt" >/dev/null; fi
     names+=("avg$n"); models+=("-c $run/checkpoint_avg$n.pt")
   fi
 done
 if [ "$numbered" -ge 4 ]; then
   names+=(ens4)
-  models+=("$($py -c "from transformer_mt.checkpoint import last_checkpoints; print(' '.join(f'-c {p}' for p in last_checkpoints('$run', 4)))")")
+  if [ "$dry" = 1 ]; then models+=("-c $run/NEWEST1.pt -c $run/NEWEST2.pt -c $run/NEWEST3.pt -c $run/NEWEST4.pt")
+  else models+=("$($py -c "from transformer_mt.checkpoint import last_checkpoints; print(' '.join(f'-c {p}' for p in last_checkpoints('$run', 4)))")"); fi
 fi
 
+# 4. the choice on val (cased BLEU, beam 5)
 echo "== choosing on val (cased BLEU, beam 5)"
-mkdir -p "$run/eval"
-best=-1; best_bleu=-1
+[ "$dry" = 1 ] || mkdir -p "$run/eval"
+best=-1; best_bleu=-1; best_lenpen=""
 for i in "${!names[@]}"; do
   for lenpen in 0.6 1.0 1.5; do
     # shellcheck disable=SC2086 # models[i] is a list of -c arguments
-    bleu=$($tmt evaluate ${models[$i]} --src "$data/val.en" --ref "$data/val.de" --beam 5 --lenpen "$lenpen" \
-             -o "$run/eval/val.${names[$i]}.lp$lenpen.de" --json | $py -c 'import json, sys; print(json.load(sys.stdin)["bleu"])')
+    args=(${models[$i]} --src "$data/val.$src" --ref "$data/val.$tgt" --beam 5 --lenpen "$lenpen" -o "$run/eval/val.${names[$i]}.lp$lenpen.$tgt" --json)
+    if [ "$dry" = 1 ]; then run $tmt evaluate "${args[@]}"; continue; fi
+    bleu=$($tmt evaluate "${args[@]}" | $py -c 'import json, sys; print(json.load(sys.stdin)["bleu"])')
     echo "  ${names[$i]} lenpen $lenpen: val BLEU $bleu"
     if $py -c "import sys; sys.exit(0 if float('$bleu') > float('$best_bleu') else 1)"; then
       best=$i; best_lenpen=$lenpen; best_bleu=$bleu
     fi
   done
 done
-echo "== chosen: ${names[$best]} ($(echo ${models[$best]} | sed 's/-c //g')) lenpen $best_lenpen (val BLEU $best_bleu)"
+if [ "$dry" = 1 ]; then chosen="-c CHOSEN"; best_lenpen=CHOSEN; label=CHOSEN
+else chosen=${models[$best]}; label=${names[$best]}
+  echo "== chosen: $label ($(echo "$chosen" | sed 's/-c //g')) lenpen $best_lenpen (val BLEU $best_bleu)"; fi
 
-for split in val test_2016_flickr; do
-  hyp="$run/eval/$split.hyp.de"
-  echo "== $split: ${names[$best]}, beam 5, lenpen $best_lenpen"
+# 5. scores of the choice on val and on each test set
+for split in val ${tests[@]+"${tests[@]}"}; do  # (an empty array is "unbound" to set -u before bash 4.4)
+  hyp="$run/eval/$split.hyp.$tgt"
+  echo "== $split: $label, beam 5, lenpen $best_lenpen"
   # shellcheck disable=SC2086
-  $tmt evaluate ${models[$best]} --src "$data/$split.en" --ref "$data/$split.de" --beam 5 --lenpen "$best_lenpen" -o "$hyp"
+  run $tmt evaluate $chosen --src "$data/$split.$src" --ref "$data/$split.$tgt" --beam 5 --lenpen "$best_lenpen" -o "$hyp"
   echo "-- lowercased"
-  $tmt bleu --ref "$data/$split.de" "$hyp" --lowercase
+  run $tmt bleu --ref "$data/$split.$tgt" "$hyp" --lowercase
 done

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Lay out Multi30k (Task 1, raw text) English-German where the configs expect it:
-#   data/multi30k/{train,val,test_2016_flickr}.{en,de}
+# Lay out Multi30k (Task 1, raw text) for a language pair where the recipe expects it:
+#   data/multi30k/{train,val,test_2016_flickr}.{XX,YY} (by default en and de)
 #
 # Usage:
 #   scripts/prepare_multi30k.sh [--from DIR] [--out DIR] [--langs "en de"]
