@@ -136,7 +136,8 @@ def draw_kind(maps: AttentionMaps, kind: str, out: Path, *, dpi: int = 80):
     cell = min(3.2, max(1.9, 0.16 * max(nq, nk)))
     fig = new_figure(cell * (n_heads + 1) + 0.6, cell * n_layers + 0.9)
     axes = fig.subplots(n_layers, n_heads + 1, squeeze=False, sharex=True, sharey=True)
-    qlab, klab = maps.labels(qkey), maps.labels(kkey)
+    # sentencepiece's word-start mark U+2581 draws as a bar below the baseline in most fonts: show it as '_'
+    qlab, klab = ([t.replace("\u2581", "_") for t in maps.labels(k)] for k in (qkey, kkey))
     small = max(4.0, min(8.0, 140 / max(nq, nk, 1)))
     for r in range(n_layers):
         for c in range(n_heads + 1):

@@ -23,7 +23,7 @@ def position_table(model, length: int) -> torch.Tensor:
 
 
 def plot_positions(table: torch.Tensor, out: str | Path, *, sinusoidal: bool = True, title: str = "sinusoidal positional encoding",
-                   dpi: int = 90) -> Path:
+                   dpi: int = 72) -> Path:
     """Draw ``table`` (L positions, D dims) to ``out`` (PNG or SVG by suffix)."""
     length, d = table.shape
     fig = new_figure(14, 4.6)
