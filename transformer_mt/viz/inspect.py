@@ -111,10 +111,12 @@ def _recording_attend(module: MultiHeadAttention, name: str, lines: list[str]):
     def attend(q, k, v, allowed=None, *args, **kwargs):
         out = real(q, k, v, allowed, *args, **kwargs)
         b, h, nq, _ = q.shape
-        mask = f"allowed {_shape(allowed)} bool, True = attend" if allowed is not None else "no mask"
-        causal = " (causal + padding)" if (tq, tk) == ("T", "T") and allowed is not None else ""
+        if allowed is not None:
+            mask = f"allowed {_shape(allowed)} bool, True = attend" + (" (causal + padding)" if (tq, tk) == ("T", "T") else "")
+        else:  # SDPA's is_causal: the causal pattern without a mask tensor
+            mask = "causal (is_causal, no mask tensor)" if kwargs.get("causal") else "none (no padding to hide)"
         lines.append(f"Q (B, H, {tq}, Dk) = {_shape(q)}   K (B, H, {tk}, Dk) = {_shape(k)}   V (B, H, {tk}, Dv) = {_shape(v)}")
-        lines.append(f"scores softmax(QK^T/sqrt(Dk)) (B, H, {tq}, {tk}) = {(b, h, nq, k.size(-2))}   mask {mask}{causal}")
+        lines.append(f"scores softmax(QK^T/sqrt(Dk)) (B, H, {tq}, {tk}) = {(b, h, nq, k.size(-2))}   mask {mask}")
         lines.append(f"heads concatenated (B, {tq}, H*Dv) = {(b, nq, h * v.size(-1))} -> out")
         return out
 
