@@ -83,12 +83,12 @@ def test_training_cost_totals_and_mfu():
     by_batch = flops.forward_flops(m, vocab=VOCAB, batch=2, src_len=4, tgt_len=5), flops.forward_flops(m, vocab=VOCAB, batch=1, src_len=3, tgt_len=2)
     assert total == 3 * sum(by_batch)
     s = flops.cost_summary(tokens=10, train_flops=total, update_seconds=3.0, wall_seconds=6.0, peak_flops_per_s=1e6, peak_source="config", world_size=2)
-    assert s["target_tokens"] == 10 and s["flops_per_token"] == pytest.approx(total / 10)
+    assert s["flops_per_token"] == pytest.approx(total / 10) and s["update_seconds"] == 3.0
     assert s["mfu"] == pytest.approx(total / 3.0 / 2e6) and s["mfu_wall"] == pytest.approx(total / 6.0 / 2e6)
     assert s["achieved_tflops"] == pytest.approx(total / 3.0 / 1e12) and s["peak_tflops"] == pytest.approx(2e-6)
     assert json.loads(json.dumps(s)) == s  # plain types for metrics.jsonl
-    line = flops.format_cost(s)
-    assert "MFU" in line and "\n" not in line
+    line = flops.format_cost(s, tokens=10, wall_seconds=6.0)
+    assert "10 target tokens" in line and "MFU" in line and "\n" not in line
 
 
 def test_peak_measured_once_then_read_from_cache(tmp_path, monkeypatch):

@@ -164,7 +164,8 @@ def batches_train_flops(m: ModelConfig, batches, *, vocab: int) -> int:
 
 def cost_summary(*, tokens: int, train_flops: float, update_seconds: float, wall_seconds: float, peak_flops_per_s: float,
                  peak_source: str, world_size: int = 1) -> dict[str, float | int | str]:
-    """The training cost record (plain types, for metrics.jsonl): totals, achieved FLOP/s and MFU.
+    """The training cost fields of the "summary" record (plain types, for metrics.jsonl), beside its
+    ``target_tokens`` and ``wall``: FLOPs, achieved FLOP/s and MFU.
 
     ``tokens`` and ``train_flops`` are the whole run's (all ranks); ``update_seconds`` the time inside
     updates (forward, backward, optimizer: validation and checkpoints excluded), ``wall_seconds`` all of
@@ -172,8 +173,8 @@ def cost_summary(*, tokens: int, train_flops: float, update_seconds: float, wall
     peak = peak_flops_per_s * world_size
     busy = update_seconds if update_seconds > 0 else wall_seconds
     achieved = train_flops / max(busy, 1e-9)
-    return {"target_tokens": int(tokens), "train_flops": float(train_flops), "flops_per_token": train_flops / max(tokens, 1),
-            "wall_seconds": round(wall_seconds, 2), "update_seconds": round(busy, 2), "achieved_tflops": achieved / 1e12,
+    return {"train_flops": float(train_flops), "flops_per_token": train_flops / max(tokens, 1), "update_seconds": round(busy, 2),
+            "achieved_tflops": achieved / 1e12,
             "peak_tflops": peak / 1e12, "peak_source": peak_source, "mfu": achieved / peak if peak > 0 else 0.0,
             "mfu_wall": train_flops / max(wall_seconds, 1e-9) / peak if peak > 0 else 0.0}
 
@@ -185,9 +186,8 @@ def peak_for(dtype: str, *, device: torch.device | str, peak_tflops: float = 0.0
     return cached_peak(dtype, device=device), f"measured ({cache_path()})"
 
 
-def format_cost(s: dict) -> str:
-    """One log line for the end of training."""
-    return (f"training cost: {s['target_tokens']:,} target tokens, {s['train_flops']:.3g} FLOPs "
-            f"({s['flops_per_token']:.3g} per token), {s['wall_seconds']:.0f} s wall ({s['update_seconds']:.0f} s in updates), "
-            f"{s['achieved_tflops'] * 1e3:.1f} GFLOP/s = MFU {100 * s['mfu']:.1f}% of {s['peak_tflops'] * 1e3:.1f} GFLOP/s peak "
-            f"[{s['peak_source']}]")
+def format_cost(s: dict, *, tokens: int, wall_seconds: float) -> str:
+    """One log line for the end of training from :func:`cost_summary`'s fields."""
+    return (f"training cost: {tokens:,} target tokens, {s['train_flops']:.3g} FLOPs ({s['flops_per_token']:.3g} per token), "
+            f"{wall_seconds:.0f} s wall ({s['update_seconds']:.0f} s in updates), {s['achieved_tflops'] * 1e3:.1f} GFLOP/s = "
+            f"MFU {100 * s['mfu']:.1f}% of a {s['peak_tflops'] * 1e3:.1f} GFLOP/s peak [{s['peak_source']}]")
