@@ -25,6 +25,11 @@ it reports is that phase's own peak resident memory (the Python interpreter and 
              fairseq's is this one's) and the recipe model (``--checkpoint``, timed only when given).
              Without ``--reference-checkpoint`` the reference model is the one after the benchmark's few
              float32 updates: its outputs are too long and the speed is flagged ``"representative": false``.
+  syncs      host-device synchronisations (:class:`transformer_mt.syncs.SyncCounter`, which counts on
+             any device the ops that make a GPU's host wait): per training update of the recipe model in
+             float32 (3 updates, on the phase's own fresh Trainer) and per search step of its (untrained)
+             model, greedy and beam 5, at batches of 8 and 32 test sentences. The budgets (issue 21): one
+             per training update, one per search step whatever the batch size and beam;
   ctranslate2  with ``--ctranslate2`` (the ``export`` extra), after the others: each translated checkpoint
              exported by ``tmt export`` and decoded by CTranslate2 with float32 and int8 weights (int8
              quantized at load), greedy and beam 5, against tmt on the same lines in the same process at
@@ -78,13 +83,15 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 
 from transformer_mt import kernels, runtime
 from transformer_mt.config import Config, DecodeConfig, ModelConfig, TrainConfig, from_dict, load_config, to_dict
-from transformer_mt.data import load_parallel
+from transformer_mt.data import load_parallel, source_tensor
 from transformer_mt.flops import forward_flops  # the analytic formula of the docstring, shared with tmt train's cost report
 from transformer_mt.loss import label_smoothed_nll_loss
 from transformer_mt.model import count_parameters
+from transformer_mt.search import beam_search, greedy_search
+from transformer_mt.syncs import SyncCounter, per_call
 from transformer_mt.tokenizer import PAD_ID, Tokenizer, train_sentencepiece
-from transformer_mt.train import Trainer, update_schedule
-from transformer_mt.translate import Translator
+from transformer_mt.train import Trainer, _target_tokens, update_schedule
+from transformer_mt.translate import Translator, positions_needed
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = "transformer_mt.benchmark/1"
@@ -239,6 +246,38 @@ def phase_train(spec: dict) -> dict:
     return out
 
 
+def phase_syncs(spec: dict) -> dict:
+    """Host syncs per training update and per search step (the module docstring's ``syncs`` phase)."""
+    cfg = from_dict(spec["config"], source=f"benchmark {spec['name']}")
+    shutil.rmtree(cfg.train.out_dir, ignore_errors=True)
+    trainer = Trainer(cfg, resume=False)
+    try:
+        updates = []
+        for u in itertools.islice(update_schedule(trainer.train_data, cfg.train), 3):
+            batches = [trainer.train_data.get_batch(idx) for idx in u.batches]  # collated on the host, outside the count
+            with SyncCounter() as syncs:
+                trainer._update(batches, ntokens=_target_tokens(trainer.train_data, u.batches))
+            updates.append({"micro_batches": len(batches), "syncs": syncs.total, "kinds": dict(syncs.counts), "collectives": dict(syncs.collectives)})
+        model = trainer.model.eval()
+        with open(spec["input"], encoding="utf-8") as handle:
+            ids = trainer.src_tok.encode([line.rstrip("\n") for line in itertools.islice(handle, 32)])
+        model.reserve_positions(positions_needed(max(map(len, ids)) + 1, max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b))
+        search = []
+        for batch in (8, 32):
+            src = source_tensor([seq[: cfg.model.max_positions - 1] for seq in ids[:batch]]).to(trainer.device)
+            for name, beam in (("greedy", 1), ("beam5", 5)):
+                run = (lambda: greedy_search(model, src, max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b)) if beam == 1 else \
+                    (lambda: beam_search(model, src, beam=beam, lenpen=cfg.decode.lenpen, max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b))
+                _, syncs, per_step = per_call(model, "decode_step", run)
+                search.append({"search": name, "beam": beam, "batch": batch, "steps": len(per_step), "total": syncs.total,
+                               "per_step_max": max(per_step[:-1], default=0), "per_step_median": statistics.median(per_step[:-1] or [0]),
+                               "last_step_and_results": per_step[-1], "kinds": dict(syncs.counts)})
+    finally:
+        trainer.close()
+        shutil.rmtree(cfg.train.out_dir, ignore_errors=True)
+    return {"device": str(trainer.device), "train_updates": updates, "per_update_max": max(u["syncs"] for u in updates), "search": search}
+
+
 def phase_translate(spec: dict) -> dict:
     translator = Translator.from_checkpoint(spec["checkpoint"], device="cpu", dtype="float32", threads=spec["threads"])
     with open(spec["input"], encoding="utf-8") as handle:
@@ -315,7 +354,7 @@ def ctranslate2_phases(args, checkpoints: list, test_src: Path) -> list[dict]:
     return rows
 
 
-PHASES = {"matmul": phase_matmul, "train": phase_train, "translate": phase_translate, "ctranslate2": phase_ctranslate2}
+PHASES = {"matmul": phase_matmul, "train": phase_train, "translate": phase_translate, "syncs": phase_syncs, "ctranslate2": phase_ctranslate2}
 
 
 def run_phase_file(spec_path: Path) -> None:
@@ -421,6 +460,9 @@ def run_all(args, sizes: Sizes) -> dict:
             specs.append({"kind": "translate", "name": f"translate-{model}-{search}", "threads": args.threads, "checkpoint": str(checkpoint),
                           "input": str(test_src), "sentences": args.sentences, "beam": beam, "search": search, "model": model,
                           "representative": representative})
+    syncs_spec = {**train_spec("syncs-recipe-float32", recipe, dtype="float32", args=args, sizes=sizes, spm=spm, src=src, tgt=tgt, keep=False),
+                  "kind": "syncs", "input": str(test_src)}
+    specs.append(syncs_spec)
     # The peak is timed again at the end: a neighbour's burst during one short timing would otherwise
     # set the peak too low (one run measured half the usual float32 rate and "107% of peak").
     specs.append({**specs[0], "name": "matmul-end"})
@@ -428,9 +470,11 @@ def run_all(args, sizes: Sizes) -> dict:
 
     matmul = combine_peaks(results[0], results.pop())
     specs.pop()
-    training, translation = [], []
+    training, translation, syncs = [], [], {}
     for spec, res in zip(specs[1:], results[1:]):
-        if spec["kind"] == "train":
+        if spec["kind"] == "syncs":
+            syncs = res
+        elif spec["kind"] == "train":
             model, dtype = spec["name"].split("-")[1:3]
             res["gflops"] = res["flops_per_token"] * res["tokens_per_s"] / 1e9
             res["fraction_of_peak"] = res["gflops"] / matmul[dtype]["gflops"]
@@ -461,7 +505,7 @@ def run_all(args, sizes: Sizes) -> dict:
                      "warmup_updates": args.warmup, "timed_updates": args.updates, "sentences": args.sentences, "checkpoint": str(args.checkpoint or ""),
                      "reference_checkpoint": str(args.reference_checkpoint or ""),
                      "test_input": str(test_src), "reference_model": REFERENCE_MODEL, "reference_train": REFERENCE_TRAIN},
-        "matmul_peak": matmul, "training": training, "translation": translation, "quoted_reference": QUOTED,
+        "matmul_peak": matmul, "training": training, "translation": translation, "syncs": syncs, "quoted_reference": QUOTED,
         "ctranslate2": ctranslate2_rows,
     }
 
@@ -527,6 +571,12 @@ def render_markdown(r: dict) -> str:
         lines.append(f"CTranslate2 {r['ctranslate2'][0]['ctranslate2_version']} rows: the checkpoint exported by `tmt export`, tmt and "
                      "CTranslate2 in one process each with length penalty 0, one CTranslate2 call per source length (tmt's maximum output "
                      "length is per sentence); peak RSS is the phase's (both engines).")
+    if r.get("syncs"):
+        sy = r["syncs"]
+        steps = "; ".join(f"{t['search']} batch {t['batch']}: {t['per_step_max']} (median {t['per_step_median']:g})" for t in sy["search"])
+        lines.append(f"Host syncs ({sy['device']}, transformer_mt.syncs.SyncCounter): per training update of the recipe model "
+                     f"{', '.join(str(u['syncs']) for u in sy['train_updates'])} (budget 1); per search step, the most over the steps: {steps} "
+                     "(budget 1, whatever the batch and beam).")
     if any(not t["representative"] for t in r["translation"]):
         lines.append("† not representative: the reference model after only the benchmark's updates (outputs too long); pass --reference-checkpoint.")
     return "\n".join(lines) + "\n"

@@ -414,7 +414,7 @@ class CopyCache:
     def __init__(self, src: torch.Tensor):
         self.src, self.rows, self.length = src, torch.arange(src.size(0)), 0
 
-    def reorder(self, indices: torch.Tensor) -> None:
+    def reorder(self, indices: torch.Tensor, *, group: int | None = None, kept: torch.Tensor | None = None) -> None:  # noqa: ARG002 - no use for the layout
         self.rows = self.rows[indices]
 
 

@@ -26,14 +26,17 @@ class DecoderCache:
     (amortised), unlike re-concatenating the prefix.
     Source side, stored once per *group* of ``group`` consecutive rows that translate the same
     sentence (the beams of a sentence): ``cross_k`` (L, G, H, S, Dk), ``cross_v`` (L, G, H, S, Dv),
-    ``src_pad`` (G, S) bool True = pad, ``cross_allowed`` (G, 1, 1, S) bool True = attend, R = G * group.
-    A sentence's beams then query one copy of its encoder output, beam reorders never copy it, and
-    dropping a finished sentence copies 1/group of what per-row storage would.
+    ``src_pad`` (G, S) bool True = pad, ``cross_allowed`` (G, 1, 1, S) bool True = attend (None: no
+    padding), R = G * group. A sentence's beams then query one copy of its encoder output, beam reorders
+    never copy it, and dropping a finished sentence copies 1/group of what per-row storage would.
+
+    Host syncs: none when the search states the new row layout in :meth:`reorder` (``group``, ``kept``);
+    a bare ``reorder(indices)`` works the layout out from the indices, which reads them back (a few syncs).
     """
 
-    def __init__(self, cross_k: Tensor, cross_v: Tensor, src_pad: Tensor, cross_allowed: Tensor):
+    def __init__(self, cross_k: Tensor, cross_v: Tensor, src_pad: Tensor, cross_allowed: Tensor | None):
         """cross_k (L, B, H, S, Dk), cross_v (L, B, H, S, Dv), src_pad (B, S) True = pad, and the model's
-        cross-attention mask built from it, cross_allowed (B, 1, 1, S) True = attend."""
+        cross-attention mask built from it, cross_allowed (B, 1, 1, S) True = attend, or None (no padding)."""
         self.cross_k, self.cross_v, self.src_pad = cross_k, cross_v, src_pad
         self.cross_allowed = cross_allowed
         self.group = 1
@@ -76,9 +79,15 @@ class DecoderCache:
                 new[: self.length] = old[: self.length]
         self.self_k, self.self_v = new_k, new_v
 
-    def reorder(self, indices: Tensor) -> None:
+    def reorder(self, indices: Tensor, *, group: int | None = None, kept: Tensor | None = None) -> None:
         """Row i becomes old row ``indices[i]`` (LongTensor (R',), any R'), for every tensor of the cache:
-        expand to B*beam, reorder beams, drop finished sentences."""
+        expand to B*beam, reorder beams, drop finished sentences.
+
+        ``group`` (with ``kept``) states the new layout, so that nothing is read back from the device: the new
+        rows are runs of ``group`` consecutive rows, one sentence per run, run j translating the sentence of
+        current group ``kept[j]`` (LongTensor (G',)); ``kept`` None: the current groups, in their order (a
+        beam reshuffle, or the expansion of sentences to beams). Without ``group`` the layout is worked out
+        from ``indices`` (host syncs), for any reorder."""
         if self.self_k is not None:
             n = self.length
             for buffers in (self.self_k, self.self_v):
@@ -89,18 +98,29 @@ class DecoderCache:
                     else:
                         torch.index_select(old[:n], 1, indices, out=buffers[i][:n])  # the filled prefix only
         row_source = self._row_source.index_select(0, indices)  # (R',) sentence of each new row
+        if group is None:
+            group, kept = self._layout(row_source)
+        if kept is not None:
+            self.cross_k, self.cross_v = self.cross_k.index_select(1, kept), self.cross_v.index_select(1, kept)
+            self.src_pad = self.src_pad.index_select(0, kept)
+            if self.cross_allowed is not None:
+                self.cross_allowed = self.cross_allowed.index_select(0, kept)
+            self._group_source = self._group_source.index_select(0, kept)
+        self._row_source, self.group = row_source, group
+
+    def _layout(self, row_source: Tensor) -> tuple[int, Tensor | None]:
+        """(group, kept) of new rows whose sentences are ``row_source`` (R',), read from the device: runs of
+        equal sentences of one length, else one row per group; kept None when the groups stay as they are."""
         group = _run_length(row_source)
         if row_source.size(0) % group or not bool((row_source.view(-1, group) == row_source[::group, None]).all()):
             group = 1  # rows are not in equal runs of one sentence: one source copy per row
         group_source = row_source[::group]  # (G',)
-        if not torch.equal(group_source, self._group_source):
-            # Where each sentence sits among the current groups (any copy will do: they are equal).
-            where = torch.empty(int(self._group_source.max()) + 1, dtype=torch.long, device=indices.device)
-            where[self._group_source] = torch.arange(self._group_source.size(0), device=indices.device)
-            sel = where.index_select(0, group_source)
-            self.cross_k, self.cross_v = self.cross_k.index_select(1, sel), self.cross_v.index_select(1, sel)
-            self.src_pad, self.cross_allowed = self.src_pad.index_select(0, sel), self.cross_allowed.index_select(0, sel)
-        self._row_source, self._group_source, self.group = row_source, group_source, group
+        if torch.equal(group_source, self._group_source):
+            return group, None
+        # Where each sentence sits among the current groups (any copy will do: they are equal).
+        where = torch.empty(int(self._group_source.max()) + 1, dtype=torch.long, device=row_source.device)
+        where[self._group_source] = torch.arange(self._group_source.size(0), device=row_source.device)
+        return group, where.index_select(0, group_source)
 
 
 def _run_length(ids: Tensor) -> int:

@@ -137,6 +137,9 @@ class Batch:
     ntokens:  non-pad tokens of tgt_out (target pieces + 1 per sentence), the loss normaliser
     nsentences: B
     indices:  (B,) long or None, pair indices in the ParallelData (its ``line_numbers`` map them to lines)
+    labels:   (ntokens,) long or None, the flat positions (row-major in (B, T)) of tgt_out's non-pad labels,
+              known here from the lengths: the loss selects them without asking the device (a boolean
+              mask would make the host wait for the GPU, twice: forward and backward)
     """
 
     src: torch.Tensor
@@ -145,10 +148,12 @@ class Batch:
     ntokens: int
     nsentences: int
     indices: torch.Tensor | None = None
+    labels: torch.Tensor | None = None
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> "Batch":
         move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
-        return dataclasses.replace(self, src=move(self.src), tgt_in=move(self.tgt_in), tgt_out=move(self.tgt_out), indices=move(self.indices))
+        return dataclasses.replace(self, src=move(self.src), tgt_in=move(self.tgt_in), tgt_out=move(self.tgt_out), indices=move(self.indices),
+                                   labels=move(self.labels))
 
 
 def _pad(seqs: Sequence[Sequence[int]], *, prefix: int | None = None, suffix: int | None = None) -> torch.Tensor:
@@ -174,13 +179,16 @@ def collate(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, indices: Se
     """Build a :class:`Batch` from (source ids, target ids) pairs given without BOS/EOS."""
     srcs = [p[0] for p in pairs]
     tgts = [p[1] for p in pairs]
+    labels_per_row = np.fromiter(map(len, tgts), np.int64, count=len(tgts)) + 1  # pieces + EOS
+    tgt_out = _pad(tgts, suffix=EOS_ID)  # (B, T)
     return Batch(
         src=source_tensor(srcs),
         tgt_in=_pad(tgts, prefix=BOS_ID),  # section 5: the decoder input is the target shifted right
-        tgt_out=_pad(tgts, suffix=EOS_ID),
-        ntokens=sum(len(t) + 1 for t in tgts),
+        tgt_out=tgt_out,
+        ntokens=int(labels_per_row.sum()),
         nsentences=len(pairs),
         indices=None if indices is None else torch.as_tensor(np.asarray(indices, dtype=np.int64)),
+        labels=torch.from_numpy(np.flatnonzero(np.arange(tgt_out.size(1)) < labels_per_row[:, None])),  # (B, T) -> (ntokens,)
     )
 
 

@@ -24,10 +24,11 @@ class EnsembleCache:
     def __init__(self, caches: list[DecoderCache]):
         self.caches = caches
 
-    def reorder(self, indices: Tensor) -> None:
-        """Row i becomes old row ``indices[i]`` in every member's cache (see DecoderCache.reorder)."""
+    def reorder(self, indices: Tensor, *, group: int | None = None, kept: Tensor | None = None) -> None:
+        """Row i becomes old row ``indices[i]`` in every member's cache (see DecoderCache.reorder, also for
+        ``group`` and ``kept``, the layout a search states so that no cache reads the indices back)."""
         for cache in self.caches:
-            cache.reorder(indices)
+            cache.reorder(indices, group=group, kept=kept)
 
 
 class Ensemble(nn.Module):

@@ -177,13 +177,13 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None
 
 
-def fused_projected_label_smoothed_loss(h: Tensor, weight: Tensor, target: Tensor, *, epsilon: float, ignore_index: int) -> tuple[Tensor, Tensor, int]:
-    """The hand-written kernel of :func:`transformer_mt.loss.projected_label_smoothed_loss` (which checks
+def fused_projected_label_smoothed_loss(h: Tensor, weight: Tensor, target: Tensor, *, epsilon: float, ignore_index: int) -> tuple[Tensor, Tensor]:
+    """The hand-written kernel of :func:`transformer_mt.loss.projected_label_smoothed_sums` (which checks
     ``epsilon`` and picks this or the plain path): h (N, D), weight (V, D), target (N,) ->
-    (loss_sum, nll_sum, ntokens). Under autocast the projection runs in the autocast dtype, the
-    softmax in float32."""
+    (loss_sum, nll_sum), without a host sync. Under autocast the projection runs in the autocast dtype,
+    the softmax in float32."""
     kind = h.device.type
     dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else h.dtype
     with torch.autocast(kind, enabled=False):
         loss, nll = _ProjectedLabelSmoothedLoss.apply(h, weight, target, float(epsilon), ignore_index, dtype)
-    return loss.sum(), nll.sum(), int(target.ne(ignore_index).sum())
+    return loss.sum(), nll.sum()

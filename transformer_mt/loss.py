@@ -44,11 +44,18 @@ def label_smoothed_nll_loss(
     target: (...) long, the same leading shape; positions equal to ``ignore_index`` count for nothing.
     Returns (loss_sum, nll_sum, ntokens): loss_sum a float32 scalar to backpropagate; nll_sum a
     detached float32 scalar for reporting; ntokens a Python int (a device sync on GPU: the
-    ``Batch.ntokens`` of the same batch is the same number, known without one).
+    ``Batch.ntokens`` of the same batch is the same number, known without one; the training loss,
+    :class:`TeacherForcedLoss`, never counts).
 
     Memory: one (N, V) float32 tensor (the log-probabilities) besides the logits; the smoothing
     term uses their row sums rather than an explicit smoothed target distribution.
     """
+    loss, nll = _label_smoothed_sums(logits, target, epsilon=epsilon, ignore_index=ignore_index)
+    return loss, nll, int(target.ne(ignore_index).sum())
+
+
+def _label_smoothed_sums(logits: Tensor, target: Tensor, *, epsilon: float, ignore_index: int) -> tuple[Tensor, Tensor]:
+    """:func:`label_smoothed_nll_loss` without the token count (no host sync): (loss_sum, nll_sum)."""
     vocab = logits.size(-1)
     _check_epsilon(epsilon, vocab)
     dtype = torch.promote_types(logits.dtype, torch.float32)  # bf16 / fp16 logits: the loss in float32
@@ -65,7 +72,7 @@ def label_smoothed_nll_loss(
         loss = (1.0 - epsilon - eps_i) * nll + eps_i * smooth
     else:
         loss = nll
-    return loss.sum(), nll.detach().sum(), int((~pad).sum())
+    return loss.sum(), nll.detach().sum()
 
 
 def perplexity(nll_sum: float | torch.Tensor, ntokens: int) -> float:
@@ -89,20 +96,29 @@ def projected_label_smoothed_loss(
     under :func:`~transformer_mt.kernels.use_reference_ops`, its plain equivalent: the logits, then
     :func:`label_smoothed_nll_loss`.
     """
+    loss, nll = projected_label_smoothed_sums(h, weight, target, epsilon=epsilon, ignore_index=ignore_index)
+    return loss, nll, int(target.ne(ignore_index).sum())
+
+
+def projected_label_smoothed_sums(h: Tensor, weight: Tensor, target: Tensor, *, epsilon: float, ignore_index: int = PAD_ID) -> tuple[Tensor, Tensor]:
+    """:func:`projected_label_smoothed_loss` without the token count, so without a host sync: (loss_sum, nll_sum)."""
     _check_epsilon(epsilon, weight.size(0))
     if kernels.reference_ops():
-        return label_smoothed_nll_loss(F.linear(h, weight), target, epsilon=epsilon, ignore_index=ignore_index)  # (N, V) logits
+        return _label_smoothed_sums(F.linear(h, weight), target, epsilon=epsilon, ignore_index=ignore_index)  # (N, V) logits
     return kernels.fused_projected_label_smoothed_loss(h, weight, target, epsilon=epsilon, ignore_index=ignore_index)
 
 
 class TeacherForcedLoss(nn.Module):
-    """The training objective as a module: ``forward(src, tgt_in, tgt_out)`` -> (loss_sum, nll_sum, ntokens).
+    """The training objective as a module: ``forward(src, tgt_in, tgt_out, labels)`` -> (loss_sum, nll_sum, ntokens).
 
     This is what DDP wraps (its parameters are the model's own, so DDP reduces the model's gradients);
     checkpoints save ``model.state_dict()``, never this wrapper's, so their keys stay the model's.
     The decoder states at the non-pad label positions go through the vocabulary projection fused with the
     label-smoothed loss (:func:`projected_label_smoothed_loss`): the projection, the largest matmul of a
     small model, skips padding, and the (N, V) logits are never built in one piece.
+
+    No host sync when the batch brings its label positions (``Batch.labels``, found on the host at
+    collation): the labels are gathered by index, and ntokens is their number, a shape.
     """
 
     def __init__(self, model: Transformer, *, label_smoothing: float):
@@ -110,10 +126,16 @@ class TeacherForcedLoss(nn.Module):
         self.model = model
         self.label_smoothing = label_smoothing
 
-    def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor) -> tuple[Tensor, Tensor, int]:
-        """src (B, S), tgt_in (B, T) = BOS + y, tgt_out (B, T) = y + EOS, all PAD-padded -> the sums of
-        :func:`label_smoothed_nll_loss` over the non-pad labels: loss_sum, nll_sum (float32 scalars), ntokens."""
+    def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, labels: Tensor | None = None) -> tuple[Tensor, Tensor, int]:
+        """src (B, S), tgt_in (B, T) = BOS + y, tgt_out (B, T) = y + EOS, all right-padded with PAD -> the sums of
+        :func:`label_smoothed_nll_loss` over the non-pad labels: loss_sum, nll_sum (float32 scalars), ntokens.
+        ``labels`` (N,): flat positions of the non-pad labels in (B, T) (``Batch.labels``; None: found here,
+        a host sync)."""
         enc = self.model.encode(src)
-        mask = tgt_out.ne(PAD_ID)  # (B, T)
-        h = self.model.decoder_output(tgt_in, enc)[mask]  # (B, T, D) -> (N, D): only positions with a label
-        return projected_label_smoothed_loss(h, self.model.output_proj.weight, tgt_out[mask], epsilon=self.label_smoothing)
+        h = self.model.decoder_output(tgt_in, enc)  # (B, T, D)
+        if labels is None:
+            labels = tgt_out.reshape(-1).ne(PAD_ID).nonzero().squeeze(1)  # (N,)
+        h = h.reshape(-1, h.size(-1)).index_select(0, labels)  # (B*T, D) -> (N, D): only positions with a label
+        loss, nll = projected_label_smoothed_sums(h, self.model.output_proj.weight, tgt_out.reshape(-1).index_select(0, labels),
+                                                  epsilon=self.label_smoothing)
+        return loss, nll, labels.numel()

@@ -172,7 +172,8 @@ class Window:
         self.tic = time.perf_counter()
 
     def add(self, s: dict[str, float]) -> None:
-        """Count one update's stats (`Trainer._update`: loss and nll summed over its tokens, ntokens, lr, gnorm)."""
+        """Count one update's stats (`Trainer._update`: loss and nll summed over its tokens, ntokens, lr, gnorm).
+        loss and nll may be device tensors: summed there, read once per window by flush()."""
         self.loss += s["loss"]
         self.nll += s["nll"]
         self.tokens += s["ntokens"]
@@ -183,7 +184,8 @@ class Window:
         """The window's fields of a "train" record (all but update, epoch and wall); starts a new window."""
         seconds = time.perf_counter() - self.tic
         tokens = max(self.tokens, 1.0)
-        rec = {"loss": self.loss / tokens, "nll": self.nll / tokens, "ppl": math.exp(min(self.nll / tokens, 100.0)),
+        loss, nll = float(self.loss), float(self.nll)  # the trainer's device sums are read here, at log time
+        rec = {"loss": loss / tokens, "nll": nll / tokens, "ppl": math.exp(min(nll / tokens, 100.0)),
                "lr": self.lr, "gnorm": round(self.gnorm, 4), "tokens": int(self.tokens), "tokens_per_s": self.tokens / max(seconds, 1e-9),
                "updates_per_s": self.updates / max(seconds, 1e-9)}
         self.reset()

@@ -3,8 +3,6 @@ collectives a data-parallel run needs (join the job, run on rank 0 and share, su
 
 from __future__ import annotations
 
-from transformer_mt.errors import TmtError
-
 import contextlib
 import os
 import random
@@ -13,6 +11,8 @@ from typing import Callable, TypeVar
 
 import numpy as np
 import torch
+
+from transformer_mt.errors import TmtError
 
 
 class RuntimeSetupError(TmtError, ValueError):
@@ -36,12 +36,19 @@ def pick_device(name: str = "auto") -> torch.device:
     except RuntimeError:
         raise RuntimeSetupError(f"device '{name}' is not a device name; use auto, cpu, cuda, cuda:N or mps") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeSetupError(f"device '{name}' requested but this torch build sees no CUDA GPU; use --device cpu or install a CUDA build of torch (see README)")
+        raise RuntimeSetupError(f"device '{name}' requested but this torch build sees no CUDA GPU; "
+                                "use --device cpu or install a CUDA build of torch (see README)")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         raise RuntimeSetupError(f"device '{name}' requested but only {torch.cuda.device_count()} GPU(s) are visible")
     if device.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
         raise RuntimeSetupError(f"device '{name}' requested but MPS is not available; use --device cpu")
     return device
+
+
+def accumulator_dtype(device: torch.device) -> torch.dtype:
+    """The dtype of running sums kept on the device (training loss statistics): float64, as the host's
+    Python floats they replace, except on MPS, which has none."""
+    return torch.float32 if device.type == "mps" else torch.float64
 
 
 def set_threads(threads: int) -> None:
@@ -223,6 +230,16 @@ def main_first(fn: Callable[[], T]) -> T:
         dist.all_gather_object(errors, error)
         _raise_shared(errors, own)
     return result  # type: ignore[return-value]
+
+
+def all_reduce_sum_(tensor: torch.Tensor) -> torch.Tensor:
+    """Sum ``tensor`` over all ranks, in place, without reading it (NCCL queues the collective on the GPU
+    like a kernel, so the host does not wait); the tensor itself without a group."""
+    if _distributed():
+        import torch.distributed as dist
+
+        dist.all_reduce(tensor)
+    return tensor
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:

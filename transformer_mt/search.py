@@ -21,15 +21,25 @@ Conventions shared by both searches (and by :class:`Hypothesis`):
   tokens (its EOS included), at least 1, and at most ``model.max_output_length()`` (the position table's size
   when the model has learned positions: BOS plus the first L-1 outputs occupy positions 0..L-1).
 - Ties between equal scores go to the lower token id (lower flat beam-major index in beam
-  search), so beam size 1 with ``lenpen=0`` reproduces greedy search token for token.
+  search), so beam size 1 with ``lenpen=0`` reproduces greedy search token for token. Between finished
+  hypotheses of equal score, the one that finished first (earlier step, then better rank) is kept and
+  listed first.
+
+Host syncs (each one stalls a GPU; ``syncs.SyncCounter`` counts them, tests hold the numbers): one per
+step, whatever the batch size and beam: the number of sentences (rows) still running, which sets the
+shape of the next step. The rows that go on are then found on the device; finished hypotheses are
+kept on the device (score, log-prob and where they finished), and their tokens are read back once, at
+the end, from per-step back-pointers. A beam step whose top-2k cut-off falls among equal scores
+(settled by index, below) costs one more. Per search: two or three more (the longest output, the results).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -42,9 +52,11 @@ from .tokenizer import BOS_ID, EOS_ID, PAD_ID
 class SearchCache(Protocol):
     """The decoding state of one batch, made by ``SearchModel.init_cache`` and owned by the search."""
 
-    def reorder(self, indices: Tensor) -> None:
+    def reorder(self, indices: Tensor, *, group: int | None = None, kept: Tensor | None = None) -> None:
         """Row i becomes old row ``indices[i]`` (LongTensor (R',), any R'): expand to beams, follow beam
-        reshuffles, drop finished rows."""
+        reshuffles, drop finished rows. The searches also state the new layout (a cache may use it instead
+        of reading ``indices`` back): runs of ``group`` rows, one sentence each, run j translating the
+        sentence of current run ``kept[j]`` (``kept`` None: the same sentences, in the same order)."""
         ...
 
 
@@ -164,18 +176,20 @@ def greedy_search(model: SearchModel[Any, Any], src: Tensor, *, max_len_a: float
         best, tok = lprobs.add_(cum[alive].unsqueeze(1)).max(dim=1)  # (b,), (b,)
         out[alive, step] = tok
         cum[alive] = best
-        done = (tok == EOS_ID) | (alive_max <= step + 1)  # (b,)
-        if bool(done.any()):
-            lengths[alive[done]] = step + 1
-            keep = (~done).nonzero().squeeze(1)  # (b',) rows still running
-            if keep.numel() == 0:
-                break
-            cache.reorder(keep)
+        running = (tok != EOS_ID) & (alive_max > step + 1)  # (b,)
+        lengths[alive] = torch.where(running, lengths[alive], step + 1)
+        n = int(running.sum())  # the step's one host sync: the rows still running
+        if n == 0:
+            break
+        if n < running.size(0):
+            keep = _first_true(running, n)  # (b',) rows still running, found on the device
+            cache.reorder(keep, group=1, kept=keep)
             alive, tok, alive_max = alive[keep], tok[keep], alive_max[keep]
         tokens = tok
     scores = cum / length_penalty(lengths.float(), lenpen)  # (B,) float32
+    ids_read = torch.cat([lengths.unsqueeze(1), out], dim=1).tolist()  # (B, 1 + L): the results, read once ...
     hyps = []
-    for row, n, score, logprob in zip(out.tolist(), lengths.tolist(), scores.tolist(), cum.tolist()):
+    for (n, *row), (score, logprob) in zip(ids_read, torch.stack([scores, cum], dim=1).tolist()):  # ... with their scores
         ids = row[:n]
         if ids and ids[-1] == EOS_ID:
             ids = ids[:-1]
@@ -189,7 +203,7 @@ def beam_search(model: SearchModel[Any, Any], src: Tensor, *, beam: int = 4, len
     """Beam search over a padded batch ``src`` (B, S); per sentence ``nbest`` hypotheses, best first.
 
     Every sentence keeps ``beam`` open hypotheses (rows ``sentence * beam + j`` of the cache) and
-    up to ``beam`` finished ones, set aside. Each step:
+    the best ``beam`` finished ones, set aside (:class:`_Finished`, on the device). Each step:
 
     1. scores every one-token extension, cum + log p, over beam * V (only beam 0 at step 0,
        where all beams hold the same BOS prefix), and takes the top 2 * beam;
@@ -207,6 +221,10 @@ def beam_search(model: SearchModel[Any, Any], src: Tensor, *, beam: int = 4, len
     alpha = 0). The best open beam has the largest c, so once that bound is <= the worst kept
     score, nothing left can enter the kept set (a newcomer must beat it strictly) and stopping
     early returns exactly what running every sentence to its maximum length would.
+
+    Tokens are never copied per step: each step records, for every open row, the row it extends and
+    the token it appends (back-pointers), and a finished hypothesis is (step, row, appended token or
+    none); the token lists are rebuilt once, on the host, at the end.
     """
     _check_inputs(model, src)
     if beam < 1 or not 1 <= nbest <= beam:
@@ -216,17 +234,16 @@ def beam_search(model: SearchModel[Any, Any], src: Tensor, *, beam: int = 4, len
         return []
     max_lens = max_output_lengths(src, max_len_a=max_len_a, max_len_b=max_len_b, limit=model.max_output_length())  # (B,)
     cache = model.init_cache(model.encode(src))
-    cache.reorder(torch.arange(batch, device=device).repeat_interleave(k))  # B -> B*k rows, sentence-major
+    cache.reorder(torch.arange(batch, device=device).repeat_interleave(k), group=k)  # B -> B*k rows, sentence-major
     sent = torch.arange(batch, device=device)  # (b,) original sentence of each active sentence
     cum = torch.zeros(batch, k, dtype=torch.float32, device=device)  # (b, k) log-prob of each open beam
-    seqs = torch.zeros(batch * k, 0, dtype=torch.long, device=device)  # (b*k, t) tokens of each open beam
     tokens = torch.full((batch * k,), BOS_ID, dtype=torch.long, device=device)  # (b*k,) newest token
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
-    n_done = torch.zeros(batch, dtype=torch.long, device=device)  # (B,) finished hypotheses kept
-    worst = torch.full((batch,), -math.inf, dtype=torch.float32, device=device)  # (B,) worst kept score once n_done == k
+    finished = _Finished(batch, k, device=device)
+    parents: list[Tensor] = []  # per step s >= 1: (rows of step s,) the row of step s - 1 each extends
+    appended: list[Tensor] = []  # per step s >= 1: (rows of step s,) the token each appended
     rank = torch.arange(2 * k, device=device)  # (2k,)
     for step in range(int(max_lens.max())):
-        b, length = sent.numel(), step + 1  # length of every hypothesis extended at this step
+        b = sent.numel()
         lprobs = _log_probs(model.decode_step(tokens, cache))  # (b*k, V)
         vocab = lprobs.size(1)
         if step == 0:
@@ -234,80 +251,167 @@ def beam_search(model: SearchModel[Any, Any], src: Tensor, *, beam: int = 4, len
         cand = lprobs.add_(cum.view(b * k, 1)).view(b, k, vocab)  # cum + log p: (b*k, V) -> (b, k, V)
         if step == 0:
             cand = cand[:, :1]  # (b, 1, V): the k beams are identical copies of BOS
-        top_score, top_flat = _top_candidates(cand.reshape(b, -1), 2 * k)  # (b, 2k) best first
-        top_beam, top_tok = top_flat // vocab, top_flat % vocab  # (b, 2k) source beam, new token
-        is_eos = top_tok == EOS_ID  # (b, 2k)
-        # Open continuations: the first k non-EOS candidates, in rank order.
-        open_pos = (is_eos.long() * 2 * k + rank).argsort(dim=1)[:, :k]  # (b, k), keys distinct
-        new_beam, new_tok = top_beam.gather(1, open_pos), top_tok.gather(1, open_pos)  # (b, k)
-        new_cum = top_score.gather(1, open_pos)  # (b, k), sorted descending
-        src_rows = torch.arange(b, device=device).unsqueeze(1) * k + new_beam  # (b, k) rows of seqs/cache
-        at_max = max_lens[sent] <= length  # (b,)
-
-        # Finishing: the only per-hypothesis Python, run only when something finishes.
-        eos_in_beam = is_eos[:, :k]  # (b, k)
-        if bool(eos_in_beam.any()):
-            i, r = eos_in_beam.nonzero(as_tuple=True)
-            rows = (i * k + top_beam[i, r]).tolist()
-            logprobs = top_score[i, r]
-            _keep_finished(finished, n_done, worst, k, sent[i].tolist(), [seqs[row].tolist() for row in rows],
-                           logprobs.tolist(), (logprobs / length_penalty(length, lenpen)).tolist())
-        if bool(at_max.any()):
-            i = at_max.nonzero().squeeze(1)  # (m,) sentences at their length limit
-            ends = torch.cat([seqs[src_rows[i].view(-1)], new_tok[i].view(-1, 1)], dim=1)  # (m*k, length)
-            logprobs = new_cum[i].view(-1)  # (m*k,)
-            _keep_finished(finished, n_done, worst, k, sent[i].repeat_interleave(k).tolist(), ends.tolist(),
-                           logprobs.tolist(), (logprobs / length_penalty(length, lenpen)).tolist())
-
-        # Largest penalty any continuation (final length length+1 .. max_len) can receive.
-        most_lp = torch.maximum(length_penalty(torch.tensor(length + 1.0, device=device), lenpen),
-                                length_penalty(max_lens[sent].float(), lenpen))  # (b,)
-        hopeless = (n_done[sent] >= k) & (new_cum[:, 0] / most_lp <= worst[sent])  # (b,)
-        keep = (~(at_max | hopeless)).nonzero().squeeze(1)  # (b',) sentences still searching
-        if keep.numel() == 0:
+        scores = cand.reshape(b, -1)  # (b, k*V) flat beam-major
+        top = _top_candidates(scores, 2 * k)
+        ext = _extend(top, finished, sent=sent, max_lens=max_lens, k=k, vocab=vocab, step=step, lenpen=lenpen, rank=rank)
+        n_keep, n_tied = torch.stack([ext.keep.sum(), top.tied.sum()]).tolist()  # the step's one host sync
+        if n_tied:  # rare: the cut-off of the top 2k fell among equal scores; settle it by index and redo the step
+            top = _top_candidates(scores, 2 * k, n_tied=n_tied)
+            ext = _extend(top, finished, sent=sent, max_lens=max_lens, k=k, vocab=vocab, step=step, lenpen=lenpen, rank=rank)
+            n_keep = int(ext.keep.sum())
+        finished.store(sent, ext.merged)
+        if n_keep == 0:
             break
-        rows = src_rows[keep].view(-1)  # (b'*k,) follow beams and drop finished sentences in one reorder
-        cache.reorder(rows)
-        seqs = torch.cat([seqs[rows], new_tok[keep].view(-1, 1)], dim=1)  # (b'*k, t + 1)
-        tokens = new_tok[keep].view(-1)  # (b'*k,)
-        cum, sent = new_cum[keep], sent[keep]
-    return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
-
-
-def _keep_finished(finished: list[list[Hypothesis]], n_done: Tensor, worst: Tensor, k: int, sents: list[int],
-                   token_lists: list[list[int]], logprobs: list[float], scores: list[float]) -> None:
-    """Add finished hypotheses, keeping the best k per sentence (a newcomer must beat the worst strictly)."""
-    for s, ids, logprob, score in zip(sents, token_lists, logprobs, scores):
-        kept = finished[s]
-        hyp = Hypothesis(tokens=ids, score=score, logprob=logprob)
-        if len(kept) < k:
-            kept.append(hyp)
+        if n_keep < b:  # drop the sentences that are done
+            keep = _first_true(ext.keep, n_keep)  # (b',) found on the device
+            rows, new_tok, cum, sent = ext.src_rows[keep].view(-1), ext.new_tok[keep].view(-1), ext.new_cum[keep], sent[keep]
         else:
-            low = min(range(k), key=lambda j: kept[j].score)
-            if score <= kept[low].score:
-                continue
-            kept[low] = hyp
-        n_done[s] = len(kept)
-        if len(kept) == k:
-            worst[s] = min(h.score for h in kept)
+            keep, rows, new_tok, cum = None, ext.src_rows.view(-1), ext.new_tok.view(-1), ext.new_cum
+        cache.reorder(rows, group=k, kept=keep)  # (b'*k,) follow beams and drop finished sentences in one reorder
+        parents.append(rows)
+        appended.append(new_tok)
+        tokens = new_tok
+    return finished.hypotheses(parents, appended, nbest)
 
 
-def _top_candidates(scores: Tensor, n: int) -> tuple[Tensor, Tensor]:
+class _Top(NamedTuple):
+    """The top 2k candidates of each active sentence, best first (ties: lower flat index first)."""
+
+    score: Tensor  # (b, 2k) cum + log p
+    flat: Tensor  # (b, 2k) flat index beam * V + token
+    tied: Tensor  # (b,) bool: the cut-off fell among equal scores (settled only when n_tied was given)
+
+
+class _Extension(NamedTuple):
+    """One beam step's outcome for the active sentences, before anything is committed."""
+
+    new_tok: Tensor  # (b, k) tokens that extend the next open beams
+    new_cum: Tensor  # (b, k) their log-probs, best first
+    src_rows: Tensor  # (b, k) the rows (of this step) they extend
+    merged: tuple[Tensor, ...]  # the finished buffers of the active sentences after this step (see _Finished)
+    keep: Tensor  # (b,) bool: sentences still searching
+
+
+def _extend(top: _Top, finished: _Finished, *, sent: Tensor, max_lens: Tensor, k: int, vocab: int, step: int, lenpen: float,
+            rank: Tensor) -> _Extension:
+    """Steps 2-4 of :func:`beam_search` on the device: next open beams, newly finished hypotheses merged
+    into the kept ones, and which sentences go on. Pure: nothing is changed, so a step can be redone."""
+    b, length = sent.numel(), step + 1  # length of every hypothesis extended at this step
+    top_beam, top_tok = top.flat // vocab, top.flat % vocab  # (b, 2k) source beam, new token
+    is_eos = top_tok == EOS_ID  # (b, 2k)
+    # Open continuations: the first k non-EOS candidates, in rank order.
+    open_pos = (is_eos.long() * 2 * k + rank).argsort(dim=1)[:, :k]  # (b, k), keys distinct
+    new_beam, new_tok = top_beam.gather(1, open_pos), top_tok.gather(1, open_pos)  # (b, k)
+    new_cum = top.score.gather(1, open_pos)  # (b, k), sorted descending
+    base = torch.arange(b, device=sent.device).unsqueeze(1) * k  # (b, 1) first row of each sentence
+    src_rows = base + new_beam  # (b, k) rows of this step's cache
+    limit = max_lens[sent]  # (b,)
+    at_max = limit <= length  # (b,)
+    lp = length_penalty(length, lenpen)
+    # Candidates that finish now, per sentence in the order they arrive: EOS within the top k (rank
+    # order; tokens = the prefix of their row), then at the length limit the k open beams as they are.
+    no_token = torch.full_like(new_tok, -1)
+    candidates = (
+        torch.cat([top.score[:, :k] / lp, new_cum / lp], dim=1),  # (b, 2k) score
+        torch.cat([top.score[:, :k], new_cum], dim=1),  # (b, 2k) log-prob
+        torch.cat([base + top_beam[:, :k], src_rows], dim=1),  # (b, 2k) row of this step
+        torch.cat([no_token, new_tok], dim=1),  # (b, 2k) appended token, -1 for EOS
+        torch.cat([is_eos[:, :k], at_max.unsqueeze(1).expand(b, k)], dim=1),  # (b, 2k) really finished
+    )
+    merged = finished.merge(sent, candidates, step=step)
+    # Largest penalty any continuation (final length length+1 .. max_len) can receive.
+    most_lp = torch.maximum(length_penalty(torch.full((), length + 1.0, device=sent.device), lenpen), length_penalty(limit.float(), lenpen))  # (b,)
+    score, valid = merged[0], merged[5]  # (b, k), best first
+    hopeless = valid[:, k - 1] & (new_cum[:, 0] / most_lp <= score[:, k - 1])  # (b,)
+    return _Extension(new_tok, new_cum, src_rows, merged, ~(at_max | hopeless))
+
+
+class _Finished:
+    """The best ``k`` finished hypotheses of every sentence, on the device, best first (ties: the one
+    finished first). Per sentence and slot: score, log-prob, the step it finished at, its row at that
+    step, the token appended at the length limit (-1 after EOS: the row's prefix is the hypothesis),
+    and whether the slot holds one at all."""
+
+    def __init__(self, batch: int, k: int, *, device: torch.device):
+        self.k = k
+        self.score = torch.full((batch, k), -math.inf, dtype=torch.float32, device=device)
+        self.logprob = torch.zeros(batch, k, dtype=torch.float32, device=device)
+        self.step = torch.zeros(batch, k, dtype=torch.long, device=device)
+        self.row = torch.zeros(batch, k, dtype=torch.long, device=device)
+        self.token = torch.full((batch, k), -1, dtype=torch.long, device=device)
+        self.valid = torch.zeros(batch, k, dtype=torch.bool, device=device)
+
+    def _fields(self) -> tuple[Tensor, ...]:
+        return self.score, self.logprob, self.step, self.row, self.token, self.valid
+
+    def merge(self, sent: Tensor, candidates: tuple[Tensor, ...], *, step: int) -> tuple[Tensor, ...]:
+        """The kept hypotheses of sentences ``sent`` (b,) merged with ``candidates`` (score, log-prob, row,
+        token, valid; each (b, c), in arrival order) finished at ``step``: the best k of both, by score,
+        kept ones before newcomers and earlier before later on equal scores. Nothing is stored here."""
+        score, logprob, row, token, valid = candidates
+        kept = [f.index_select(0, sent) for f in self._fields()]  # (b, k) each
+        fields = [torch.cat([old, new], dim=1) for old, new in
+                  zip(kept, (score, logprob, torch.full_like(row, step), row, token, valid))]  # (b, k + c)
+        order = fields[0].argsort(dim=1, descending=True, stable=True)  # by score ...
+        order = order.gather(1, (~fields[5].gather(1, order)).to(torch.uint8).argsort(dim=1, stable=True))  # ... real ones first
+        order = order[:, : self.k]
+        return tuple(f.gather(1, order) for f in fields)
+
+    def store(self, sent: Tensor, merged: tuple[Tensor, ...]) -> None:
+        for field, value in zip(self._fields(), merged):
+            field.index_copy_(0, sent, value)
+
+    def hypotheses(self, parents: list[Tensor], appended: list[Tensor], nbest: int) -> list[list[Hypothesis]]:
+        """Per sentence its ``nbest`` best, tokens rebuilt from the back-pointers: one read from the device."""
+        floats = torch.stack([self.score, self.logprob]).tolist()  # (2, B, k)
+        n, sizes = self.step.numel(), [p.numel() for p in parents]
+        fields = [f.flatten().long() for f in (self.step, self.row, self.token, self.valid)]
+        flat = torch.cat(fields + parents + appended).cpu().numpy()  # one copy of every long to the host
+        step, row, token, valid, *history = np.split(flat, np.cumsum([n] * 4 + sizes * 2)[:-1])
+        parent, tok = history[: len(sizes)], history[len(sizes):]
+        # Walk every hypothesis back from its step to step 1: at step t its row appended tok[t - 1][row].
+        longest = int(step.max(initial=0))
+        ids = np.full((n, longest), PAD_ID, dtype=np.int64)
+        cur = row.copy()
+        for t in range(longest, 0, -1):
+            live = step >= t
+            ids[live, t - 1] = tok[t - 1][cur[live]]
+            cur[live] = parent[t - 1][cur[live]]
+        out = []
+        for s in range(self.score.size(0)):
+            hyps = []
+            for j in range(self.k):
+                h = s * self.k + j
+                if valid[h] and len(hyps) < nbest:
+                    tokens = ids[h, : step[h]].tolist() + ([int(token[h])] if token[h] >= 0 else [])
+                    hyps.append(Hypothesis(tokens=tokens, score=floats[0][s][j], logprob=floats[1][s][j]))
+            out.append(hyps)
+        return out
+
+
+def _first_true(mask: Tensor, n: int) -> Tensor:
+    """The indices of the ``n`` True entries of ``mask`` (m,), ascending, without asking the device for their
+    number (``nonzero`` would: its output size is data-dependent); the caller read ``n`` already."""
+    return torch.argsort((~mask).to(torch.uint8), stable=True)[:n]
+
+
+def _top_candidates(scores: Tensor, n: int, *, n_tied: int = 0) -> _Top:
     """The first ``n`` of each row of ``scores`` (b, N) in the order (score descending, index
-    ascending): (b, n) values and indices. topk leaves ties unspecified, both which tied entries it
-    picks at the cut-off and their order, so both are settled here; greedy's max() picks the lowest
-    tied id too, which keeps beam 1 equal to greedy even on exact ties."""
+    ascending). topk leaves ties unspecified, both which tied entries it picks at the cut-off and their
+    order, so both are settled here; greedy's max() picks the lowest tied id too, which keeps beam 1
+    equal to greedy even on exact ties. More entries tie with the n-th best score than topk kept exactly
+    when the (n+1)-th best equals it (rare; one extra candidate costs less than a pass over ``scores``):
+    ``tied`` marks those rows; given their number ``n_tied`` (read by the caller), they are settled by index."""
     values, indices = scores.topk(min(n + 1, scores.size(1)), dim=1)  # (b, n + 1)
-    # More entries tie with the n-th best score than topk kept exactly when the (n+1)-th best equals it
-    # (rare): those rows are settled by index. One extra candidate costs less than a pass over ``scores``.
-    ambiguous = (values[:, n] == values[:, n - 1]).nonzero().squeeze(1) if values.size(1) > n else values.new_empty(0, dtype=torch.long)
+    tied = values[:, n] == values[:, n - 1] if values.size(1) > n else torch.zeros_like(values[:, 0], dtype=torch.bool)  # (b,)
     values, indices = values[:, :n], indices[:, :n]
-    if ambiguous.numel():
+    if n_tied:
+        ambiguous = _first_true(tied, n_tied)  # (a,)
         exact_values, exact_indices = scores[ambiguous].sort(dim=1, descending=True, stable=True)  # (a, N)
         values[ambiguous], indices[ambiguous] = exact_values[:, :n], exact_indices[:, :n]
     indices, order = indices.sort(dim=1)  # lower index first ...
     values, order = values.gather(1, order).sort(dim=1, descending=True, stable=True)  # ... then by score
-    return values, indices.gather(1, order)
+    return _Top(values, indices.gather(1, order), tied)
 
 
 def _log_probs(logits: Tensor) -> Tensor:

@@ -363,7 +363,7 @@ class Trainer:
                              f"x{st['tgt_piece_ratio']:.3f} (target) of the best segmentation")
                 mine = u.share(rank, world)
                 filler = None if mine else self.train_data.get_batch(u.batches[0])
-                stats = self._update([self.train_data.get_batch(idx) for idx in mine], filler=filler)
+                stats = self._update([self.train_data.get_batch(idx) for idx in mine], filler=filler, ntokens=_target_tokens(self.train_data, u.batches))
                 p.epoch, p.batch_in_epoch = u.epoch, u.start + len(u.batches)
                 p.update += 1
                 p.tokens += stats["ntokens"]
@@ -437,16 +437,25 @@ class Trainer:
             return "interrupted"
         return (reason or f"max_time={self.t.max_time:g} minutes reached on another rank") if limited else ""
 
-    def _update(self, batches: list[Batch], *, filler: Batch | None = None) -> dict[str, float]:
+    def _update(self, batches: list[Batch], *, filler: Batch | None = None, ntokens: int | None = None) -> dict:
         """One optimizer update over this rank's `batches` (gradient accumulation); returns the stats
         summed over all ranks. A rank given no batch (end of an epoch) runs `filler` with weight 0 so
-        that it still joins the gradient all-reduce."""
+        that it still joins the gradient all-reduce. `ntokens`: the target tokens of the whole update (all
+        ranks), counted on the host from the batch lengths (`_target_tokens`); None: summed across ranks here.
+
+        Host syncs (each stalls a GPU; tests count them): one per update, the gradient norm, which the NaN
+        guard needs on the host to decide whether Adam steps and the schedule advances (it does not on an
+        overflow or NaN). Labels are selected by index (`Batch.labels`), and "loss" / "nll" stay on the
+        device: float64 sums (the host's Python floats before), summed across ranks by one all-reduce that
+        does not block the host under NCCL; the log reads them every `log_every` updates. An `on_update`
+        hook gets them as floats, at the cost of one more sync per update.
+        """
         self.train_model.train()
         world = self.dist.world_size
-        local_tokens = sum(b.ntokens for b in batches)
-        total_tokens = int(runtime.all_reduce_sum([local_tokens], self.device)[0])  # the whole update's
+        if ntokens is None:
+            ntokens = int(runtime.all_reduce_sum([sum(b.ntokens for b in batches)], self.device)[0])
         work = [(b, 1.0) for b in batches] or [(filler, 0.0)]
-        loss_sum = nll_sum = 0.0
+        sums = torch.zeros(2, dtype=runtime.accumulator_dtype(self.device), device=self.device)  # loss, nll of this rank
         tic = time.perf_counter()
         for i, (batch, weight) in enumerate(work):
             batch = batch.to(self.device)
@@ -454,30 +463,32 @@ class Trainer:
             sync = i == len(work) - 1 or not self.dist.enabled
             with contextlib.nullcontext() if sync else self.train_model.no_sync():
                 with runtime.autocast(self.device, self.t.dtype):  # projection and loss fused, only at label positions
-                    loss, nll, _ = self.train_model(batch.src, batch.tgt_in, batch.tgt_out)
+                    loss, nll, _ = self.train_model(batch.src, batch.tgt_in, batch.tgt_out, batch.labels)
                 # per-token mean over the whole update; x world: DDP averages the ranks' gradients
-                scaled = loss / total_tokens * (weight * world)
+                scaled = loss / ntokens * (weight * world)
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
             if weight:
-                loss_sum += loss.item()
-                nll_sum += nll.item()
+                sums += torch.stack([loss.detach(), nll]).to(sums.dtype)
+        runtime.all_reduce_sum_(sums)
         if self.scaler is not None:
-            self.scaler.unscale_(self.optimizer)
+            self.scaler.unscale_(self.optimizer)  # records the overflow for scaler.update()
         max_norm = self.t.clip_norm if self.t.clip_norm > 0 else float("inf")
-        gnorm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        gnorm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))  # the update's one host sync
         lr = self.scheduler.lr  # the schedule already set it for this update
-        if self.scaler is not None:
-            self.scaler.step(self.optimizer)  # skips the step itself when gradients overflowed
-            self.scaler.update()
-        elif math.isfinite(gnorm):
-            self.optimizer.step()
-        else:
+        stepped = math.isfinite(gnorm)  # non-finite: an fp16 overflow (the scaler lowers its scale) or a NaN
+        if stepped:
+            self.optimizer.step()  # gradients already unscaled: scaler.step would only read the overflow flag again
+        elif self.scaler is None:
             self.log(f"update {self.progress.update + 1}: gradient norm is {gnorm}; update skipped (NaN guard)")
-        self.scheduler.step()
+        if self.scaler is not None:
+            self.scaler.update()
+        if stepped:  # a skipped update leaves the learning-rate schedule where it was
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum, nll_sum = runtime.all_reduce_sum([loss_sum, nll_sum], self.device)
-        return {"loss": loss_sum, "nll": nll_sum, "ntokens": total_tokens, "lr": lr, "gnorm": gnorm,
-                "seconds": time.perf_counter() - tic}
+        stats = {"loss": sums[0], "nll": sums[1], "ntokens": ntokens, "lr": lr, "gnorm": gnorm, "seconds": time.perf_counter() - tic}
+        if self.on_update is not None:
+            stats["loss"], stats["nll"] = sums.tolist()
+        return stats
 
     # ------------------------------------------------------------ validation and checkpoints
     def validate(self) -> dict[str, float]:
@@ -574,6 +585,12 @@ class Trainer:
 
 
 # ---------------------------------------------------------------- small helpers
+def _target_tokens(data, batches: list) -> int:  # noqa: ANN001 - ParallelData or SampledSegmentation
+    """Target tokens (pieces + EOS) of the pairs in `batches` (index arrays), from the lengths on the host:
+    every rank knows the whole update's count without an all-reduce (it equals the sum of `Batch.ntokens`)."""
+    return sum(int(data.tgt_lengths[idx].sum()) + len(idx) for idx in batches)
+
+
 def _install_signal_handlers(request_stop: Callable[[], None], *, verbose: bool = True) -> dict:
     """First SIGINT/SIGTERM: finish the current update, save, exit. A second SIGINT aborts at once
     (checkpoints are written atomically, so the last one stays intact). `verbose`: say so on stderr."""
