@@ -49,11 +49,11 @@ def test_default_rows_at_the_papers_base_are_table_3():
 
 
 def test_configs_table3_is_valid_on_the_recipe():
-    rows = load_variations(REPO / "configs" / "table3.yaml")
+    rows = load_variations(REPO / "configs" / "sweeps" / "table3.yaml")
     assert [v.row for v in rows][:1] == ["base"] and {v.row for v in rows} == {"base", "A", "B", "C", "D", "E"}
     for v in rows:  # every row passes the config checks on the recipe's base
         load_config(REPO / "configs" / "multi30k_en_de.yaml", v.overrides, check_files=False)
-    assert load_variations(REPO / "configs" / "table3.yaml") == rows and variations_yaml(rows).count("\n") == len(rows)
+    assert load_variations(REPO / "configs" / "sweeps" / "table3.yaml") == rows and variations_yaml(rows).count("\n") == len(rows)
 
 
 @pytest.mark.parametrize(("text", "message"), [
