@@ -137,10 +137,11 @@ def test_label_positions_make_the_loss_sync_free_and_equal_the_mask():
     batch = collate(pairs)
     flat_mask = batch.tgt_out.reshape(-1).ne(PAD_ID).nonzero().squeeze(1)
     assert torch.equal(batch.labels, flat_mask) and batch.ntokens == batch.labels.numel() == 2 + 4 + 1 + 3
+    assert batch.src_padded and not collate([([5, 6], [7]), ([8, 9], [4, 4])]).src_padded  # sources of one length: no mask needed
     objective = TeacherForcedLoss(model, label_smoothing=0.1)
     with SyncCounter() as syncs:
         torch.manual_seed(0)
-        loss, nll, n = objective(batch.src, batch.tgt_in, batch.tgt_out, batch.labels)
+        loss, nll, n = objective(batch.src, batch.tgt_in, batch.tgt_out, batch.labels, src_padded=batch.src_padded)
         loss.backward()
     assert syncs.total == 0, syncs.summary()
     grads = [p.grad.clone() for p in model.parameters()]
@@ -212,3 +213,30 @@ def test_a_tie_at_the_beam_cut_off_costs_one_more_sync():
     model = Rounded(tiny_model(VOCAB, seed=1)).eval()
     _, syncs, per_step = per_call(model, "decode_step", lambda: beam_search(model, _sources(6), beam=3, max_len_b=5))
     assert max(per_step[:-1]) == 2 and min(per_step[:-1]) >= 1, per_step
+
+
+# ---------------------------------------------------------------- the log
+def test_the_log_reads_the_device_sums_once_per_window_and_counts_training_time_only(monkeypatch):
+    from transformer_mt import runlog
+
+    class Clock:  # the window's clock, moved by hand
+        now = 0.0
+
+        @classmethod
+        def perf_counter(cls) -> float:
+            return cls.now
+
+    monkeypatch.setattr(runlog, "time", Clock)
+    window = runlog.Window()
+    for _ in range(2):  # two updates of 10 tokens, loss and nll left on the device as the trainer leaves them
+        window.add({"loss": torch.tensor(30.0, dtype=torch.float64), "nll": torch.tensor(20.0, dtype=torch.float64), "ntokens": 10,
+                    "lr": 1e-3, "gnorm": 1.5})
+    Clock.now = 4.0
+    with window.paused():  # a validation and its checkpoint: 6 s
+        Clock.now = 10.0
+    Clock.now = 12.0
+    with SyncCounter() as syncs:
+        rec = window.flush()
+    assert syncs.counts == {"item": 2}  # loss and nll, once per window
+    assert rec["loss"] == 3.0 and rec["nll"] == 2.0 and rec["tokens"] == 20
+    assert rec["tokens_per_s"] == 20 / 6.0 and rec["updates_per_s"] == 2 / 6.0  # 12 s of wall clock, 6 of them validating

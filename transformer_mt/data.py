@@ -140,6 +140,7 @@ class Batch:
     labels:   (ntokens,) long or None, the flat positions (row-major in (B, T)) of tgt_out's non-pad labels,
               known here from the lengths: the loss selects them without asking the device (a boolean
               mask would make the host wait for the GPU, twice: forward and backward)
+    src_padded: whether any source row is shorter than S (False: attention over the source needs no mask)
     """
 
     src: torch.Tensor
@@ -149,9 +150,18 @@ class Batch:
     nsentences: int
     indices: torch.Tensor | None = None
     labels: torch.Tensor | None = None
+    src_padded: bool = True
 
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> "Batch":
-        move = lambda t: None if t is None else t.to(device, non_blocking=non_blocking)  # noqa: E731
+        """The batch on ``device``. ``non_blocking`` to CUDA copies from page-locked (pinned) memory, so that
+        the host neither waits for the copy nor for the GPU (a copy from pageable memory synchronises the stream)."""
+        pin = non_blocking and torch.device(device).type == "cuda"
+
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            if t is None:
+                return None
+            return (t.pin_memory() if pin and not t.is_pinned() else t).to(device, non_blocking=non_blocking)
+
         return dataclasses.replace(self, src=move(self.src), tgt_in=move(self.tgt_in), tgt_out=move(self.tgt_out), indices=move(self.indices),
                                    labels=move(self.labels))
 
@@ -179,6 +189,7 @@ def collate(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, indices: Se
     """Build a :class:`Batch` from (source ids, target ids) pairs given without BOS/EOS."""
     srcs = [p[0] for p in pairs]
     tgts = [p[1] for p in pairs]
+    src_lengths = np.fromiter(map(len, srcs), np.int64, count=len(srcs))
     labels_per_row = np.fromiter(map(len, tgts), np.int64, count=len(tgts)) + 1  # pieces + EOS
     tgt_out = _pad(tgts, suffix=EOS_ID)  # (B, T)
     return Batch(
@@ -189,6 +200,7 @@ def collate(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, indices: Se
         nsentences=len(pairs),
         indices=None if indices is None else torch.as_tensor(np.asarray(indices, dtype=np.int64)),
         labels=torch.from_numpy(np.flatnonzero(np.arange(tgt_out.size(1)) < labels_per_row[:, None])),  # (B, T) -> (ntokens,)
+        src_padded=bool(src_lengths.size and src_lengths.min() < src_lengths.max()),
     )
 
 

@@ -101,11 +101,19 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
 
 # ---------------------------------------------------------------- projection fused with the loss
 
-# Rows of the (N, V) logits handled at once by the fused loss: chunks of at most 16 MiB of float32 stay
-# below glibc's largest mmap threshold (32 MiB), so after the first step their memory comes back from
-# the heap instead of fresh pages (first-touch page faults cost as much as the softmax itself for a
-# (2048, 8000) tensor on 2 cores).
+# Rows of the (N, V) logits handled at once by the fused loss. On CPU, chunks of at most 16 MiB of
+# float32 stay below glibc's largest mmap threshold (32 MiB), so after the first step their memory comes
+# back from the heap instead of fresh pages (first-touch page faults cost as much as the softmax itself
+# for a (2048, 8000) tensor on 2 cores). On a GPU the chunks only bound the transient buffers (each
+# chunk's softmax is kept for backward either way) while every chunk costs a dozen kernel launches:
+# with a 37k vocabulary 16 MiB would mean ~113 rows and ~220 chunks per 25k-token batch, 1 GiB ~30.
 _CHUNK_BYTES = 16 * 2**20
+_CHUNK_BYTES_GPU = 2**30
+
+
+def chunk_rows(vocab: int, device: torch.device) -> int:
+    """Rows of (N, vocab) float32 logits per chunk of the fused loss on ``device`` (see _CHUNK_BYTES)."""
+    return max(1, (_CHUNK_BYTES if device.type == "cpu" else _CHUNK_BYTES_GPU) // (4 * vocab))
 
 
 class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
@@ -121,7 +129,7 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h: Tensor, weight: Tensor, target: Tensor, epsilon: float, ignore_index: int, compute_dtype: torch.dtype):  # noqa: ANN001, PLR0913
         vocab = weight.size(0)
-        rows = max(1, _CHUNK_BYTES // (4 * vocab))
+        rows = chunk_rows(vocab, h.device)
         eps_i = epsilon / (vocab - 1) if epsilon > 0 else 0.0
         pad = target == ignore_index
         safe = target.masked_fill(pad, 0)

@@ -118,7 +118,8 @@ class TeacherForcedLoss(nn.Module):
     small model, skips padding, and the (N, V) logits are never built in one piece.
 
     No host sync when the batch brings its label positions (``Batch.labels``, found on the host at
-    collation): the labels are gathered by index, and ntokens is their number, a shape.
+    collation) and says whether the source is padded (``Batch.src_padded``): the labels are gathered by
+    index, and ntokens is their number, a shape.
     """
 
     def __init__(self, model: Transformer, *, label_smoothing: float):
@@ -126,12 +127,13 @@ class TeacherForcedLoss(nn.Module):
         self.model = model
         self.label_smoothing = label_smoothing
 
-    def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, labels: Tensor | None = None) -> tuple[Tensor, Tensor, int]:
+    def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, labels: Tensor | None = None, *,
+                src_padded: bool = True) -> tuple[Tensor, Tensor, int]:
         """src (B, S), tgt_in (B, T) = BOS + y, tgt_out (B, T) = y + EOS, all right-padded with PAD -> the sums of
         :func:`label_smoothed_nll_loss` over the non-pad labels: loss_sum, nll_sum (float32 scalars), ntokens.
         ``labels`` (N,): flat positions of the non-pad labels in (B, T) (``Batch.labels``; None: found here,
-        a host sync)."""
-        enc = self.model.encode(src)
+        a host sync); ``src_padded`` False: no source row has padding (``Batch.src_padded``)."""
+        enc = self.model.encode(src, padded=src_padded)
         h = self.model.decoder_output(tgt_in, enc)  # (B, T, D)
         if labels is None:
             labels = tgt_out.reshape(-1).ne(PAD_ID).nonzero().squeeze(1)  # (N,)

@@ -17,6 +17,12 @@ Mask convention (one for the whole module):
     (B, 1, T, T) for causal + key padding, and are built only by :func:`_allowed` from padding masks.
     :func:`_allowed` never leaves a query row with no key (an all-pad row would softmax to NaN, and
     NaN values leak through later layers even under zero weights): such a row may attend everywhere.
+  * no mask at all where none is needed, so that SDPA may pick its fastest kernel (flash attention takes
+    ``is_causal`` but no explicit mask on GPUs): the teacher-forced decoder's self-attention is causal
+    only (``is_causal=True``): ``tgt_in`` is right-padded (BOS + target, ``data.collate``), so a real
+    position's past holds no padding, and padded positions, whose outputs nothing reads, may see padding;
+    a source without padding (``encode(src, padded=False)``, stated by a caller that knows it from the
+    collated lengths) gets no key mask. Both give the masked path's numbers bit for bit on CPU (tests).
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from .tokenizer import PAD_ID
 class EncoderOut(NamedTuple):
     memory: Tensor  # (B, S, D) encoder output
     src_pad: Tensor  # (B, S) bool, True at padding positions
+    allowed: Tensor | None  # (B, 1, 1, S) bool attention mask over the source (True = attend); None: no row has padding
 
 
 class LayerAttention(NamedTuple):
@@ -76,6 +83,17 @@ def sinusoids(length: int, d_model: int, *, device: torch.device | str | None = 
     pe[:, 0::2] = angles.sin()
     pe[:, 1::2] = angles.cos()[:, : d_model // 2]  # odd d_model has one sine more than cosines
     return pe.float()
+
+
+class LayerNorm(nn.LayerNorm):
+    """``nn.LayerNorm`` (same parameters, same state dict) that normalises in its parameters' dtype when the
+    input has another: weights cast to bfloat16 / float16 for inference (:meth:`Transformer.cast_weights`)
+    keep the norms in float32, where the mean and variance of a 512-wide row do not lose 8 bits."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.dtype == self.weight.dtype:
+            return super().forward(x)
+        return F.layer_norm(x.to(self.weight.dtype), self.normalized_shape, self.weight, self.bias, self.eps).to(x.dtype)
 
 
 class MultiHeadAttention(nn.Module):
@@ -123,10 +141,12 @@ class MultiHeadAttention(nn.Module):
         k, v = F.linear(memory, self.in_weight[n:], self.in_bias[n:]).split(self.sizes[1:], dim=-1)
         return self._split_heads(k), self._split_heads(v)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, *, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, *, causal: bool = False,
+               need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """softmax(q k^T / sqrt(Dk)) v over heads, then W^O: (B, H, T, Dk) x (B, H, K, Dk|Dv) -> (B, T, D).
 
-        ``allowed``: bool, True = attend, broadcastable to (B, H, T, K); None = attend to all keys.
+        ``allowed``: bool, True = attend, broadcastable to (B, H, T, K); None = attend to all keys, or with
+        ``causal`` (T == K) to keys at or before the query's position (no mask tensor: SDPA's ``is_causal``).
         Fast path: SDPA (a fused kernel, e.g. flash attention on CPU when there is no attention dropout).
         With ``need_weights`` the product is spelled out and the weights (B, H, T, K), taken before
         attention dropout, come back too: masked keys get -inf before the softmax, so exactly 0 after it.
@@ -135,12 +155,14 @@ class MultiHeadAttention(nn.Module):
         weights = None
         if need_weights:
             scores = q @ k.transpose(-2, -1) * self.dk**-0.5  # (B, H, T, K); section 3.2.1 scaling
+            if causal:
+                allowed = torch.ones(q.size(2), k.size(2), dtype=torch.bool, device=q.device).tril()
             if allowed is not None:
                 scores = scores.masked_fill(~allowed, float("-inf"))
             weights = scores.softmax(dim=-1)
             out = dropout(weights, p, self.training) @ v  # (B, H, T, Dv)
         else:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p)  # scale 1/sqrt(Dk)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, is_causal=causal)  # scale 1/sqrt(Dk)
         b, h, t, dv = out.shape
         return self.out(out.transpose(1, 2).reshape(b, t, h * dv)), weights  # (B, H, T, Dv) -> (B, T, H*Dv)
 
@@ -179,10 +201,10 @@ class EncoderLayer(_Block):
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
         self.self_attn, self.ffn = MultiHeadAttention(cfg), FeedForward(cfg)
-        self.norm1, self.norm2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
+        self.norm1, self.norm2 = LayerNorm(cfg.d_model), LayerNorm(cfg.d_model)
 
-    def forward(self, x: Tensor, allowed: Tensor, *, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """``allowed``: (B, 1, 1, S) bool, True = attend (the source key-padding mask). Returns the layer's
+    def forward(self, x: Tensor, allowed: Tensor | None, *, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """``allowed``: (B, 1, 1, S) bool, True = attend (the source key-padding mask), None without padding. Returns the layer's
         output (B, S, D) and, with ``need_weights``, its self-attention weights (B, H, S, S), else None."""
         h = self.norm1(x) if self.pre else x
         h, weights = self.self_attn.attend(*self.self_attn.project_qkv(h), allowed, need_weights=need_weights)
@@ -197,21 +219,22 @@ class DecoderLayer(_Block):
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
         self.self_attn, self.cross_attn, self.ffn = MultiHeadAttention(cfg), MultiHeadAttention(cfg), FeedForward(cfg)
-        self.norm1, self.norm2, self.norm3 = (nn.LayerNorm(cfg.d_model) for _ in range(3))
+        self.norm1, self.norm2, self.norm3 = (LayerNorm(cfg.d_model) for _ in range(3))
 
     def forward(
-        self, x: Tensor, cross_k: Tensor, cross_v: Tensor, *, self_allowed: Tensor | None, cross_allowed: Tensor,
-        cache: DecoderCache | None = None, layer: int = 0, need_weights: bool = False,
+        self, x: Tensor, cross_k: Tensor, cross_v: Tensor, *, self_allowed: Tensor | None, cross_allowed: Tensor | None,
+        causal: bool = False, cache: DecoderCache | None = None, layer: int = 0, need_weights: bool = False,
     ) -> tuple[Tensor, LayerAttention | None]:
         """x (B, T, D); cross_k/v (B, H, S, Dk|Dv) from the encoder output; masks bool, True = attend:
-        ``self_allowed`` (B, 1, T, T) causal + padding, ``cross_allowed`` (B, 1, 1, S).
+        ``self_allowed`` (B, 1, T, T) causal + padding, or None with ``causal`` (causal only, right-padded x),
+        ``cross_allowed`` (B, 1, 1, S), None when the source has no padding.
         With ``cache`` (incremental decoding, x holds only the new positions), this layer's self-attention
         K/V are appended to the cache and the queries see every cached position, so no mask is needed."""
         h = self.norm1(x) if self.pre else x
         q, k, v = self.self_attn.project_qkv(h)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, H, length + T, Dk|Dv)
-        h, self_w = self.self_attn.attend(q, k, v, self_allowed, need_weights=need_weights)
+        h, self_w = self.self_attn.attend(q, k, v, self_allowed, causal=causal, need_weights=need_weights)
         x = self._add(x, h, self.norm1)
         h = self.norm2(x) if self.pre else x
         if cache is not None and cache.group > 1:
@@ -269,8 +292,8 @@ class Transformer(nn.Module):
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         # Pre-norm leaves the residual stream unnormalised: one final LayerNorm per stack.
-        self.encoder_norm = nn.LayerNorm(d) if cfg.norm == "pre" else None
-        self.decoder_norm = nn.LayerNorm(d) if cfg.norm == "pre" else None
+        self.encoder_norm = LayerNorm(d) if cfg.norm == "pre" else None
+        self.decoder_norm = LayerNorm(d) if cfg.norm == "pre" else None
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -321,19 +344,34 @@ class Transformer(nn.Module):
         with torch.inference_mode(False):
             self.pe = sinusoids(n, self.cfg.d_model, device=self.pe.device).to(self.pe.dtype)
 
+    def cast_weights(self, dtype: torch.dtype) -> Transformer:
+        """Inference in reduced precision (``tmt translate --dtype bfloat16/float16``): every matmul weight
+        and embedding table in ``dtype``, cast once (cheaper per step than autocast); LayerNorm parameters
+        and the sinusoid table stay float32 (:class:`LayerNorm` normalises in float32; the positions are
+        added in float32). Returns the model."""
+        for module in self.modules():
+            if module is not self and not isinstance(module, nn.LayerNorm):  # the pe buffer is the model's own
+                module._apply(lambda t: t.to(dtype) if t.is_floating_point() else t, recurse=False)
+        return self
+
     def _embed(self, embed: nn.Embedding, tokens: Tensor, *, start: int = 0) -> Tensor:
-        """(B, T) ids at positions [start, start + T) -> (B, T, D): scaled embedding + position, dropout."""
-        x = embed(tokens) * self.embed_scale + self._positions(start, tokens.size(1))
+        """(B, T) ids at positions [start, start + T) -> (B, T, D): scaled embedding + position, dropout.
+        With weights cast to bf16 / fp16 the sum is taken with the float32 sinusoids, then rounded once."""
+        e = embed(tokens)
+        x = (e * self.embed_scale + self._positions(start, tokens.size(1))).to(e.dtype)
         return dropout(x, self.dropout, self.training)  # section 5.4: dropout on embeddings + positions
 
-    def encode(self, src: Tensor) -> EncoderOut:
-        """src (B, S) ids padded with PAD_ID -> EncoderOut(memory (B, S, D), src_pad (B, S) True = pad)."""
-        return self._encode(src)[0]
+    def encode(self, src: Tensor, *, padded: bool = True) -> EncoderOut:
+        """src (B, S) ids padded with PAD_ID -> EncoderOut(memory (B, S, D), src_pad (B, S) True = pad, allowed).
 
-    def _encode(self, src: Tensor, *, need_weights: bool = False) -> tuple[EncoderOut, list]:
+        ``padded=False`` states that no row of ``src`` holds padding (the trainer knows it from the collated
+        lengths, without asking the device): attention over the source then runs without a key mask."""
+        return self._encode(src, padded=padded)[0]
+
+    def _encode(self, src: Tensor, *, padded: bool = True, need_weights: bool = False) -> tuple[EncoderOut, list]:
         """:meth:`encode`, plus each encoder layer's self-attention weights (B, H, S, S) if asked (else Nones)."""
         src_pad = src.eq(PAD_ID)
-        allowed = _allowed(src_pad)  # (B, 1, 1, S)
+        allowed = _allowed(src_pad) if padded else None  # (B, 1, 1, S)
         x = self._embed(self.src_embed, src)
         weights = []
         for layer in self.encoder:
@@ -341,12 +379,13 @@ class Transformer(nn.Module):
             weights.append(w)
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
-        return EncoderOut(x, src_pad), weights
+        return EncoderOut(x, src_pad, allowed), weights
 
     def decode(self, tgt_in: Tensor, enc: EncoderOut, *, keep: Tensor | None = None) -> Tensor:
-        """Teacher forcing: tgt_in (B, T) = BOS + target, padded with PAD_ID -> logits (B, T, V_tgt).
+        """Teacher forcing: tgt_in (B, T) = BOS + target, right-padded with PAD_ID -> logits (B, T, V_tgt).
 
-        Position t sees target positions <= t (causal) that are not padding, and non-pad source positions.
+        A real position t sees target positions <= t (causal; right padding puts no pad among them) and
+        non-pad source positions; the logits at padded positions are of no use (they may see padding).
         ``keep`` (B, T) bool: return logits (N, V_tgt) for the N positions where it is True, in row-major
         order (the vocabulary projection, the largest matmul of a small model, then skips the others).
         """
@@ -369,14 +408,16 @@ class Transformer(nn.Module):
         return AttentionWeights(tuple(encoder), tuple(w.self_attn for w in decoder), tuple(w.cross_attn for w in decoder), self.output_proj(x))
 
     def _decoder_states(self, tgt_in: Tensor, enc: EncoderOut, *, need_weights: bool = False) -> tuple[Tensor, list]:
-        """tgt_in (B, T) -> the top decoder states (B, T, D) (after the final norm), and attention weights if asked."""
-        self_allowed = _allowed(tgt_in.eq(PAD_ID), causal=True)  # (B, 1, T, T)
-        cross_allowed = _allowed(enc.src_pad)  # (B, 1, 1, S)
+        """tgt_in (B, T) -> the top decoder states (B, T, D) (after the final norm), and attention weights if asked.
+
+        Self-attention is causal only (SDPA's ``is_causal``, no mask tensor; see the module docstring) unless the
+        weights are asked for: those are exactly 0 on padding keys too, so they get the full mask."""
+        self_allowed = _allowed(tgt_in.eq(PAD_ID), causal=True) if need_weights else None  # (B, 1, T, T)
         x = self._embed(self.tgt_embed, tgt_in)
         weights = []
         for layer in self.decoder:
             k, v = layer.cross_attn.project_kv(enc.memory)
-            x, w = layer(x, k, v, self_allowed=self_allowed, cross_allowed=cross_allowed, need_weights=need_weights)
+            x, w = layer(x, k, v, self_allowed=self_allowed, causal=self_allowed is None, cross_allowed=enc.allowed, need_weights=need_weights)
             weights.append(w)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
@@ -403,7 +444,7 @@ class Transformer(nn.Module):
     def init_cache(self, enc: EncoderOut) -> DecoderCache:
         """Start incremental decoding of a batch: project the encoder output to every layer's cross K/V once."""
         ks, vs = zip(*(layer.cross_attn.project_kv(enc.memory) for layer in self.decoder))
-        return DecoderCache(torch.stack(ks), torch.stack(vs), enc.src_pad, _allowed(enc.src_pad))  # (L, B, H, S, Dk|Dv)
+        return DecoderCache(torch.stack(ks), torch.stack(vs), enc.src_pad, enc.allowed)  # (L, B, H, S, Dk|Dv)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """tokens (B,): the newest token of each row (BOS first), at position ``cache.length``

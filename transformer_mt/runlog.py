@@ -21,8 +21,8 @@ not know (later versions may add keys, never rename or remove them). Losses are 
     lr            learning rate of the last update
     gnorm         gradient norm of the last update, before clipping
     tokens        target tokens trained on in the window
-    tokens_per_s  target tokens per second of the window
-    updates_per_s updates per second of the window
+    tokens_per_s  target tokens per second of the window's training time (validation and checkpoint saves excluded)
+    updates_per_s updates per second of the same time
 
 ``kind: "valid"``, at every validation (``train.validate_every`` updates, and at the end):
     update, epoch, wall   as for "train"
@@ -44,6 +44,7 @@ not know (later versions may add keys, never rename or remove them). Losses are 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -170,6 +171,16 @@ class Window:
         self.updates = 0
         self.lr = self.gnorm = 0.0
         self.tic = time.perf_counter()
+        self.excluded = 0.0  # seconds spent paused (validation, checkpoints)
+
+    @contextlib.contextmanager
+    def paused(self):  # noqa: ANN201 - a context manager
+        """Time spent inside the block does not count towards the window's tokens/s and updates/s."""
+        tic = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.excluded += time.perf_counter() - tic
 
     def add(self, s: dict[str, float]) -> None:
         """Count one update's stats (`Trainer._update`: loss and nll summed over its tokens, ntokens, lr, gnorm).
@@ -182,7 +193,7 @@ class Window:
 
     def flush(self) -> dict[str, float]:
         """The window's fields of a "train" record (all but update, epoch and wall); starts a new window."""
-        seconds = time.perf_counter() - self.tic
+        seconds = time.perf_counter() - self.tic - self.excluded
         tokens = max(self.tokens, 1.0)
         loss, nll = float(self.loss), float(self.nll)  # the trainer's device sums are read here, at log time
         rec = {"loss": loss / tokens, "nll": nll / tokens, "ppl": math.exp(min(nll / tokens, 100.0)),

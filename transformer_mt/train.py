@@ -375,12 +375,14 @@ class Trainer:
                 if p.update % t.log_every == 0:
                     self.runlog.train(update=p.update, epoch=p.epoch, wall=elapsed(), **window.flush())
                 if self.valid_data is not None and p.update % t.validate_every == 0:
-                    last_val = self._validate_everywhere(elapsed())
+                    with window.paused():  # tokens/s in the log counts training time only
+                        last_val = self._validate_everywhere(elapsed())
                     if t.patience and p.bad_validations >= t.patience:
                         reason = f"no improvement in {t.patience} validations (patience)"
                 elif t.save_every and p.update % t.save_every == 0:  # a numbered checkpoint between validations
                     wall = elapsed()
-                    runtime.on_main(lambda: self._save_numbered(last_val, wall))
+                    with window.paused():
+                        runtime.on_main(lambda: self._save_numbered(last_val, wall))
                 if nonfinite >= MAX_NONFINITE_UPDATES:  # the gradient norm is the same on every rank (after the all-reduce)
                     reason = (f"diverged: the last {nonfinite} updates all had a non-finite gradient norm and were skipped (NaN guard); "
                               "the model is saved as it was before them; lower train.lr, raise train.warmup_updates or check the data")
@@ -458,12 +460,12 @@ class Trainer:
         sums = torch.zeros(2, dtype=runtime.accumulator_dtype(self.device), device=self.device)  # loss, nll of this rank
         tic = time.perf_counter()
         for i, (batch, weight) in enumerate(work):
-            batch = batch.to(self.device)
+            batch = batch.to(self.device, non_blocking=True)  # from pinned memory on CUDA: no wait
             # DDP all-reduces gradients in the backward of the update's last micro-batch only
             sync = i == len(work) - 1 or not self.dist.enabled
             with contextlib.nullcontext() if sync else self.train_model.no_sync():
                 with runtime.autocast(self.device, self.t.dtype):  # projection and loss fused, only at label positions
-                    loss, nll, _ = self.train_model(batch.src, batch.tgt_in, batch.tgt_out, batch.labels)
+                    loss, nll, _ = self.train_model(batch.src, batch.tgt_in, batch.tgt_out, batch.labels, src_padded=batch.src_padded)
                 # per-token mean over the whole update; x world: DDP averages the ranks' gradients
                 scaled = loss / ntokens * (weight * world)
                 (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()

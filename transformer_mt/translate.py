@@ -170,8 +170,9 @@ class Translator:
             model = Transformer(cfg.model, src_vocab_size=toks[0].vocab_size, tgt_vocab_size=toks[1].vocab_size)
             model.load_state_dict(state["model"])
             del state
-            # Inference in reduced precision: cast the weights once (cheaper per step than autocast).
-            models.append(model.to(device=dev, dtype=torch_dtype))
+            # Inference in reduced precision: cast the weights once (cheaper per step than autocast); LayerNorm
+            # and the sinusoid table stay float32 (Transformer.cast_weights).
+            models.append(model.to(dev).cast_weights(torch_dtype))
             cfgs.append(cfg)
         max_src = min(c.model.max_positions for c in cfgs) - 1
         model = models[0] if len(models) == 1 else Ensemble(models)
