@@ -136,6 +136,15 @@ FULL = Sizes()
 QUICK = Sizes(warmup=1, updates=2, matmul_n=256, matmul_reps=3, sentences=20, flop_batches=1, train_lines=2000,
               spm_vocab=1000, model=(("encoder_layers", 1), ("decoder_layers", 1), ("d_model", 32), ("heads", 2), ("d_ff", 64)),
               max_tokens=512)
+# --device cuda: more updates (a GPU update takes milliseconds), the GPU's matmul size, FLOPs by the formula only.
+FULL_CUDA = dataclasses.replace(FULL, warmup=10, updates=50, matmul_n=8192, flop_batches=0)
+QUICK_CUDA = dataclasses.replace(QUICK, flop_batches=0)
+GPU_BATCH_TOKENS = 25000  # the paper's ~25k source + 25k target tokens per update, in one batch (section 5.1)
+# Dense (no sparsity) bfloat16 tensor-core peaks in TFLOP/s from NVIDIA's datasheets, the denominator of MFU:
+# quoted, not measured. The first pattern in torch.cuda.get_device_name() wins (specific names first);
+# an unlisted GPU gets its measured bfloat16 matmul peak instead (or --peak-tflops).
+GPU_BF16_PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.5), ("H200 NVL", 835.5), ("H100", 989.5), ("H200", 989.5),
+                        ("B200", 2250.0), ("A100", 312.0), ("L40S", 362.0), ("L40", 181.0), ("L4", 121.0), ("A10", 125.0))
 
 
 # ---------------------------------------------------------------- FLOP counting
@@ -177,17 +186,21 @@ def peak_rss_mib() -> float:
 
 def phase_matmul(spec: dict) -> dict:
     n, reps = spec["n"], spec["reps"]
+    device = runtime.pick_device(spec.get("device", "cpu"))  # on CUDA float32 matmuls use TF32 (runtime.use_cuda)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     out = {"n": n, "reps": reps}
     for name in DTYPES:
         gen = torch.Generator().manual_seed(0)
-        a, b = (torch.randn(n, n, generator=gen).to(runtime.DTYPES[name]) for _ in range(2))
+        a, b = (torch.randn(n, n, generator=gen).to(device=device, dtype=runtime.DTYPES[name]) for _ in range(2))
         c = torch.empty_like(a)
-        for _ in range(3):  # thread pool start-up, oneDNN kernel selection
+        for _ in range(3):  # thread pool start-up, oneDNN kernel selection, GPU clocks
             torch.mm(a, b, out=c)
+        sync()
         times = []
         for _ in range(reps):
             tic = time.perf_counter()
             torch.mm(a, b, out=c)
+            sync()
             times.append(time.perf_counter() - tic)
         out[name] = {"gflops": 2 * n**3 / min(times) / 1e9, "gflops_median": 2 * n**3 / statistics.median(times) / 1e9,
                      "seconds_best": min(times)}
@@ -211,16 +224,22 @@ def phase_train(spec: dict) -> dict:
     warmup, updates = spec["warmup"], spec["updates"]
     shutil.rmtree(cfg.train.out_dir, ignore_errors=True)  # ours (<out>/runs/NAME); Trainer refuses an old run
     marks, tokens, step_seconds = {}, [], []
+    cuda = cfg.train.device.startswith("cuda")
 
-    def on_update(update: int, stats: dict) -> None:
+    def on_update(update: int, stats: dict) -> None:  # the hook reads the loss: every update ends synchronised
         if update > warmup:
             tokens.append(stats["ntokens"])
             step_seconds.append(stats["seconds"])
         if update in (warmup, warmup + updates):  # the window: end of update `warmup` to end of the last
             marks[update] = time.perf_counter()
+            if cuda and update == warmup:
+                torch.cuda.reset_peak_memory_stats()
 
     trainer = Trainer(cfg, resume=False, on_update=on_update)
+    if spec.get("compile"):  # the training step (model and fused loss) compiled; shapes vary from batch to batch
+        trainer.train_model = torch.compile(trainer.train_model, dynamic=True)
     result = trainer.run()
+    gpu_peak_mib = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
     if len(marks) < 2:
         raise RuntimeError(f"training stopped at update {result.progress.update} ({result.stop_reason}) before update {warmup + updates}")
     seconds = marks[warmup + updates] - marks[warmup]
@@ -232,6 +251,7 @@ def phase_train(spec: dict) -> dict:
     analytic = sum(3 * forward_flops(cfg.model, vocab=vocab, batch=b.nsentences, src_len=b.src.size(1), tgt_len=b.tgt_in.size(1)) for b in batches)
     measured = sum(train_step_flops(trainer.model, b, dtype=cfg.train.dtype, epsilon=cfg.train.label_smoothing) for b in sample)
     ntok, nsent = sum(tokens), sum(b.nsentences for b in batches)
+    measured_per_token = measured / sum(b.ntokens for b in sample) if sample else analytic / ntok  # CUDA: the analytic count
     src_tokens = sum(int((b.src != PAD_ID).sum()) for b in batches)
     out = {"parameters": count_parameters(trainer.model), "vocab_size": vocab, "max_tokens": cfg.train.max_tokens,
            "update_freq": cfg.train.update_freq, "warmup_updates": warmup, "timed_updates": updates, "seconds": seconds,
@@ -239,8 +259,10 @@ def phase_train(spec: dict) -> dict:
            "avg_src_len": src_tokens / nsent, "avg_tgt_len": ntok / nsent,
            "target_padding_fraction": 1 - ntok / sum(b.tgt_out.numel() for b in batches),
            "tokens_per_s": ntok / seconds, "updates_per_s": updates / seconds,
-           "flops_per_token": measured / sum(b.ntokens for b in sample), "flops_per_token_analytic": analytic / ntok,
-           "flop_sample_batches": len(sample)}
+           "flops_per_token": measured_per_token, "flops_per_token_analytic": analytic / ntok,
+           "flop_sample_batches": len(sample), "device": cfg.train.device, "compiled": bool(spec.get("compile"))}
+    if cuda:
+        out.update(gpu_peak_memory_mib=gpu_peak_mib, gpu=torch.cuda.get_device_name())
     if not spec["keep_checkpoint"]:
         shutil.rmtree(cfg.train.out_dir, ignore_errors=True)
     return out
@@ -279,7 +301,8 @@ def phase_syncs(spec: dict) -> dict:
 
 
 def phase_translate(spec: dict) -> dict:
-    translator = Translator.from_checkpoint(spec["checkpoint"], device="cpu", dtype="float32", threads=spec["threads"])
+    translator = Translator.from_checkpoint(spec["checkpoint"], device=spec.get("device", "cpu"), dtype=spec.get("dtype", "float32"),
+                                            threads=spec["threads"])
     with open(spec["input"], encoding="utf-8") as handle:
         lines = [line.rstrip("\n") for line in itertools.islice(handle, spec["sentences"] or None)]
     d, beam = translator.cfg.decode, spec["beam"]
@@ -413,20 +436,98 @@ def data_config(recipe: Config, src: Path, tgt: Path, out: Path):
     return dataclasses.replace(recipe.data, train_src=str(src), train_tgt=str(tgt), valid_src="", valid_tgt="", cache_dir=str(out / "cache"))
 
 
-def train_spec(name: str, base: Config, *, dtype: str, args, sizes: Sizes, spm: Path, src: Path, tgt: Path, keep: bool, plain: bool = False) -> dict:
+def train_spec(name: str, base: Config, *, dtype: str, args, sizes: Sizes, spm: Path, src: Path, tgt: Path, keep: bool, plain: bool = False,
+               device: str = "cpu", compile_step: bool = False, max_tokens: int = 0) -> dict:
     total = args.warmup + args.updates
-    train = dataclasses.replace(base.train, out_dir=str(args.out / "runs" / name), device="cpu", threads=args.threads, dtype=dtype,
+    max_tokens = sizes.max_tokens or max_tokens  # --quick's tiny budget wins
+    train = dataclasses.replace(base.train, out_dir=str(args.out / "runs" / name), device=device, threads=args.threads, dtype=dtype,
                                 max_updates=total, max_epochs=0, max_time=0.0, patience=0, log_every=total + 1,
-                                validate_every=total + 1, save_every=0, keep_last=1,
-                                **({"max_tokens": sizes.max_tokens} if sizes.max_tokens else {}))
+                                validate_every=total + 1, save_every=0, keep_last=1, update_freq=1,
+                                **({"max_tokens": max_tokens} if max_tokens else {}))
     cfg = Config(data=data_config(base, src, tgt, args.out), model=dataclasses.replace(base.model, **dict(sizes.model)), train=train,
                  tokenizer=dataclasses.replace(base.tokenizer, model=str(spm), tgt_model="", joint=True), decode=base.decode)
     return {"kind": "train", "name": name, "threads": args.threads, "config": to_dict(cfg), "warmup": args.warmup,
-            "updates": args.updates, "flop_batches": sizes.flop_batches, "keep_checkpoint": keep, "plain_ops": plain}
+            "updates": args.updates, "flop_batches": 0 if device != "cpu" else sizes.flop_batches, "keep_checkpoint": keep, "plain_ops": plain,
+            "compile": compile_step}
 
 
 def describe(m: dict, params: int) -> str:
     return f"{m['encoder_layers']}+{m['decoder_layers']} layers, d{m['d_model']}, ff{m['d_ff']}, {m['heads']} heads, {params / 1e6:.2f}M params"
+
+
+def gpu_bf16_peak(name: str, measured_gflops: float, override_tflops: float = 0.0) -> tuple[float, str]:
+    """(FLOP/s, source) of the bfloat16 dense peak MFU is measured against."""
+    if override_tflops > 0:
+        return override_tflops * 1e12, "--peak-tflops"
+    for pattern, tflops in GPU_BF16_PEAK_TFLOPS:
+        if pattern in name:
+            return tflops * 1e12, f"datasheet bf16 dense peak of {pattern} (quoted, not measured)"
+    return measured_gflops * 1e9, "measured bf16 matmul peak (GPU not in the datasheet table)"
+
+
+def cuda_plan(args, sizes: Sizes, recipe: Config, *, spm: Path, src: Path, tgt: Path, test_src: Path) -> list[dict]:
+    """The phases of ``--device cuda``: matmul peak (bf16, fp32 with TF32); training of the paper's base and big
+    models at 25k-token batches and of the recipe model at its own, each in bf16 and fp32 (TF32), plus base
+    and big compiled with torch.compile when --compile; greedy and beam-5 translation; the sync counts."""
+    models = [("base", load_config(REPO / "configs" / "transformer_base.yaml", check_files=False), GPU_BATCH_TOKENS),
+              ("big", load_config(REPO / "configs" / "transformer_big.yaml", check_files=False), GPU_BATCH_TOKENS), ("recipe", recipe, 0)]
+    specs = [{"kind": "matmul", "name": "matmul", "threads": args.threads, "n": sizes.matmul_n, "reps": sizes.matmul_reps, "device": "cuda"}]
+    keep_recipe = args.checkpoint is None  # then the recipe's bf16 run is translated (not representative: barely trained)
+    for model, base, batch_tokens in models:
+        for dtype in ("bfloat16", "float32"):
+            specs.append(train_spec(f"train-{model}-{dtype}", base, dtype=dtype, args=args, sizes=sizes, spm=spm, src=src, tgt=tgt,
+                                    keep=keep_recipe and model == "recipe" and dtype == "bfloat16", device="cuda", max_tokens=batch_tokens))
+        if args.compile and model != "recipe":
+            specs.append(train_spec(f"train-{model}-bfloat16-compiled", base, dtype="bfloat16", args=args, sizes=sizes, spm=spm, src=src,
+                                    tgt=tgt, keep=False, device="cuda", max_tokens=batch_tokens, compile_step=True))
+    checkpoint = args.checkpoint or args.out / "runs" / "train-recipe-bfloat16" / "checkpoint_last.pt"
+    for search, beam, dtype in (("greedy", 1, "float32"), ("beam5", 5, "float32"), ("beam5", 5, "bfloat16")):
+        specs.append({"kind": "translate", "name": f"translate-recipe-{search}-{dtype}", "threads": args.threads, "checkpoint": str(checkpoint),
+                      "input": str(test_src), "sentences": args.sentences, "beam": beam, "search": search, "model": "recipe",
+                      "representative": not keep_recipe, "device": "cuda", "dtype": dtype})
+    specs.append({**train_spec("syncs-recipe-float32", recipe, dtype="float32", args=args, sizes=sizes, spm=spm, src=src, tgt=tgt, keep=False,
+                               device="cuda"), "kind": "syncs", "input": str(test_src)})
+    specs.append({**specs[0], "name": "matmul-end"})
+    return specs
+
+
+def run_cuda(args, sizes: Sizes, recipe: Config, *, config: Path, note: str, test_src: Path) -> dict:
+    """``--device cuda``: the same JSON and markdown as on CPU, rows from :func:`cuda_plan`, MFU against the GPU's
+    bf16 dense peak, peak GPU memory (torch.cuda.max_memory_allocated) per training row."""
+    load_start = os.getloadavg()
+    spm, src, tgt = prepare_data(args, recipe, sizes, sizes.spm_vocab or recipe.tokenizer.vocab_size)
+    specs = cuda_plan(args, sizes, recipe, spm=spm, src=src, tgt=tgt, test_src=test_src)
+    results = [run_phase(spec, args.out, step=f"[{i}/{len(specs)}]") for i, spec in enumerate(specs, 1)]
+    matmul = combine_peaks(results[0], results.pop())
+    specs.pop()
+    gpu = next((res["gpu"] for res in results if "gpu" in res), torch.cuda.get_device_name() if torch.cuda.is_available() else "?")
+    peak, peak_source = gpu_bf16_peak(gpu, matmul["bfloat16"]["gflops"], args.peak_tflops)
+    training, translation, syncs = [], [], {}
+    for spec, res in zip(specs[1:], results[1:]):
+        if spec["kind"] == "syncs":
+            syncs = res
+        elif spec["kind"] == "train":
+            model, dtype = spec["name"].split("-")[1:3]
+            res["gflops"] = res["flops_per_token"] * res["tokens_per_s"] / 1e9
+            res["fraction_of_peak"] = res["gflops"] / matmul[dtype]["gflops"]
+            res["mfu"] = res["gflops"] * 1e9 / peak
+            mcfg = spec["config"]["model"]
+            training.append({"model": model, "dtype": dtype, "ops": "compiled" if spec["compile"] else "fast",
+                             "description": describe(mcfg, res["parameters"]), "model_config": mcfg, **res, "vs_quoted": None,
+                             "speedup_vs_plain_ops": None})
+        else:
+            translation.append({"search": spec["search"], "beam": spec["beam"], "dtype": spec["dtype"], "model": spec["model"],
+                                "description": describe(res["model_config"], res["parameters"]), "checkpoint": spec["checkpoint"],
+                                "representative": spec["representative"], "reference_size": False, **res, "vs_quoted": None})
+    return {
+        "schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "quick": args.quick,
+        "device": "cuda", "gpu": gpu, "bf16_dense_peak_tflops": peak / 1e12, "peak_source": peak_source,
+        "machine": machine_info(), "threads": args.threads, "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg()),
+        "settings": {"config": str(config), "config_note": note, "data": str(args.data), "spm_model": str(spm), "warmup_updates": args.warmup,
+                     "timed_updates": args.updates, "sentences": args.sentences, "checkpoint": str(args.checkpoint or ""),
+                     "reference_checkpoint": "", "test_input": str(test_src), "batch_tokens_base_big": GPU_BATCH_TOKENS, "compile": args.compile},
+        "matmul_peak": matmul, "training": training, "translation": translation, "syncs": syncs, "quoted_reference": QUOTED, "ctranslate2": [],
+    }
 
 
 def run_all(args, sizes: Sizes) -> dict:
@@ -439,6 +540,8 @@ def run_all(args, sizes: Sizes) -> dict:
     for path in (args.data / "train.en", args.data / "train.de", test_src):
         if not path.is_file():
             raise SystemExit(f"benchmark: {path} not found; pass --data DIR holding Multi30k (scripts/prepare_multi30k.sh downloads it)")
+    if args.device == "cuda":
+        return run_cuda(args, sizes, recipe, config=config, note=note, test_src=test_src)
     load_start = os.getloadavg()
     spm, src, tgt = prepare_data(args, recipe, sizes, sizes.spm_vocab or recipe.tokenizer.vocab_size)
     ref_spm = prepare_data(args, recipe, sizes, sizes.spm_vocab or REFERENCE_VOCAB)[0]
@@ -524,7 +627,53 @@ def machine_info() -> dict:
 COLUMNS = ["phase", "model", "dtype", "tokens/s", "updates/s", "sentences/s", "GFLOP/s", "% of peak", "peak RSS MiB", "vs quoted reference"]
 
 
+COLUMNS_CUDA = ["phase", "model", "dtype", "tokens/s", "updates/s", "sentences/s", "TFLOP/s", "MFU %", "peak GPU MiB", "notes"]
+
+
+def render_markdown_cuda(r: dict) -> str:
+    """The ``--device cuda`` report: MFU against the bf16 dense peak, peak GPU memory per training row."""
+    def num(x, fmt: str) -> str:
+        return "" if x is None else format(x, fmt)
+
+    mm = r["matmul_peak"]
+    rows = [[f"matmul peak (n={mm['n']})", "", d + (" (TF32)" if d == "float32" else ""), "", "", "", num(mm[d]["gflops"] / 1e3, ".1f"), "", "", ""]
+            for d in DTYPES]
+    for t in r["training"]:
+        note = f"{t['max_tokens']:,}-token batches" + ("; torch.compile" if t["ops"] == "compiled" else "")
+        rows.append([f"train{' [compiled]' if t['ops'] == 'compiled' else ''}", f"{t['model']} ({t['description']})",
+                     t["dtype"] + (" (TF32)" if t["dtype"] == "float32" else ""), num(t["tokens_per_s"], ",.0f"), num(t["updates_per_s"], ".2f"), "",
+                     num(t["gflops"] / 1e3, ".1f"), num(100 * t["mfu"], ".1f"), num(t.get("gpu_peak_memory_mib"), ",.0f"), note])
+    for t in r["translation"]:
+        flag = "" if t["representative"] else " †"
+        rows.append([f"translate {t['search']}{flag}", f"{t['model']} ({t['description']})", t["dtype"], num(t["tokens_per_s"], ",.0f"), "",
+                     num(t["sentences_per_s"], ".1f"), "", "", "", f"{t['sentences']} sentences"])
+    m, s = r["machine"], r["settings"]
+    lines = [f"# transformer_mt benchmark on {r['gpu']}{' (quick mode: tiny models, not a measurement)' if r['quick'] else ''}", "",
+             f"{r['date']}; {r['gpu']}; host {m['cpu']}; torch {m['torch']}.",
+             f"Training: {s['warmup_updates']} untimed + {s['timed_updates']} timed updates; tokens/s = non-pad target tokens per second. "
+             f"MFU: model FLOPs (the analytic formula, padding included) per second over the bf16 dense peak, "
+             f"{r['bf16_dense_peak_tflops']:.1f} TFLOP/s ({r['peak_source']}), for the float32 (TF32) rows too.", "",
+             "| " + " | ".join(COLUMNS_CUDA) + " |", "|" + "---|" * len(COLUMNS_CUDA)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    if r.get("syncs"):
+        lines.append("")
+        lines.append(syncs_line(r["syncs"]))
+    if any(not t["representative"] for t in r["translation"]):
+        lines.append("† not representative: the recipe model after only the benchmark's updates (outputs too long); pass --checkpoint.")
+    return "\n".join(lines) + "\n"
+
+
+def syncs_line(sy: dict) -> str:
+    steps = "; ".join(f"{t['search']} batch {t['batch']}: {t['per_step_max']} (median {t['per_step_median']:g})" for t in sy["search"])
+    return (f"Host syncs ({sy['device']}, transformer_mt.syncs.SyncCounter): per training update of the recipe model "
+            f"{', '.join(str(u['syncs']) for u in sy['train_updates'])} (budget 1); per search step, the most over the steps: {steps} "
+            "(budget 1, whatever the batch and beam).")
+
+
 def render_markdown(r: dict) -> str:
+    if r.get("device") == "cuda":
+        return render_markdown_cuda(r)
+
     def num(x, fmt: str) -> str:
         return "" if x is None else format(x, fmt)
 
@@ -572,11 +721,7 @@ def render_markdown(r: dict) -> str:
                      "CTranslate2 in one process each with length penalty 0, one CTranslate2 call per source length (tmt's maximum output "
                      "length is per sentence); peak RSS is the phase's (both engines).")
     if r.get("syncs"):
-        sy = r["syncs"]
-        steps = "; ".join(f"{t['search']} batch {t['batch']}: {t['per_step_max']} (median {t['per_step_median']:g})" for t in sy["search"])
-        lines.append(f"Host syncs ({sy['device']}, transformer_mt.syncs.SyncCounter): per training update of the recipe model "
-                     f"{', '.join(str(u['syncs']) for u in sy['train_updates'])} (budget 1); per search step, the most over the steps: {steps} "
-                     "(budget 1, whatever the batch and beam).")
+        lines.append(syncs_line(r["syncs"]))
     if any(not t["representative"] for t in r["translation"]):
         lines.append("† not representative: the reference model after only the benchmark's updates (outputs too long); pass --reference-checkpoint.")
     return "\n".join(lines) + "\n"
@@ -596,15 +741,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="a trained 3+3/d256 model, the size of the quoted fairseq beam-5 figure (else the benchmark's barely trained one)")
     p.add_argument("--ctranslate2", action="store_true", help="also decode each translated checkpoint with CTranslate2 (needs the export extra)")
     p.add_argument("--quick", action="store_true", help="tiny models and sizes, seconds: checks the script, measures nothing")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: the GPU plan (base and big at 25k-token batches, bf16 and fp32+TF32, the recipe; MFU, peak GPU memory)")
+    p.add_argument("--compile", action="store_true", help="--device cuda: also train base and big in bf16 with torch.compile")
+    p.add_argument("--peak-tflops", type=float, default=0.0, help="--device cuda: the bf16 dense peak for MFU (default: datasheet table)")
+    p.add_argument("--dry-run", action="store_true", help="print the phases as JSON and exit: nothing is trained, measured or put on a GPU")
     p.add_argument("--phase", type=Path, default=None, help=argparse.SUPPRESS)  # internal: run one phase's spec
     args = p.parse_args(argv)
-    sizes = QUICK if args.quick else FULL
+    sizes = sizes_for(args)
     args.warmup = sizes.warmup if args.warmup is None else args.warmup
     args.updates = sizes.updates if args.updates is None else args.updates
     args.sentences = sizes.sentences if args.sentences is None else args.sentences
     if args.data is None:
         shared = REPO.parent / "shared" / "data" / "multi30k"
         args.data = shared if shared.is_dir() else REPO / "data" / "multi30k"
+    if args.device == "cpu" and (args.compile or args.peak_tflops):
+        p.error("--compile and --peak-tflops go with --device cuda")
+    if args.device == "cuda" and (args.ctranslate2 or args.reference_checkpoint):
+        p.error("--ctranslate2 and --reference-checkpoint are CPU comparisons; leave them out with --device cuda")
+    if args.device == "cuda" and not args.dry_run and args.phase is None and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA GPU here (--dry-run prints the plan without one)")
     for key in ("threads", "warmup", "updates"):
         if getattr(args, key) < 1:
             p.error(f"--{key} must be at least 1, got {getattr(args, key)}")
@@ -617,16 +773,35 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def sizes_for(args) -> Sizes:
+    if args.device == "cuda":
+        return QUICK_CUDA if args.quick else FULL_CUDA
+    return QUICK if args.quick else FULL
+
+
+def dry_run(args) -> list[dict]:
+    """The phases the run would take, in order, with placeholder data paths (nothing prepared or run)."""
+    recipe = load_config(args.config if args.config.is_file() else FALLBACK_CONFIG, check_files=False)
+    sizes, data = sizes_for(args), args.out / "<prepared>"
+    paths = dict(spm=data / "spm.model", src=data / "train.en", tgt=data / "train.de", test_src=args.data / "test_2016_flickr.en")
+    if args.device == "cuda":
+        return cuda_plan(args, sizes, recipe, **paths)
+    raise SystemExit("benchmark: --dry-run lists the --device cuda plan; the CPU plan is the module docstring's")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.phase is not None:
         run_phase_file(args.phase)
         return
+    if args.dry_run:
+        print(json.dumps(dry_run(args), indent=1, default=str))
+        return
     args.out.mkdir(parents=True, exist_ok=True)
     args.out, args.data = args.out.resolve(), args.data.resolve()
     args.checkpoint = args.checkpoint.resolve() if args.checkpoint else None
     args.reference_checkpoint = args.reference_checkpoint.resolve() if args.reference_checkpoint else None
-    report = run_all(args, QUICK if args.quick else FULL)
+    report = run_all(args, sizes_for(args))
     (args.out / "benchmark.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     markdown = render_markdown(report)
     (args.out / "benchmark.md").write_text(markdown, encoding="utf-8")

@@ -314,3 +314,26 @@ def test_weight_decay_skips_biases_layernorm_and_embeddings():
             assert id(m.bias) in ids(no_decay)
     assert len(param_groups(nn.Linear(3, 3, bias=False), 0.1)) == 1
     assert isinstance(build_scheduler(opt, TrainConfig(), d_model=32), Scheduler)
+
+
+def test_fused_loss_under_bfloat16_autocast_matches_the_plain_path():
+    """Under bf16 autocast the fused kernel projects in bf16 (the cast weight kept from forward for backward)
+    and takes the softmax in float32, as autocast's plain path does: same loss and gradients to bf16 precision."""
+    g = torch.Generator().manual_seed(4)
+    h = torch.randn(37, 16, generator=g, requires_grad=True)
+    w = (0.3 * torch.randn(50, 16, generator=g)).requires_grad_()
+    target = torch.randint(0, 50, (37,), generator=g)
+    target[::7] = PAD_ID
+    out = {}
+    for plain in (False, True):
+        h.grad = w.grad = None
+        with kernels.use_reference_ops(plain), torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, nll, n = projected_label_smoothed_loss(h, w, target, epsilon=0.1)
+        loss.backward()
+        out[plain] = (loss.detach(), nll, n, h.grad.clone(), w.grad.clone())
+    (loss, nll, n, gh, gw), (rloss, rnll, rn, rgh, rgw) = out[False], out[True]
+    assert loss.dtype == torch.float32 and n == rn == int((target != PAD_ID).sum())
+    torch.testing.assert_close(loss, rloss, rtol=1e-5, atol=1e-3)
+    torch.testing.assert_close(nll, rnll, rtol=1e-5, atol=1e-3)
+    torch.testing.assert_close(gh, rgh, rtol=0.02, atol=2e-3)
+    torch.testing.assert_close(gw, rgw, rtol=0.02, atol=2e-3)

@@ -85,7 +85,7 @@ class TrainConfig:
     seed: int = 1  # seeds parameters, dropout and batch order
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps
     threads: int = 0  # CPU threads for torch; 0 = torch's default
-    dtype: str = "float32"  # float32, bfloat16 (autocast, CPU or CUDA) or float16 (autocast + loss scaling, CUDA)
+    dtype: str = "float32"  # float32, bfloat16 (autocast, CPU or CUDA), float16 (autocast + loss scaling, CUDA) or auto (per machine: runtime.auto_dtype)
     max_tokens: int = 4096  # token budget per batch (the larger of source and target tokens, padding included)
     update_freq: int = 1  # batches whose gradients are accumulated into one update
     label_smoothing: float = 0.1  # eps_ls of section 5.4
@@ -139,7 +139,7 @@ CHOICES = {
     "model.activation": ("relu", "gelu"),
     "model.norm": ("post", "pre"),
     "model.positions": ("sinusoidal", "learned"),
-    "train.dtype": ("float32", "bfloat16", "float16"),
+    "train.dtype": ("float32", "bfloat16", "float16", "auto"),
     "train.lr_schedule": ("noam", "inverse_sqrt", "linear"),
     "train.best_metric": ("bleu", "loss"),
 }

@@ -156,6 +156,7 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
             loss = nll.clone()
         ctx.save_for_backward(h, weight, safe, pad)
         ctx.probs, ctx.rows, ctx.eps, ctx.eps_i, ctx.compute_dtype = probs, rows, epsilon, eps_i, compute_dtype
+        ctx.w = w if w is not weight else None  # under bf16 autocast: the cast (V, D) matrix, kept rather than cast again
         ctx.mark_non_differentiable(nll)
         return loss, nll
 
@@ -166,7 +167,7 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
             raise RuntimeError("projected_label_smoothed_loss: backward called twice (its buffers are reused in place)")
         probs, ctx.probs = ctx.probs, None
         cdt = ctx.compute_dtype
-        w = weight.to(cdt)
+        w, ctx.w = (ctx.w if ctx.w is not None else weight.to(cdt)), None
         row_w = grad_loss.to(probs[0].dtype).masked_fill(pad, 0.0) if probs else grad_loss
         grad_h = torch.empty(h.shape, dtype=h.dtype, device=h.device) if ctx.needs_input_grad[0] else None
         grad_w = torch.zeros(weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32), device=weight.device) if ctx.needs_input_grad[1] else None

@@ -45,7 +45,7 @@ import math
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -194,6 +194,8 @@ class Trainer:
         self.runlog = RunLog(None)  # silent until rank 0 opens the run directory
         self.log = self.runlog.log
         self.device = runtime.pick_device(self.t.device)
+        if self.t.dtype == "auto":  # chosen per machine and model (runtime.auto_dtype); the saved config keeps "auto"
+            self.t = replace(self.t, dtype=runtime.auto_dtype(self.device, d_model=cfg.model.d_model))
         runtime.check_dtype(self.t.dtype, self.device)
         runtime.set_threads(self.t.threads)
         self._owns_group = False
