@@ -7,22 +7,30 @@ pins train.device=cpu)."""
 from __future__ import annotations
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.conftest import run_config
+from tests.conftest import run_config, tiny_model, tokens
 from transformer_mt import runtime
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import load_config
-from transformer_mt.train import Trainer, train
+from transformer_mt.search import beam_search, greedy_search
+from transformer_mt.syncs import SyncCounter, per_call
+from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.train import Trainer, _target_tokens, resumed_config, train, update_schedule
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=64", "model.heads=4", "model.d_ff=128", "train.max_tokens=400",
         "train.lr_schedule=inverse_sqrt", "train.lr=0.003", "train.warmup_updates=5", "train.log_every=5", "train.threads=1",
         "data.valid_src=", "data.valid_tgt="]
+
+
+def gpu_config(files, spm_model, out, *extra: str):
+    return run_config(files, spm_model, out, *TINY, "train.device=cuda", *extra)
 
 
 def load_benchmark():
@@ -101,3 +109,152 @@ def test_train_dtype_auto_is_resolved_per_machine_and_saved_as_auto(pairs64, spm
     train(cfg)
     assert load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")["config"]["train"]["dtype"] == "auto"
     assert "dtype: auto" in (tmp_path / "run" / "config.yaml").read_text()
+
+
+# ---------------------------------------------------------------- on a GPU
+@pytest.mark.cuda
+def test_cuda_device_is_made_current_and_float32_matmuls_use_tf32():
+    device = runtime.pick_device(f"cuda:{torch.cuda.device_count() - 1}")
+    assert torch.cuda.current_device() == device.index
+    matmul = torch.backends.cuda.matmul
+    assert (matmul.fp32_precision == "tf32") if hasattr(matmul, "fp32_precision") else matmul.allow_tf32
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("weights", ["cast", "autocast"])
+def test_cached_decoding_equals_the_full_forward_in_bfloat16(weights):
+    model = tiny_model(norm="pre").cuda()
+    model.reserve_positions(16)
+    src = tokens([6, 3], seed=5).cuda()
+    if weights == "cast":
+        model.cast_weights(torch.bfloat16)
+    ctx = torch.autocast("cuda", dtype=torch.bfloat16) if weights == "autocast" else torch.autocast("cuda", enabled=False)
+    g = torch.Generator().manual_seed(6)
+    hist = torch.full((2, 1), BOS_ID, device="cuda")
+    with torch.inference_mode(), ctx:
+        cache = model.init_cache(model.encode(src))
+        for _ in range(10):
+            step = model.decode_step(hist[:, -1], cache).float()
+            full = model(src, hist)[:, -1].float()
+            torch.testing.assert_close(step, full, rtol=0.02, atol=0.05)  # bf16: two summation orders of the same terms
+            hist = torch.cat([hist, torch.randint(4, 40, (2, 1), generator=g).cuda()], dim=1)
+
+
+@pytest.mark.cuda
+def test_bfloat16_training_loss_falls(pairs64, spm_model, tmp_path):
+    losses = []
+    train(gpu_config(pairs64, spm_model, tmp_path / "run", "train.dtype=bfloat16", "train.max_updates=40"),
+          on_update=lambda _u, s: losses.append(s["loss"] / s["ntokens"]))
+    assert all(math.isfinite(x) for x in losses)
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
+
+
+@pytest.mark.cuda
+def test_resume_on_cuda_is_exact(pairs64, spm_model, tmp_path):
+    """Dropout on (CUDA generator states in the checkpoint): 4 + 4 updates == 8 updates, bit for bit."""
+    extra = ("model.dropout=0.1", "train.save_every=4", "train.validate_every=1000")
+    straight = []
+    train(gpu_config(pairs64, spm_model, tmp_path / "a", *extra, "train.max_updates=8"), on_update=lambda _u, s: straight.append(s["loss"]))
+    first, second = [], []
+    train(gpu_config(pairs64, spm_model, tmp_path / "b", *extra, "train.max_updates=4"), on_update=lambda _u, s: first.append(s["loss"]))
+    train(resumed_config(tmp_path / "b", ["train.max_updates=8"]), resume=True, on_update=lambda _u, s: second.append(s["loss"]))
+    assert first + second == straight
+    a, b = (load_checkpoint(tmp_path / d / "checkpoint_last.pt")["model"] for d in ("a", "b"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.cuda
+def test_float16_with_loss_scaling_trains_and_an_overflow_skips_the_schedule(pairs64, spm_model, tmp_path):
+    cfg = gpu_config(pairs64, spm_model, tmp_path / "run", "train.dtype=float16", "train.max_updates=30")
+    trainer = Trainer(cfg, resume=False)
+    try:
+        assert trainer.scaler is not None
+        schedule = iter(update_schedule(trainer.train_data, trainer.t))
+        u = next(schedule)
+        trainer.scaler.update(2.0**40)  # certain to overflow fp16 gradients: the update is skipped, the scale lowered
+        stats = trainer._update([trainer.train_data.get_batch(i) for i in u.batches], ntokens=_target_tokens(trainer.train_data, u.batches))
+        assert not math.isfinite(stats["gnorm"]) and trainer.scheduler.num_updates == 0 and trainer.scaler.get_scale() < 2.0**40
+        losses = []
+        for u in schedule:
+            batches = [trainer.train_data.get_batch(i) for i in u.batches]
+            stats = trainer._update(batches, ntokens=_target_tokens(trainer.train_data, u.batches))
+            losses.append(float(stats["loss"]) / stats["ntokens"])
+            if len(losses) == 30:
+                break
+        assert trainer.scheduler.num_updates >= 20  # a few early overflows at most
+        assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5
+    finally:
+        trainer.close()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("beam", [1, 4])
+def test_batched_decoding_equals_one_sentence_at_a_time_on_cuda(beam):
+    model = tiny_model(seed=3).cuda()
+    g = torch.Generator().manual_seed(9)
+    lengths = [7, 2, 9, 4, 5, 3]
+    src = torch.full((len(lengths), max(lengths) + 1), PAD_ID)
+    for i, n in enumerate(lengths):
+        src[i, :n], src[i, n] = torch.randint(4, 40, (n,), generator=g), EOS_ID
+    src = src.cuda()
+
+    def run(batch):
+        if beam == 1:
+            return [[h] for h in greedy_search(model, batch, max_len_b=6)]
+        return beam_search(model, batch, beam=beam, lenpen=0.6, max_len_b=6, nbest=2)
+
+    together = run(src)
+    for i, n in enumerate(lengths):
+        alone = run(src[i:i + 1, : n + 1])[0]
+        assert [h.tokens for h in together[i]] == [h.tokens for h in alone]
+        assert [h.score for h in together[i]] == pytest.approx([h.score for h in alone], abs=1e-3)
+
+
+@pytest.mark.cuda
+def test_sync_budgets_hold_on_a_gpu(pairs64, spm_model, tmp_path):
+    """On a real GPU the copies count too: batches move from pinned memory without a stream sync."""
+    trainer = Trainer(gpu_config(pairs64, spm_model, tmp_path / "run"), resume=False)
+    try:
+        for u in list(update_schedule(trainer.train_data, trainer.t))[:3]:
+            batches = [trainer.train_data.get_batch(i) for i in u.batches]
+            with SyncCounter() as syncs:
+                trainer._update(batches, ntokens=_target_tokens(trainer.train_data, u.batches))
+            assert syncs.total == 1, syncs.summary()
+        model = trainer.model.eval()
+        src = tokens([6, 3, 8, 5], seed=2).cuda()
+        src[torch.arange(4), torch.tensor([5, 2, 7, 4])] = EOS_ID
+        model.reserve_positions(64)
+        _, syncs, per_step = per_call(model, "decode_step", lambda: beam_search(model, src, beam=4, max_len_b=8))
+        assert max(per_step[:-1]) <= 2 and sorted(per_step[:-1])[len(per_step) // 2] == 1, syncs.summary()
+    finally:
+        trainer.close()
+
+
+@pytest.mark.cuda
+def test_ddp_at_world_size_one_with_nccl():
+    """The loss module under DistributedDataParallel (NCCL, one rank) gives the unwrapped module's gradients,
+    with the label positions and the source flag passed through; the stats all-reduce runs on the GPU."""
+    import torch.distributed as dist
+
+    from transformer_mt.data import collate
+    from transformer_mt.loss import TeacherForcedLoss
+
+    dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        device = runtime.pick_device("cuda")
+        model = tiny_model().to(device).train()
+        objective = TeacherForcedLoss(model, label_smoothing=0.1)
+        ddp = runtime.wrap_ddp(objective, device)
+        batch = collate([([5, 6, 7], [8, 9]), ([5], [8, 9, 10, 11])]).to(device, non_blocking=True)
+        grads = []
+        for module in (objective, ddp):
+            model.zero_grad()
+            loss, _, n = module(batch.src, batch.tgt_in, batch.tgt_out, batch.labels, src_padded=batch.src_padded)
+            loss.backward()
+            grads.append([p.grad.clone() for p in model.parameters()])
+        assert n == batch.ntokens
+        assert all(torch.allclose(a, b, rtol=1e-5, atol=1e-7) for a, b in zip(*grads))
+        sums = torch.tensor([1.5, 2.5], dtype=torch.float64, device=device)
+        assert runtime.all_reduce_sum_(sums).tolist() == [1.5, 2.5]
+    finally:
+        dist.destroy_process_group()
