@@ -12,6 +12,7 @@ import os
 import random
 import shutil
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -173,8 +174,18 @@ def test_best_is_written_before_last(pairs64, spm_model, tmp_path, monkeypatch):
     assert update_of(run / "checkpoint_best.pt") == 4  # the validation of update 4 improved (a tiny model at its start always does)
 
 
+def _own_tqdm_lock() -> None:
+    """In a forked child: a lock of its own for tqdm. Its default one is a multiprocessing semaphore shared
+    with the parent, and a child SIGKILLed while writing a log line would hold it for ever (the parent's
+    next progress bar or log line would wait on it)."""
+    from tqdm import tqdm
+
+    tqdm.set_lock(threading.RLock())
+
+
 def _train_and_sigterm_in_final_validation(cfg_path: str) -> None:
     """In a forked child: `tmt train`, sending itself SIGTERM as the final validation starts."""
+    _own_tqdm_lock()
     real_validate = Trainer.validate
 
     def validate(self):
@@ -315,6 +326,7 @@ def test_disk_full_while_logging_names_train_log(pairs64, spm_model, tmp_path, m
 
 # ---------------------------------------------------------------- SIGKILL at random moments, ten times
 def _train_in_child(argv: list[str]) -> None:
+    _own_tqdm_lock()
     from transformer_mt.cli import main
 
     try:
