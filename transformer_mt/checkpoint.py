@@ -32,8 +32,6 @@ A run directory keeps ``checkpoint_last.pt``, ``checkpoint_best.pt`` and numbere
 
 from __future__ import annotations
 
-from transformer_mt.errors import TmtError
-
 import contextlib
 import errno
 import os
@@ -48,6 +46,7 @@ from typing import Any
 import torch
 
 from transformer_mt.config import Config, ConfigError, from_dict
+from transformer_mt.errors import TmtError
 
 FORMAT = "transformer_mt/1"
 _NUMBERED = re.compile(r"checkpoint_(\d+)\.pt")
@@ -166,7 +165,7 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device
         raise CheckpointError(f"{path}: {what}; give a .pt file from train.out_dir (checkpoint_last.pt, checkpoint_best.pt or checkpoint_<update>.pt)")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:  # torch raises RuntimeError, EOFError, UnpicklingError, ... depending on the damage
+    except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, EOFError, UnpicklingError, ... depending on the damage
         text = str(exc)
         if "Weights only load failed" in text:
             raise CheckpointError(
@@ -221,7 +220,8 @@ def _check_plain(obj: Any, where: str) -> None:
         raise CheckpointError(f"checkpoint {where} is bytes, which torch < 2.5 refuses under weights_only; store bytes_to_tensor(value) instead")
     elif not (isinstance(obj, torch.Tensor) or type(obj) in _LEAF_TYPES):
         kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
-        raise CheckpointError(f"checkpoint {where} is a {kind}, which torch.load(weights_only=True) refuses; convert it to a tensor, str, int, float, bool, list or dict")
+        raise CheckpointError(f"checkpoint {where} is a {kind}, which torch.load(weights_only=True) refuses; "
+                              "convert it to a tensor, str, int, float, bool, list or dict")
 
 
 # ----------------------------------------------------------------------------- plain-type helpers
@@ -248,7 +248,8 @@ def unpack_tokenizers(state: dict[str, Any], *, source: str = "checkpoint") -> t
     """(src_proto, tgt_proto) from a loaded checkpoint; feed them to ``Tokenizer(proto)``."""
     toks = state.get("tokenizers")
     if not isinstance(toks, dict) or not {"src", "tgt"} <= toks.keys():
-        raise CheckpointError(f"{source}: checkpoint holds no sentencepiece models ('tokenizers' with 'src' and 'tgt'); give a checkpoint written by `tmt train`")
+        raise CheckpointError(f"{source}: checkpoint holds no sentencepiece models ('tokenizers' with 'src' and 'tgt'); "
+                              "give a checkpoint written by `tmt train`")
     return tensor_to_bytes(toks["src"]), tensor_to_bytes(toks["tgt"])
 
 

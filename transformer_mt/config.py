@@ -9,8 +9,6 @@ with one line that names the file, the key and what to change. Dotted overrides
 
 from __future__ import annotations
 
-from transformer_mt.errors import TmtError
-
 import dataclasses
 import difflib
 import math
@@ -20,6 +18,8 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 import yaml
+
+from transformer_mt.errors import TmtError
 
 
 class ConfigError(TmtError, ValueError):
@@ -38,7 +38,9 @@ class DataConfig:
     max_len_ratio: float = 3.0  # pairs whose longer side has more than this times the tokens of the shorter are dropped
     min_len_for_ratio: int = 5  # the ratio filter applies only when the longer side has at least this many tokens
     cache_dir: str = ""  # where encoded corpora are cached; empty = <train.out_dir>/cache
-    subword_alpha: float = 0.0  # subword regularisation: training pairs re-segmented by sampling every epoch; unigram: smoothing alpha (0.1-0.5, lower = more varied), bpe: BPE-dropout rate (~0.1); 0 = off
+    # subword regularisation: training pairs re-segmented by sampling every epoch; 0 = off;
+    # unigram: smoothing alpha (0.1-0.5, lower = more varied), bpe: BPE-dropout rate (~0.1)
+    subword_alpha: float = 0.0
     subword_nbest: int = -1  # unigram sampling among the n best segmentations; -1 = all of them
 
 
@@ -92,7 +94,9 @@ class TrainConfig:
     optimizer_betas: tuple[float, float] = (0.9, 0.98)  # Adam beta1, beta2 (section 5.3)
     optimizer_eps: float = 1e-9  # Adam epsilon (section 5.3)
     weight_decay: float = 0.0  # decoupled weight decay (AdamW); 0 = plain Adam as in the paper
-    lr_schedule: str = "noam"  # noam: d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) * lr_scale; inverse_sqrt: peaks at lr; linear: peaks at lr, decays to 0 at max_updates
+    # noam: d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) * lr_scale; inverse_sqrt: peaks at lr;
+    # linear: peaks at lr, decays to 0 at max_updates
+    lr_schedule: str = "noam"
     lr: float = 5e-4  # peak learning rate of the inverse_sqrt schedule
     lr_scale: float = 1.0  # multiplier of the paper's noam formula
     warmup_updates: int = 4000  # warmup_steps of section 5.3
@@ -298,7 +302,8 @@ def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -
     if m.head_dim < 0 or m.value_dim < 0:
         fail("model.head_dim", "must be 0 (= d_model / heads) or positive")
     if (m.head_dim == 0 or m.value_dim == 0) and m.d_model % m.heads:
-        fail("model.d_model", f"{m.d_model} is not divisible by model.heads={m.heads}; choose d_model as a multiple of heads (or set model.head_dim and model.value_dim)")
+        fail("model.d_model", f"{m.d_model} is not divisible by model.heads={m.heads}; "
+             "choose d_model as a multiple of heads (or set model.head_dim and model.value_dim)")
     for key in ("dropout", "attention_dropout", "activation_dropout"):
         if not 0.0 <= getattr(m, key) < 1.0:
             fail(f"model.{key}", f"{getattr(m, key)} is outside [0, 1); use e.g. 0.1")
@@ -338,7 +343,8 @@ def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -
     if cfg.data.max_len < 1 or cfg.data.max_len_ratio < 1.0:
         fail("data.max_len", "max_len must be >= 1 and max_len_ratio >= 1")
     if cfg.data.max_len + 1 > m.max_positions:  # + EOS on the source, + BOS on the decoder input
-        fail("data.max_len", f"{cfg.data.max_len} + 1 (EOS or BOS) exceeds model.max_positions={m.max_positions}; lower data.max_len or raise model.max_positions")
+        fail("data.max_len", f"{cfg.data.max_len} + 1 (EOS or BOS) exceeds model.max_positions={m.max_positions}; "
+             "lower data.max_len or raise model.max_positions")
     if bool(cfg.data.valid_src) != bool(cfg.data.valid_tgt):
         given, missing = ("valid_src", "valid_tgt") if cfg.data.valid_src else ("valid_tgt", "valid_src")
         fail(f"data.{missing}", f"is empty while data.{given} is set; give both validation files, or neither to train without validation")

@@ -43,8 +43,6 @@ on ``numpy.random.default_rng([seed, epoch])`` (a seed sequence, so that (seed=1
 
 from __future__ import annotations
 
-from transformer_mt.errors import TmtError
-
 import copy
 import dataclasses
 import hashlib
@@ -65,6 +63,7 @@ import torch
 from tqdm import tqdm
 
 from transformer_mt.config import DataConfig
+from transformer_mt.errors import TmtError
 from transformer_mt.textio import count_lines, iter_file
 from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 

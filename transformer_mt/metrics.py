@@ -14,8 +14,6 @@ TER keeps sacreBLEU's default, which is already case-insensitive (TERCOM's behav
 
 from __future__ import annotations
 
-from transformer_mt.errors import TmtError
-
 import json
 import os
 from pathlib import Path
@@ -23,6 +21,7 @@ from typing import Any, Sequence
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 
+from transformer_mt.errors import TmtError
 from transformer_mt.textio import iter_file, iter_stream
 
 METRICS = ("bleu", "chrf", "ter")

@@ -34,10 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .cache import DecoderCache
-from .config import ConfigError, ModelConfig
-from .kernels import dropout
-from .tokenizer import PAD_ID
+from transformer_mt.cache import DecoderCache
+from transformer_mt.config import ConfigError, ModelConfig
+from transformer_mt.kernels import dropout
+from transformer_mt.tokenizer import PAD_ID
 
 
 class EncoderOut(NamedTuple):

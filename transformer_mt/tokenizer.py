@@ -11,8 +11,6 @@ sentencepiece model is trained (sentencepiece's own defaults disable padding):
 
 from __future__ import annotations
 
-from transformer_mt.errors import TmtError
-
 import io
 import os
 import sys
@@ -21,6 +19,7 @@ from typing import Iterable, Iterator
 
 import sentencepiece as spm
 
+from transformer_mt.errors import TmtError
 from transformer_mt.textio import TextError, iter_file
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
