@@ -98,6 +98,13 @@ def run_cli(argv: list, capsys) -> tuple[int, str, str]:
     return exit_.value.code or 0, captured.out, captured.err
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _peak_cache(tmp_path_factory) -> None:
+    """Training measures the machine's matmul peak once for its cost report and caches it: in the tests,
+    in a temporary folder (child processes inherit it), never in the user's ~/.cache/tmt."""
+    os.environ["TMT_CACHE_DIR"] = str(tmp_path_factory.mktemp("tmt_cache"))
+
+
 @pytest.fixture(scope="session")
 def multi30k() -> Path:
     if not (MULTI30K / "train.en").is_file():

@@ -312,8 +312,8 @@ def test_disk_full_while_logging_names_train_log(pairs64, spm_model, tmp_path, m
 
         close = flush
 
-    def init(self, out_dir):
-        real_init(self, out_dir)
+    def init(self, out_dir, **kwargs):
+        real_init(self, out_dir, **kwargs)
         if self.log_file is not None:
             self.log_file.close()
             self.log_file = FullFile(str(Path(out_dir) / "train.log"))

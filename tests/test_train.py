@@ -61,7 +61,8 @@ def test_tiny_model_overfits_64_real_pairs(pairs64, spm_model, tmp_path):
 
 TRAIN_FIELDS = {"kind", "update", "epoch", "wall", "loss", "nll", "ppl", "lr", "gnorm", "tokens", "tokens_per_s", "updates_per_s"}
 VALID_FIELDS = {"kind", "update", "epoch", "wall", "val_loss", "val_nll", "val_ppl", "val_bleu", "best", "valid_seconds"}
-SUMMARY_FIELDS = {"kind", "update", "epoch", "wall", "stop_reason", "target_tokens", "last_valid"}
+SUMMARY_FIELDS = {"kind", "update", "epoch", "wall", "stop_reason", "target_tokens", "last_valid",
+                  "train_flops", "flops_per_token", "update_seconds", "achieved_tflops", "peak_tflops", "peak_source", "mfu", "mfu_wall"}
 
 
 @pytest.mark.slow

@@ -112,6 +112,8 @@ class TrainConfig:
     valid_bleu_sentences: int = 0  # sentences of the validation set decoded for BLEU; 0 = all, -1 = skip BLEU
     valid_beam: int = 1  # beam size for validation BLEU (1 = greedy, fastest); lenpen from decode.lenpen
     log_every: int = 100  # updates between lines of the log and metrics file
+    tensorboard: bool = False  # also write the metrics.jsonl scalars as TensorBoard events in <out_dir>/tensorboard (pip install -e ".[tensorboard]")
+    peak_tflops: float = 0.0  # the device's matmul peak, for the MFU of the end-of-training cost report; 0 = measure once, cached in ~/.cache/tmt/peak.json
 
 
 @dataclass

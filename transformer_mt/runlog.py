@@ -40,6 +40,14 @@ not know (later versions may add keys, never rename or remove them). Losses are 
                   "no improvement in N validations (patience)" or "interrupted"
     target_tokens target tokens trained on over the whole run
     last_valid    the last validation's val_* values ({} when the run has no validation set)
+    train_flops   training FLOPs of the whole run: 3 x the matmul FLOPs of each padded batch's forward
+                  (flops.py, the benchmark's count; all ranks)
+    flops_per_token  train_flops / target_tokens
+    update_seconds   seconds inside updates (forward, backward, optimizer), validation and checkpoints excluded
+    achieved_tflops  train_flops / update_seconds / 1e12
+    peak_tflops   the matmul peak compared against (all ranks together); peak_source: "config"
+                  (train.peak_tflops) or "measured (<cache file>)", measured once per machine, dtype and threads
+    mfu           achieved / peak (model FLOPs utilisation); mfu_wall the same over the wall time
 """
 
 from __future__ import annotations
@@ -61,12 +69,17 @@ KINDS = ("train", "valid", "summary")
 class RunLog:
     """Writes `train.log` (time-stamped lines, echoed on stderr) and `metrics.jsonl` (records with a kind)."""
 
-    def __init__(self, out_dir: Path | None):
-        """Open (append to) the files in `out_dir`; None: a silent log (ranks other than 0)."""
-        self.log_file = self.metrics_file = None
+    def __init__(self, out_dir: Path | None, *, tensorboard: bool = False):
+        """Open (append to) the files in `out_dir`; None: a silent log (ranks other than 0). With `tensorboard`,
+        every record's numbers also go to TensorBoard event files in `out_dir`/tensorboard."""
+        self.log_file = self.metrics_file = self.tb = None
         self.bar = None
         self.metrics_path = None if out_dir is None else Path(out_dir) / "metrics.jsonl"
         if out_dir is not None:
+            if tensorboard:  # first: without the package the run stops before a file is opened
+                from transformer_mt.tensorboard import TensorBoardLog
+
+                self.tb = TensorBoardLog(Path(out_dir) / "tensorboard")
             self.log_file = open(Path(out_dir) / "train.log", "a", encoding="utf-8")
             self.metrics_file = open(self.metrics_path, "a", encoding="utf-8")
 
@@ -112,10 +125,11 @@ class RunLog:
         shown = ", ".join(f"{k[4:]} {v:.2f}" for k, v in val.items())
         self.log(f"validation at update {update}: {shown}{' (best)' if best else ''}")
 
-    def summary(self, *, update: int, epoch: int, wall: float, stop_reason: str, target_tokens: int, last_valid: dict[str, float]) -> None:
-        """The "summary" record of a session's end."""
+    def summary(self, *, update: int, epoch: int, wall: float, stop_reason: str, target_tokens: int, last_valid: dict[str, float],
+                cost: dict | None = None) -> None:
+        """The "summary" record of a session's end; `cost` adds flops.cost_summary()'s fields."""
         self.record("summary", update=update, epoch=epoch, wall=round(wall, 2), stop_reason=stop_reason,
-                    target_tokens=int(target_tokens), last_valid={k: round(v, 4) for k, v in last_valid.items()})
+                    target_tokens=int(target_tokens), last_valid={k: round(v, 4) for k, v in last_valid.items()}, **(cost or {}))
 
     # ------------------------------------------------------------ the progress bar (a terminal only)
     def start_progress(self, *, total: int | None, initial: int) -> None:
@@ -152,8 +166,13 @@ class RunLog:
         with name_write_errors(self.metrics_file.name):
             self.metrics_file.write(json.dumps({"kind": kind, **fields}) + "\n")
             self.metrics_file.flush()
+        if self.tb is not None:
+            self.tb.record({"kind": kind, **fields})
 
     def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+            self.tb = None
         for handle in (self.log_file, self.metrics_file):
             if handle is not None:
                 handle.close()

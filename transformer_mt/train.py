@@ -51,7 +51,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from transformer_mt import runtime
+from transformer_mt import flops, runtime
 from transformer_mt.checkpoint import (
     config_from_checkpoint,
     copy_checkpoint,
@@ -104,6 +104,8 @@ class Progress:
     elapsed: float = 0.0  # training seconds before this process started
     last_validated: int = -1  # update of the last validation
     tokens: int = 0  # target tokens trained on (pieces + EOS, all ranks)
+    flops: float = 0.0  # analytic training FLOPs, 3 x forward of every padded batch (flops.py; all ranks)
+    update_seconds: float = 0.0  # seconds inside updates (validation and checkpoints excluded)
     batching: str = ""  # what the epoch's batch lists depend on (Trainer._batching); a resume checks it before using batch_in_epoch
 
 
@@ -268,7 +270,7 @@ class Trainer:
         self.lock = RunLock(self.out)  # before anything is written; the holder's pid names a second process
         remove_stale_temporaries(self.out)
         removed = 0 if resume else start_new_run(self.out, overwrite=self.overwrite)
-        self.runlog = RunLog(self.out)
+        self.runlog = RunLog(self.out, tensorboard=self.t.tensorboard)
         self.log = self.runlog.log
         if removed:
             self.log(f"--overwrite: removed the previous run's {removed} checkpoints from {self.out}")
@@ -369,6 +371,8 @@ class Trainer:
                 p.epoch, p.batch_in_epoch = u.epoch, u.start + len(u.batches)
                 p.update += 1
                 p.tokens += stats["ntokens"]
+                p.flops += _update_flops(self.train_data, u.batches, self.cfg.model, vocab=self.tgt_tok.vocab_size)
+                p.update_seconds += stats["seconds"]
                 nonfinite = nonfinite + 1 if self.scaler is None and not math.isfinite(stats["gnorm"]) else 0
                 window.add(stats)
                 self.runlog.advance()
@@ -413,7 +417,11 @@ class Trainer:
     def _finish(self, reason: str, last_val: dict[str, float]) -> None:
         p = self.progress
         self._save([self.out / "checkpoint_last.pt"], last_val)
-        self.runlog.summary(update=p.update, epoch=p.epoch, wall=p.elapsed, stop_reason=reason, target_tokens=p.tokens, last_valid=last_val)
+        peak, source = flops.peak_for(self.t.dtype, device=self.device, peak_tflops=self.t.peak_tflops)
+        cost = flops.cost_summary(tokens=p.tokens, train_flops=p.flops, update_seconds=p.update_seconds, wall_seconds=p.elapsed,
+                                  peak_flops_per_s=peak, peak_source=source, world_size=self.dist.world_size)
+        self.runlog.summary(update=p.update, epoch=p.epoch, wall=p.elapsed, stop_reason=reason, target_tokens=p.tokens, last_valid=last_val, cost=cost)
+        self.log(flops.format_cost(cost, tokens=p.tokens, wall_seconds=p.elapsed))
         if reason == "interrupted":
             self.log(f"interrupted at update {p.update}: saved {self.out / 'checkpoint_last.pt'}; continue with `tmt train --resume {self.out}`")
         else:
@@ -593,6 +601,13 @@ def _target_tokens(data, batches: list) -> int:  # noqa: ANN001 - ParallelData o
     """Target tokens (pieces + EOS) of the pairs in `batches` (index arrays), from the lengths on the host:
     every rank knows the whole update's count without an all-reduce (it equals the sum of `Batch.ntokens`)."""
     return sum(int(data.tgt_lengths[idx].sum()) + len(idx) for idx in batches)
+
+
+def _update_flops(data, batches: list, m, *, vocab: int) -> int:  # noqa: ANN001 - ParallelData or SampledSegmentation
+    """Training FLOPs of the whole update (all ranks), counted as the benchmark counts them (padded batches,
+    flops.train_flops), from the lengths on the host: padded source = longest + EOS, target = longest + BOS."""
+    return sum(flops.train_flops(m, vocab=vocab, batch=len(idx), src_len=int(data.src_lengths[idx].max()) + 1,
+                                 tgt_len=int(data.tgt_lengths[idx].max()) + 1) for idx in batches)
 
 
 def _install_signal_handlers(request_stop: Callable[[], None], *, verbose: bool = True) -> dict:
