@@ -83,7 +83,7 @@ def test_gpu_peak_table_prefers_the_specific_name():
 
 
 def test_auto_dtype_rule(monkeypatch):
-    """train.dtype auto: bfloat16 on a CPU only for a model at least 512 wide on a CPU whose bf16 matmul peak is
+    """train.dtype auto: bfloat16 on a CPU only for a model at least 256 wide on a CPU whose bf16 matmul peak is
     at least twice its float32 one (AMX); a narrower model never measures; float32 on MPS."""
     from transformer_mt import flops
 
@@ -96,6 +96,7 @@ def test_auto_dtype_rule(monkeypatch):
     for bf16, want in ((3.0e12, "bfloat16"), (1.9e12, "float32"), (0.5e12, "float32")):  # float32 peak 1e12
         monkeypatch.setattr(flops, "cached_peak", lambda dtype, _bf16=bf16, **_kw: _bf16 if dtype == "bfloat16" else 1.0e12)
         assert runtime.auto_dtype(torch.device("cpu"), d_model=512) == want
+        assert runtime.auto_dtype(torch.device("cpu"), d_model=256) == want
 
 
 def test_train_dtype_auto_is_resolved_per_machine_and_saved_as_auto(pairs64, spm_model, tmp_path):
