@@ -44,16 +44,8 @@ FLOPs per target token (multiply-add = 2 FLOPs), counted two ways on the padded 
              batches; torch has no formula for the CPU flash-attention kernels SDPA uses here, so they are
              counted as it counts the CUDA ones (forward Q K^T and A V; backward recomputes Q K^T and does
              4 more matmuls). The achieved GFLOP/s and the fraction of the matmul peak use this count.
-  analytic   3 x forward (backward = 2 x forward) over all timed batches, per batch of B sentences with
-             padded source length S and target length T (Ns = B S, Nt = B T; d = d_model, f = d_ff,
-             h heads of query size dk and value size dv; V the target vocabulary):
-               encoder layer  2 Ns d h (2dk + dv) + 2 Ns h dv d      Q, K, V and output projections
-                              + 2 B h S S (dk + dv)                  scores and weighted sum
-                              + 4 Ns d f                             feed-forward
-               decoder layer  the same with Nt and T x T (the causal mask saves nothing in SDPA), plus
-                              cross-attention: 2 Nt d h dk + 2 Ns d h (dk + dv) + 2 Nt h dv d + 2 B h T S (dk + dv)
-               output layer   2 Nt d V
-             Embedding look-ups, LayerNorm, softmax and the loss are not matmuls and are left out.
+  analytic   3 x forward (backward = 2 x forward) over all timed batches, by transformer_mt.flops.train_flops
+             (the formula is in that module's docstring; the training cost report of `tmt train` uses it too).
 
 The reference figures (fairseq, OpenNMT-py, the issue's matmul peaks) are quoted from issue 6 and were
 measured elsewhere; this script measures none of them. No number here is meaningful on a busy machine:
@@ -491,25 +483,37 @@ def cuda_plan(args, sizes: Sizes, recipe: Config, *, spm: Path, src: Path, tgt: 
     return specs
 
 
+def run_specs(specs: list[dict], out: Path) -> tuple[dict, list[tuple[dict, dict]]]:
+    """Run every phase; specs[0] and specs[-1] time the matmul peak at both ends (the faster is kept).
+    Returns the combined peak and the (spec, result) pairs of the phases between them."""
+    results = [run_phase(spec, out, step=f"[{i}/{len(specs)}]") for i, spec in enumerate(specs, 1)]
+    return combine_peaks(results[0], results[-1]), list(zip(specs[1:-1], results[1:-1]))
+
+
+def add_rates(spec: dict, res: dict, matmul: dict) -> tuple[str, str]:
+    """A training phase's achieved GFLOP/s and fraction of the same dtype's matmul peak, added to ``res``;
+    returns its (model, dtype) from the phase name train-MODEL-DTYPE[-...]."""
+    model, dtype = spec["name"].split("-")[1:3]
+    res["gflops"] = res["flops_per_token"] * res["tokens_per_s"] / 1e9
+    res["fraction_of_peak"] = res["gflops"] / matmul[dtype]["gflops"]
+    return model, dtype
+
+
 def run_cuda(args, sizes: Sizes, recipe: Config, *, config: Path, note: str, test_src: Path) -> dict:
     """``--device cuda``: the same JSON and markdown as on CPU, rows from :func:`cuda_plan`, MFU against the GPU's
     bf16 dense peak, peak GPU memory (torch.cuda.max_memory_allocated) per training row."""
     load_start = os.getloadavg()
     spm, src, tgt = prepare_data(args, recipe, sizes, sizes.spm_vocab or recipe.tokenizer.vocab_size)
     specs = cuda_plan(args, sizes, recipe, spm=spm, src=src, tgt=tgt, test_src=test_src)
-    results = [run_phase(spec, args.out, step=f"[{i}/{len(specs)}]") for i, spec in enumerate(specs, 1)]
-    matmul = combine_peaks(results[0], results.pop())
-    specs.pop()
-    gpu = next((res["gpu"] for res in results if "gpu" in res), torch.cuda.get_device_name() if torch.cuda.is_available() else "?")
+    matmul, phases = run_specs(specs, args.out)
+    gpu = next((res["gpu"] for _, res in phases if "gpu" in res), torch.cuda.get_device_name() if torch.cuda.is_available() else "?")
     peak, peak_source = gpu_bf16_peak(gpu, matmul["bfloat16"]["gflops"], args.peak_tflops)
     training, translation, syncs = [], [], {}
-    for spec, res in zip(specs[1:], results[1:]):
+    for spec, res in phases:
         if spec["kind"] == "syncs":
             syncs = res
         elif spec["kind"] == "train":
-            model, dtype = spec["name"].split("-")[1:3]
-            res["gflops"] = res["flops_per_token"] * res["tokens_per_s"] / 1e9
-            res["fraction_of_peak"] = res["gflops"] / matmul[dtype]["gflops"]
+            model, dtype = add_rates(spec, res, matmul)
             res["mfu"] = res["gflops"] * 1e9 / peak
             mcfg = spec["config"]["model"]
             training.append({"model": model, "dtype": dtype, "ops": "compiled" if spec["compile"] else "fast",
@@ -569,18 +573,13 @@ def run_all(args, sizes: Sizes) -> dict:
     # The peak is timed again at the end: a neighbour's burst during one short timing would otherwise
     # set the peak too low (one run measured half the usual float32 rate and "107% of peak").
     specs.append({**specs[0], "name": "matmul-end"})
-    results = [run_phase(spec, args.out, step=f"[{i}/{len(specs)}]") for i, spec in enumerate(specs, 1)]
-
-    matmul = combine_peaks(results[0], results.pop())
-    specs.pop()
+    matmul, phases = run_specs(specs, args.out)
     training, translation, syncs = [], [], {}
-    for spec, res in zip(specs[1:], results[1:]):
+    for spec, res in phases:
         if spec["kind"] == "syncs":
             syncs = res
         elif spec["kind"] == "train":
-            model, dtype = spec["name"].split("-")[1:3]
-            res["gflops"] = res["flops_per_token"] * res["tokens_per_s"] / 1e9
-            res["fraction_of_peak"] = res["gflops"] / matmul[dtype]["gflops"]
+            model, dtype = add_rates(spec, res, matmul)
             vs = None
             if model == "reference" and not spec["plain_ops"]:
                 ratio = res["tokens_per_s"] / TRAIN_QUOTED
