@@ -72,11 +72,13 @@ class ModelConfig:
     attention_dropout: float = 0.0  # dropout on attention weights (0 in the paper)
     activation_dropout: float = 0.0  # dropout after the FFN activation (0 in the paper)
     activation: str = "relu"  # FFN activation: relu or gelu
-    norm: str = "post"  # post = LayerNorm(x + sublayer(x)) (paper); pre = x + sublayer(LayerNorm(x))
+    norm: str = "post"  # post = LayerNorm(x + sublayer(x)) (paper); pre = x + sublayer(LayerNorm(x));
+    # scale = pre placement with ScaleNorm g * x / ||x|| and FixNorm embeddings (Nguyen & Salazar 2019)
     positions: str = "sinusoidal"  # sinusoidal (paper) or learned (Table 3 row E)
     max_positions: int = 1024  # longest sequence the model accepts (size of the learned table)
     share_all_embeddings: bool = True  # one matrix for source, target and output (needs a joint vocabulary)
     share_decoder_embeddings: bool = True  # tie target embedding and output projection
+    restrict_output: bool = False  # output layer over the pieces seen on the training target side only (faster with a joint vocabulary)
 
 
 @dataclass
@@ -95,11 +97,14 @@ class TrainConfig:
     optimizer_eps: float = 1e-9  # Adam epsilon (section 5.3)
     weight_decay: float = 0.0  # decoupled weight decay (AdamW); 0 = plain Adam as in the paper
     # noam: d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) * lr_scale; inverse_sqrt: peaks at lr;
-    # linear: peaks at lr, decays to 0 at max_updates
+    # linear: peaks at lr, decays to 0 at max_updates; wsd: warm-up, stable at lr, then a linear cool-down to 0 over
+    # the last `cooldown` fraction of the budget (of max_time when it is set, so a timed run ends cool on any machine)
     lr_schedule: str = "noam"
     lr: float = 5e-4  # peak learning rate of the inverse_sqrt schedule
     lr_scale: float = 1.0  # multiplier of the paper's noam formula
     warmup_updates: int = 4000  # warmup_steps of section 5.3
+    cooldown: float = 0.2  # wsd: fraction of the budget (max_time if set, else max_updates) spent cooling down
+    ema_decay: float = 0.0  # exponential moving average of the weights (e.g. 0.999), used for validation and decoding; 0 = off
     clip_norm: float = 0.0  # clip the gradient norm to this; 0 = no clipping
     max_updates: int = 0  # stop after this many updates; 0 = no limit
     max_epochs: int = 0  # stop after this many epochs; 0 = no limit
@@ -143,10 +148,10 @@ _SECTION_TYPES = get_type_hints(Config)
 CHOICES = {
     "tokenizer.model_type": ("unigram", "bpe"),
     "model.activation": ("relu", "gelu"),
-    "model.norm": ("post", "pre"),
+    "model.norm": ("post", "pre", "scale"),
     "model.positions": ("sinusoidal", "learned"),
     "train.dtype": ("float32", "bfloat16", "float16", "auto"),
-    "train.lr_schedule": ("noam", "inverse_sqrt", "linear"),
+    "train.lr_schedule": ("noam", "inverse_sqrt", "linear", "wsd"),
     "train.best_metric": ("bleu", "loss"),
 }
 PATH_KEYS = ("data.train_src", "data.train_tgt", "data.valid_src", "data.valid_tgt", "tokenizer.model", "tokenizer.tgt_model")
@@ -330,6 +335,12 @@ def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -
     if t.lr_schedule == "linear" and t.max_updates <= t.warmup_updates:
         fail("train.max_updates", f"lr_schedule linear decays to 0 at max_updates, which must be above warmup_updates "
              f"(got max_updates={t.max_updates}, warmup_updates={t.warmup_updates}); set train.max_updates")
+    if t.lr_schedule == "wsd" and not (t.max_time or t.max_updates):
+        fail("train.lr_schedule", "wsd cools down over the end of the budget; set train.max_time (minutes) or train.max_updates")
+    if not 0.0 < t.cooldown <= 1.0:
+        fail("train.cooldown", f"{t.cooldown} is outside (0, 1]; use e.g. 0.2 (the last fifth of the budget)")
+    if not 0.0 <= t.ema_decay < 1.0:
+        fail("train.ema_decay", f"{t.ema_decay} is outside [0, 1); use 0 (off) or e.g. 0.999")
     if not all(0.0 <= b < 1.0 for b in t.optimizer_betas):
         fail("train.optimizer_betas", f"{t.optimizer_betas} must both be in [0, 1); the paper uses [0.9, 0.98]")
     if d.beam < 1 or d.nbest < 1 or d.nbest > d.beam:
