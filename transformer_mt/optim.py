@@ -57,34 +57,73 @@ def linear_lr(step: int, *, peak: float, warmup: int, total: int) -> float:
         return peak * step / warmup
     return peak * max(0, total - step + 1) / (total - warmup + 1)
 
+
+def wsd_lr(step: int, fraction: float, *, peak: float, warmup: int, cooldown: float) -> float:
+    """Warm-up / stable / cool-down: ``peak * min(step / warmup, 1, (1 - fraction) / cooldown)``, floored at 0.
+
+    ``fraction`` is the share of the training budget used before this update (:func:`budget_fraction`).
+    Linear warm-up from 0 over ``warmup`` updates (update 1 gets peak / warmup; warmup = 0 starts at the
+    peak), ``peak`` until fraction 1 - cooldown, then a linear decay reaching 0 at fraction 1 (the WSD
+    schedule of MiniCPM, Hu et al. 2024; Haegele et al. 2024). Keyed to a time budget, a run ends at a low
+    rate on any machine. Where warm-up and cool-down overlap (a tiny budget) the lower of the two wins.
+    """
+    if step < 1:
+        raise ValueError(f"update numbers start at 1, got {step}")
+    if not 0.0 < cooldown <= 1.0:
+        raise ValueError(f"wsd needs cooldown in (0, 1], got {cooldown}")
+    warm = step / warmup if step < warmup else 1.0
+    return peak * max(0.0, min(warm, (1.0 - fraction) / cooldown))
+
+
+def budget_fraction(updates_done: int, seconds: float, *, max_updates: int = 0, max_time: float = 0.0) -> float:
+    """The share of the training budget used after ``updates_done`` updates and ``seconds`` of training:
+    seconds / (max_time minutes) and updates_done / max_updates, the larger of those set (whichever budget
+    runs out first ends the run); 0 when neither is set."""
+    used = [seconds / (max_time * 60)] if max_time > 0 else []
+    used += [updates_done / max_updates] if max_updates > 0 else []
+    return max(used, default=0.0)
+
+
 class Scheduler:
     """Sets every param group's lr to ``lr_fn(update)`` for the coming update.
 
     ``num_updates`` counts finished updates; the optimizer always holds ``lr_fn(num_updates + 1)``.
-    The state is that one integer, so resuming gives the same rates as an uninterrupted run.
+    A budget-keyed schedule (wsd) is given ``fraction_fn(updates_done, seconds)`` and its rate is
+    ``lr_fn(update, fraction)``; the seconds are read from ``clock`` (the trainer's training clock, host
+    time: no device sync) at each :meth:`step`. The state is ``num_updates`` (and for wsd those ``seconds``),
+    so resuming sets the same rate again and continues as an uninterrupted run.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, lr_fn: Callable[[int], float]):
+    def __init__(self, optimizer: torch.optim.Optimizer, lr_fn: Callable[..., float], *,
+                 fraction_fn: Callable[[int, float], float] | None = None):
         self.optimizer = optimizer
         self.lr_fn = lr_fn
+        self.fraction_fn = fraction_fn
+        self.clock: Callable[[], float] | None = None  # training seconds so far; set by the trainer
         self.num_updates = 0
+        self.seconds = 0.0  # the clock at the last step
         self._apply()
 
     @property
     def lr(self) -> float:
         """The learning rate of the coming update."""
-        return self.lr_fn(self.num_updates + 1)
+        if self.fraction_fn is None:
+            return self.lr_fn(self.num_updates + 1)
+        return self.lr_fn(self.num_updates + 1, self.fraction_fn(self.num_updates, self.seconds))
 
     def step(self) -> None:
         """Call after each ``optimizer.step()``."""
         self.num_updates += 1
+        if self.fraction_fn is not None and self.clock is not None:
+            self.seconds = float(self.clock())
         self._apply()
 
     def state_dict(self) -> dict:
-        return {"num_updates": self.num_updates}
+        return {"num_updates": self.num_updates} | ({"seconds": self.seconds} if self.fraction_fn is not None else {})
 
     def load_state_dict(self, state: dict) -> None:
         self.num_updates = int(state["num_updates"])
+        self.seconds = float(state.get("seconds", 0.0))  # absent in checkpoints from before wsd
         self._apply()
 
     def _apply(self) -> None:
@@ -94,15 +133,19 @@ class Scheduler:
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, train_cfg: TrainConfig, *, d_model: int) -> Scheduler:
-    """The schedule named by ``train_cfg.lr_schedule`` (noam, inverse_sqrt or linear), already applied for update 1."""
+    """The schedule named by ``train_cfg.lr_schedule`` (noam, inverse_sqrt, linear or wsd), already applied for update 1."""
     if train_cfg.lr_schedule == "noam":
         fn = functools.partial(noam_lr, d_model=d_model, warmup=train_cfg.warmup_updates, scale=train_cfg.lr_scale)
     elif train_cfg.lr_schedule == "inverse_sqrt":
         fn = functools.partial(inverse_sqrt_lr, peak=train_cfg.lr, warmup=train_cfg.warmup_updates)
     elif train_cfg.lr_schedule == "linear":
         fn = functools.partial(linear_lr, peak=train_cfg.lr, warmup=train_cfg.warmup_updates, total=train_cfg.max_updates)
+    elif train_cfg.lr_schedule == "wsd":
+        fn = functools.partial(wsd_lr, peak=train_cfg.lr, warmup=train_cfg.warmup_updates, cooldown=train_cfg.cooldown)
+        budget = functools.partial(budget_fraction, max_updates=train_cfg.max_updates, max_time=train_cfg.max_time)
+        return Scheduler(optimizer, fn, fraction_fn=budget)
     else:
-        raise ValueError(f"train.lr_schedule={train_cfg.lr_schedule!r} is not one of noam, inverse_sqrt, linear")
+        raise ValueError(f"train.lr_schedule={train_cfg.lr_schedule!r} is not one of noam, inverse_sqrt, linear, wsd")
     return Scheduler(optimizer, fn)
 
 

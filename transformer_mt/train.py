@@ -354,6 +354,7 @@ class Trainer:
         t, p, rank, world = self.t, self.progress, self.dist.rank, self.dist.world_size
         start = time.monotonic()
         elapsed = lambda: p.elapsed + (time.monotonic() - start)  # noqa: E731 - tiny closure over start
+        self.scheduler.clock = elapsed  # wsd cools down over the end of max_time on this clock (host time, no device sync)
         self.runlog.start_progress(total=t.max_updates or None, initial=p.update)
         window = Window()
         reason = self._stop_reason(elapsed())  # a resumed run may already be at its limits: then it trains no further
