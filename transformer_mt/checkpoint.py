@@ -27,7 +27,8 @@ Sentencepiece protos are stored as uint8 tensors, not ``bytes``: torch before 2.
 
 A run directory keeps ``checkpoint_last.pt``, ``checkpoint_best.pt`` and numbered
 ``checkpoint_<update>.pt`` files (one save may write the same bytes under several of these names:
-:func:`copy_checkpoint`); :func:`prune_checkpoints` deletes the oldest numbered ones.
+:func:`copy_checkpoint`); :func:`prune_checkpoints` deletes the oldest numbered ones (but those at multiples of
+``train.keep_every``).
 """
 
 from __future__ import annotations
@@ -325,27 +326,50 @@ def numbered_checkpoints(out_dir: str | os.PathLike) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
-def prune_checkpoints(out_dir: str | os.PathLike, keep_last: int) -> list[Path]:
+def checkpoint_update(path: str | os.PathLike) -> int:
+    """The update number in a ``checkpoint_<update>.pt`` name."""
+    match = _NUMBERED.fullmatch(Path(path).name)
+    if match is None:
+        raise CheckpointError(f"{path}: not a numbered checkpoint_<update>.pt file")
+    return int(match.group(1))
+
+
+def prune_checkpoints(out_dir: str | os.PathLike, keep_last: int, *, keep_every: int = 0) -> list[Path]:
     """Delete all but the ``keep_last`` newest numbered checkpoints (0 = keep all); returns the deleted.
+    With ``keep_every`` > 0, those whose update is a multiple of it are kept too (LAWA-style averaging
+    over a wider window: ``tmt average --every``).
 
     ``checkpoint_best.pt``, ``checkpoint_last.pt`` and anything not named ``checkpoint_<int>.pt``
     are never touched.
     """
-    if keep_last < 0:
-        raise CheckpointError(f"keep_last={keep_last} is negative; use 0 to keep every checkpoint or a positive count")
+    if keep_last < 0 or keep_every < 0:
+        raise CheckpointError(f"keep_last={keep_last}, keep_every={keep_every}: negative; use 0 (keep all / none) or a positive count")
     found = numbered_checkpoints(out_dir)
     doomed = found[:-keep_last] if keep_last else []
+    if keep_every:
+        doomed = [p for p in doomed if checkpoint_update(p) % keep_every]
     for path in doomed:
         with contextlib.suppress(FileNotFoundError):  # a concurrent prune got there first
             path.unlink()
     return doomed
 
 
-def last_checkpoints(run_dir: str | os.PathLike, n: int) -> list[Path]:
-    """The ``n`` newest numbered checkpoints of a run, oldest first (so the newest is last)."""
+def last_checkpoints(run_dir: str | os.PathLike, n: int, *, every: int = 0) -> list[Path]:
+    """The ``n`` newest numbered checkpoints of a run, oldest first (so the newest is last); with ``every``
+    > 0, the newest of those whose update is a multiple of ``every``."""
     if n < 1:
         raise CheckpointError(f"cannot take the last {n} checkpoints; ask for at least 1")
+    if every < 0:
+        raise CheckpointError(f"--every {every} is negative; give the spacing in updates (e.g. 1000), or 0 for the newest checkpoints")
     found = numbered_checkpoints(run_dir)
+    if every:
+        found = [p for p in found if checkpoint_update(p) % every == 0]
+        if len(found) < n:
+            updates = ", ".join(str(checkpoint_update(p)) for p in found) or "none"
+            raise CheckpointError(
+                f"{run_dir}: asked for the last {n} checkpoints at multiples of {every} updates but found {len(found)} (updates: {updates}); "
+                f"ask for fewer with --last, or train with train.keep_every={every} (and numbered saves on those updates) so pruning keeps them"
+            )
     if len(found) < n:
         raise CheckpointError(
             f"{run_dir}: asked for the last {n} checkpoints but the run has {len(found)} numbered checkpoint_<update>.pt files; "

@@ -112,6 +112,7 @@ class TrainConfig:
     validate_every: int = 1000  # updates between validations (and checkpoint saves)
     save_every: int = 0  # updates between numbered checkpoints kept on disk (validated or not); 0 = at every validation
     keep_last: int = 5  # numbered checkpoints kept (the newest ones); 0 = keep all
+    keep_every: int = 0  # also keep, past keep_last, every numbered checkpoint whose update is a multiple of this (for `tmt average --every`); 0 = none
     best_metric: str = "bleu"  # bleu (higher is better) or loss (lower is better) picks checkpoint_best.pt
     patience: int = 0  # stop after this many validations without improvement; 0 = never
     valid_bleu_sentences: int = 0  # sentences of the validation set decoded for BLEU; 0 = all, -1 = skip BLEU
@@ -325,7 +326,8 @@ def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -
     for key in ("max_tokens", "update_freq", "validate_every", "log_every"):
         if getattr(t, key) < 1:
             fail(f"train.{key}", f"must be at least 1, got {getattr(t, key)}")
-    for key in ("max_updates", "max_epochs", "max_time", "save_every", "keep_last", "patience", "warmup_updates", "weight_decay", "clip_norm", "threads"):
+    for key in ("max_updates", "max_epochs", "max_time", "save_every", "keep_last", "keep_every", "patience", "warmup_updates", "weight_decay",
+                "clip_norm", "threads"):
         if getattr(t, key) < 0:
             fail(f"train.{key}", f"must be 0 or positive, got {getattr(t, key)}")
     if t.lr <= 0 or t.lr_scale <= 0:

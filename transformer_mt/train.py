@@ -566,13 +566,13 @@ class Trainer:
         self._save([self.out / "checkpoint_best.pt"] * improved + [numbered_checkpoint_path(self.out, p.update)] * numbered
                    + [self.out / "checkpoint_last.pt"], val, elapsed=wall)
         if numbered:
-            prune_checkpoints(self.out, t.keep_last)
+            prune_checkpoints(self.out, t.keep_last, keep_every=t.keep_every)
         return val
 
     def _save_numbered(self, val: dict[str, float], wall: float) -> None:
         """checkpoint_<update>.pt and checkpoint_last.pt (every save is resumable: --resume takes the newest)."""
         self._save([numbered_checkpoint_path(self.out, self.progress.update), self.out / "checkpoint_last.pt"], val, elapsed=wall)
-        prune_checkpoints(self.out, self.t.keep_last)
+        prune_checkpoints(self.out, self.t.keep_last, keep_every=self.t.keep_every)
 
     def _save(self, paths: list[Path], val: dict[str, float], *, elapsed: float | None = None) -> None:
         """The training state, serialised once, under each of `paths` in order: written atomically to the first,

@@ -40,14 +40,18 @@ def average(
     checkpoints: List[Path] = typer.Argument(None, help="Checkpoint files to average (or give --run and --last)."),
     run: Optional[Path] = typer.Option(None, "--run", help="Run directory: average its newest numbered checkpoints."),
     last: int = typer.Option(5, "--last", min=1, help="With --run: how many of the newest checkpoints."),
+    every: int = typer.Option(0, "--every", min=0, help="With --run: only checkpoints whose update is a multiple of K (a wider, LAWA-style "
+                              "window; train with train.keep_every=K to keep them)."),
     output: Path = typer.Option(..., "--output", "-o", help="Where to write the averaged checkpoint."),
 ) -> None:
     """Average model parameters of several checkpoints (the paper averages the last 5 or 20)."""
     from transformer_mt.checkpoint import CheckpointError, average_checkpoints, last_checkpoints, save_checkpoint
 
     paths = list(checkpoints or [])
+    if every and run is None:
+        raise CheckpointError(f"--every {every} picks from a run's numbered checkpoints; give --run RUN_DIR too")
     if run is not None:
-        paths += last_checkpoints(run, last)
+        paths += last_checkpoints(run, last, every=every)
     if len(paths) < 2:
         raise CheckpointError("give at least two checkpoints, or --run RUN_DIR --last N")
     for path in paths:  # a checkpoint replaced by the average loses its training state: refuse, as for text outputs
