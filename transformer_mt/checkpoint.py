@@ -17,6 +17,8 @@ and loading a file never runs code from it:
     progress    {"update", "epoch", "epoch_batch" (batches consumed in the epoch), "best_metric",
                  "bad_validations" (patience count), "elapsed" (seconds), ...}: owned by train.py
     metrics     the last validation's results (loss, perplexity, BLEU, ...)
+    ema         only with train.ema_decay > 0: ``EMA.state_dict()`` (ema.py), {"decay", "updates", "weights":
+                {parameter name -> fp32 tensor}}; decoding takes these weights by default (:func:`model_weights`)
 
 Sentencepiece protos are stored as uint8 tensors, not ``bytes``: torch before 2.5 refuses
 ``bytes`` under weights_only (pytorch/pytorch#133163), and older checkpoints must keep loading.
@@ -52,7 +54,8 @@ from transformer_mt.errors import TmtError
 FORMAT = "transformer_mt/1"
 _NUMBERED = re.compile(r"checkpoint_(\d+)\.pt")
 # The training-state keys an averaged (inference) checkpoint does not carry.
-TRAINING_KEYS = ("optimizer", "scheduler", "scaler", "rng", "progress", "metrics")
+TRAINING_KEYS = ("optimizer", "scheduler", "scaler", "rng", "progress", "metrics", "ema")
+WEIGHTS = ("ema", "raw")  # which weights of a checkpoint to decode: the moving average (train.ema_decay) or the trained ones
 
 
 class CheckpointError(TmtError, RuntimeError):
@@ -264,6 +267,24 @@ def config_from_checkpoint(state: dict[str, Any], *, source: str = "checkpoint")
         raise CheckpointError(f"{exc}; the checkpoint may come from another transformer_mt version") from None
 
 
+def model_weights(state: dict[str, Any], *, weights: str | None = None, source: str = "checkpoint") -> dict[str, torch.Tensor]:
+    """The model ``state_dict`` to decode with: `weights` "ema" (the moving average, what validation chose the best
+    checkpoint on), "raw" (the trained weights), or None: "ema" when the checkpoint holds them, else "raw"."""
+    if weights not in (None, *WEIGHTS):
+        raise CheckpointError(f"--weights {weights}: choose one of {', '.join(WEIGHTS)}")
+    ema = state.get("ema")
+    if weights == "ema" and not ema:
+        raise CheckpointError(f"{source}: --weights ema, but the checkpoint holds no EMA weights (train.ema_decay was 0); use --weights raw")
+    if weights == "raw" or not ema:
+        return state["model"]
+    model = dict(state["model"])
+    for name, tensor in ema["weights"].items():  # parameters only: buffers stay the model's
+        if name not in model:
+            raise CheckpointError(f"{source}: EMA weight {name!r} is not a model parameter; the checkpoint is damaged, use --weights raw")
+        model[name] = tensor.to(model[name].dtype)
+    return model
+
+
 def _has_numpy() -> bool:
     try:
         import numpy  # noqa: F401
@@ -381,18 +402,20 @@ def last_checkpoints(run_dir: str | os.PathLike, n: int, *, every: int = 0) -> l
 # ----------------------------------------------------------------------------- averaging
 
 
-def average_checkpoints(paths: list[str | os.PathLike]) -> dict[str, Any]:
+def average_checkpoints(paths: list[str | os.PathLike], *, weights: str | None = None) -> dict[str, Any]:
     """An inference checkpoint whose weights are the element-wise mean of those in ``paths``.
 
     Floating-point tensors are summed in float64 and cast back to their dtype; integer and
     bool buffers (counters, masks) are taken from the last checkpoint, as are ``config`` and
     ``tokenizers``. Optimizer, scheduler, RNG and progress are dropped. Checkpoints of
-    different architectures (model config or parameter names and shapes) are refused.
+    different architectures (model config or parameter names and shapes) are refused. `weights`: which
+    weights of each checkpoint (:func:`model_weights`): "ema", "raw", or None: the EMA weights when every
+    checkpoint holds them, else the raw ones (both are summed until a checkpoint without EMA shows up).
     """
     paths = [Path(p) for p in paths]
     if not paths:
         raise CheckpointError("no checkpoints to average; give at least one path")
-    sums: dict[str, torch.Tensor] = {}
+    kinds: dict[str, dict[str, torch.Tensor]] = {kind: {} for kind in ([weights] if weights else WEIGHTS)}  # kind -> float64 sums
     first_path, first = paths[0], None
     last: dict[str, Any] = {}
     for path in paths:
@@ -408,15 +431,19 @@ def average_checkpoints(paths: list[str | os.PathLike]) -> dict[str, Any]:
             if tokenizers != first["tokenizers"]:  # equal vocabulary sizes are not enough: the ids must mean the same pieces
                 raise CheckpointError(f"cannot average {first_path} and {path}: their sentencepiece models differ; "
                                       "average checkpoints of one run (or of runs trained with the same tokenizer.model)")
-        for name, tensor in last["model"].items():
-            if tensor.is_floating_point():
-                acc = tensor.to(torch.float64)
-                sums[name] = acc if name not in sums else sums[name].add_(acc)
+        if weights is None and not last.get("ema"):
+            kinds.pop("ema", None)
+        for kind, sums in kinds.items():
+            for name, tensor in model_weights(last, weights=kind, source=str(path)).items():
+                if tensor.is_floating_point():
+                    acc = tensor.to(torch.float64)
+                    sums[name] = acc if name not in sums else sums[name].add_(acc)
+    chosen, sums = next(iter(kinds.items()))  # WEIGHTS puts "ema" first
     model = {}
     for name, tensor in last["model"].items():
         model[name] = (sums[name] / len(paths)).to(tensor.dtype) if name in sums else tensor
     out = {k: v for k, v in last.items() if k not in TRAINING_KEYS}
-    out.update(model=model, averaged_from=[str(p) for p in paths])
+    out.update(model=model, averaged_from=[str(p) for p in paths], averaged_weights=chosen)
     return out
 
 

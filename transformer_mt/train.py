@@ -66,6 +66,7 @@ from transformer_mt.checkpoint import (
 )
 from transformer_mt.config import Config, ConfigError, TrainConfig, load_config, save_config, to_dict
 from transformer_mt.data import Batch, SampledSegmentation
+from transformer_mt.ema import EMA
 from transformer_mt.errors import TmtError
 from transformer_mt.evaluate import BleuSet, bleu_set, checked_validation_set, validation_bleu, validation_loss
 from transformer_mt.loss import TeacherForcedLoss
@@ -231,6 +232,8 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, t)
         self.scheduler = build_scheduler(self.optimizer, t, d_model=cfg.model.d_model)
         self.scaler = torch.amp.GradScaler("cuda") if t.dtype == "float16" else None
+        # rank 0 alone validates and saves, so it alone keeps the moving average (of the unwrapped model)
+        self.ema = EMA(self.model, decay=t.ema_decay) if t.ema_decay > 0 and self.dist.is_main else None
         self.progress = Progress()
         if state is not None:
             self._restore(state)
@@ -310,6 +313,11 @@ class Trainer:
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
+        if self.ema is not None and state.get("ema"):
+            self.ema.load_state_dict(state["ema"], source=str(self.resumed_from))
+        elif self.ema is not None:
+            self.ema.reset()
+            self.log(f"train.ema_decay={self.t.ema_decay:g}: {self.resumed_from} holds no EMA weights; the average starts from its weights")
         self.progress = Progress(**state["progress"])
         if self.dist.is_main:  # other ranks reseed (see the module docstring)
             set_rng_state(state["rng"])
@@ -491,6 +499,8 @@ class Trainer:
         stepped = math.isfinite(gnorm)  # non-finite: an fp16 overflow (the scaler lowers its scale) or a NaN
         if stepped:
             self.optimizer.step()  # gradients already unscaled: scaler.step would only read the overflow flag again
+            if self.ema is not None:  # a skipped update (overflow, NaN) leaves the average alone too
+                self.ema.update()
         elif self.scaler is None:
             self.log(f"update {self.progress.update + 1}: gradient norm is {gnorm}; update skipped (NaN guard)")
         if self.scaler is not None:
@@ -505,8 +515,13 @@ class Trainer:
 
     # ------------------------------------------------------------ validation and checkpoints
     def validate(self) -> dict[str, float]:
-        """Validation loss/perplexity over the whole validation set and BLEU on its first sentences (evaluate.py)."""
+        """Validation loss/perplexity over the whole validation set and BLEU on its first sentences (evaluate.py),
+        of the EMA weights when train.ema_decay > 0 (so checkpoint_best.pt is chosen on what decoding uses)."""
         assert self.valid_data is not None
+        with self.ema.applied() if self.ema is not None else contextlib.nullcontext():
+            return self._validate()
+
+    def _validate(self) -> dict[str, float]:
         t = self.t
         result = validation_loss(self.model, self.valid_data, max_tokens=t.max_tokens, seed=t.seed, label_smoothing=t.label_smoothing,
                                  device=self.device, dtype=t.dtype)
@@ -592,6 +607,8 @@ class Trainer:
             "progress": progress,
             "metrics": dict(val),
         }
+        if self.ema is not None:
+            state["ema"] = self.ema.state_dict()
         first = save_checkpoint(state, paths[0])
         for path in paths[1:]:
             copy_checkpoint(first, path)

@@ -22,7 +22,7 @@ from typing import Iterable, Iterator, NamedTuple, TextIO
 import torch
 
 from transformer_mt import runtime
-from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, unpack_tokenizers
+from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, model_weights, unpack_tokenizers
 from transformer_mt.config import Config
 from transformer_mt.data import source_tensor
 from transformer_mt.ensemble import Ensemble
@@ -144,14 +144,16 @@ class Translator:
         self.model.reserve_positions(self.positions)
 
     @classmethod
-    def from_checkpoint(cls, path: str | os.PathLike, *, device: str = "auto", dtype: str = "float32", threads: int = 0) -> "Translator":
-        return cls.from_checkpoints([path], device=device, dtype=dtype, threads=threads)
+    def from_checkpoint(cls, path: str | os.PathLike, *, device: str = "auto", dtype: str = "float32", threads: int = 0,
+                        weights: str | None = None) -> "Translator":
+        return cls.from_checkpoints([path], device=device, dtype=dtype, threads=threads, weights=weights)
 
     @classmethod
     def from_checkpoints(cls, paths: list[str | os.PathLike], *, device: str = "auto", dtype: str = "float32",
-                         threads: int = 0) -> "Translator":
+                         threads: int = 0, weights: str | None = None) -> "Translator":
         """One checkpoint, or several decoded as an ensemble (mean of their probabilities at every
-        step); an ensemble's members must share the tokenizers. Decoding defaults come from the first."""
+        step); an ensemble's members must share the tokenizers. Decoding defaults come from the first.
+        `weights`: "ema", "raw" or None (each checkpoint's EMA weights when it has them; checkpoint.model_weights)."""
         if not paths:
             raise TranslateError("give at least one checkpoint (-c FILE)")
         dev = runtime.pick_device(device)
@@ -168,7 +170,7 @@ class Translator:
                 raise TranslateError(f"{path}: its sentencepiece models differ from those of {paths[0]}; "
                                      "an ensemble needs checkpoints trained with the same tokenizer")
             model = Transformer(cfg.model, src_vocab_size=toks[0].vocab_size, tgt_vocab_size=toks[1].vocab_size)
-            model.load_state_dict(state["model"])
+            model.load_state_dict(model_weights(state, weights=weights, source=str(path)))
             del state
             # Inference in reduced precision: cast the weights once (cheaper per step than autocast); LayerNorm
             # and the sinusoid table stay float32 (Transformer.cast_weights).

@@ -9,7 +9,7 @@ from typing import Iterator, Optional
 
 from transformer_mt.textio import iter_file, iter_stream, safe_output
 
-__all__ = ["input_lines", "safe_output", "progress", "decode_args", "CKPT_HELP", "BEAM_HELP", "LENPEN_HELP"]
+__all__ = ["input_lines", "safe_output", "progress", "decode_args", "CKPT_HELP", "BEAM_HELP", "LENPEN_HELP", "WEIGHTS_HELP"]
 
 
 def input_lines(path: Optional[Path]) -> Iterator[str]:
@@ -32,6 +32,8 @@ CKPT_HELP = ("A checkpoint written by `tmt train` or `tmt average`; repeat -c to
               "(mean of the models' probabilities; they must share the tokenizer).")
 BEAM_HELP = "Beam size (1 = greedy). Default: the checkpoint's decode.beam."
 LENPEN_HELP = "GNMT length penalty alpha, ((5+len)/6)^alpha. Default: decode.lenpen."
+WEIGHTS_HELP = ("ema or raw: the moving average of the weights (train.ema_decay; what validation chose on) or the trained ones. "
+                "Default: ema when the checkpoint holds it, else raw.")
 
 def decode_args(tr, beam: Optional[int], lenpen: Optional[float], nbest: int) -> tuple[int, float]:
     """--beam / --lenpen (or the checkpoint's defaults), checked before any input is encoded: a beam too

@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 
 from transformer_mt.cli.app import app
-from transformer_mt.cli.common import BEAM_HELP, CKPT_HELP, LENPEN_HELP, decode_args
+from transformer_mt.cli.common import BEAM_HELP, CKPT_HELP, LENPEN_HELP, WEIGHTS_HELP, decode_args
 
 
 @app.command()
@@ -24,6 +24,7 @@ def evaluate(
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
     dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16 (GPU)."),
     threads: int = typer.Option(0, "--threads", min=0, help="CPU threads (0 = torch default)."),
+    weights: Optional[str] = typer.Option(None, "--weights", help=WEIGHTS_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
 ) -> None:
     """Translate SRC, write the hypotheses, print BLEU, chrF, sentences/s and target tokens/s."""
@@ -32,7 +33,7 @@ def evaluate(
     from transformer_mt.evaluate import evaluate_file
     from transformer_mt.translate import Translator
 
-    tr = Translator.from_checkpoints(checkpoints, device=device, dtype=dtype, threads=threads)
+    tr = Translator.from_checkpoints(checkpoints, device=device, dtype=dtype, threads=threads, weights=weights)
     beam, lenpen = decode_args(tr, beam, lenpen, 1)
     output = output or checkpoints[0].parent / f"{src.name}.{checkpoints[0].stem}.hyp"
     result = evaluate_file(tr, src, ref, output=output, beam=beam, lenpen=lenpen, batch_tokens=batch_tokens, lowercase=lowercase,

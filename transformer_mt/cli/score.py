@@ -43,6 +43,8 @@ def average(
     every: int = typer.Option(0, "--every", min=0, help="With --run: only checkpoints whose update is a multiple of K (a wider, LAWA-style "
                               "window; train with train.keep_every=K to keep them)."),
     output: Path = typer.Option(..., "--output", "-o", help="Where to write the averaged checkpoint."),
+    weights: Optional[str] = typer.Option(None, "--weights", help="ema or raw: which weights of each checkpoint to average (train.ema_decay). "
+                                          "Default: ema when every checkpoint holds it, else raw."),
 ) -> None:
     """Average model parameters of several checkpoints (the paper averages the last 5 or 20)."""
     from transformer_mt.checkpoint import CheckpointError, average_checkpoints, last_checkpoints, save_checkpoint
@@ -57,5 +59,7 @@ def average(
     for path in paths:  # a checkpoint replaced by the average loses its training state: refuse, as for text outputs
         if output.exists() and path.exists() and os.path.samefile(output, path):
             raise CheckpointError(f"{output}: the output is the input checkpoint {path}; writing it would destroy that checkpoint, so give another -o")
-    save_checkpoint(average_checkpoints(paths), output)
-    typer.echo(f"averaged {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {output}", err=True)
+    averaged = average_checkpoints(paths, weights=weights)
+    save_checkpoint(averaged, output)
+    typer.echo(f"averaged the {averaged['averaged_weights']} weights of {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) "
+               f"into {output}", err=True)

@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from transformer_mt.cli.app import app
-from transformer_mt.cli.common import BEAM_HELP, CKPT_HELP, LENPEN_HELP, decode_args, safe_output
+from transformer_mt.cli.common import BEAM_HELP, CKPT_HELP, LENPEN_HELP, WEIGHTS_HELP, decode_args, safe_output
 
 
 @app.command()
@@ -24,13 +24,14 @@ def translate(
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
     dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16 (GPU)."),
     threads: int = typer.Option(0, "--threads", min=0, help="CPU threads (0 = torch default)."),
+    weights: Optional[str] = typer.Option(None, "--weights", help=WEIGHTS_HELP),
 ) -> None:
     """Translate raw text with greedy or beam search: one output line per input line."""
     from transformer_mt.textio import count_lines, file_chunks, stdin_chunks
     from transformer_mt.translate import Translator, translate_stream
 
     chunks = file_chunks(input) if input is not None and str(input) != "-" else stdin_chunks()  # a wrong path fails first
-    tr = Translator.from_checkpoints(checkpoints, device=device, dtype=dtype, threads=threads)
+    tr = Translator.from_checkpoints(checkpoints, device=device, dtype=dtype, threads=threads, weights=weights)
     beam, lenpen = decode_args(tr, beam, lenpen, nbest)
     bar = None
     if input is not None and str(input) != "-" and sys.stderr.isatty():
