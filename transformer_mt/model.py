@@ -23,6 +23,15 @@ Mask convention (one for the whole module):
     position's past holds no padding, and padded positions, whose outputs nothing reads, may see padding;
     a source without padding (``encode(src, padded=False)``, stated by a caller that knows it from the
     collated lengths) gets no key mask. Both give the masked path's numbers bit for bit on CPU (tests).
+
+Normalisation (``model.norm``): post (the paper: LayerNorm after each residual add), pre (LayerNorm on each
+sublayer's input, plus one final LayerNorm per stack), or scale, "Transformers without Tears" (Nguyen &
+Salazar 2019) as the authors' code (tnq177/transformers_without_tears) runs it: pre placement with
+:class:`ScaleNorm` g * x / max(||x||_2, 1e-5) (one learned scalar g per norm, initialised to sqrt(d_model))
+in place of every LayerNorm, and FixNorm: every word-embedding row is l2-normalised to length 1 before the
+sqrt(d_model) input scale, so the input embeddings have the fixed length sqrt(d_model) (the paper's fixed g),
+and the output layer scores with the normalised rows too (tied: the same matrix; untied: its own rows), so a
+logit is the final ScaleNorm's g times a cosine. Only the rows' directions are learned; the PAD row stays 0.
 """
 
 from __future__ import annotations
@@ -94,6 +103,26 @@ class LayerNorm(nn.LayerNorm):
         if x.dtype == self.weight.dtype:
             return super().forward(x)
         return F.layer_norm(x.to(self.weight.dtype), self.normalized_shape, self.weight, self.bias, self.eps).to(x.dtype)
+
+
+class ScaleNorm(nn.Module):
+    """ScaleNorm (Nguyen & Salazar 2019, eq. 5): (..., D) -> g * x / max(||x||_2, eps) over the last dimension, one
+    learned scalar ``g`` initialised to sqrt(D) (x / ||x|| * sqrt(D) has unit RMS, as LayerNorm's output has).
+    Like :class:`LayerNorm`, it normalises in g's dtype (float32) when the input has another."""
+
+    def __init__(self, d_model: int, *, eps: float = 1e-5):
+        super().__init__()
+        self.g = nn.Parameter(torch.tensor(math.sqrt(d_model)))  # () scalar; the authors' initial value
+        self.d_model, self.eps = d_model, eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = x.to(self.g.dtype)
+        return (y * (self.g / y.norm(dim=-1, keepdim=True).clamp(min=self.eps))).to(x.dtype)
+
+
+def _norm(cfg: ModelConfig) -> nn.Module:
+    """The normalisation layer ``model.norm`` asks for: ScaleNorm for scale, else LayerNorm."""
+    return ScaleNorm(cfg.d_model) if cfg.norm == "scale" else LayerNorm(cfg.d_model)
 
 
 class MultiHeadAttention(nn.Module):
@@ -183,14 +212,14 @@ class FeedForward(nn.Module):
 
 class _Block(nn.Module):
     """Residual wiring shared by both layer kinds: post-norm LayerNorm(x + Dropout(f(x))) (sections 3.1, 5.4)
-    or pre-norm x + Dropout(f(LayerNorm(x)))."""
+    or pre-norm x + Dropout(f(Norm(x))) (norm pre: LayerNorm; norm scale: ScaleNorm)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.pre = cfg.norm == "pre"
+        self.pre = cfg.norm in ("pre", "scale")
         self.dropout = cfg.dropout
 
-    def _add(self, x: Tensor, y: Tensor, norm: nn.LayerNorm) -> Tensor:
+    def _add(self, x: Tensor, y: Tensor, norm: nn.Module) -> Tensor:
         x = x + dropout(y, self.dropout, self.training)  # P_drop on each sublayer output, before the add
         return x if self.pre else norm(x)
 
@@ -201,7 +230,7 @@ class EncoderLayer(_Block):
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
         self.self_attn, self.ffn = MultiHeadAttention(cfg), FeedForward(cfg)
-        self.norm1, self.norm2 = LayerNorm(cfg.d_model), LayerNorm(cfg.d_model)
+        self.norm1, self.norm2 = _norm(cfg), _norm(cfg)
 
     def forward(self, x: Tensor, allowed: Tensor | None, *, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
         """``allowed``: (B, 1, 1, S) bool, True = attend (the source key-padding mask), None without padding. Returns the layer's
@@ -219,7 +248,7 @@ class DecoderLayer(_Block):
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
         self.self_attn, self.cross_attn, self.ffn = MultiHeadAttention(cfg), MultiHeadAttention(cfg), FeedForward(cfg)
-        self.norm1, self.norm2, self.norm3 = (LayerNorm(cfg.d_model) for _ in range(3))
+        self.norm1, self.norm2, self.norm3 = (_norm(cfg) for _ in range(3))
 
     def forward(
         self, x: Tensor, cross_k: Tensor, cross_v: Tensor, *, self_allowed: Tensor | None, cross_allowed: Tensor | None,
@@ -251,7 +280,7 @@ class DecoderLayer(_Block):
 
 
 def _check(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
-    for key, allowed in (("norm", ("post", "pre")), ("activation", ("relu", "gelu")), ("positions", ("sinusoidal", "learned"))):
+    for key, allowed in (("norm", ("post", "pre", "scale")), ("activation", ("relu", "gelu")), ("positions", ("sinusoidal", "learned"))):
         if getattr(cfg, key) not in allowed:
             raise ConfigError(f"model.{key}={getattr(cfg, key)!r} is not one of {', '.join(allowed)}")
     if (not cfg.head_dim or not cfg.value_dim) and cfg.d_model % cfg.heads:
@@ -291,9 +320,10 @@ class Transformer(nn.Module):
             self.register_buffer("pe", sinusoids(cfg.max_positions, d), persistent=False)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
-        # Pre-norm leaves the residual stream unnormalised: one final LayerNorm per stack.
-        self.encoder_norm = LayerNorm(d) if cfg.norm == "pre" else None
-        self.decoder_norm = LayerNorm(d) if cfg.norm == "pre" else None
+        # Pre-norm leaves the residual stream unnormalised: one final norm per stack (ScaleNorm's too).
+        self.encoder_norm = _norm(cfg) if cfg.norm != "post" else None
+        self.decoder_norm = _norm(cfg) if cfg.norm != "post" else None
+        self.fix_norm = cfg.norm == "scale"  # FixNorm: unit-length word embeddings (module docstring)
         self._init_weights()
 
     def _init_weights(self) -> None:
@@ -346,11 +376,11 @@ class Transformer(nn.Module):
 
     def cast_weights(self, dtype: torch.dtype) -> Transformer:
         """Inference in reduced precision (``tmt translate --dtype bfloat16/float16``): every matmul weight
-        and embedding table in ``dtype``, cast once (cheaper per step than autocast); LayerNorm parameters
+        and embedding table in ``dtype``, cast once (cheaper per step than autocast); LayerNorm and ScaleNorm parameters
         and the sinusoid table stay float32 (:class:`LayerNorm` normalises in float32; the positions are
         added in float32). Returns the model."""
         for module in self.modules():
-            if module is not self and not isinstance(module, nn.LayerNorm):  # the pe buffer is the model's own
+            if module is not self and not isinstance(module, (nn.LayerNorm, ScaleNorm)):  # the pe buffer is the model's own
                 module._apply(lambda t: t.to(dtype) if t.is_floating_point() else t, recurse=False)
         return self
 
@@ -358,6 +388,8 @@ class Transformer(nn.Module):
         """(B, T) ids at positions [start, start + T) -> (B, T, D): scaled embedding + position, dropout.
         With weights cast to bf16 / fp16 the sum is taken with the float32 sinusoids, then rounded once."""
         e = embed(tokens)
+        if self.fix_norm:  # FixNorm: each looked-up row to length 1 (in float32), then the sqrt(d) scale below
+            e = F.normalize(e.float(), dim=-1).to(e.dtype)
         x = (e * self.embed_scale + self._positions(start, tokens.size(1))).to(e.dtype)
         return dropout(x, self.dropout, self.training)  # section 5.4: dropout on embeddings + positions
 
@@ -392,7 +424,7 @@ class Transformer(nn.Module):
         x = self.decoder_output(tgt_in, enc)
         if keep is not None:
             x = x[keep]  # (B, T, D) -> (N, D)
-        return self.output_proj(x)
+        return self.logits(x)
 
     def attention(self, src: Tensor, tgt_in: Tensor) -> AttentionWeights:
         """Teacher-force tgt_in (B, T) = BOS + target on src (B, S) and return every layer's attention
@@ -405,7 +437,7 @@ class Transformer(nn.Module):
         """
         enc, encoder = self._encode(src, need_weights=True)
         x, decoder = self._decoder_states(tgt_in, enc, need_weights=True)
-        return AttentionWeights(tuple(encoder), tuple(w.self_attn for w in decoder), tuple(w.cross_attn for w in decoder), self.output_proj(x))
+        return AttentionWeights(tuple(encoder), tuple(w.self_attn for w in decoder), tuple(w.cross_attn for w in decoder), self.logits(x))
 
     def _decoder_states(self, tgt_in: Tensor, enc: EncoderOut, *, need_weights: bool = False) -> tuple[Tensor, list]:
         """tgt_in (B, T) -> the top decoder states (B, T, D) (after the final norm), and attention weights if asked.
@@ -426,7 +458,7 @@ class Transformer(nn.Module):
     def decoder_output(self, tgt_in: Tensor, enc: EncoderOut) -> Tensor:
         """Teacher forcing up to the vocabulary projection: tgt_in (B, T) -> the top decoder states (B, T, D)
         (after the final norm). :class:`~transformer_mt.loss.TeacherForcedLoss` fuses the projection
-        ``output_proj`` with the loss, so the (N, V) logits are never built in one piece."""
+        (:meth:`output_weight`) with the loss, so the (N, V) logits are never built in one piece."""
         return self._decoder_states(tgt_in, enc)[0]
 
     def forward(self, src: Tensor, tgt_in: Tensor, *, keep: Tensor | None = None) -> Tensor:
@@ -435,6 +467,19 @@ class Transformer(nn.Module):
         The training loss is :class:`~transformer_mt.loss.TeacherForcedLoss`, a module around this model.
         """
         return self.decode(tgt_in, self.encode(src), keep=keep)
+
+    # ------------------------------------------------------------ the output layer (FixNorm)
+    def output_weight(self) -> Tensor:
+        """The output layer's (V, D) matrix as the model scores with it: ``output_proj``'s, l2-normalised rows under
+        FixNorm. The training loss projects with it."""
+        w = self.output_proj.weight
+        return F.normalize(w, dim=-1) if self.fix_norm else w
+
+    def logits(self, x: Tensor) -> Tensor:
+        """Top decoder states (..., D) -> logits over the target vocabulary (..., V)."""
+        if not self.fix_norm:
+            return self.output_proj(x)  # the module call: forward hooks (tmt inspect) see the output layer
+        return F.linear(x, self.output_weight())
 
     def max_output_length(self) -> int | None:
         """Longest output the decoder can produce: BOS plus the first L-1 outputs occupy positions
@@ -457,7 +502,7 @@ class Transformer(nn.Module):
         cache.length += 1
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
-        return self.output_proj(x[:, 0])  # (B, 1, D) -> (B, V)
+        return self.logits(x[:, 0])  # (B, 1, D) -> (B, V)
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -20,6 +20,10 @@ result token for token against tmt's own search):
   is the BOS piece (tmt's decoder input starts with BOS); ``add_source_eos`` appends EOS to the source
   (tmt's source is pieces + EOS); decoding stops at EOS. A joint vocabulary is saved once.
 - LayerNorm epsilon is torch's 1e-5, written into the config.
+- ``model.norm: scale`` (ScaleNorm + FixNorm): CTranslate2 has no ScaleNorm but has RMSNorm (``rms_norm``), and
+  g x / max(||x||, eps) = (g / sqrt(d)) x / rms(x): each ScaleNorm becomes an RMSNorm whose gain vector is
+  g / sqrt(d), with epsilon 1e-12 (RMSNorm adds it to mean(x^2); the two differ only for vectors near 0).
+  FixNorm's unit-length rows are constants at inference: the normalised embedding and output matrices are written.
 
 ``ctranslate2`` is imported only inside the functions here; without it, the user is told which
 extra to install.
@@ -36,10 +40,10 @@ import numpy as np
 import torch
 
 from transformer_mt import __version__
-from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, model_weights, unpack_tokenizers
+from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, unpack_tokenizers
 from transformer_mt.config import Config
 from transformer_mt.export import ExportError
-from transformer_mt.model import MultiHeadAttention, Transformer, sinusoids
+from transformer_mt.model import MultiHeadAttention, ScaleNorm, Transformer, sinusoids
 from transformer_mt.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
 from transformer_mt.translate import positions_needed
 
@@ -76,7 +80,7 @@ def export_ctranslate2(checkpoint: str | os.PathLike, out_dir: str | os.PathLike
     src_proto, tgt_proto = unpack_tokenizers(state, source=str(checkpoint))
     src_tok, tgt_tok = Tokenizer(src_proto), Tokenizer(tgt_proto)
     model = Transformer(cfg.model, src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size)
-    model.load_state_dict(model_weights(state, source=str(checkpoint)))  # the EMA weights when the checkpoint has them
+    model.load_state_dict(state["model"])
     del state
 
     class _Converter(ct2.converters.Converter):
@@ -116,14 +120,14 @@ def build_spec(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, *, co
     if attn.dk != attn.dv:
         raise ExportError(f"model.head_dim={attn.dk} differs from model.value_dim={attn.dv}; CTranslate2 needs one size per head for queries, keys and values")
     head_dim = None if attn.dk * cfg.heads == cfg.d_model else attn.dk  # only a non-default size is declared
-    common = dict(pre_norm=cfg.norm == "pre", activation=_activation(common_spec, cfg.activation), head_dim=head_dim)
+    common = dict(pre_norm=cfg.norm != "post", rms_norm=cfg.norm == "scale", activation=_activation(common_spec, cfg.activation), head_dim=head_dim)
     spec = transformer_spec.TransformerSpec(
         transformer_spec.TransformerEncoderSpec(cfg.encoder_layers, cfg.heads, **common),
         transformer_spec.TransformerDecoderSpec(cfg.decoder_layers, cfg.heads, **common),
     )
     positions = _position_table(model, config)
-    _set_stack_inputs(spec.encoder, model.src_embed, positions, embed_list=True)
-    _set_stack_inputs(spec.decoder, model.tgt_embed, positions, embed_list=False)
+    _set_stack_inputs(spec.encoder, model.src_embed, positions, embed_list=True, fix_norm=model.fix_norm)
+    _set_stack_inputs(spec.decoder, model.tgt_embed, positions, embed_list=False, fix_norm=model.fix_norm)
     for layer_spec, layer in zip(spec.encoder.layer, model.encoder):
         _set_self_attention(layer_spec.self_attention, layer.self_attn, layer.norm1)
         _set_ffn(layer_spec.ffn, layer.ffn, layer.norm2)
@@ -134,7 +138,8 @@ def build_spec(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, *, co
     if model.encoder_norm is not None:
         _set_norm(spec.encoder.layer_norm, model.encoder_norm)
         _set_norm(spec.decoder.layer_norm, model.decoder_norm)
-    spec.decoder.projection.weight = _np(model.output_proj.weight)
+    weight = model.output_proj.weight
+    spec.decoder.projection.weight = _np(torch.nn.functional.normalize(weight, dim=-1) if model.fix_norm else weight)  # (V, D)
 
     spec.register_source_vocabulary(_pieces(src_tok))
     spec.register_target_vocabulary(_pieces(tgt_tok))
@@ -143,7 +148,8 @@ def build_spec(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, *, co
     spec.config.decoder_start_token = piece(BOS_ID)  # tmt's decoder input is BOS + target (data.collate)
     spec.config.add_source_eos = True  # tmt's source is pieces + EOS (data.source_tensor)
     spec.config.add_source_bos = False
-    spec.config.layer_norm_epsilon = 1e-5  # torch.nn.LayerNorm's default, which tmt trains with
+    # torch.nn.LayerNorm's default, which tmt trains with; RMSNorm standing for ScaleNorm: next to nothing (module docstring)
+    spec.config.layer_norm_epsilon = 1e-12 if cfg.norm == "scale" else 1e-5
     if src_tok.sp.id_to_piece(EOS_ID) != piece(EOS_ID):
         raise ExportError(f"source EOS piece {src_tok.sp.id_to_piece(EOS_ID)!r} differs from target EOS piece {piece(EOS_ID)!r}; "
                           "CTranslate2 has one eos_token for both: retrain the tokenizers with `tmt tokenize train`")
@@ -168,19 +174,20 @@ def _position_table(model: Transformer, cfg: Config) -> np.ndarray:
     return sinusoids(rows, cfg.model.d_model).numpy()
 
 
-def _set_stack_inputs(stack_spec, embed: torch.nn.Embedding, positions: np.ndarray, *, embed_list: bool) -> None:
-    (stack_spec.embeddings[0] if embed_list else stack_spec.embeddings).weight = _np(embed.weight)
+def _set_stack_inputs(stack_spec, embed: torch.nn.Embedding, positions: np.ndarray, *, embed_list: bool, fix_norm: bool) -> None:
+    weight = torch.nn.functional.normalize(embed.weight, dim=-1) if fix_norm else embed.weight  # FixNorm: unit rows (PAD's stays 0)
+    (stack_spec.embeddings[0] if embed_list else stack_spec.embeddings).weight = _np(weight)
     stack_spec.scale_embeddings = True  # multiply by sqrt(d_model), section 3.4
     stack_spec.position_encodings.encodings = positions
 
 
-def _set_self_attention(spec, attn: MultiHeadAttention, norm: torch.nn.LayerNorm) -> None:
+def _set_self_attention(spec, attn: MultiHeadAttention, norm: torch.nn.Module) -> None:
     spec.linear[0].weight, spec.linear[0].bias = _np(attn.in_weight), _np(attn.in_bias)  # (H*(2Dk+Dv), D) = [W^Q; W^K; W^V]
     _set_linear(spec.linear[1], attn.out)
     _set_norm(spec.layer_norm, norm)
 
 
-def _set_cross_attention(spec, attn: MultiHeadAttention, norm: torch.nn.LayerNorm) -> None:
+def _set_cross_attention(spec, attn: MultiHeadAttention, norm: torch.nn.Module) -> None:
     n = attn.sizes[0]  # rows of W^Q; the encoder side projects [W^K; W^V] in one matmul
     spec.linear[0].weight, spec.linear[0].bias = _np(attn.in_weight[:n]), _np(attn.in_bias[:n])
     spec.linear[1].weight, spec.linear[1].bias = _np(attn.in_weight[n:]), _np(attn.in_bias[n:])
@@ -188,7 +195,7 @@ def _set_cross_attention(spec, attn: MultiHeadAttention, norm: torch.nn.LayerNor
     _set_norm(spec.layer_norm, norm)
 
 
-def _set_ffn(spec, ffn, norm: torch.nn.LayerNorm) -> None:
+def _set_ffn(spec, ffn, norm: torch.nn.Module) -> None:
     _set_linear(spec.linear_0, ffn.fc1)
     _set_linear(spec.linear_1, ffn.fc2)
     _set_norm(spec.layer_norm, norm)
@@ -200,8 +207,11 @@ def _set_linear(spec, linear: torch.nn.Linear) -> None:
         spec.bias = _np(linear.bias)
 
 
-def _set_norm(spec, norm: torch.nn.LayerNorm) -> None:
-    spec.gamma, spec.beta = _np(norm.weight), _np(norm.bias)
+def _set_norm(spec, norm: torch.nn.Module) -> None:
+    if isinstance(norm, ScaleNorm):  # as the RMSNorm gain g / sqrt(d) (module docstring); RMSNorm has no beta
+        spec.gamma = np.full(norm.d_model, norm.g.item() / np.sqrt(norm.d_model), dtype=np.float32)
+    else:
+        spec.gamma, spec.beta = _np(norm.weight), _np(norm.bias)
 
 
 def _np(tensor: torch.Tensor) -> np.ndarray:
