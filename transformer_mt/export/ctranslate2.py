@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 from transformer_mt import __version__
-from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, unpack_tokenizers
+from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, model_weights, unpack_tokenizers
 from transformer_mt.config import Config
 from transformer_mt.export import ExportError
 from transformer_mt.model import MultiHeadAttention, ScaleNorm, Transformer, sinusoids
@@ -80,7 +80,7 @@ def export_ctranslate2(checkpoint: str | os.PathLike, out_dir: str | os.PathLike
     src_proto, tgt_proto = unpack_tokenizers(state, source=str(checkpoint))
     src_tok, tgt_tok = Tokenizer(src_proto), Tokenizer(tgt_proto)
     model = Transformer(cfg.model, src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size)
-    model.load_state_dict(state["model"])
+    model.load_state_dict(model_weights(state, source=str(checkpoint)))  # the EMA weights when the checkpoint has them
     del state
 
     class _Converter(ct2.converters.Converter):
