@@ -4,6 +4,7 @@
     python scripts/benchmark.py [--config configs/multi30k_en_de.yaml] [--data DIR] [--out bench]
                                 [--threads 2] [--warmup 5] [--updates 40] [--sentences 0]
                                 [--checkpoint CKPT] [--reference-checkpoint CKPT] [--ctranslate2] [--quick]
+                                [--peer fairseq [--fairseq-env DIR] [--peer-updates 40 160] [--only peer]]
 
 Each phase runs in a fresh subprocess of this script (``--phase SPEC.json``), so the ``ru_maxrss``
 it reports is that phase's own peak resident memory (the Python interpreter and torch included):
@@ -38,6 +39,9 @@ it reports is that phase's own peak resident memory (the Python interpreter and 
              length per call where tmt's is floor(a * n + b) per sentence, so the lines are decoded in one
              call per source length n: the two engines then do the same work, and with float32 weights give
              the same output. Reports tokens/s, sentences/s and the share of lines whose output equals tmt's.
+  peer       with ``--peer fairseq`` (issue 22): tmt's train phase and then ``fairseq-train --cpu`` (in the side environment
+             scripts/fairseq_env.sh makes) on one config and the same pairs, timed over the same updates; ``--only peer``
+             runs just these and the matmul peak. How the two are made equal and timed: scripts/fairseq_peer.py.
 
 FLOPs per target token (multiply-add = 2 FLOPs), counted two ways on the padded batches actually run:
   measured   torch.utils.flop_counter.FlopCounterMode over forward, loss and backward of the first timed
@@ -48,8 +52,8 @@ FLOPs per target token (multiply-add = 2 FLOPs), counted two ways on the padded 
              (the formula is in that module's docstring; the training cost report of `tmt train` uses it too).
 
 The reference figures (fairseq, OpenNMT-py, the issue's matmul peaks) are quoted from issue 6 and were
-measured elsewhere; this script measures none of them. No number here is meaningful on a busy machine:
-the load average at start and end is recorded to show it.
+measured elsewhere; this script measures none of them (``--peer fairseq`` measures fairseq itself, in its own table).
+No number here is meaningful on a busy machine: the load average at start and end is recorded to show it.
 """
 
 from __future__ import annotations
@@ -84,6 +88,9 @@ from transformer_mt.syncs import SyncCounter, per_call
 from transformer_mt.tokenizer import PAD_ID, Tokenizer, train_sentencepiece
 from transformer_mt.train import Trainer, _target_tokens, update_schedule
 from transformer_mt.translate import Translator, positions_needed
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts/fairseq_peer.py, also when tests load this file by path
+import fairseq_peer  # noqa: E402, I001  (--peer fairseq)
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = "transformer_mt.benchmark/1"
@@ -369,7 +376,8 @@ def ctranslate2_phases(args, checkpoints: list, test_src: Path) -> list[dict]:
     return rows
 
 
-PHASES = {"matmul": phase_matmul, "train": phase_train, "translate": phase_translate, "syncs": phase_syncs, "ctranslate2": phase_ctranslate2}
+PHASES = {"matmul": phase_matmul, "train": phase_train, "translate": phase_translate, "syncs": phase_syncs, "ctranslate2": phase_ctranslate2,
+          "fairseq": fairseq_peer.phase_fairseq}
 
 
 def run_phase_file(spec_path: Path) -> None:
@@ -569,11 +577,13 @@ def run_all(args, sizes: Sizes) -> dict:
                           "representative": representative})
     syncs_spec = {**train_spec("syncs-recipe-float32", recipe, dtype="float32", args=args, sizes=sizes, spm=spm, src=src, tgt=tgt, keep=False),
                   "kind": "syncs", "input": str(test_src)}
-    specs.append(syncs_spec)
+    peer = fairseq_peer.plan(args, sizes, spm=ref_spm, src=src, tgt=tgt, train_spec=train_spec) if args.peer else []
+    specs = [specs[0], *peer] if args.only == "peer" else [*specs, syncs_spec, *peer]
     # The peak is timed again at the end: a neighbour's burst during one short timing would otherwise
     # set the peak too low (one run measured half the usual float32 rate and "107% of peak").
     specs.append({**specs[0], "name": "matmul-end"})
     matmul, phases = run_specs(specs, args.out)
+    peer_phases, phases = [p for p in phases if p[0].get("peer")], [p for p in phases if not p[0].get("peer")]
     training, translation, syncs = [], [], {}
     for spec, res in phases:
         if spec["kind"] == "syncs":
@@ -608,7 +618,7 @@ def run_all(args, sizes: Sizes) -> dict:
                      "reference_checkpoint": str(args.reference_checkpoint or ""),
                      "test_input": str(test_src), "reference_model": REFERENCE_MODEL, "reference_train": REFERENCE_TRAIN},
         "matmul_peak": matmul, "training": training, "translation": translation, "syncs": syncs, "quoted_reference": QUOTED,
-        "ctranslate2": ctranslate2_rows,
+        "ctranslate2": ctranslate2_rows, "peer": fairseq_peer.report(peer_phases, matmul) if peer_phases else None,
     }
 
 
@@ -745,6 +755,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--compile", action="store_true", help="--device cuda: also train base and big in bf16 with torch.compile")
     p.add_argument("--peak-tflops", type=float, default=0.0, help="--device cuda: the bf16 dense peak for MFU (default: datasheet table)")
     p.add_argument("--dry-run", action="store_true", help="print the phases as JSON and exit: nothing is trained, measured or put on a GPU")
+    fairseq_peer.add_arguments(p)  # --peer, --fairseq-env, --peer-updates, --only
     p.add_argument("--phase", type=Path, default=None, help=argparse.SUPPRESS)  # internal: run one phase's spec
     args = p.parse_args(argv)
     sizes = sizes_for(args)
@@ -769,6 +780,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         path = getattr(args, key)
         if path is not None and not path.is_file():
             p.error(f"--{key.replace('_', '-')} {path}: file not found")
+    fairseq_peer.check_arguments(p, args)
     return args
 
 
@@ -802,7 +814,7 @@ def main(argv: list[str] | None = None) -> None:
     args.reference_checkpoint = args.reference_checkpoint.resolve() if args.reference_checkpoint else None
     report = run_all(args, sizes_for(args))
     (args.out / "benchmark.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    markdown = render_markdown(report)
+    markdown = fairseq_peer.render(report).lstrip() if args.only == "peer" else render_markdown(report) + fairseq_peer.render(report)
     (args.out / "benchmark.md").write_text(markdown, encoding="utf-8")
     print(markdown)
     print(f"benchmark: wrote {args.out / 'benchmark.json'} and {args.out / 'benchmark.md'}", file=sys.stderr)
