@@ -170,7 +170,8 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         w, ctx.w = (ctx.w if ctx.w is not None else weight.to(cdt)), None
         row_w = grad_loss.to(probs[0].dtype).masked_fill(pad, 0.0) if probs else grad_loss
         grad_h = torch.empty(h.shape, dtype=h.dtype, device=h.device) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.promote_types(weight.dtype, torch.float32), device=weight.device) if ctx.needs_input_grad[1] else None
+        w_dtype = torch.promote_types(weight.dtype, torch.float32)
+        grad_w = torch.empty(weight.shape, dtype=w_dtype, device=weight.device) if ctx.needs_input_grad[1] else None
         on_target = -(1.0 - ctx.eps - ctx.eps_i)
         for i, g in enumerate(probs):  # g: softmax of chunk i -> gradient of its logits, in place
             sl = slice(i * ctx.rows, i * ctx.rows + g.size(0))
@@ -179,10 +180,26 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
             g.scatter_add_(1, safe[sl, None], g.new_full((g.size(0), 1), on_target))
             g.mul_(row_w[sl, None])
             g = g.to(cdt)
+            # Products written in place (out= / addmm_): no (n, D) or (V, D) temporary, no copy or add pass after.
             if grad_h is not None:
-                grad_h[sl] = g @ w
+                if grad_h.dtype == cdt:
+                    torch.mm(g, w, out=grad_h[sl])
+                else:
+                    grad_h[sl] = g @ w
             if grad_w is not None:
-                grad_w.add_(g.t() @ h[sl].to(cdt))
+                hs = h[sl].to(cdt)
+                if w_dtype != cdt:  # bf16 / fp16 products, accumulated in float32
+                    part = g.t() @ hs
+                    if i:
+                        grad_w.add_(part)
+                    else:
+                        grad_w.copy_(part)
+                elif i:
+                    grad_w.addmm_(g.t(), hs)
+                else:
+                    torch.mm(g.t(), hs, out=grad_w)
+        if grad_w is not None and not probs:  # no rows at all: the projection gets no gradient
+            grad_w.zero_()
         return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None
 
 
