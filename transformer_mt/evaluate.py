@@ -26,7 +26,7 @@ from transformer_mt import runtime
 from transformer_mt.config import DecodeConfig
 from transformer_mt.data import ParallelData
 from transformer_mt.errors import TmtError
-from transformer_mt.loss import label_smoothed_nll_loss
+from transformer_mt.loss import TeacherForcedLoss
 from transformer_mt.metrics import read_lines, score
 from transformer_mt.model import Transformer
 from transformer_mt.textio import file_chunks, safe_output
@@ -91,7 +91,8 @@ def validation_loss(model: Transformer, data: ParallelData, *, max_tokens: int, 
     with torch.inference_mode(), runtime.autocast(device, dtype):
         for idx in data.batches(0, max_tokens=max_tokens, seed=seed):
             batch = data.get_batch(idx).to(device)
-            loss, nll, n = label_smoothed_nll_loss(model(batch.src, batch.tgt_in), batch.tgt_out, epsilon=label_smoothing)
+            # the training objective's module: with model.restrict_output, the K kept pieces (model.output_targets)
+            loss, nll, n = TeacherForcedLoss(model, label_smoothing=label_smoothing)(batch.src, batch.tgt_in, batch.tgt_out)
             loss_sum, nll_sum, ntokens = loss_sum + loss.item(), nll_sum + nll.item(), ntokens + int(n)
     return {"val_loss": loss_sum / ntokens, "val_nll": nll_sum / ntokens, "val_ppl": math.exp(min(nll_sum / ntokens, 100.0))}
 

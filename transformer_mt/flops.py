@@ -3,7 +3,8 @@
 FLOPs count matrix multiplications only (a multiply-add is 2 FLOPs), the convention of the paper's
 Table 2 "training cost" column and of ``scripts/benchmark.py``. Per batch of B sentences with padded
 source length S and target length T (Ns = B S, Nt = B T; d = d_model, f = d_ff, h heads of query size
-dk and value size dv, V the target vocabulary), one teacher-forced forward pass costs:
+dk and value size dv, V the target vocabulary: the K kept pieces with model.restrict_output, which is
+``Transformer.output_size``), one teacher-forced forward pass costs:
 
     encoder layer  2 Ns d h (2dk + dv) + 2 Ns h dv d      Q, K, V and output projections
                    + 2 B h S S (dk + dv)                  scores and weighted sum
@@ -13,7 +14,8 @@ dk and value size dv, V the target vocabulary), one teacher-forced forward pass 
     output layer   2 Nt d V
 
 Training costs 3 x forward (the backward pass is 2 x forward). Embedding look-ups, LayerNorm, softmax
-and the loss are not matmuls and are left out. Decoding with the KV cache runs the encoder and the
+and the loss are not matmuls and are left out (so are ScaleNorm and FixNorm's
+normalisations, model.norm scale). Decoding with the KV cache runs the encoder and the
 cross K/V projections once per sentence, then per step and hypothesis one query position through every
 decoder layer, attending over the prefix so far.
 

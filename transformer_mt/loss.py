@@ -138,6 +138,7 @@ class TeacherForcedLoss(nn.Module):
         if labels is None:
             labels = tgt_out.reshape(-1).ne(PAD_ID).nonzero().squeeze(1)  # (N,)
         h = h.reshape(-1, h.size(-1)).index_select(0, labels)  # (B*T, D) -> (N, D): only positions with a label
-        loss, nll = projected_label_smoothed_sums(h, self.model.output_weight(), tgt_out.reshape(-1).index_select(0, labels),
-                                                  epsilon=self.label_smoothing)  # output_weight(): (V, D), FixNorm's unit rows
+        # output_weight(): (V, D), or (K, D) with model.restrict_output (targets then remapped, smoothing over the K kept pieces)
+        target = self.model.output_targets(tgt_out.reshape(-1).index_select(0, labels))  # (N,)
+        loss, nll = projected_label_smoothed_sums(h, self.model.output_weight(), target, epsilon=self.label_smoothing)
         return loss, nll, labels.numel()

@@ -246,6 +246,13 @@ class Trainer:
         self.log(f"training data: {self.train_data.summary.format()}")
         if self.train_data.num_pairs == 0:
             raise TrainError(f"{cfg.data.train_src}: no training pairs left after filtering; check the files and data.max_len")
+        if cfg.model.restrict_output:  # a new model's kept set; a resumed one keeps its checkpoint's
+            if cfg.data.subword_alpha > 0:  # sampled segmentations use pieces the best one never does (scored as UNK)
+                raise ConfigError(f"model.restrict_output keeps the pieces of the best segmentation of the training targets, but "
+                                  f"data.subword_alpha={cfg.data.subword_alpha:g} samples others; set one of them off")
+            if state is None:
+                self.model.restrict_output_to(_target_pieces(self.train_data))
+            self.log(f"output layer: {self.model.output_size:,} of {self.tgt_tok.vocab_size:,} target pieces (model.restrict_output)")
         if cfg.data.subword_alpha > 0:
             self.train_data = SampledSegmentation(self.train_data, self.src_tok, self.tgt_tok, alpha=cfg.data.subword_alpha,
                                                   nbest=cfg.data.subword_nbest, seed=t.seed, max_len=cfg.data.max_len)
@@ -380,7 +387,7 @@ class Trainer:
                 p.epoch, p.batch_in_epoch = u.epoch, u.start + len(u.batches)
                 p.update += 1
                 p.tokens += stats["ntokens"]
-                p.flops += _update_flops(self.train_data, u.batches, self.cfg.model, vocab=self.tgt_tok.vocab_size)
+                p.flops += _update_flops(self.train_data, u.batches, self.cfg.model, vocab=self.model.output_size)
                 p.update_seconds += stats["seconds"]
                 nonfinite = nonfinite + 1 if self.scaler is None and not math.isfinite(stats["gnorm"]) else 0
                 window.add(stats)
@@ -619,6 +626,11 @@ def _target_tokens(data, batches: list) -> int:  # noqa: ANN001 - ParallelData o
     """Target tokens (pieces + EOS) of the pairs in `batches` (index arrays), from the lengths on the host:
     every rank knows the whole update's count without an all-reduce (it equals the sum of `Batch.ntokens`)."""
     return sum(int(data.tgt_lengths[idx].sum()) + len(idx) for idx in batches)
+
+
+def _target_pieces(data) -> torch.Tensor:  # noqa: ANN001 - ParallelData
+    """Every target id of the training pairs (repeats kept): the pieces model.restrict_output keeps (model.restrict_output_to)."""
+    return torch.cat([torch.from_numpy(data.pair(i)[1].astype("int64")) for i in range(data.num_pairs)])
 
 
 def _update_flops(data, batches: list, m, *, vocab: int) -> int:  # noqa: ANN001 - ParallelData or SampledSegmentation

@@ -24,6 +24,9 @@ result token for token against tmt's own search):
   g x / max(||x||, eps) = (g / sqrt(d)) x / rms(x): each ScaleNorm becomes an RMSNorm whose gain vector is
   g / sqrt(d), with epsilon 1e-12 (RMSNorm adds it to mean(x^2); the two differ only for vectors near 0).
   FixNorm's unit-length rows are constants at inference: the normalised embedding and output matrices are written.
+- ``model.restrict_output``: the output layer is written over the full vocabulary (every row of the matrix, which
+  a tied embedding holds anyway) with a bias of 0 on the kept pieces and -1e9 on the others, which makes their
+  probability exactly 0 in float32 softmax, as tmt's -inf logits do.
 
 ``ctranslate2`` is imported only inside the functions here; without it, the user is told which
 extra to install.
@@ -140,6 +143,9 @@ def build_spec(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, *, co
         _set_norm(spec.decoder.layer_norm, model.decoder_norm)
     weight = model.output_proj.weight
     spec.decoder.projection.weight = _np(torch.nn.functional.normalize(weight, dim=-1) if model.fix_norm else weight)  # (V, D)
+    if model.output_ids is not None:  # restrict_output: the pieces not kept can never be produced
+        bias = torch.full((weight.size(0),), -1e9).index_fill_(0, model.output_ids.cpu(), 0.0)  # (V,)
+        spec.decoder.projection.bias = _np(bias)
 
     spec.register_source_vocabulary(_pieces(src_tok))
     spec.register_target_vocabulary(_pieces(tgt_tok))
