@@ -258,3 +258,29 @@ def test_empty_lines_and_long_pairs_are_dropped_and_counted(tmp_path, pairs64, s
     log = (tmp_path / "run" / "train.log").read_text()
     assert "20 pairs read, 16 kept" in log
     assert "2 empty" in log and "2 over 30 pieces" in log
+
+
+@pytest.mark.parametrize("clip", [0.0, 0.05])
+def test_gradients_reach_adam_clipped_only_when_clip_norm_is_set(corpus_slice, spm_model, tmp_path, clip):
+    """The norm Adam sees: with train.clip_norm the total norm is rescaled to it (torch's rule, computed here
+    from the gradients themselves); without, the gradients are untouched."""
+    from transformer_mt.train import Trainer
+
+    cfg = tiny_config(corpus_slice, spm_model, tmp_path / "run", f"train.clip_norm={clip}", "train.max_updates=3",
+                      "train.validate_every=100", "train.valid_bleu_sentences=-1")
+    trainer = Trainer(cfg, resume=False)
+    seen, step = [], trainer.optimizer.step
+
+    def recording_step(*args, **kwargs):
+        grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
+        seen.append(float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads))))
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = recording_step
+    norms = []
+    trainer.on_update = lambda update, stats: norms.append(stats["gnorm"])
+    trainer.run()
+    assert len(seen) == 3
+    for before, after in zip(norms, seen):
+        assert before > 0.05, "the test needs raw norms above the clip value"
+        assert after == pytest.approx(min(before, clip) if clip else before, rel=1e-4)

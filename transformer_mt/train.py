@@ -500,8 +500,13 @@ class Trainer:
         runtime.all_reduce_sum_(sums)
         if self.scaler is not None:
             self.scaler.unscale_(self.optimizer)  # records the overflow for scaler.update()
-        max_norm = self.t.clip_norm if self.t.clip_norm > 0 else float("inf")
-        gnorm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))  # the update's one host sync
+        # The norm always (the NaN guard reads it); the clipping pass over every gradient only when asked for
+        # (clip_grad_norm_ with an infinite max_norm still multiplies every gradient by 1.0).
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        norm = torch.nn.utils.get_total_norm(grads)
+        if self.t.clip_norm > 0:
+            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.t.clip_norm, norm)
+        gnorm = float(norm)  # the update's one host sync
         lr = self.scheduler.lr  # the schedule already set it for this update
         stepped = math.isfinite(gnorm)  # non-finite: an fp16 overflow (the scaler lowers its scale) or a NaN
         if stepped:
