@@ -276,7 +276,7 @@ def test_validation_beam_beyond_the_vocabulary_is_refused_at_start(pairs64, spm_
 
 # ---------------------------------------------------------------- item 13: the NaN guard's bound; metrics.jsonl after a resume
 def test_nan_updates_stop_the_run_after_a_bounded_number(pairs64, spm_model, tmp_path, monkeypatch):
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda *_a, **_k: torch.tensor(float("nan")))
+    monkeypatch.setattr(torch.nn.utils, "get_total_norm", lambda *_a, **_k: torch.tensor(float("nan")))  # the norm the NaN guard reads
     run = tmp_path / "run"
     with pytest.raises(TrainError, match=f"diverged: the last {MAX_NONFINITE_UPDATES} updates all had a non-finite gradient norm"):
         train(config(pairs64, spm_model, run, "train.max_updates=50", "train.save_every=1", "train.keep_last=0"))
