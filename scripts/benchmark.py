@@ -246,7 +246,7 @@ def phase_train(spec: dict) -> dict:
     batches = [trainer.train_data.get_batch(idx) for u in timed for idx in u.batches]
     if sum(b.ntokens for b in batches) != sum(tokens):
         raise RuntimeError("the batches replayed for FLOP counting differ from those Trainer.run trained on")
-    vocab, sample = trainer.tgt_tok.vocab_size, batches[: spec["flop_batches"]]
+    vocab, sample = trainer.model.output_size, batches[: spec["flop_batches"]]  # K kept pieces with model.restrict_output
     analytic = sum(3 * forward_flops(cfg.model, vocab=vocab, batch=b.nsentences, src_len=b.src.size(1), tgt_len=b.tgt_in.size(1)) for b in batches)
     measured = sum(train_step_flops(trainer.model, b, dtype=cfg.train.dtype, epsilon=cfg.train.label_smoothing) for b in sample)
     ntok, nsent = sum(tokens), sum(b.nsentences for b in batches)
