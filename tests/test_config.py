@@ -81,6 +81,16 @@ def test_bad_choice(tmp_path):
 
 
 
+def test_keep_every_must_fall_on_numbered_checkpoints(tmp_path):
+    # numbered checkpoints come every save_every updates (every validate_every when save_every is 0); a keep_every
+    # between them would keep only the common multiples, so it is refused
+    with pytest.raises(ConfigError, match=r"train\.keep_every: 1100 is not a multiple of train\.save_every \(250\).*e\.g\. 1000"):
+        load_config(write(tmp_path, "train:\n  save_every: 250\n  keep_every: 1100\n"))
+    with pytest.raises(ConfigError, match=r"train\.keep_every: 1500 is not a multiple of train\.validate_every \(1000\)"):
+        load_config(write(tmp_path, "train:\n  validate_every: 1000\n  keep_every: 1500\n"))
+    assert load_config(write(tmp_path, "train:\n  save_every: 250\n  keep_every: 1000\n")).train.keep_every == 1000
+
+
 def test_linear_schedule_needs_max_updates_above_warmup(tmp_path):
     with pytest.raises(ConfigError, match=r"train\.max_updates: lr_schedule linear decays to 0 at max_updates.*max_updates=0, warmup_updates=4000"):
         load_config(write(tmp_path, "train:\n  lr_schedule: linear\n"))

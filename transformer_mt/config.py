@@ -330,6 +330,11 @@ def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -
                 "clip_norm", "threads"):
         if getattr(t, key) < 0:
             fail(f"train.{key}", f"must be 0 or positive, got {getattr(t, key)}")
+    spacing = t.save_every or t.validate_every  # numbered checkpoints are written at multiples of this
+    if t.keep_every and t.keep_every % spacing:
+        nearest = spacing * max(1, round(t.keep_every / spacing))
+        fail("train.keep_every", f"{t.keep_every} is not a multiple of train.{'save_every' if t.save_every else 'validate_every'} ({spacing}), "
+             f"so only the updates that are multiples of both would be kept; use a multiple of {spacing}, e.g. {nearest}")
     if t.lr <= 0 or t.lr_scale <= 0:
         fail("train.lr", "learning rate and lr_scale must be positive")
     if t.lr_schedule == "inverse_sqrt" and t.warmup_updates < 1:

@@ -244,9 +244,9 @@ def inspect_report(model: Transformer, cfg: Config, *, vocab: tuple[int, int], s
 
 
 def load_model(target: str | Path, overrides: list[str] | None = None) -> tuple[Transformer, Config, tuple[int, int]]:
-    """A checkpoint (weights loaded, CPU) or a YAML config (built on the meta device); vocab from the
+    """A checkpoint (the weights tmt translate decodes with: EMA when present; CPU) or a YAML config (built on the meta device); vocab from the
     checkpoint's tokenizers or from ``tokenizer.vocab_size``."""
-    from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, unpack_tokenizers
+    from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, model_weights, unpack_tokenizers
     from transformer_mt.config import load_config
     from transformer_mt.tokenizer import Tokenizer
 
@@ -261,7 +261,7 @@ def load_model(target: str | Path, overrides: list[str] | None = None) -> tuple[
         src_proto, tgt_proto = unpack_tokenizers(state, source=str(target))
         vocab = (Tokenizer(src_proto).vocab_size, Tokenizer(tgt_proto).vocab_size)
         model = Transformer(cfg.model, src_vocab_size=vocab[0], tgt_vocab_size=vocab[1])
-        model.load_state_dict(state["model"])
+        model.load_state_dict(model_weights(state, source=str(target)))  # the EMA weights when present, as tmt translate decodes
         return model, cfg, vocab
     cfg = load_config(target, overrides or [], check_files=False)
     vocab = (cfg.tokenizer.vocab_size, cfg.tokenizer.vocab_size)
