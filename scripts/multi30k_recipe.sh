@@ -2,7 +2,8 @@
 # The Multi30k recipe end to end, for any language pair (issues 6, 20): data, training (at most 60 minutes
 # on CPU), the decoding choices made on val only, then scores on the test sets.
 #
-#   bash scripts/multi30k_recipe.sh [--src XX --tgt YY] [--from DIR | --data DIR] [--run DIR] [--config FILE] [--dry-run]
+#   bash scripts/multi30k_recipe.sh [--src XX --tgt YY] [--from DIR | --data DIR] [--run DIR] [--config FILE]
+#                                   [--set SECTION.KEY=VALUE ...] [--dry-run]
 #     --src XX, --tgt YY  the pair, as file suffixes (default en -> de; Multi30k also has fr and cs)
 #     --from DIR     copy Multi30k's XX and YY files from a folder into data/multi30k
 #                    (default: ../shared/data/multi30k if present, else download)
@@ -13,19 +14,22 @@
 #                    a finished one goes straight to the evaluation)
 #     --config FILE  training config (default configs/multi30k_en_de.yaml: nothing in it depends on the pair;
 #                    its data.* are replaced by the files above)
+#     --set S.K=V    override one training config value, as tmt train --set (repeatable; e.g. a candidate of the
+#                    re-tune: --set train.ema_decay=0.999); ignored when an existing run is resumed
 #     --dry-run      print the commands instead of running them (CHOSEN: what the choice on val picks)
 # Needs the project installed in .venv (see README). Chooses, by cased BLEU on val with beam 5, among
-# the last checkpoint, the averages of the last 4 and 8 numbered checkpoints and the ensemble of the
-# last 4, each with lenpen 0.6, 1.0 and 1.5; then prints cased and lowercased sacreBLEU and chrF of
-# that choice on val and the test sets.
+# the last checkpoint, the averages of the last 4 and 8 numbered checkpoints, the ensemble of the
+# last 4 and, when the run kept spaced checkpoints (train.keep_every=K), the LAWA average of the 4
+# newest multiples of K, each with lenpen 0.6, 1.0 and 1.5; then prints cased and lowercased sacreBLEU
+# and chrF of that choice on val and the test sets.
 set -euo pipefail
 here=$PWD
 cd "$(dirname "$0")/.."
 die() { echo "multi30k_recipe.sh: $*" >&2; exit 2; }
 abs() { case "$1" in /*) echo "$1" ;; *) echo "$here/$1" ;; esac; }  # user paths are relative to where the script was called
-src=en; tgt=de; from=""; data=""; run=""; config=configs/multi30k_en_de.yaml; dry=0
+src=en; tgt=de; from=""; data=""; run=""; config=configs/multi30k_en_de.yaml; dry=0; sets=(); overrides=()
 while [ $# -gt 0 ]; do
-  case "$1" in --src|--tgt|--from|--data|--run|--config) [ $# -ge 2 ] && [ "${2#--}" = "$2" ] || die "$1 needs a value; see --help" ;; esac
+  case "$1" in --src|--tgt|--from|--data|--run|--config|--set) [ $# -ge 2 ] && [ "${2#--}" = "$2" ] || die "$1 needs a value; see --help" ;; esac
   case "$1" in
     --src) src="$2"; shift 2 ;;
     --tgt) tgt="$2"; shift 2 ;;
@@ -33,8 +37,10 @@ while [ $# -gt 0 ]; do
     --data) data=$(abs "${2%/}"); shift 2 ;;
     --run) run=$(abs "$2"); shift 2 ;;
     --config) config=$(abs "$2"); shift 2 ;;
+    --set) [[ "$2" =~ ^[a-z_]+\.[a-z_0-9]+=. ]] || die "--set '$2': give SECTION.KEY=VALUE, e.g. train.ema_decay=0.999"
+           sets+=(--set "$2"); overrides+=("$2"); shift 2 ;;
     --dry-run) dry=1; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) die "unknown argument '$1'; see --help" ;;
   esac
 done
@@ -69,7 +75,7 @@ fi
 if [ -f "$run/checkpoint_last.pt" ]; then
   grep -q "stopped at update" "$run/train.log" || run $tmt train --resume "$run"
 else
-  run $tmt train --config "$config" --set train.out_dir="$run" \
+  run $tmt train --config "$config" --set train.out_dir="$run" ${sets[@]+"${sets[@]}"} \
     --set data.train_src="$data/train.$src" --set data.train_tgt="$data/train.$tgt" \
     --set data.valid_src="$data/val.$src" --set data.valid_tgt="$data/val.$tgt"
 fi
@@ -92,6 +98,19 @@ if [ "$numbered" -ge 4 ]; then
   names+=(ens4)
   if [ "$dry" = 1 ]; then models+=("-c $run/NEWEST1.pt -c $run/NEWEST2.pt -c $run/NEWEST3.pt -c $run/NEWEST4.pt")
   else models+=("$($py -c "from transformer_mt.checkpoint import last_checkpoints; print(' '.join(f'-c {p}' for p in last_checkpoints('$run', 4)))")"); fi
+fi
+# LAWA (issue 20): with train.keep_every=K, the average of the 4 newest checkpoints at multiples of K, a wider
+# window than the newest 4 or 8 (read from the run's saved config; a dry run reads --config and --set)
+cfg_file=$run/config.yaml
+[ -f "$cfg_file" ] || { cfg_file=$config; [ "$dry" = 1 ] || die "$run/config.yaml not found; the run did not start"; }
+keep_every=$($py -c 'import sys; from transformer_mt.config import load_config
+print(load_config(sys.argv[1], sys.argv[2:], check_files=False).train.keep_every)' "$cfg_file" ${overrides[@]+"${overrides[@]}"})
+if [ "$keep_every" -gt 0 ]; then
+  if [ "$dry" = 1 ]; then run $tmt average --run "$run" --every "$keep_every" --last 4 -o "$run/checkpoint_lawa4.pt"
+    names+=(lawa4); models+=("-c $run/checkpoint_lawa4.pt")
+  elif $tmt average --run "$run" --every "$keep_every" --last 4 -o "$run/checkpoint_lawa4.pt" >/dev/null; then
+    names+=(lawa4); models+=("-c $run/checkpoint_lawa4.pt")
+  fi  # fewer than 4 kept multiples: tmt average has said so in one line; the other candidates go on
 fi
 
 # 4. the choice on val (cased BLEU, beam 5)

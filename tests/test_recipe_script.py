@@ -104,6 +104,26 @@ def test_a_test_set_without_its_target_side_is_skipped_with_a_warning(tmp_path):
     assert scored == [f"{data}/val.de", f"{data}/test_ok.de"]
 
 
+def test_set_reaches_tmt_train_and_keep_every_adds_the_lawa_candidate(tmp_path):
+    data, run = corpus(tmp_path / "corpus", "de", "en"), tmp_path / "run"
+    code, cmds, err = dry_run("--data", str(data), "--src", "de", "--tgt", "en", "--run", str(run),
+                              "--set", "train.ema_decay=0.999", "--set", "train.keep_every=1000")
+    assert code == 0, err
+    train = next(c for c in cmds if c[1:2] == ["train"])
+    sets = options(train)["--set"]
+    assert "train.ema_decay=0.999" in sets and "train.keep_every=1000" in sets
+    assert sets.index("train.keep_every=1000") < sets.index(f"data.train_src={data}/train.de")  # the pair's files win
+    average = [options(c) for c in cmds if c[1:2] == ["average"]]
+    lawa = [a for a in average if "--every" in a]
+    assert len(lawa) == 1 and lawa[0]["--every"] == ["1000"] and lawa[0]["--last"] == ["4"] and lawa[0]["--run"] == [str(run)]
+    choice = [options(c) for c in cmds if c[1:2] == ["evaluate"] and "--json" in c]
+    assert len(choice) == 5 * 3  # last, avg4, avg8, ens4 and lawa4, each at 3 length penalties
+    assert sum(o["-c"] == lawa[0]["-o"] for o in choice) == 3
+    # without keep_every there is no LAWA candidate
+    code, cmds, err = dry_run("--data", str(data), "--src", "de", "--tgt", "en", "--run", str(run))
+    assert code == 0 and not any("--every" in c for c in cmds if c[1:2] == ["average"])
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--src", "de", "--tgt", "de"], "--src and --tgt are both 'de'"),
     (["--src"], "--src needs a value"),
@@ -112,6 +132,7 @@ def test_a_test_set_without_its_target_side_is_skipped_with_a_warning(tmp_path):
     (["--data", "NOWHERE"], "NOWHERE/train.en not found"),
     (["--config", "NOWHERE.yaml"], "NOWHERE.yaml: file not found"),
     (["--frm", "x"], "unknown argument '--frm'"),
+    (["--set", "ema_decay"], "--set 'ema_decay': give SECTION.KEY=VALUE"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(tmp_path, args, message):
     code, cmds, err = dry_run(*args, cwd=tmp_path)
