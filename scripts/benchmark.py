@@ -507,6 +507,20 @@ def add_rates(spec: dict, res: dict, matmul: dict) -> tuple[str, str]:
     return model, dtype
 
 
+def split_phases(phases: list, matmul: dict) -> tuple[list, list, dict]:
+    """The timed phases by kind: training as (spec, result, model, dtype) with GFLOP/s and share of the peak
+    filled in (:func:`add_rates`), translation as (spec, result), and the syncs phase's result ({} if none)."""
+    trained, translated, syncs = [], [], {}
+    for spec, res in phases:
+        if spec["kind"] == "syncs":
+            syncs = res
+        elif spec["kind"] == "train":
+            trained.append((spec, res, *add_rates(spec, res, matmul)))
+        else:
+            translated.append((spec, res))
+    return trained, translated, syncs
+
+
 def run_cuda(args, sizes: Sizes, recipe: Config, *, config: Path, note: str, test_src: Path) -> dict:
     """``--device cuda``: the same JSON and markdown as on CPU, rows from :func:`cuda_plan`, MFU against the GPU's
     bf16 dense peak, peak GPU memory (torch.cuda.max_memory_allocated) per training row."""
@@ -516,21 +530,18 @@ def run_cuda(args, sizes: Sizes, recipe: Config, *, config: Path, note: str, tes
     matmul, phases = run_specs(specs, args.out)
     gpu = next((res["gpu"] for _, res in phases if "gpu" in res), torch.cuda.get_device_name() if torch.cuda.is_available() else "?")
     peak, peak_source = gpu_bf16_peak(gpu, matmul["bfloat16"]["gflops"], args.peak_tflops)
-    training, translation, syncs = [], [], {}
-    for spec, res in phases:
-        if spec["kind"] == "syncs":
-            syncs = res
-        elif spec["kind"] == "train":
-            model, dtype = add_rates(spec, res, matmul)
-            res["mfu"] = res["gflops"] * 1e9 / peak
-            mcfg = spec["config"]["model"]
-            training.append({"model": model, "dtype": dtype, "ops": "compiled" if spec["compile"] else "fast",
-                             "description": describe(mcfg, res["parameters"]), "model_config": mcfg, **res, "vs_quoted": None,
-                             "speedup_vs_plain_ops": None})
-        else:
-            translation.append({"search": spec["search"], "beam": spec["beam"], "dtype": spec["dtype"], "model": spec["model"],
-                                "description": describe(res["model_config"], res["parameters"]), "checkpoint": spec["checkpoint"],
-                                "representative": spec["representative"], "reference_size": False, **res, "vs_quoted": None})
+    trained, translated, syncs = split_phases(phases, matmul)
+    training, translation = [], []
+    for spec, res, model, dtype in trained:
+        res["mfu"] = res["gflops"] * 1e9 / peak
+        mcfg = spec["config"]["model"]
+        training.append({"model": model, "dtype": dtype, "ops": "compiled" if spec["compile"] else "fast",
+                         "description": describe(mcfg, res["parameters"]), "model_config": mcfg, **res, "vs_quoted": None,
+                         "speedup_vs_plain_ops": None})
+    for spec, res in translated:
+        translation.append({"search": spec["search"], "beam": spec["beam"], "dtype": spec["dtype"], "model": spec["model"],
+                            "description": describe(res["model_config"], res["parameters"]), "checkpoint": spec["checkpoint"],
+                            "representative": spec["representative"], "reference_size": False, **res, "vs_quoted": None})
     return {
         "schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "quick": args.quick,
         "device": "cuda", "gpu": gpu, "bf16_dense_peak_tflops": peak / 1e12, "peak_source": peak_source,
@@ -584,28 +595,25 @@ def run_all(args, sizes: Sizes) -> dict:
     specs.append({**specs[0], "name": "matmul-end"})
     matmul, phases = run_specs(specs, args.out)
     peer_phases, phases = [p for p in phases if p[0].get("peer")], [p for p in phases if not p[0].get("peer")]
-    training, translation, syncs = [], [], {}
-    for spec, res in phases:
-        if spec["kind"] == "syncs":
-            syncs = res
-        elif spec["kind"] == "train":
-            model, dtype = add_rates(spec, res, matmul)
-            vs = None
-            if model == "reference" and not spec["plain_ops"]:
-                ratio = res["tokens_per_s"] / TRAIN_QUOTED
-                vs = {"quoted": TRAIN_QUOTED, "ratio": ratio, "target_ratio": TRAIN_TARGET, "meets_target": ratio >= TRAIN_TARGET}
-            mcfg = spec["config"]["model"]
-            training.append({"model": model, "dtype": dtype, "ops": "plain" if spec["plain_ops"] else "fast",
-                             "description": describe(mcfg, res["parameters"]), "model_config": mcfg, **res, "vs_quoted": vs})
-        else:
-            vs = None
-            reference_size = all(res["model_config"][k] == REFERENCE_MODEL[k] for k in ("encoder_layers", "decoder_layers", "d_model", "d_ff", "heads"))
-            if spec["beam"] == 5 and spec["model"] == "reference" and (reference_size or args.quick):
-                ratio = res["sentences_per_s"] / BEAM5_QUOTED
-                vs = {"quoted": BEAM5_QUOTED, "ratio": ratio, "target_ratio": BEAM5_TARGET, "meets_target": ratio >= BEAM5_TARGET}
-            translation.append({"search": spec["search"], "beam": spec["beam"], "dtype": "float32", "model": spec["model"],
-                                "description": describe(res["model_config"], res["parameters"]), "checkpoint": spec["checkpoint"],
-                                "representative": spec["representative"], "reference_size": reference_size, **res, "vs_quoted": vs})
+    trained, translated, syncs = split_phases(phases, matmul)
+    training, translation = [], []
+    for spec, res, model, dtype in trained:
+        vs = None
+        if model == "reference" and not spec["plain_ops"]:
+            ratio = res["tokens_per_s"] / TRAIN_QUOTED
+            vs = {"quoted": TRAIN_QUOTED, "ratio": ratio, "target_ratio": TRAIN_TARGET, "meets_target": ratio >= TRAIN_TARGET}
+        mcfg = spec["config"]["model"]
+        training.append({"model": model, "dtype": dtype, "ops": "plain" if spec["plain_ops"] else "fast",
+                         "description": describe(mcfg, res["parameters"]), "model_config": mcfg, **res, "vs_quoted": vs})
+    for spec, res in translated:
+        vs = None
+        reference_size = all(res["model_config"][k] == REFERENCE_MODEL[k] for k in ("encoder_layers", "decoder_layers", "d_model", "d_ff", "heads"))
+        if spec["beam"] == 5 and spec["model"] == "reference" and (reference_size or args.quick):
+            ratio = res["sentences_per_s"] / BEAM5_QUOTED
+            vs = {"quoted": BEAM5_QUOTED, "ratio": ratio, "target_ratio": BEAM5_TARGET, "meets_target": ratio >= BEAM5_TARGET}
+        translation.append({"search": spec["search"], "beam": spec["beam"], "dtype": "float32", "model": spec["model"],
+                            "description": describe(res["model_config"], res["parameters"]), "checkpoint": spec["checkpoint"],
+                            "representative": spec["representative"], "reference_size": reference_size, **res, "vs_quoted": vs})
     for t in training:  # the speed-ups, as a ratio over the plain-ops run of the same model, batches and dtype
         plain = next((p for p in training if p["ops"] == "plain" and p["model"] == t["model"] and p["dtype"] == t["dtype"]), None)
         t["speedup_vs_plain_ops"] = t["tokens_per_s"] / plain["tokens_per_s"] if plain and t["ops"] == "fast" else None
