@@ -208,6 +208,17 @@ def test_average_takes_ema_weights_when_every_input_has_them(ema_run, tmp_path, 
     assert code == 2 and err.count("\n") == 1 and f"{plain}: --weights ema, but the checkpoint holds no EMA weights" in err
 
 
+def test_inspect_loads_the_ema_weights_that_translate_decodes_with(ema_run):
+    from transformer_mt.viz.inspect import load_model as inspect_model
+
+    state = load_checkpoint(ema_run / "checkpoint_last.pt")
+    model = inspect_model(ema_run / "checkpoint_last.pt")[0]
+    expected = ema_weights(state)
+    assert any(not torch.equal(expected[n], state["model"][n]) for n in state["ema"]["weights"])  # the two differ
+    for name, tensor in model.state_dict().items():
+        torch.testing.assert_close(tensor, expected[name], rtol=0, atol=0)
+
+
 @pytest.mark.slow
 def test_resume_with_ema_is_exact(pairs64, spm_model, tmp_path):
     """4 + 4 updates == 8 updates, bit for bit: weights, optimizer moments and the EMA (weights and count), with dropout and
