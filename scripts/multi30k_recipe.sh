@@ -101,10 +101,16 @@ if [ "$numbered" -ge 4 ]; then
 fi
 # LAWA (issue 20): with train.keep_every=K, the average of the 4 newest checkpoints at multiples of K, a wider
 # window than the newest 4 or 8 (read from the run's saved config; a dry run reads --config and --set)
-cfg_file=$run/config.yaml
-[ -f "$cfg_file" ] || { cfg_file=$config; [ "$dry" = 1 ] || die "$run/config.yaml not found; the run did not start"; }
-keep_every=$($py -c 'import sys; from transformer_mt.config import load_config
-print(load_config(sys.argv[1], sys.argv[2:], check_files=False).train.keep_every)' "$cfg_file" ${overrides[@]+"${overrides[@]}"})
+# (the saved config already holds the --set values it was trained with; on a resume they are ignored, as above)
+if [ -f "$run/config.yaml" ]; then cfg_args=("$run/config.yaml")
+elif [ "$dry" = 1 ]; then cfg_args=("$config" ${overrides[@]+"${overrides[@]}"})
+else die "$run/config.yaml not found; the run did not start"; fi
+keep_every=$($py -c 'import sys
+from transformer_mt.config import ConfigError, load_config
+try:
+    print(load_config(sys.argv[1], sys.argv[2:], check_files=False).train.keep_every)
+except ConfigError as exc:
+    sys.exit(f"multi30k_recipe.sh: {exc}")' "${cfg_args[@]}") || exit 2
 if [ "$keep_every" -gt 0 ]; then
   if [ "$dry" = 1 ]; then run $tmt average --run "$run" --every "$keep_every" --last 4 -o "$run/checkpoint_lawa4.pt"
     names+=(lawa4); models+=("-c $run/checkpoint_lawa4.pt")

@@ -122,6 +122,10 @@ def test_set_reaches_tmt_train_and_keep_every_adds_the_lawa_candidate(tmp_path):
     # without keep_every there is no LAWA candidate
     code, cmds, err = dry_run("--data", str(data), "--src", "de", "--tgt", "en", "--run", str(run))
     assert code == 0 and not any("--every" in c for c in cmds if c[1:2] == ["average"])
+    # a misspelt key is one line and exit 2 (found by the config checks, before any decoding)
+    code, cmds, err = dry_run("--data", str(data), "--src", "de", "--tgt", "en", "--run", str(run), "--set", "train.keep_evry=1000")
+    assert code == 2 and err.strip() == "multi30k_recipe.sh: --set train.keep_evry: unknown key 'train.keep_evry'; did you mean 'keep_every'?"
+    assert not any(c[1:2] == ["evaluate"] for c in cmds)
 
 
 @pytest.mark.parametrize(("args", "message"), [
