@@ -91,6 +91,19 @@ def test_keep_every_must_fall_on_numbered_checkpoints(tmp_path):
     assert load_config(write(tmp_path, "train:\n  save_every: 250\n  keep_every: 1000\n")).train.keep_every == 1000
 
 
+def test_which_updates_write_numbered_checkpoints():
+    # save_every 0: every validation writes one, the final validation too (at whatever update the budget ended)
+    t = Config().train
+    t.validate_every, t.save_every = 500, 0
+    assert t.numbered_spacing == 500
+    assert t.writes_numbered(1234, validating=True) and not t.writes_numbered(1000, validating=False)
+    # save_every 250: multiples of 250 only, between validations or at them; an off-multiple final validation writes none
+    t.save_every = 250
+    assert t.numbered_spacing == 250
+    assert t.writes_numbered(750, validating=False) and t.writes_numbered(1000, validating=True)
+    assert not t.writes_numbered(1234, validating=True) and not t.writes_numbered(1001, validating=False)
+
+
 def test_linear_schedule_needs_max_updates_above_warmup(tmp_path):
     with pytest.raises(ConfigError, match=r"train\.max_updates: lr_schedule linear decays to 0 at max_updates.*max_updates=0, warmup_updates=4000"):
         load_config(write(tmp_path, "train:\n  lr_schedule: linear\n"))

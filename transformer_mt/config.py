@@ -121,6 +121,16 @@ class TrainConfig:
     tensorboard: bool = False  # also write the metrics.jsonl scalars as TensorBoard events in <out_dir>/tensorboard (pip install -e ".[tensorboard]")
     peak_tflops: float = 0.0  # the device's matmul peak, for the MFU of the end-of-training cost report; 0 = measure once, cached in ~/.cache/tmt/peak.json
 
+    @property
+    def numbered_spacing(self) -> int:
+        """Updates between numbered checkpoints: save_every, else validate_every (one at every validation)."""
+        return self.save_every or self.validate_every
+
+    def writes_numbered(self, update: int, *, validating: bool) -> bool:
+        """Whether `update` writes checkpoint_<update>.pt: at multiples of save_every, or at every validation
+        (the final one too, whatever its update) when save_every is 0."""
+        return update % self.save_every == 0 if self.save_every else validating
+
 
 @dataclass
 class DecodeConfig:
@@ -330,7 +340,7 @@ def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -
                 "clip_norm", "threads"):
         if getattr(t, key) < 0:
             fail(f"train.{key}", f"must be 0 or positive, got {getattr(t, key)}")
-    spacing = t.save_every or t.validate_every  # numbered checkpoints are written at multiples of this
+    spacing = t.numbered_spacing
     if t.keep_every and t.keep_every % spacing:
         nearest = spacing * max(1, round(t.keep_every / spacing))
         fail("train.keep_every", f"{t.keep_every} is not a multiple of train.{'save_every' if t.save_every else 'validate_every'} ({spacing}), "

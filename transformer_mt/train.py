@@ -401,7 +401,7 @@ class Trainer:
                         last_val = self._validate_everywhere(elapsed())
                     if t.patience and p.bad_validations >= t.patience:
                         reason = f"no improvement in {t.patience} validations (patience)"
-                elif t.save_every and p.update % t.save_every == 0:  # a numbered checkpoint between validations
+                elif t.writes_numbered(p.update, validating=False):  # a numbered checkpoint between validations
                     wall = elapsed()
                     with window.paused():
                         runtime.on_main(lambda: self._save_numbered(last_val, wall))
@@ -589,7 +589,7 @@ class Trainer:
         self.runlog.valid(update=p.update, epoch=p.epoch, wall=wall, val=val, best=improved, seconds=time.perf_counter() - tic)
         # best before last: a kill between the two must not leave an older model as best for good (the
         # progress in last already counts this validation as the best)
-        numbered = t.save_every == 0 or p.update % t.save_every == 0
+        numbered = t.writes_numbered(p.update, validating=True)
         self._save([self.out / "checkpoint_best.pt"] * improved + [numbered_checkpoint_path(self.out, p.update)] * numbered
                    + [self.out / "checkpoint_last.pt"], val, elapsed=wall)
         if numbered:
