@@ -46,3 +46,21 @@ def translate(
             bar.close()
     if stats.warning():
         typer.echo(stats.warning(), err=True)
+
+
+@app.command()
+def mbr(
+    candidates: List[Path] = typer.Argument(..., help="Candidate files, one per system, for the same inputs: tmt translate output, "
+                                            "plain (one line per input) or n-best (--nbest K)."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output file, one line per input (default: stdout)."),
+    weights: str = typer.Option("uniform", "--weights", help="How a system shares its weight among its candidates for an input: "
+                                "uniform, or score (softmax of the n-best scores / --temperature). Every system weighs the same."),
+    temperature: float = typer.Option(1.0, "--temperature", help="With --weights score: divides the scores before the softmax."),
+) -> None:
+    """Minimum Bayes risk choice: per input, the candidate with the highest expected sentence BLEU against
+    all pooled candidates (a consensus of n-best lists, checkpoints or systems)."""
+    from transformer_mt.mbr import mbr_files
+
+    choices = mbr_files(candidates, weights=weights, temperature=temperature)
+    with safe_output(output, inputs=list(candidates)) as out:
+        out.writelines(line + "\n" for line in choices)
