@@ -94,10 +94,7 @@ def _is_nbest(line: str) -> bool:
 def pool_weights(systems: Sequence[list[Candidate]], *, weights: str = "uniform", temperature: float = 1.0) -> dict[str, float]:
     """The distribution over the distinct texts of one input's candidates from every system: each system
     weighs 1 / len(systems), shared among its candidates uniformly or by softmax(score / temperature)."""
-    if weights not in WEIGHTS:
-        raise MbrError(f"weights={weights!r} is unknown; choose from {', '.join(WEIGHTS)}")
-    if not temperature > 0:
-        raise MbrError(f"temperature={temperature} must be > 0 (1 = the scores as they are; larger flattens the weights)")
+    _check_options(weights, temperature)
     pool: dict[str, float] = {}  # insertion order = first appearance (system order, then rank): ties go to it
     for cands in systems:
         if weights == "uniform":
@@ -109,6 +106,13 @@ def pool_weights(systems: Sequence[list[Candidate]], *, weights: str = "uniform"
         for cand, share in zip(cands, shares):
             pool[cand.text] = pool.get(cand.text, 0.0) + share / len(systems)
     return pool
+
+
+def _check_options(weights: str, temperature: float) -> None:
+    if weights not in WEIGHTS:
+        raise MbrError(f"weights={weights!r} is unknown; choose from {', '.join(WEIGHTS)}")
+    if not temperature > 0:
+        raise MbrError(f"temperature={temperature} must be > 0 (1 = the scores as they are; larger flattens the weights)")
 
 
 def sentence_bleu_from_stats(matches: Sequence[int], hyp_len: int, ref_len: int) -> float:
@@ -168,6 +172,7 @@ def mbr_files(paths: Sequence[str | os.PathLike], *, weights: str = "uniform", t
     inputs), in input order. An input whose candidates are all empty gives an empty line."""
     if not paths:
         raise MbrError("give at least one candidate file (tmt translate output, plain or --nbest K)")
+    _check_options(weights, temperature)  # before any file is read
     systems = [read_candidates(p) for p in paths]
     n = len(systems[0])
     for path, cands in zip(paths, systems):
