@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from sacrebleu.metrics import BLEU
 from sacrebleu.metrics.helpers import extract_all_word_ngrams
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
@@ -117,22 +118,10 @@ def _check_options(weights: str, temperature: float) -> None:
 
 def sentence_bleu_from_stats(matches: Sequence[int], hyp_len: int, ref_len: int) -> float:
     """sacreBLEU's sentence BLEU (exp smoothing, effective order) from the clipped n-gram ``matches``
-    (orders 1..4) of a hypothesis of ``hyp_len`` tokens against a reference of ``ref_len`` tokens."""
-    if not any(matches):  # sacreBLEU returns 0 when nothing matches
-        return 0.0
-    bp = 1.0 if hyp_len >= ref_len else (math.exp(1 - ref_len / hyp_len) if hyp_len > 0 else 0.0)
-    log_sum, order, smooth = 0.0, 0, 1.0
-    for n in range(1, MAX_ORDER + 1):
-        total = hyp_len - n + 1
-        if total <= 0:
-            break
-        order = n
-        if matches[n - 1] == 0:
-            smooth *= 2  # mteval's smoothing: 1 / 2^k for the k-th order without a match
-            log_sum += math.log(100.0 / (smooth * total))
-        else:
-            log_sum += math.log(100.0 * matches[n - 1] / total)
-    return bp * math.exp(log_sum / order)
+    (orders 1..4) of a hypothesis of ``hyp_len`` tokens against a reference of ``ref_len`` tokens,
+    computed by sacreBLEU's own formula (``BLEU.compute_bleu``)."""
+    totals = [max(0, hyp_len - n) for n in range(MAX_ORDER)]
+    return BLEU.compute_bleu(list(matches), totals, hyp_len, ref_len, smooth_method="exp", effective_order=True).score
 
 
 class _Ngrams:
@@ -149,14 +138,12 @@ def mbr_choose(pool: dict[str, float], *, tokenizer: Tokenizer13a | None = None)
     """The text of ``pool`` (text -> weight) with the highest expected sentence BLEU against the pool,
     and that expectation (0-100). Ties go to the text first in the pool."""
     texts = list(pool)
-    if len(texts) == 1:
-        return texts[0], 100.0 * pool[texts[0]]  # nothing to compare with
     tokenizer = tokenizer or Tokenizer13a()
     grams = [_Ngrams(t, tokenizer) for t in texts]
     weight = [pool[t] for t in texts]
     expected = [0.0] * len(texts)
     for i, gi in enumerate(grams):
-        expected[i] += weight[i] * sentence_bleu_from_stats([max(0, gi.length - n) for n in range(MAX_ORDER)], gi.length, gi.length)
+        expected[i] += weight[i] * sentence_bleu_from_stats([max(0, gi.length - n) for n in range(MAX_ORDER)], gi.length, gi.length)  # itself
         for j in range(i + 1, len(texts)):
             gj = grams[j]
             # clipped matches are symmetric: sum over shared n-grams of the smaller count
