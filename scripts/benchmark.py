@@ -11,7 +11,7 @@ it reports is that phase's own peak resident memory (the Python interpreter and 
   matmul     an n x n matmul in float32 and bfloat16: after 3 warm-up runs, the best of ``reps`` timed
              runs, GFLOP/s = 2 n^3 / seconds, at the start and again at the end of the run; the faster
              of the two is the machine's peak;
-  train      ``tmt train``'s own loop (:class:`transformer_mt.train.Trainer`, fed through its
+  train      ``tmt train``'s own loop (:class:`transformer_mt.training.trainer.Trainer`, fed through its
              ``on_update`` hook) on real Multi30k token-budget batches, for the recipe model (--config)
              and the reference model (3+3 layers, d_model 256, d_ff 1024, 4 heads, post-norm, shared
              embeddings, 4096-token batches), each in float32 and bfloat16 autocast: ``--warmup`` updates
@@ -19,14 +19,14 @@ it reports is that phase's own peak resident memory (the Python interpreter and 
              Both models also train once more in float32 with "plain ops" (``F.dropout`` and the unfused
              logits + ``label_smoothed_nll_loss`` path, switched on by ``kernels.use_reference_ops``), the
              baseline of the CPU speed-ups, same batches;
-  translate  :class:`transformer_mt.translate.Translator` on test_2016_flickr.en, greedy and beam 5, at
+  translate  :class:`transformer_mt.decoding.translator.Translator` on test_2016_flickr.en, greedy and beam 5, at
              the checkpoint's ``decode.batch_tokens`` and ``decode.lenpen``, after an untimed warm-up on 8
              sentences; tokens/s counts generated tokens + EOS. Two models: the reference size
              (``--reference-checkpoint``, a trained 3+3/d256 model; the beam-5 speed compared with
              fairseq's is this one's) and the recipe model (``--checkpoint``, timed only when given).
              Without ``--reference-checkpoint`` the reference model is the one after the benchmark's few
              float32 updates: its outputs are too long and the speed is flagged ``"representative": false``.
-  syncs      host-device synchronisations (:class:`transformer_mt.syncs.SyncCounter`, which counts on
+  syncs      host-device synchronisations (:class:`transformer_mt.runtime.syncs.SyncCounter`, which counts on
              any device the ops that make a GPU's host wait): per training update of the recipe model in
              float32 (3 updates, on the phase's own fresh Trainer) and per search step of its (untrained)
              model, greedy and beam 5, at batches of 8 and 32 test sentences. The budgets (issue 21): one
@@ -48,7 +48,7 @@ FLOPs per target token (multiply-add = 2 FLOPs), counted two ways on the padded 
              batches; torch has no formula for the CPU flash-attention kernels SDPA uses here, so they are
              counted as it counts the CUDA ones (forward Q K^T and A V; backward recomputes Q K^T and does
              4 more matmuls). The achieved GFLOP/s and the fraction of the matmul peak use this count.
-  analytic   3 x forward (backward = 2 x forward) over all timed batches, by transformer_mt.flops.train_flops
+  analytic   3 x forward (backward = 2 x forward) over all timed batches, by transformer_mt.runtime.flops.train_flops
              (the formula is in that module's docstring; the training cost report of `tmt train` uses it too).
 
 The reference figures (fairseq, OpenNMT-py, the issue's matmul peaks) are quoted from issue 6 and were
@@ -77,17 +77,18 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from transformer_mt import kernels, runtime
 from transformer_mt.config import Config, DecodeConfig, ModelConfig, TrainConfig, from_dict, load_config, to_dict
-from transformer_mt.data import load_parallel, source_tensor
-from transformer_mt.flops import forward_flops  # the analytic formula of the docstring, shared with tmt train's cost report
-from transformer_mt.loss import label_smoothed_nll_loss
-from transformer_mt.model import count_parameters
-from transformer_mt.search import beam_search, greedy_search
-from transformer_mt.syncs import SyncCounter, per_call
-from transformer_mt.tokenizer import PAD_ID, Tokenizer, train_sentencepiece
-from transformer_mt.train import Trainer, _target_tokens, update_schedule
-from transformer_mt.translate import Translator, positions_needed
+from transformer_mt.data.corpus import load_parallel, source_tensor
+from transformer_mt.decoding.search import beam_search, greedy_search
+from transformer_mt.decoding.translator import Translator, positions_needed
+from transformer_mt.model import kernels
+from transformer_mt.model.loss import label_smoothed_nll_loss
+from transformer_mt.model.transformer import count_parameters
+from transformer_mt.runtime import device as runtime
+from transformer_mt.runtime.flops import forward_flops  # the analytic formula of the docstring, shared with tmt train's cost report
+from transformer_mt.runtime.syncs import SyncCounter, per_call
+from transformer_mt.text.tokenizer import PAD_ID, Tokenizer, train_sentencepiece
+from transformer_mt.training.trainer import Trainer, _target_tokens, update_schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts/fairseq_peer.py, also when tests load this file by path
 import fairseq_peer  # noqa: E402, I001  (--peer fairseq)
@@ -682,7 +683,7 @@ def render_markdown_cuda(r: dict) -> str:
 
 def syncs_line(sy: dict) -> str:
     steps = "; ".join(f"{t['search']} batch {t['batch']}: {t['per_step_max']} (median {t['per_step_median']:g})" for t in sy["search"])
-    return (f"Host syncs ({sy['device']}, transformer_mt.syncs.SyncCounter): per training update of the recipe model "
+    return (f"Host syncs ({sy['device']}, transformer_mt.runtime.syncs.SyncCounter): per training update of the recipe model "
             f"{', '.join(str(u['syncs']) for u in sy['train_updates'])} (budget 1); per search step, the most over the steps: {steps} "
             "(budget 1, whatever the batch and beam).")
 

@@ -97,7 +97,7 @@ done
 if [ "$numbered" -ge 4 ]; then
   names+=(ens4)
   if [ "$dry" = 1 ]; then models+=("-c $run/NEWEST1.pt -c $run/NEWEST2.pt -c $run/NEWEST3.pt -c $run/NEWEST4.pt")
-  else models+=("$($py -c "from transformer_mt.checkpoint import last_checkpoints; print(' '.join(f'-c {p}' for p in last_checkpoints('$run', 4)))")"); fi
+  else models+=("$($py -c "from transformer_mt.checkpoint.io import last_checkpoints; print(' '.join(f'-c {p}' for p in last_checkpoints('$run', 4)))")"); fi
 fi
 # LAWA (issue 20): with train.keep_every=K, the average of the 4 newest checkpoints at multiples of K, a wider
 # window than the newest 4 or 8 (read from the run's saved config; a dry run reads --config and --set)

@@ -4,7 +4,7 @@
     python scripts/profile_train.py [--model reference|recipe] [--warmup 20] [--updates 30] [--threads 2]
                                     [--set section.key=value ...] [--out prof] [--trace]
 
-Trains through :class:`transformer_mt.train.Trainer` (its ``on_update`` hook starts the profiler after
+Trains through :class:`transformer_mt.training.trainer.Trainer` (its ``on_update`` hook starts the profiler after
 ``--warmup`` updates and stops it after ``--updates`` more) on the real Multi30k batches, then prints
 one table: the operators by self CPU time, grouped into what the issue asks about (matmuls, attention,
 element-wise passes, LayerNorm, dropout, softmax/loss, embedding, optimizer step, the rest), each as a
@@ -31,7 +31,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from transformer_mt.config import load_config
-from transformer_mt.train import Trainer
+from transformer_mt.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ["model.norm=post", "model.dropout=0.1", "model.activation_dropout=0.0", "train.max_tokens=4096", "train.lr=5e-4",

@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from transformer_mt import checkpoint as ckpt
-from transformer_mt.checkpoint import (
+from transformer_mt.checkpoint import io as ckpt
+from transformer_mt.checkpoint.io import (
     FORMAT,
     CheckpointError,
     average_checkpoints,
@@ -28,7 +28,7 @@ from transformer_mt.checkpoint import (
     unpack_tokenizers,
 )
 from transformer_mt.config import Config, to_dict
-from transformer_mt.tokenizer import Tokenizer
+from transformer_mt.text.tokenizer import Tokenizer
 
 
 class Tiny(nn.Module):

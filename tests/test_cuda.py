@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from tests.conftest import run_config, tiny_model, tokens
-from transformer_mt import runtime
-from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.checkpoint.io import load_checkpoint
 from transformer_mt.config import load_config
-from transformer_mt.search import beam_search, greedy_search
-from transformer_mt.syncs import SyncCounter, per_call
-from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt.train import Trainer, _target_tokens, resumed_config, train, update_schedule
+from transformer_mt.decoding.search import beam_search, greedy_search
+from transformer_mt.runtime import device as runtime
+from transformer_mt.runtime.syncs import SyncCounter, per_call
+from transformer_mt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.training.trainer import Trainer, _target_tokens, resumed_config, train, update_schedule
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=64", "model.heads=4", "model.d_ff=128", "train.max_tokens=400",
@@ -85,7 +85,7 @@ def test_gpu_peak_table_prefers_the_specific_name():
 def test_auto_dtype_rule(monkeypatch):
     """train.dtype auto: bfloat16 on a CPU only for a model at least 256 wide on a CPU whose bf16 matmul peak is
     at least twice its float32 one (AMX); a narrower model never measures; float32 on MPS."""
-    from transformer_mt import flops
+    from transformer_mt.runtime import flops
 
     def no_measurement(*_a, **_k):
         raise AssertionError("a narrow model must not measure")
@@ -237,8 +237,8 @@ def test_ddp_at_world_size_one_with_nccl():
     with the label positions and the source flag passed through; the stats all-reduce runs on the GPU."""
     import torch.distributed as dist
 
-    from transformer_mt.data import collate
-    from transformer_mt.loss import TeacherForcedLoss
+    from transformer_mt.data.corpus import collate
+    from transformer_mt.model.loss import TeacherForcedLoss
 
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
     try:

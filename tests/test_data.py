@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from tests.conftest import head
-from transformer_mt import data
 from transformer_mt.config import DataConfig
-from transformer_mt.data import DataError, SampledSegmentation, collate, load_parallel, make_batches, shard
-from transformer_mt.textio import TextError
-from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_sentencepiece
+from transformer_mt.data import corpus as data
+from transformer_mt.data.corpus import DataError, SampledSegmentation, collate, load_parallel, make_batches, shard
+from transformer_mt.text.textio import TextError
+from transformer_mt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_sentencepiece
 
 
 @pytest.fixture(scope="module")

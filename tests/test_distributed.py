@@ -27,11 +27,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from transformer_mt.checkpoint import load_checkpoint
+from transformer_mt.checkpoint.io import load_checkpoint
 from transformer_mt.config import load_config
-from transformer_mt.prepare import load_corpora
-from transformer_mt.tokenizer import Tokenizer
-from transformer_mt.train import Trainer, resumed_config, train, update_schedule
+from transformer_mt.data.prepare import load_corpora
+from transformer_mt.text.tokenizer import Tokenizer
+from transformer_mt.training.trainer import Trainer, resumed_config, train, update_schedule
 
 TINY = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.heads=2", "model.d_ff=64",
         "model.dropout=0.0", "train.lr_schedule=inverse_sqrt", "train.lr=0.003", "train.warmup_updates=4",

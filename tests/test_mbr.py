@@ -1,4 +1,4 @@
-"""MBR selection (transformer_mt.mbr, `tmt mbr`): the utility equals sacreBLEU's sentence BLEU, the choice
+"""MBR selection (transformer_mt.decoding.mbr, `tmt mbr`): the utility equals sacreBLEU's sentence BLEU, the choice
 equals a brute-force argmax computed with sacreBLEU itself, and the candidate files are read as tmt
 translate writes them, bad ones refused in one line."""
 
@@ -10,7 +10,7 @@ import pytest
 from sacrebleu.metrics import BLEU
 
 from tests.conftest import head, run_cli
-from transformer_mt.mbr import Candidate, MbrError, mbr_choose, mbr_files, pool_weights, read_candidates
+from transformer_mt.decoding.mbr import Candidate, MbrError, mbr_choose, mbr_files, pool_weights, read_candidates
 
 SENT_BLEU = BLEU(effective_order=True)  # sacrebleu.sentence_bleu's settings: exp smoothing, effective order
 
@@ -37,7 +37,7 @@ def _pairs(lines: list[str]) -> list[tuple[str, str]]:
 def test_pairwise_utility_equals_sacrebleu_sentence_bleu(german):
     from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
-    from transformer_mt.mbr import _Ngrams, sentence_bleu_from_stats
+    from transformer_mt.decoding.mbr import _Ngrams, sentence_bleu_from_stats
 
     tok = Tokenizer13a()
     for hyp, ref in _pairs(german):

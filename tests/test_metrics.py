@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from transformer_mt.metrics import MetricsError, format_json, format_text, read_lines, score, score_files
-from transformer_mt.textio import TextError
+from transformer_mt.evaluation.metrics import MetricsError, format_json, format_text, read_lines, score, score_files
+from transformer_mt.text.textio import TextError
 
 
 def corrupt(lines: list[str], *, drop_every: int = 7, swap_every: int = 3, lower_every: int = 4) -> list[str]:
@@ -153,7 +153,7 @@ def test_read_lines_keeps_empty_lines_and_reports_bad_files(tmp_path):
 
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes("gut\nschön\n".encode("latin-1"))
-    with pytest.raises(TextError) as err:  # the one text reader's error (transformer_mt.textio), as every reader gives
+    with pytest.raises(TextError) as err:  # the one text reader's error (transformer_mt.text.textio), as every reader gives
         read_lines(latin1)
     assert str(err.value) == f"{latin1}:2: invalid UTF-8 (byte 0xf6 at column 4); convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8 FILE > FILE.utf8"
 

@@ -1,4 +1,4 @@
-"""Tests of transformer_mt.model: tiny models, expectations built from the paper's formulas or from an
+"""Tests of transformer_mt.model.transformer: tiny models, expectations built from the paper's formulas or from an
 independent computation (the full teacher-forced pass, the same sentence alone)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from tests.conftest import TINY_MODEL, TINY_VOCAB, tiny_model, tokens
 from transformer_mt.config import ModelConfig
-from transformer_mt.model import Transformer, count_parameters, sinusoids
-from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.model.transformer import Transformer, count_parameters, sinusoids
+from transformer_mt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 V = TINY_VOCAB  # the tiny models' joint vocabulary (40 ids)
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -290,7 +290,7 @@ def test_attention_weights_equal_an_independent_computation(norm):
 def test_translation_is_the_same_with_and_without_weight_capture():
     """Capturing weights leaves the model as it was (same translations before and after), and teacher-
     forcing the greedy translation through attention() predicts that translation again, token by token."""
-    from transformer_mt.search import greedy_search, search
+    from transformer_mt.decoding.search import greedy_search, search
 
     model = tiny_model(seed=3)
     src = tokens([6, 3, 5], seed=13)
@@ -387,7 +387,7 @@ def test_unmasked_attention_paths_equal_the_masked_ones(norm):
     is causal only (is_causal=True) and a source without padding gets no key mask. At every real position the
     outputs and all parameter gradients equal those of the full masks (causal + padding), which this test
     builds itself and feeds through the same layers."""
-    from transformer_mt.model import _allowed
+    from transformer_mt.model.transformer import _allowed
 
     def run(model, src, tgt, *, explicit: bool, padded: bool = True):
         model.zero_grad()

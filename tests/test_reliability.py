@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer_mt.checkpoint import CheckpointError, _check_torch_is_safe, average_checkpoints, load_checkpoint, pack_tokenizers, save_checkpoint
+from transformer_mt.checkpoint.io import CheckpointError, _check_torch_is_safe, average_checkpoints, load_checkpoint, pack_tokenizers, save_checkpoint
 from transformer_mt.cli import main
 from transformer_mt.config import Config, ConfigError, load_config, to_dict
-from transformer_mt.search import SearchError
-from transformer_mt.translate import Translator
+from transformer_mt.decoding.search import SearchError
+from transformer_mt.decoding.translator import Translator
 
 
 def run_cli(argv: list[str], capsys) -> tuple[int, str]:
@@ -269,7 +269,7 @@ def enospc(*_args, **_kwargs):
 
 
 def test_disk_full_output_names_the_file_and_keeps_its_bytes(tmp_path, bad_inputs, monkeypatch, capsys):
-    from transformer_mt import textio
+    from transformer_mt.text import textio
 
     out = write(tmp_path / "out.txt", "yesterday's results\n")
     monkeypatch.setattr(textio.os, "fsync", enospc)  # the disk fills up as the new output is completed
@@ -295,7 +295,7 @@ def test_disk_full_on_stdout_names_stdout(bad_inputs, monkeypatch, capsys):
 
 
 def test_disk_full_while_writing_the_cache_is_one_line(tmp_path, bad_inputs, monkeypatch, capsys):
-    from transformer_mt import data
+    from transformer_mt.data import corpus as data
 
     def numpy_full(*_args, **_kwargs):  # what ndarray.tofile raises on a full disk: no errno, no file name
         raise OSError("40000 requested and 0 written")

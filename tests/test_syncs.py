@@ -14,14 +14,14 @@ import pytest
 import torch
 
 from tests.conftest import run_config, tiny_model
-from transformer_mt.cache import DecoderCache
-from transformer_mt.data import collate
-from transformer_mt.ensemble import Ensemble
-from transformer_mt.loss import TeacherForcedLoss
-from transformer_mt.search import beam_search, greedy_search
-from transformer_mt.syncs import SyncCounter, per_call
-from transformer_mt.tokenizer import EOS_ID, PAD_ID
-from transformer_mt.train import Trainer, _target_tokens, update_schedule
+from transformer_mt.data.corpus import collate
+from transformer_mt.decoding.search import beam_search, greedy_search
+from transformer_mt.model.cache import DecoderCache
+from transformer_mt.model.ensemble import Ensemble
+from transformer_mt.model.loss import TeacherForcedLoss
+from transformer_mt.runtime.syncs import SyncCounter, per_call
+from transformer_mt.text.tokenizer import EOS_ID, PAD_ID
+from transformer_mt.training.trainer import Trainer, _target_tokens, update_schedule
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VOCAB = 40
@@ -217,7 +217,7 @@ def test_a_tie_at_the_beam_cut_off_costs_one_more_sync():
 
 # ---------------------------------------------------------------- the log
 def test_the_log_reads_the_device_sums_once_per_window_and_counts_training_time_only(monkeypatch):
-    from transformer_mt import runlog
+    from transformer_mt.training import runlog
 
     class Clock:  # the window's clock, moved by hand
         now = 0.0

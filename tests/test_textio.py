@@ -1,4 +1,4 @@
-"""One way to read text (transformer_mt.textio) and safe output files, through every reader and command.
+"""One way to read text (transformer_mt.text.textio) and safe output files, through every reader and command.
 
 Issue 17: item 1 (outputs written through a temporary file, an output that is an input refused),
 item 2 (a lone "\\r" does not split a line), item 11 (stdin without newlines, giant lines: bounded
@@ -19,11 +19,11 @@ import pytest
 import sentencepiece as spm
 
 from tests.conftest import make_checkpoint, run_cli
-from transformer_mt import textio
 from transformer_mt.config import DataConfig
-from transformer_mt.data import load_parallel
-from transformer_mt.textio import MAX_LINE_BYTES, READ_BYTES, TextError
-from transformer_mt.tokenizer import Tokenizer
+from transformer_mt.data.corpus import load_parallel
+from transformer_mt.text import textio
+from transformer_mt.text.textio import MAX_LINE_BYTES, READ_BYTES, TextError
+from transformer_mt.text.tokenizer import Tokenizer
 
 VENV_BIN = Path(sys.executable).parent
 
@@ -73,7 +73,7 @@ def test_every_reader_sees_the_same_lines(case, tmp_path, spm_model, ckpt, monke
     else:
         assert code == 0 and seen == expected, (err, seen)
 
-    # training data: transformer_mt.data reads the pairs (the target side is clean)
+    # training data: transformer_mt.data.corpus reads the pairs (the target side is clean)
     tgt = tmp_path / "tgt.txt"
     tgt.write_bytes(b"eins\nzwei\n")
     if invalid:

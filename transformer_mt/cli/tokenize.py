@@ -21,7 +21,7 @@ def tokenize_train(
     input_sentence_size: int = typer.Option(2_000_000, min=0, help="Sentences sampled for training (0 = all)."),
 ) -> None:
     """Train a sentencepiece model (pad=0, unk=1, bos=2, eos=3)."""
-    from transformer_mt.tokenizer import train_sentencepiece
+    from transformer_mt.text.tokenizer import train_sentencepiece
 
     path = train_sentencepiece(
         inputs, model_prefix, vocab_size=vocab_size, model_type=model_type,
@@ -38,7 +38,7 @@ def tokenize_encode(
     ids: bool = typer.Option(False, "--ids", help="Write ids instead of pieces."),
 ) -> None:
     """Encode text into space-separated pieces (or ids), one line per input line."""
-    from transformer_mt.tokenizer import Tokenizer, encode_stream
+    from transformer_mt.text.tokenizer import Tokenizer, encode_stream
 
     tok = Tokenizer(model)
     lines = input_lines(input)
@@ -57,7 +57,7 @@ def tokenize_decode(
     ids: bool = typer.Option(False, "--ids", help="Input holds ids instead of pieces."),
 ) -> None:
     """Decode pieces (or ids) back into text, one line per input line."""
-    from transformer_mt.tokenizer import Tokenizer, decode_stream
+    from transformer_mt.text.tokenizer import Tokenizer, decode_stream
 
     tok = Tokenizer(model)
     lines = input_lines(input)

@@ -1,6 +1,6 @@
 """A tmt checkpoint as a CTranslate2 model directory, through CTranslate2's documented converter API.
 
-How each piece of :class:`~transformer_mt.model.Transformer` lands in a ``TransformerSpec`` (the same
+How each piece of :class:`~transformer_mt.model.transformer.Transformer` lands in a ``TransformerSpec`` (the same
 mapping as CTranslate2's own fairseq and OpenNMT-py converters; tests/test_export.py checks the
 result token for token against tmt's own search):
 
@@ -43,12 +43,12 @@ import numpy as np
 import torch
 
 from transformer_mt import __version__
-from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, model_weights, unpack_tokenizers
+from transformer_mt.checkpoint.io import config_from_checkpoint, load_checkpoint, model_weights, unpack_tokenizers
 from transformer_mt.config import Config
+from transformer_mt.decoding.translator import positions_needed
 from transformer_mt.export import ExportError
-from transformer_mt.model import MultiHeadAttention, ScaleNorm, Transformer, sinusoids
-from transformer_mt.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
-from transformer_mt.translate import positions_needed
+from transformer_mt.model.transformer import MultiHeadAttention, ScaleNorm, Transformer, sinusoids
+from transformer_mt.text.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
 
 INSTALL_HINT = 'ctranslate2 is not installed; run: pip install -e ".[export]"'
 # Which sentencepiece model(s) go into the directory, for tokenizing before and detokenizing after.

@@ -23,10 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from transformer_mt.config import to_dict
+from transformer_mt.decoding.translator import Translator
 from transformer_mt.errors import TmtError
 from transformer_mt.serve import ServeError, ServeOptions
 from transformer_mt.serve.batching import Batcher, Job, QueueFull, Stopped
-from transformer_mt.translate import Translator
 
 
 class ApiError(Exception):

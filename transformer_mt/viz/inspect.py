@@ -2,7 +2,7 @@
 
 The shapes are recorded from the real modules while one example batch runs through ``encode`` and
 ``decode``: forward hooks on every submodule (input -> output shape), and for each
-:class:`~transformer_mt.model.MultiHeadAttention` its ``attend`` call is wrapped for the duration to
+:class:`~transformer_mt.model.transformer.MultiHeadAttention` its ``attend`` call is wrapped for the duration to
 read Q, K, V per head, the attention mask and the score matrix (B, H, queries, keys). Nothing is
 re-implemented, so the report is what the model computes. A config (no weights) is built on the
 ``meta`` device: shapes and counts without allocating a big model's memory.
@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from transformer_mt import flops
 from transformer_mt.config import Config, ModelConfig
-from transformer_mt.model import MultiHeadAttention, Transformer
-from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.model.transformer import MultiHeadAttention, Transformer
+from transformer_mt.runtime import flops
+from transformer_mt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 # Table 3 of the paper (PAPER.md): sizes and parameter counts (37k shared BPE vocabulary);
 # Table 2: training cost, estimated there as GPU time x sustained GPU speed, not counted.
@@ -246,9 +246,9 @@ def inspect_report(model: Transformer, cfg: Config, *, vocab: tuple[int, int], s
 def load_model(target: str | Path, overrides: list[str] | None = None) -> tuple[Transformer, Config, tuple[int, int]]:
     """A checkpoint (the weights tmt translate decodes with: EMA when present; CPU) or a YAML config (built on the meta device); vocab from the
     checkpoint's tokenizers or from ``tokenizer.vocab_size``."""
-    from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, model_weights, unpack_tokenizers
+    from transformer_mt.checkpoint.io import config_from_checkpoint, load_checkpoint, model_weights, unpack_tokenizers
     from transformer_mt.config import load_config
-    from transformer_mt.tokenizer import Tokenizer
+    from transformer_mt.text.tokenizer import Tokenizer
 
     target = Path(target)
     if target.suffix == ".pt":

@@ -21,11 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer_mt import kernels
-from transformer_mt.tokenizer import PAD_ID
+from transformer_mt.model import kernels
+from transformer_mt.text.tokenizer import PAD_ID
 
 if TYPE_CHECKING:  # the model is handed in; loss.py never builds one
-    from transformer_mt.model import Transformer
+    from transformer_mt.model.transformer import Transformer
 
 
 def _check_epsilon(epsilon: float, vocab: int) -> None:
@@ -92,8 +92,8 @@ def projected_label_smoothed_loss(
 
     h: (N, D) decoder states at the label positions; weight: (V, D) output projection (no bias);
     target: (N,). Same returns and same numbers (float32 loss) as :func:`label_smoothed_nll_loss`.
-    Runs the fused kernel :func:`~transformer_mt.kernels.fused_projected_label_smoothed_loss`, or,
-    under :func:`~transformer_mt.kernels.use_reference_ops`, its plain equivalent: the logits, then
+    Runs the fused kernel :func:`~transformer_mt.model.kernels.fused_projected_label_smoothed_loss`, or,
+    under :func:`~transformer_mt.model.kernels.use_reference_ops`, its plain equivalent: the logits, then
     :func:`label_smoothed_nll_loss`.
     """
     loss, nll = projected_label_smoothed_sums(h, weight, target, epsilon=epsilon, ignore_index=ignore_index)

@@ -68,7 +68,7 @@ _ALWAYS = {
     "bincount": "bincount",
     "histc": "histc",
 }
-_PACKAGE = str(Path(__file__).resolve().parent)
+_PACKAGE = str(Path(__file__).resolve().parent.parent)  # the transformer_mt package
 
 
 def _has_bool_index(indices) -> bool:  # noqa: ANN001 - a list of optional tensors

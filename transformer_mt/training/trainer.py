@@ -51,8 +51,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from transformer_mt import flops, runtime
-from transformer_mt.checkpoint import (
+from transformer_mt.checkpoint.io import (
     config_from_checkpoint,
     copy_checkpoint,
     load_checkpoint,
@@ -65,18 +64,20 @@ from transformer_mt.checkpoint import (
     unpack_tokenizers,
 )
 from transformer_mt.config import Config, ConfigError, TrainConfig, load_config, save_config, to_dict
-from transformer_mt.data import Batch, SampledSegmentation
-from transformer_mt.ema import EMA
+from transformer_mt.data.corpus import Batch, SampledSegmentation
+from transformer_mt.data.prepare import load_corpora, prepare_tokenizers
+from transformer_mt.decoding.search import max_beam
 from transformer_mt.errors import TmtError
-from transformer_mt.evaluate import BleuSet, bleu_set, checked_validation_set, validation_bleu, validation_loss
-from transformer_mt.loss import TeacherForcedLoss
-from transformer_mt.model import Transformer, count_parameters
-from transformer_mt.optim import build_optimizer, build_scheduler, restore_optimizer
-from transformer_mt.prepare import load_corpora, prepare_tokenizers
-from transformer_mt.rundir import RunLock, newest_checkpoint, remove_stale_temporaries, start_new_run
-from transformer_mt.runlog import RunLog, Window, echo
-from transformer_mt.search import max_beam
-from transformer_mt.tokenizer import Tokenizer
+from transformer_mt.evaluation.evaluate import BleuSet, bleu_set, checked_validation_set, validation_bleu, validation_loss
+from transformer_mt.model.loss import TeacherForcedLoss
+from transformer_mt.model.transformer import Transformer, count_parameters
+from transformer_mt.runtime import device as runtime
+from transformer_mt.runtime import flops
+from transformer_mt.text.tokenizer import Tokenizer
+from transformer_mt.training.ema import EMA
+from transformer_mt.training.optim import build_optimizer, build_scheduler, restore_optimizer
+from transformer_mt.training.rundir import RunLock, newest_checkpoint, remove_stale_temporaries, start_new_run
+from transformer_mt.training.runlog import RunLog, Window, echo
 
 
 class TrainError(TmtError, RuntimeError):

@@ -159,7 +159,7 @@ def cached_peak(dtype: str = "float32", *, device: torch.device | str = "cpu") -
 
 # ---------------------------------------------------------------- the training cost report
 def batches_train_flops(m: ModelConfig, batches, *, vocab: int) -> int:
-    """:func:`train_flops` summed over padded :class:`~transformer_mt.data.Batch` es (src (B, S), tgt_in (B, T)),
+    """:func:`train_flops` summed over padded :class:`~transformer_mt.data.corpus.Batch` es (src (B, S), tgt_in (B, T)),
     as the benchmark counts them: padding included, the output layer over every target position."""
     return sum(train_flops(m, vocab=vocab, batch=b.src.size(0), src_len=b.src.size(1), tgt_len=b.tgt_in.size(1)) for b in batches)
 

@@ -14,8 +14,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from transformer_mt.cache import DecoderCache
-from transformer_mt.model import EncoderOut, Transformer
+from transformer_mt.model.cache import DecoderCache
+from transformer_mt.model.transformer import EncoderOut, Transformer
 
 
 class EnsembleCache:

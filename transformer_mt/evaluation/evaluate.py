@@ -22,16 +22,16 @@ from typing import Any, Sequence
 
 import torch
 
-from transformer_mt import runtime
 from transformer_mt.config import DecodeConfig
-from transformer_mt.data import ParallelData
+from transformer_mt.data.corpus import ParallelData
+from transformer_mt.decoding.translator import TranslateStats, Translator, translate_ids, translate_stream
 from transformer_mt.errors import TmtError
-from transformer_mt.loss import TeacherForcedLoss
-from transformer_mt.metrics import read_lines, score
-from transformer_mt.model import Transformer
-from transformer_mt.textio import file_chunks, safe_output
-from transformer_mt.tokenizer import Tokenizer
-from transformer_mt.translate import TranslateStats, Translator, translate_ids, translate_stream
+from transformer_mt.evaluation.metrics import read_lines, score
+from transformer_mt.model.loss import TeacherForcedLoss
+from transformer_mt.model.transformer import Transformer
+from transformer_mt.runtime import device as runtime
+from transformer_mt.text.textio import file_chunks, safe_output
+from transformer_mt.text.tokenizer import Tokenizer
 
 
 @dataclass

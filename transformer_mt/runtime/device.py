@@ -80,7 +80,7 @@ def auto_dtype(device: torch.device, *, d_model: int) -> str:
     - CUDA: bfloat16 where the GPU supports it (Ampere and later: tensor cores; no loss scaling needed),
       else float32 (with TF32 where the GPU has it);
     - CPU: bfloat16 only for models at least AUTO_BF16_CPU_MIN_D_MODEL wide on a CPU whose bfloat16
-      matmul peak (measured once and cached, :func:`transformer_mt.flops.cached_peak`) is at least
+      matmul peak (measured once and cached, :func:`transformer_mt.runtime.flops.cached_peak`) is at least
       AUTO_BF16_CPU_SPEEDUP x its float32 peak (CPUs with AMX); without AMX bf16 GEMMs run at about half
       the float32 rate, so float32;
     - anything else (MPS): float32.
@@ -89,7 +89,7 @@ def auto_dtype(device: torch.device, *, d_model: int) -> str:
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
     if device.type != "cpu" or d_model < AUTO_BF16_CPU_MIN_D_MODEL:
         return "float32"
-    from transformer_mt.flops import cached_peak
+    from transformer_mt.runtime.flops import cached_peak
 
     return "bfloat16" if cached_peak("bfloat16", device=device) >= AUTO_BF16_CPU_SPEEDUP * cached_peak("float32", device=device) else "float32"
 

@@ -1,7 +1,7 @@
 """The decoder's key/value cache for incremental decoding: a small object the search owns.
 
-:meth:`Transformer.init_cache <transformer_mt.model.Transformer.init_cache>` builds one per batch and
-:meth:`~transformer_mt.model.Transformer.decode_step` writes to it; the search only calls
+:meth:`Transformer.init_cache <transformer_mt.model.transformer.Transformer.init_cache>` builds one per batch and
+:meth:`~transformer_mt.model.transformer.Transformer.decode_step` writes to it; the search only calls
 :meth:`DecoderCache.reorder` (expand rows to beams, follow beam reshuffles, drop finished sentences).
 
 Shapes: R rows (hypotheses), G groups of rows that translate the same sentence, L decoder layers,

@@ -5,7 +5,7 @@ Conventions (fairseq's, section 5 of the paper): a source is its pieces + EOS; t
 input ``tgt_in`` is BOS + target pieces; the labels ``tgt_out`` are target pieces + EOS.
 Sequences are right-padded with PAD_ID. :func:`collate` is the only code that adds them.
 
-Reading. Lines are read by :mod:`transformer_mt.textio`'s rules, the same as every other reader
+Reading. Lines are read by :mod:`transformer_mt.text.textio`'s rules, the same as every other reader
 (strict UTF-8, split at b"\\n" only, a last line without one counts, BOM removed); each line is
 stripped of surrounding whitespace. Pairs with an empty side are dropped
 and counted, for training and validation alike. With ``filter_long`` (training) pairs with more
@@ -64,8 +64,8 @@ from tqdm import tqdm
 
 from transformer_mt.config import DataConfig
 from transformer_mt.errors import TmtError
-from transformer_mt.textio import count_lines, iter_file
-from transformer_mt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from transformer_mt.text.textio import count_lines, iter_file
+from transformer_mt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 FORMAT_VERSION = 1
 CHUNK_LINES = 10_000  # lines encoded at a time: bounds memory whatever the corpus size

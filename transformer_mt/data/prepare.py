@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Callable
 
 from transformer_mt.config import Config, ConfigError
-from transformer_mt.data import ParallelData, load_parallel
-from transformer_mt.tokenizer import Tokenizer, train_sentencepiece
+from transformer_mt.data.corpus import ParallelData, load_parallel
+from transformer_mt.text.tokenizer import Tokenizer, train_sentencepiece
 
 
 def preprocess(cfg: Config, *, log: Callable[[str], None] = print) -> tuple[ParallelData, ParallelData | None]:

@@ -61,7 +61,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from transformer_mt.textio import name_write_errors
+from transformer_mt.text.textio import name_write_errors
 
 KINDS = ("train", "valid", "summary")
 
@@ -77,7 +77,7 @@ class RunLog:
         self.metrics_path = None if out_dir is None else Path(out_dir) / "metrics.jsonl"
         if out_dir is not None:
             if tensorboard:  # first: without the package the run stops before a file is opened
-                from transformer_mt.tensorboard import TensorBoardLog
+                from transformer_mt.training.tensorboard import TensorBoardLog
 
                 self.tb = TensorBoardLog(Path(out_dir) / "tensorboard")
             self.log_file = open(Path(out_dir) / "train.log", "a", encoding="utf-8")

@@ -20,7 +20,7 @@ from typing import Iterable, Iterator
 import sentencepiece as spm
 
 from transformer_mt.errors import TmtError
-from transformer_mt.textio import TextError, iter_file
+from transformer_mt.text.textio import TextError, iter_file
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"

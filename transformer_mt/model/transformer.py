@@ -4,7 +4,7 @@ Entry points, each with one return type: :meth:`Transformer.encode` -> EncoderOu
 :meth:`Transformer.decode` (teacher forcing) -> logits, :meth:`Transformer.init_cache` +
 :meth:`Transformer.decode_step` (incremental decoding, what search uses) -> logits,
 :meth:`Transformer.attention` -> AttentionWeights (every layer's weights, for inspection). The training
-loss is a module around the model: :class:`transformer_mt.loss.TeacherForcedLoss`.
+loss is a module around the model: :class:`transformer_mt.model.loss.TeacherForcedLoss`.
 
 Shapes: B batch, S source length, T target length, D d_model, H heads, Dk query/key size per head,
 Dv value size per head, V vocabulary, L decoder layers.
@@ -55,10 +55,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer_mt.cache import DecoderCache
 from transformer_mt.config import ConfigError, ModelConfig
-from transformer_mt.kernels import dropout
-from transformer_mt.tokenizer import EOS_ID, PAD_ID, UNK_ID
+from transformer_mt.model.cache import DecoderCache
+from transformer_mt.model.kernels import dropout
+from transformer_mt.text.tokenizer import EOS_ID, PAD_ID, UNK_ID
 
 
 class EncoderOut(NamedTuple):
@@ -475,14 +475,14 @@ class Transformer(nn.Module):
 
     def decoder_output(self, tgt_in: Tensor, enc: EncoderOut) -> Tensor:
         """Teacher forcing up to the vocabulary projection: tgt_in (B, T) -> the top decoder states (B, T, D)
-        (after the final norm). :class:`~transformer_mt.loss.TeacherForcedLoss` fuses the projection
+        (after the final norm). :class:`~transformer_mt.model.loss.TeacherForcedLoss` fuses the projection
         (:meth:`output_weight`) with the loss, so the (N, V) logits are never built in one piece."""
         return self._decoder_states(tgt_in, enc)[0]
 
     def forward(self, src: Tensor, tgt_in: Tensor, *, keep: Tensor | None = None) -> Tensor:
         """src (B, S), tgt_in (B, T) -> logits (B, T, V_tgt), or (N, V_tgt) for the positions where ``keep`` is True.
 
-        The training loss is :class:`~transformer_mt.loss.TeacherForcedLoss`, a module around this model.
+        The training loss is :class:`~transformer_mt.model.loss.TeacherForcedLoss`, a module around this model.
         """
         return self.decode(tgt_in, self.encode(src), keep=keep)
 

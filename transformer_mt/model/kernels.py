@@ -8,9 +8,9 @@ hand-written (default)                          plain equivalent (``use_referenc
 :func:`dropout`: keep masks from 16-bit lanes   ``F.dropout``
 of 64-bit random words (:class:`_CpuDropout`)
 :func:`fused_projected_label_smoothed_loss`:    logits ``F.linear(h, weight)``, then
-vocabulary projection fused with the            :func:`transformer_mt.loss.label_smoothed_nll_loss`
+vocabulary projection fused with the            :func:`transformer_mt.model.loss.label_smoothed_nll_loss`
 label-smoothed loss in row chunks               (the switch is read by
-                                                :func:`transformer_mt.loss.projected_label_smoothed_loss`)
+                                                :func:`transformer_mt.model.loss.projected_label_smoothed_loss`)
 ==============================================  =====================================================
 
 The switch is module state for the whole process, read at every call; the benchmark's "plain ops"
@@ -204,7 +204,7 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
 
 
 def fused_projected_label_smoothed_loss(h: Tensor, weight: Tensor, target: Tensor, *, epsilon: float, ignore_index: int) -> tuple[Tensor, Tensor]:
-    """The hand-written kernel of :func:`transformer_mt.loss.projected_label_smoothed_sums` (which checks
+    """The hand-written kernel of :func:`transformer_mt.model.loss.projected_label_smoothed_sums` (which checks
     ``epsilon`` and picks this or the plain path): h (N, D), weight (V, D), target (N,) ->
     (loss_sum, nll_sum), without a host sync. Under autocast the projection runs in the autocast dtype,
     the softmax in float32."""

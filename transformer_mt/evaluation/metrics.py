@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from sacrebleu.metrics import BLEU, CHRF, TER
 
 from transformer_mt.errors import TmtError
-from transformer_mt.textio import iter_file, iter_stream
+from transformer_mt.text.textio import iter_file, iter_stream
 
 METRICS = ("bleu", "chrf", "ter")
 
@@ -34,7 +34,7 @@ class MetricsError(TmtError, ValueError):
 def read_lines(path: str | os.PathLike) -> list[str]:
     """The lines of a UTF-8 text file (``"-"``: stdin) with trailing whitespace (and the newline) removed.
 
-    Read by :mod:`transformer_mt.textio`'s rules, as every tmt reader: only "\\n" ends a line, as in
+    Read by :mod:`transformer_mt.text.textio`'s rules, as every tmt reader: only "\\n" ends a line, as in
     sacreBLEU's CLI (a stray "\\r" or U+2028 inside a sentence does not split it), invalid UTF-8 is
     an error naming the line, a byte-order mark is removed. Empty lines are kept, so line i is
     always sentence i.

@@ -1,0 +1,1 @@
+"""Checkpoint files: atomic save, safe load, retention and averaging."""

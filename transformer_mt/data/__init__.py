@@ -1,0 +1,1 @@
+"""Parallel corpora: reading, the encoded cache, token-budget batches and a run's data preparation."""

@@ -1,0 +1,1 @@
+"""Search over a model and the Translator that turns text into translations."""

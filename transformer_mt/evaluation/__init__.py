@@ -1,0 +1,1 @@
+"""Scores: sacreBLEU metrics, validation during training and `tmt evaluate`."""

@@ -1,0 +1,1 @@
+"""Reading and writing text, the tokenizers and the special ids."""
