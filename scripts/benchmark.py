@@ -96,14 +96,12 @@ import fairseq_peer  # noqa: E402, I001  (--peer fairseq)
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = "transformer_mt.benchmark/1"
 RECIPE_CONFIG, FALLBACK_CONFIG = REPO / "configs" / "multi30k_en_de.yaml", REPO / "configs" / "multi30k_small.yaml"
-REFERENCE_MODEL = dict(encoder_layers=3, decoder_layers=3, d_model=256, heads=4, d_ff=1024, dropout=0.1, norm="post",
-                       share_all_embeddings=True)
+REFERENCE_MODEL = dict(encoder_layers=3, decoder_layers=3, d_model=256, heads=4, d_ff=1024, dropout=0.1, norm="post", share_all_embeddings=True)
 # The reference model's vocabulary: a joint unigram model of 8,000 pieces whatever the recipe uses, so its
 # output layer (a large share of a small model's FLOPs) stays the same from one recipe to the next.
 REFERENCE_VOCAB = 8000
 # The reference model's optimiser: multi30k_small.yaml's schedule, so the few benchmark updates move the weights.
-REFERENCE_TRAIN = dict(max_tokens=4096, update_freq=1, label_smoothing=0.1, lr_schedule="inverse_sqrt", lr=1e-3,
-                       warmup_updates=400)
+REFERENCE_TRAIN = dict(max_tokens=4096, update_freq=1, label_smoothing=0.1, lr_schedule="inverse_sqrt", lr=1e-3, warmup_updates=400)
 QUOTED = {  # issue 6, measured elsewhere: never by this script
     "source": "quoted from issue 6, measured elsewhere; not measured by this script",
     "setting": "3+3 layers, d_model 256, d_ff 1024, 4 heads, post-norm, shared embeddings, float32, 2 threads, 4096-token batches",
@@ -133,9 +131,18 @@ class Sizes:
 
 
 FULL = Sizes()
-QUICK = Sizes(warmup=1, updates=2, matmul_n=256, matmul_reps=3, sentences=20, flop_batches=1, train_lines=2000,
-              spm_vocab=1000, model=(("encoder_layers", 1), ("decoder_layers", 1), ("d_model", 32), ("heads", 2), ("d_ff", 64)),
-              max_tokens=512)
+QUICK = Sizes(
+    warmup=1,
+    updates=2,
+    matmul_n=256,
+    matmul_reps=3,
+    sentences=20,
+    flop_batches=1,
+    train_lines=2000,
+    spm_vocab=1000,
+    model=(("encoder_layers", 1), ("decoder_layers", 1), ("d_model", 32), ("heads", 2), ("d_ff", 64)),
+    max_tokens=512,
+)
 # --device cuda: more updates (a GPU update takes milliseconds), the GPU's matmul size, FLOPs by the formula only.
 FULL_CUDA = dataclasses.replace(FULL, warmup=10, updates=50, matmul_n=8192, flop_batches=0)
 QUICK_CUDA = dataclasses.replace(QUICK, flop_batches=0)
@@ -143,8 +150,19 @@ GPU_BATCH_TOKENS = 25000  # the paper's ~25k source + 25k target tokens per upda
 # Dense (no sparsity) bfloat16 tensor-core peaks in TFLOP/s from NVIDIA's datasheets, the denominator of MFU:
 # quoted, not measured. The first pattern in torch.cuda.get_device_name() wins (specific names first);
 # an unlisted GPU gets its measured bfloat16 matmul peak instead (or --peak-tflops).
-GPU_BF16_PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100 NVL", 835.5), ("H200 NVL", 835.5), ("H100", 989.5), ("H200", 989.5),
-                        ("B200", 2250.0), ("A100", 312.0), ("L40S", 362.0), ("L40", 181.0), ("L4", 121.0), ("A10", 125.0))
+GPU_BF16_PEAK_TFLOPS = (
+    ("H100 PCIe", 756.0),
+    ("H100 NVL", 835.5),
+    ("H200 NVL", 835.5),
+    ("H100", 989.5),
+    ("H200", 989.5),
+    ("B200", 2250.0),
+    ("A100", 312.0),
+    ("L40S", 362.0),
+    ("L40", 181.0),
+    ("L4", 121.0),
+    ("A10", 125.0),
+)
 
 
 # ---------------------------------------------------------------- FLOP counting
@@ -202,8 +220,7 @@ def phase_matmul(spec: dict) -> dict:
             torch.mm(a, b, out=c)
             sync()
             times.append(time.perf_counter() - tic)
-        out[name] = {"gflops": 2 * n**3 / min(times) / 1e9, "gflops_median": 2 * n**3 / statistics.median(times) / 1e9,
-                     "seconds_best": min(times)}
+        out[name] = {"gflops": 2 * n**3 / min(times) / 1e9, "gflops_median": 2 * n**3 / statistics.median(times) / 1e9, "seconds_best": min(times)}
     return out
 
 
@@ -253,14 +270,29 @@ def phase_train(spec: dict) -> dict:
     ntok, nsent = sum(tokens), sum(b.nsentences for b in batches)
     measured_per_token = measured / sum(b.ntokens for b in sample) if sample else analytic / ntok  # CUDA: the analytic count
     src_tokens = sum(int((b.src != PAD_ID).sum()) for b in batches)
-    out = {"parameters": count_parameters(trainer.model), "vocab_size": vocab, "max_tokens": cfg.train.max_tokens,
-           "update_freq": cfg.train.update_freq, "warmup_updates": warmup, "timed_updates": updates, "seconds": seconds,
-           "update_fn_seconds": sum(step_seconds), "target_tokens": ntok, "source_tokens": src_tokens, "sentences": nsent,
-           "avg_src_len": src_tokens / nsent, "avg_tgt_len": ntok / nsent,
-           "target_padding_fraction": 1 - ntok / sum(b.tgt_out.numel() for b in batches),
-           "tokens_per_s": ntok / seconds, "updates_per_s": updates / seconds,
-           "flops_per_token": measured_per_token, "flops_per_token_analytic": analytic / ntok,
-           "flop_sample_batches": len(sample), "device": cfg.train.device, "compiled": bool(spec.get("compile"))}
+    out = {
+        "parameters": count_parameters(trainer.model),
+        "vocab_size": vocab,
+        "max_tokens": cfg.train.max_tokens,
+        "update_freq": cfg.train.update_freq,
+        "warmup_updates": warmup,
+        "timed_updates": updates,
+        "seconds": seconds,
+        "update_fn_seconds": sum(step_seconds),
+        "target_tokens": ntok,
+        "source_tokens": src_tokens,
+        "sentences": nsent,
+        "avg_src_len": src_tokens / nsent,
+        "avg_tgt_len": ntok / nsent,
+        "target_padding_fraction": 1 - ntok / sum(b.tgt_out.numel() for b in batches),
+        "tokens_per_s": ntok / seconds,
+        "updates_per_s": updates / seconds,
+        "flops_per_token": measured_per_token,
+        "flops_per_token_analytic": analytic / ntok,
+        "flop_sample_batches": len(sample),
+        "device": cfg.train.device,
+        "compiled": bool(spec.get("compile")),
+    }
     if cuda:
         out.update(gpu_peak_memory_mib=gpu_peak_mib, gpu=torch.cuda.get_device_name())
     if not spec["keep_checkpoint"]:
@@ -288,12 +320,25 @@ def phase_syncs(spec: dict) -> dict:
         for batch in (8, 32):
             src = source_tensor([seq[: cfg.model.max_positions - 1] for seq in ids[:batch]]).to(trainer.device)
             for name, beam in (("greedy", 1), ("beam5", 5)):
-                run = (lambda: greedy_search(model, src, max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b)) if beam == 1 else \
-                    (lambda: beam_search(model, src, beam=beam, lenpen=cfg.decode.lenpen, max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b))
+                run = (
+                    (lambda: greedy_search(model, src, max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b))
+                    if beam == 1
+                    else (lambda: beam_search(model, src, beam=beam, lenpen=cfg.decode.lenpen, max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b))
+                )
                 _, syncs, per_step = per_call(model, "decode_step", run)
-                search.append({"search": name, "beam": beam, "batch": batch, "steps": len(per_step), "total": syncs.total,
-                               "per_step_max": max(per_step[:-1], default=0), "per_step_median": statistics.median(per_step[:-1] or [0]),
-                               "last_step_and_results": per_step[-1], "kinds": dict(syncs.counts)})
+                search.append(
+                    {
+                        "search": name,
+                        "beam": beam,
+                        "batch": batch,
+                        "steps": len(per_step),
+                        "total": syncs.total,
+                        "per_step_max": max(per_step[:-1], default=0),
+                        "per_step_median": statistics.median(per_step[:-1] or [0]),
+                        "last_step_and_results": per_step[-1],
+                        "kinds": dict(syncs.counts),
+                    }
+                )
     finally:
         trainer.close()
         shutil.rmtree(cfg.train.out_dir, ignore_errors=True)
@@ -301,8 +346,7 @@ def phase_syncs(spec: dict) -> dict:
 
 
 def phase_translate(spec: dict) -> dict:
-    translator = Translator.from_checkpoint(spec["checkpoint"], device=spec.get("device", "cpu"), dtype=spec.get("dtype", "float32"),
-                                            threads=spec["threads"])
+    translator = Translator.from_checkpoint(spec["checkpoint"], device=spec.get("device", "cpu"), dtype=spec.get("dtype", "float32"), threads=spec["threads"])
     with open(spec["input"], encoding="utf-8") as handle:
         lines = [line.rstrip("\n") for line in itertools.islice(handle, spec["sentences"] or None)]
     d, beam = translator.cfg.decode, spec["beam"]
@@ -311,10 +355,20 @@ def phase_translate(spec: dict) -> dict:
     stats = translator.translate(lines, beam=beam, lenpen=d.lenpen).stats  # this call's counts only
     seconds = time.perf_counter() - tic
     tokens = stats.tgt_tokens
-    return {"parameters": count_parameters(translator.model), "model_config": dataclasses.asdict(translator.cfg.model),
-            "batch_tokens": d.batch_tokens, "lenpen": d.lenpen, "max_len_a": d.max_len_a, "max_len_b": d.max_len_b,
-            "sentences": len(lines), "seconds": seconds, "target_tokens": tokens, "avg_output_len": tokens / len(lines),
-            "sentences_per_s": len(lines) / seconds, "tokens_per_s": tokens / seconds}
+    return {
+        "parameters": count_parameters(translator.model),
+        "model_config": dataclasses.asdict(translator.cfg.model),
+        "batch_tokens": d.batch_tokens,
+        "lenpen": d.lenpen,
+        "max_len_a": d.max_len_a,
+        "max_len_b": d.max_len_b,
+        "sentences": len(lines),
+        "seconds": seconds,
+        "target_tokens": tokens,
+        "avg_output_len": tokens / len(lines),
+        "sentences_per_s": len(lines) / seconds,
+        "tokens_per_s": tokens / seconds,
+    }
 
 
 def phase_ctranslate2(spec: dict) -> dict:
@@ -356,29 +410,60 @@ def phase_ctranslate2(spec: dict) -> dict:
         hyps = decode(ct)
         seconds = time.perf_counter() - tic
         texts = translator.tgt_tok.decode_pieces(hyps)
-        rows[compute_type] = {"seconds": seconds, "target_tokens": sum(len(h) + 1 for h, line in zip(hyps, lines) if line.strip()),  # + EOS, as tmt
-                              "same_as_tmt": sum(a == b for a, b in zip(texts, ours)) / len(lines)}
+        rows[compute_type] = {
+            "seconds": seconds,
+            "target_tokens": sum(len(h) + 1 for h, line in zip(hyps, lines) if line.strip()),  # + EOS, as tmt
+            "same_as_tmt": sum(a == b for a, b in zip(texts, ours)) / len(lines),
+        }
     for row in rows.values():
         row.update(sentences_per_s=len(lines) / row["seconds"], tokens_per_s=row["target_tokens"] / row["seconds"])
-    return {"parameters": count_parameters(translator.model), "model_config": dataclasses.asdict(translator.cfg.model), "sentences": len(lines),
-            "batch_tokens": d.batch_tokens, "calls": len(by_length), "ctranslate2_version": ctranslate2.__version__, "engines": rows}
+    return {
+        "parameters": count_parameters(translator.model),
+        "model_config": dataclasses.asdict(translator.cfg.model),
+        "sentences": len(lines),
+        "batch_tokens": d.batch_tokens,
+        "calls": len(by_length),
+        "ctranslate2_version": ctranslate2.__version__,
+        "engines": rows,
+    }
 
 
 def ctranslate2_phases(args, checkpoints: list, test_src: Path) -> list[dict]:
     """Run the ``ctranslate2`` phases (``--ctranslate2``) for every translated checkpoint, greedy and beam 5."""
-    specs = [{"kind": "ctranslate2", "name": f"ctranslate2-{model}-{search}", "threads": args.threads, "checkpoint": str(checkpoint),
-              "input": str(test_src), "sentences": args.sentences, "beam": beam, "search": search, "model": model, "representative": representative}
-             for model, checkpoint, representative in checkpoints for search, beam in (("greedy", 1), ("beam5", 5))]
+    specs = [
+        {
+            "kind": "ctranslate2",
+            "name": f"ctranslate2-{model}-{search}",
+            "threads": args.threads,
+            "checkpoint": str(checkpoint),
+            "input": str(test_src),
+            "sentences": args.sentences,
+            "beam": beam,
+            "search": search,
+            "model": model,
+            "representative": representative,
+        }
+        for model, checkpoint, representative in checkpoints
+        for search, beam in (("greedy", 1), ("beam5", 5))
+    ]
     rows = []
     for i, spec in enumerate(specs, 1):
         res = run_phase(spec, args.out, step=f"[ctranslate2 {i}/{len(specs)}]")
-        rows.append({key: spec[key] for key in ("model", "search", "beam", "checkpoint", "representative")}
-                    | {"description": describe(res["model_config"], res["parameters"]), **res})
+        rows.append(
+            {key: spec[key] for key in ("model", "search", "beam", "checkpoint", "representative")}
+            | {"description": describe(res["model_config"], res["parameters"]), **res}
+        )
     return rows
 
 
-PHASES = {"matmul": phase_matmul, "train": phase_train, "translate": phase_translate, "syncs": phase_syncs, "ctranslate2": phase_ctranslate2,
-          "fairseq": fairseq_peer.phase_fairseq}
+PHASES = {
+    "matmul": phase_matmul,
+    "train": phase_train,
+    "translate": phase_translate,
+    "syncs": phase_syncs,
+    "ctranslate2": phase_ctranslate2,
+    "fairseq": fairseq_peer.phase_fairseq,
+}
 
 
 def run_phase_file(spec_path: Path) -> None:
@@ -400,8 +485,7 @@ def run_phase(spec: dict, out: Path, *, step: str) -> dict:
     print(f"benchmark: {step} {spec['name']} ...", file=sys.stderr, flush=True)
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}  # one process, never torchrun's
     env.update(OMP_NUM_THREADS=str(spec["threads"]), MKL_NUM_THREADS=str(spec["threads"]))
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--phase", str(spec_path)], env=env,
-                          capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--phase", str(spec_path)], env=env, capture_output=True, text=True)
     (phases / f"{spec['name']}.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
@@ -425,8 +509,14 @@ def prepare_data(args, recipe: Config, sizes: Sizes, vocab: int) -> tuple[Path, 
     prefix = args.out / "spm" / f"joint-{tok.model_type}{vocab}-{sizes.train_lines or 'all'}"
     if not prefix.with_suffix(".model").is_file():
         print(f"benchmark: training sentencepiece {tok.model_type} {vocab} -> {prefix}.model", file=sys.stderr, flush=True)
-        train_sentencepiece([src, tgt], prefix, vocab_size=vocab, model_type=tok.model_type,
-                            character_coverage=tok.character_coverage, input_sentence_size=tok.input_sentence_size)
+        train_sentencepiece(
+            [src, tgt],
+            prefix,
+            vocab_size=vocab,
+            model_type=tok.model_type,
+            character_coverage=tok.character_coverage,
+            input_sentence_size=tok.input_sentence_size,
+        )
     spm = prefix.with_suffix(".model")
     tokenizer = Tokenizer(spm)
     load_parallel(src, tgt, tokenizer, tokenizer, data_config(recipe, src, tgt, args.out), cache_dir=args.out / "cache", quiet=True)
@@ -437,19 +527,60 @@ def data_config(recipe: Config, src: Path, tgt: Path, out: Path):
     return dataclasses.replace(recipe.data, train_src=str(src), train_tgt=str(tgt), valid_src="", valid_tgt="", cache_dir=str(out / "cache"))
 
 
-def train_spec(name: str, base: Config, *, dtype: str, args, sizes: Sizes, spm: Path, src: Path, tgt: Path, keep: bool, plain: bool = False,
-               device: str = "cpu", compile_step: bool = False, max_tokens: int = 0) -> dict:
+def train_spec(
+    name: str,
+    base: Config,
+    *,
+    dtype: str,
+    args,
+    sizes: Sizes,
+    spm: Path,
+    src: Path,
+    tgt: Path,
+    keep: bool,
+    plain: bool = False,
+    device: str = "cpu",
+    compile_step: bool = False,
+    max_tokens: int = 0,
+) -> dict:
     total = args.warmup + args.updates
     max_tokens = sizes.max_tokens or max_tokens  # --quick's tiny budget wins
-    train = dataclasses.replace(base.train, out_dir=str(args.out / "runs" / name), device=device, threads=args.threads, dtype=dtype,
-                                max_updates=total, max_epochs=0, max_time=0.0, patience=0, log_every=total + 1,
-                                validate_every=total + 1, save_every=0, keep_last=1, update_freq=1,
-                                **({"max_tokens": max_tokens} if max_tokens else {}))
-    cfg = Config(data=data_config(base, src, tgt, args.out), model=dataclasses.replace(base.model, **dict(sizes.model)), train=train,
-                 tokenizer=dataclasses.replace(base.tokenizer, model=str(spm), tgt_model="", joint=True), decode=base.decode)
-    return {"kind": "train", "name": name, "threads": args.threads, "config": to_dict(cfg), "warmup": args.warmup,
-            "updates": args.updates, "flop_batches": 0 if device != "cpu" else sizes.flop_batches, "keep_checkpoint": keep, "plain_ops": plain,
-            "compile": compile_step}
+    train = dataclasses.replace(
+        base.train,
+        out_dir=str(args.out / "runs" / name),
+        device=device,
+        threads=args.threads,
+        dtype=dtype,
+        max_updates=total,
+        max_epochs=0,
+        max_time=0.0,
+        patience=0,
+        log_every=total + 1,
+        validate_every=total + 1,
+        save_every=0,
+        keep_last=1,
+        update_freq=1,
+        **({"max_tokens": max_tokens} if max_tokens else {}),
+    )
+    cfg = Config(
+        data=data_config(base, src, tgt, args.out),
+        model=dataclasses.replace(base.model, **dict(sizes.model)),
+        train=train,
+        tokenizer=dataclasses.replace(base.tokenizer, model=str(spm), tgt_model="", joint=True),
+        decode=base.decode,
+    )
+    return {
+        "kind": "train",
+        "name": name,
+        "threads": args.threads,
+        "config": to_dict(cfg),
+        "warmup": args.warmup,
+        "updates": args.updates,
+        "flop_batches": 0 if device != "cpu" else sizes.flop_batches,
+        "keep_checkpoint": keep,
+        "plain_ops": plain,
+        "compile": compile_step,
+    }
 
 
 def describe(m: dict, params: int) -> str:
@@ -470,24 +601,72 @@ def cuda_plan(args, sizes: Sizes, recipe: Config, *, spm: Path, src: Path, tgt: 
     """The phases of ``--device cuda``: matmul peak (bf16, fp32 with TF32); training of the paper's base and big
     models at 25k-token batches and of the recipe model at its own, each in bf16 and fp32 (TF32), plus base
     and big compiled with torch.compile when --compile; greedy and beam-5 translation; the sync counts."""
-    models = [("base", load_config(REPO / "configs" / "transformer_base.yaml", check_files=False), GPU_BATCH_TOKENS),
-              ("big", load_config(REPO / "configs" / "transformer_big.yaml", check_files=False), GPU_BATCH_TOKENS), ("recipe", recipe, 0)]
+    models = [
+        ("base", load_config(REPO / "configs" / "transformer_base.yaml", check_files=False), GPU_BATCH_TOKENS),
+        ("big", load_config(REPO / "configs" / "transformer_big.yaml", check_files=False), GPU_BATCH_TOKENS),
+        ("recipe", recipe, 0),
+    ]
     specs = [{"kind": "matmul", "name": "matmul", "threads": args.threads, "n": sizes.matmul_n, "reps": sizes.matmul_reps, "device": "cuda"}]
     keep_recipe = args.checkpoint is None  # then the recipe's bf16 run is translated (not representative: barely trained)
     for model, base, batch_tokens in models:
         for dtype in ("bfloat16", "float32"):
-            specs.append(train_spec(f"train-{model}-{dtype}", base, dtype=dtype, args=args, sizes=sizes, spm=spm, src=src, tgt=tgt,
-                                    keep=keep_recipe and model == "recipe" and dtype == "bfloat16", device="cuda", max_tokens=batch_tokens))
+            specs.append(
+                train_spec(
+                    f"train-{model}-{dtype}",
+                    base,
+                    dtype=dtype,
+                    args=args,
+                    sizes=sizes,
+                    spm=spm,
+                    src=src,
+                    tgt=tgt,
+                    keep=keep_recipe and model == "recipe" and dtype == "bfloat16",
+                    device="cuda",
+                    max_tokens=batch_tokens,
+                )
+            )
         if args.compile and model != "recipe":
-            specs.append(train_spec(f"train-{model}-bfloat16-compiled", base, dtype="bfloat16", args=args, sizes=sizes, spm=spm, src=src,
-                                    tgt=tgt, keep=False, device="cuda", max_tokens=batch_tokens, compile_step=True))
+            specs.append(
+                train_spec(
+                    f"train-{model}-bfloat16-compiled",
+                    base,
+                    dtype="bfloat16",
+                    args=args,
+                    sizes=sizes,
+                    spm=spm,
+                    src=src,
+                    tgt=tgt,
+                    keep=False,
+                    device="cuda",
+                    max_tokens=batch_tokens,
+                    compile_step=True,
+                )
+            )
     checkpoint = args.checkpoint or args.out / "runs" / "train-recipe-bfloat16" / "checkpoint_last.pt"
     for search, beam, dtype in (("greedy", 1, "float32"), ("beam5", 5, "float32"), ("beam5", 5, "bfloat16")):
-        specs.append({"kind": "translate", "name": f"translate-recipe-{search}-{dtype}", "threads": args.threads, "checkpoint": str(checkpoint),
-                      "input": str(test_src), "sentences": args.sentences, "beam": beam, "search": search, "model": "recipe",
-                      "representative": not keep_recipe, "device": "cuda", "dtype": dtype})
-    specs.append({**train_spec("syncs-recipe-float32", recipe, dtype="float32", args=args, sizes=sizes, spm=spm, src=src, tgt=tgt, keep=False,
-                               device="cuda"), "kind": "syncs", "input": str(test_src)})
+        specs.append(
+            {
+                "kind": "translate",
+                "name": f"translate-recipe-{search}-{dtype}",
+                "threads": args.threads,
+                "checkpoint": str(checkpoint),
+                "input": str(test_src),
+                "sentences": args.sentences,
+                "beam": beam,
+                "search": search,
+                "model": "recipe",
+                "representative": not keep_recipe,
+                "device": "cuda",
+                "dtype": dtype,
+            }
+        )
+    specs.append(
+        {
+            **train_spec("syncs-recipe-float32", recipe, dtype="float32", args=args, sizes=sizes, spm=spm, src=src, tgt=tgt, keep=False, device="cuda"),
+            "kind": "syncs",
+            "input": str(test_src),
+        }
+    )
     specs.append({**specs[0], "name": "matmul-end"})
     return specs
 
@@ -536,21 +715,65 @@ def run_cuda(args, sizes: Sizes, recipe: Config, *, config: Path, note: str, tes
     for spec, res, model, dtype in trained:
         res["mfu"] = res["gflops"] * 1e9 / peak
         mcfg = spec["config"]["model"]
-        training.append({"model": model, "dtype": dtype, "ops": "compiled" if spec["compile"] else "fast",
-                         "description": describe(mcfg, res["parameters"]), "model_config": mcfg, **res, "vs_quoted": None,
-                         "speedup_vs_plain_ops": None})
+        training.append(
+            {
+                "model": model,
+                "dtype": dtype,
+                "ops": "compiled" if spec["compile"] else "fast",
+                "description": describe(mcfg, res["parameters"]),
+                "model_config": mcfg,
+                **res,
+                "vs_quoted": None,
+                "speedup_vs_plain_ops": None,
+            }
+        )
     for spec, res in translated:
-        translation.append({"search": spec["search"], "beam": spec["beam"], "dtype": spec["dtype"], "model": spec["model"],
-                            "description": describe(res["model_config"], res["parameters"]), "checkpoint": spec["checkpoint"],
-                            "representative": spec["representative"], "reference_size": False, **res, "vs_quoted": None})
+        translation.append(
+            {
+                "search": spec["search"],
+                "beam": spec["beam"],
+                "dtype": spec["dtype"],
+                "model": spec["model"],
+                "description": describe(res["model_config"], res["parameters"]),
+                "checkpoint": spec["checkpoint"],
+                "representative": spec["representative"],
+                "reference_size": False,
+                **res,
+                "vs_quoted": None,
+            }
+        )
     return {
-        "schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "quick": args.quick,
-        "device": "cuda", "gpu": gpu, "bf16_dense_peak_tflops": peak / 1e12, "peak_source": peak_source,
-        "machine": machine_info(), "threads": args.threads, "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg()),
-        "settings": {"config": str(config), "config_note": note, "data": str(args.data), "spm_model": str(spm), "warmup_updates": args.warmup,
-                     "timed_updates": args.updates, "sentences": args.sentences, "checkpoint": str(args.checkpoint or ""),
-                     "reference_checkpoint": "", "test_input": str(test_src), "batch_tokens_base_big": GPU_BATCH_TOKENS, "compile": args.compile},
-        "matmul_peak": matmul, "training": training, "translation": translation, "syncs": syncs, "quoted_reference": QUOTED, "ctranslate2": [],
+        "schema": SCHEMA,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "quick": args.quick,
+        "device": "cuda",
+        "gpu": gpu,
+        "bf16_dense_peak_tflops": peak / 1e12,
+        "peak_source": peak_source,
+        "machine": machine_info(),
+        "threads": args.threads,
+        "loadavg_start": list(load_start),
+        "loadavg_end": list(os.getloadavg()),
+        "settings": {
+            "config": str(config),
+            "config_note": note,
+            "data": str(args.data),
+            "spm_model": str(spm),
+            "warmup_updates": args.warmup,
+            "timed_updates": args.updates,
+            "sentences": args.sentences,
+            "checkpoint": str(args.checkpoint or ""),
+            "reference_checkpoint": "",
+            "test_input": str(test_src),
+            "batch_tokens_base_big": GPU_BATCH_TOKENS,
+            "compile": args.compile,
+        },
+        "matmul_peak": matmul,
+        "training": training,
+        "translation": translation,
+        "syncs": syncs,
+        "quoted_reference": QUOTED,
+        "ctranslate2": [],
     }
 
 
@@ -569,26 +792,53 @@ def run_all(args, sizes: Sizes) -> dict:
     load_start = os.getloadavg()
     spm, src, tgt = prepare_data(args, recipe, sizes, sizes.spm_vocab or recipe.tokenizer.vocab_size)
     ref_spm = prepare_data(args, recipe, sizes, sizes.spm_vocab or REFERENCE_VOCAB)[0]
-    reference = Config(model=ModelConfig(**REFERENCE_MODEL), train=TrainConfig(**REFERENCE_TRAIN), decode=DecodeConfig(),
-                       data=recipe.data, tokenizer=recipe.tokenizer)
+    reference = Config(
+        model=ModelConfig(**REFERENCE_MODEL), train=TrainConfig(**REFERENCE_TRAIN), decode=DecodeConfig(), data=recipe.data, tokenizer=recipe.tokenizer
+    )
     keep_ref = args.reference_checkpoint is None
     specs = [{"kind": "matmul", "name": "matmul", "threads": args.threads, "n": sizes.matmul_n, "reps": sizes.matmul_reps}]
     for model, base, model_spm in (("reference", reference, ref_spm), ("recipe", recipe, spm)):
         for dtype in DTYPES:
-            specs.append(train_spec(f"train-{model}-{dtype}", base, dtype=dtype, args=args, sizes=sizes, spm=model_spm, src=src, tgt=tgt,
-                                    keep=keep_ref and model == "reference" and dtype == "float32"))
-        specs.append(train_spec(f"train-{model}-float32-plain", base, dtype="float32", args=args, sizes=sizes, spm=model_spm, src=src,
-                                tgt=tgt, keep=False, plain=True))
+            specs.append(
+                train_spec(
+                    f"train-{model}-{dtype}",
+                    base,
+                    dtype=dtype,
+                    args=args,
+                    sizes=sizes,
+                    spm=model_spm,
+                    src=src,
+                    tgt=tgt,
+                    keep=keep_ref and model == "reference" and dtype == "float32",
+                )
+            )
+        specs.append(
+            train_spec(f"train-{model}-float32-plain", base, dtype="float32", args=args, sizes=sizes, spm=model_spm, src=src, tgt=tgt, keep=False, plain=True)
+        )
     checkpoints = [("reference", args.reference_checkpoint or args.out / "runs" / "train-reference-float32" / "checkpoint_last.pt", not keep_ref)]
     if args.checkpoint is not None:
         checkpoints.append(("recipe", args.checkpoint, True))
     for model, checkpoint, representative in checkpoints:
         for search, beam in (("greedy", 1), ("beam5", 5)):
-            specs.append({"kind": "translate", "name": f"translate-{model}-{search}", "threads": args.threads, "checkpoint": str(checkpoint),
-                          "input": str(test_src), "sentences": args.sentences, "beam": beam, "search": search, "model": model,
-                          "representative": representative})
-    syncs_spec = {**train_spec("syncs-recipe-float32", recipe, dtype="float32", args=args, sizes=sizes, spm=spm, src=src, tgt=tgt, keep=False),
-                  "kind": "syncs", "input": str(test_src)}
+            specs.append(
+                {
+                    "kind": "translate",
+                    "name": f"translate-{model}-{search}",
+                    "threads": args.threads,
+                    "checkpoint": str(checkpoint),
+                    "input": str(test_src),
+                    "sentences": args.sentences,
+                    "beam": beam,
+                    "search": search,
+                    "model": model,
+                    "representative": representative,
+                }
+            )
+    syncs_spec = {
+        **train_spec("syncs-recipe-float32", recipe, dtype="float32", args=args, sizes=sizes, spm=spm, src=src, tgt=tgt, keep=False),
+        "kind": "syncs",
+        "input": str(test_src),
+    }
     peer = fairseq_peer.plan(args, sizes, spm=ref_spm, src=src, tgt=tgt, train_spec=train_spec) if args.peer else []
     specs = [specs[0], *peer] if args.only == "peer" else [*specs, syncs_spec, *peer]
     # The peak is timed again at the end: a neighbour's burst during one short timing would otherwise
@@ -604,30 +854,70 @@ def run_all(args, sizes: Sizes) -> dict:
             ratio = res["tokens_per_s"] / TRAIN_QUOTED
             vs = {"quoted": TRAIN_QUOTED, "ratio": ratio, "target_ratio": TRAIN_TARGET, "meets_target": ratio >= TRAIN_TARGET}
         mcfg = spec["config"]["model"]
-        training.append({"model": model, "dtype": dtype, "ops": "plain" if spec["plain_ops"] else "fast",
-                         "description": describe(mcfg, res["parameters"]), "model_config": mcfg, **res, "vs_quoted": vs})
+        training.append(
+            {
+                "model": model,
+                "dtype": dtype,
+                "ops": "plain" if spec["plain_ops"] else "fast",
+                "description": describe(mcfg, res["parameters"]),
+                "model_config": mcfg,
+                **res,
+                "vs_quoted": vs,
+            }
+        )
     for spec, res in translated:
         vs = None
         reference_size = all(res["model_config"][k] == REFERENCE_MODEL[k] for k in ("encoder_layers", "decoder_layers", "d_model", "d_ff", "heads"))
         if spec["beam"] == 5 and spec["model"] == "reference" and (reference_size or args.quick):
             ratio = res["sentences_per_s"] / BEAM5_QUOTED
             vs = {"quoted": BEAM5_QUOTED, "ratio": ratio, "target_ratio": BEAM5_TARGET, "meets_target": ratio >= BEAM5_TARGET}
-        translation.append({"search": spec["search"], "beam": spec["beam"], "dtype": "float32", "model": spec["model"],
-                            "description": describe(res["model_config"], res["parameters"]), "checkpoint": spec["checkpoint"],
-                            "representative": spec["representative"], "reference_size": reference_size, **res, "vs_quoted": vs})
+        translation.append(
+            {
+                "search": spec["search"],
+                "beam": spec["beam"],
+                "dtype": "float32",
+                "model": spec["model"],
+                "description": describe(res["model_config"], res["parameters"]),
+                "checkpoint": spec["checkpoint"],
+                "representative": spec["representative"],
+                "reference_size": reference_size,
+                **res,
+                "vs_quoted": vs,
+            }
+        )
     for t in training:  # the speed-ups, as a ratio over the plain-ops run of the same model, batches and dtype
         plain = next((p for p in training if p["ops"] == "plain" and p["model"] == t["model"] and p["dtype"] == t["dtype"]), None)
         t["speedup_vs_plain_ops"] = t["tokens_per_s"] / plain["tokens_per_s"] if plain and t["ops"] == "fast" else None
     ctranslate2_rows = ctranslate2_phases(args, checkpoints, test_src) if args.ctranslate2 else []
     return {
-        "schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "quick": args.quick,
-        "machine": machine_info(), "threads": args.threads, "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg()),
-        "settings": {"config": str(config), "config_note": note, "data": str(args.data), "spm_model": str(spm),
-                     "warmup_updates": args.warmup, "timed_updates": args.updates, "sentences": args.sentences, "checkpoint": str(args.checkpoint or ""),
-                     "reference_checkpoint": str(args.reference_checkpoint or ""),
-                     "test_input": str(test_src), "reference_model": REFERENCE_MODEL, "reference_train": REFERENCE_TRAIN},
-        "matmul_peak": matmul, "training": training, "translation": translation, "syncs": syncs, "quoted_reference": QUOTED,
-        "ctranslate2": ctranslate2_rows, "peer": fairseq_peer.report(peer_phases, matmul) if peer_phases else None,
+        "schema": SCHEMA,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "quick": args.quick,
+        "machine": machine_info(),
+        "threads": args.threads,
+        "loadavg_start": list(load_start),
+        "loadavg_end": list(os.getloadavg()),
+        "settings": {
+            "config": str(config),
+            "config_note": note,
+            "data": str(args.data),
+            "spm_model": str(spm),
+            "warmup_updates": args.warmup,
+            "timed_updates": args.updates,
+            "sentences": args.sentences,
+            "checkpoint": str(args.checkpoint or ""),
+            "reference_checkpoint": str(args.reference_checkpoint or ""),
+            "test_input": str(test_src),
+            "reference_model": REFERENCE_MODEL,
+            "reference_train": REFERENCE_TRAIN,
+        },
+        "matmul_peak": matmul,
+        "training": training,
+        "translation": translation,
+        "syncs": syncs,
+        "quoted_reference": QUOTED,
+        "ctranslate2": ctranslate2_rows,
+        "peer": fairseq_peer.report(peer_phases, matmul) if peer_phases else None,
     }
 
 
@@ -638,8 +928,14 @@ def machine_info() -> dict:
             cpu = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), cpu)
     except OSError:
         pass
-    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "torch": torch.__version__, "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    return {
+        "cpu": cpu,
+        "logical_cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+    }
 
 
 COLUMNS = ["phase", "model", "dtype", "tokens/s", "updates/s", "sentences/s", "GFLOP/s", "% of peak", "peak RSS MiB", "vs quoted reference"]
@@ -650,28 +946,58 @@ COLUMNS_CUDA = ["phase", "model", "dtype", "tokens/s", "updates/s", "sentences/s
 
 def render_markdown_cuda(r: dict) -> str:
     """The ``--device cuda`` report: MFU against the bf16 dense peak, peak GPU memory per training row."""
+
     def num(x, fmt: str) -> str:
         return "" if x is None else format(x, fmt)
 
     mm = r["matmul_peak"]
-    rows = [[f"matmul peak (n={mm['n']})", "", d + (" (TF32)" if d == "float32" else ""), "", "", "", num(mm[d]["gflops"] / 1e3, ".1f"), "", "", ""]
-            for d in DTYPES]
+    rows = [
+        [f"matmul peak (n={mm['n']})", "", d + (" (TF32)" if d == "float32" else ""), "", "", "", num(mm[d]["gflops"] / 1e3, ".1f"), "", "", ""] for d in DTYPES
+    ]
     for t in r["training"]:
         note = f"{t['max_tokens']:,}-token batches" + ("; torch.compile" if t["ops"] == "compiled" else "")
-        rows.append([f"train{' [compiled]' if t['ops'] == 'compiled' else ''}", f"{t['model']} ({t['description']})",
-                     t["dtype"] + (" (TF32)" if t["dtype"] == "float32" else ""), num(t["tokens_per_s"], ",.0f"), num(t["updates_per_s"], ".2f"), "",
-                     num(t["gflops"] / 1e3, ".1f"), num(100 * t["mfu"], ".1f"), num(t.get("gpu_peak_memory_mib"), ",.0f"), note])
+        rows.append(
+            [
+                f"train{' [compiled]' if t['ops'] == 'compiled' else ''}",
+                f"{t['model']} ({t['description']})",
+                t["dtype"] + (" (TF32)" if t["dtype"] == "float32" else ""),
+                num(t["tokens_per_s"], ",.0f"),
+                num(t["updates_per_s"], ".2f"),
+                "",
+                num(t["gflops"] / 1e3, ".1f"),
+                num(100 * t["mfu"], ".1f"),
+                num(t.get("gpu_peak_memory_mib"), ",.0f"),
+                note,
+            ]
+        )
     for t in r["translation"]:
         flag = "" if t["representative"] else " †"
-        rows.append([f"translate {t['search']}{flag}", f"{t['model']} ({t['description']})", t["dtype"], num(t["tokens_per_s"], ",.0f"), "",
-                     num(t["sentences_per_s"], ".1f"), "", "", "", f"{t['sentences']} sentences"])
+        rows.append(
+            [
+                f"translate {t['search']}{flag}",
+                f"{t['model']} ({t['description']})",
+                t["dtype"],
+                num(t["tokens_per_s"], ",.0f"),
+                "",
+                num(t["sentences_per_s"], ".1f"),
+                "",
+                "",
+                "",
+                f"{t['sentences']} sentences",
+            ]
+        )
     m, s = r["machine"], r["settings"]
-    lines = [f"# transformer_mt benchmark on {r['gpu']}{' (quick mode: tiny models, not a measurement)' if r['quick'] else ''}", "",
-             f"{r['date']}; {r['gpu']}; host {m['cpu']}; torch {m['torch']}.",
-             f"Training: {s['warmup_updates']} untimed + {s['timed_updates']} timed updates; tokens/s = non-pad target tokens per second. "
-             f"MFU: model FLOPs (the analytic formula, padding included) per second over the bf16 dense peak, "
-             f"{r['bf16_dense_peak_tflops']:.1f} TFLOP/s ({r['peak_source']}), for the float32 (TF32) rows too.", "",
-             "| " + " | ".join(COLUMNS_CUDA) + " |", "|" + "---|" * len(COLUMNS_CUDA)]
+    lines = [
+        f"# transformer_mt benchmark on {r['gpu']}{' (quick mode: tiny models, not a measurement)' if r['quick'] else ''}",
+        "",
+        f"{r['date']}; {r['gpu']}; host {m['cpu']}; torch {m['torch']}.",
+        f"Training: {s['warmup_updates']} untimed + {s['timed_updates']} timed updates; tokens/s = non-pad target tokens per second. "
+        f"MFU: model FLOPs (the analytic formula, padding included) per second over the bf16 dense peak, "
+        f"{r['bf16_dense_peak_tflops']:.1f} TFLOP/s ({r['peak_source']}), for the float32 (TF32) rows too.",
+        "",
+        "| " + " | ".join(COLUMNS_CUDA) + " |",
+        "|" + "---|" * len(COLUMNS_CUDA),
+    ]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     if r.get("syncs"):
         lines.append("")
@@ -683,9 +1009,11 @@ def render_markdown_cuda(r: dict) -> str:
 
 def syncs_line(sy: dict) -> str:
     steps = "; ".join(f"{t['search']} batch {t['batch']}: {t['per_step_max']} (median {t['per_step_median']:g})" for t in sy["search"])
-    return (f"Host syncs ({sy['device']}, transformer_mt.runtime.syncs.SyncCounter): per training update of the recipe model "
-            f"{', '.join(str(u['syncs']) for u in sy['train_updates'])} (budget 1); per search step, the most over the steps: {steps} "
-            "(budget 1, whatever the batch and beam).")
+    return (
+        f"Host syncs ({sy['device']}, transformer_mt.runtime.syncs.SyncCounter): per training update of the recipe model "
+        f"{', '.join(str(u['syncs']) for u in sy['train_updates'])} (budget 1); per search step, the most over the steps: {steps} "
+        "(budget 1, whatever the batch and beam)."
+    )
 
 
 def render_markdown(r: dict) -> str:
@@ -704,40 +1032,85 @@ def render_markdown(r: dict) -> str:
         plain = " [plain ops]" if t["ops"] == "plain" else ""
         speedup = "" if t.get("speedup_vs_plain_ops") is None else f"{t['speedup_vs_plain_ops']:.2f}x of plain ops"
         versus = "; ".join(x for x in (vs(t["vs_quoted"], "tok/s (fairseq)"), speedup) if x)
-        rows.append([f"train{plain}", f"{t['model']} ({t['description']})", t["dtype"], num(t["tokens_per_s"], ",.0f"), num(t["updates_per_s"], ".3f"), "",
-                     num(t["gflops"], ".1f"), num(100 * t["fraction_of_peak"], ".1f"), num(t["peak_rss_mib"], ".0f"), versus])
+        rows.append(
+            [
+                f"train{plain}",
+                f"{t['model']} ({t['description']})",
+                t["dtype"],
+                num(t["tokens_per_s"], ",.0f"),
+                num(t["updates_per_s"], ".3f"),
+                "",
+                num(t["gflops"], ".1f"),
+                num(100 * t["fraction_of_peak"], ".1f"),
+                num(t["peak_rss_mib"], ".0f"),
+                versus,
+            ]
+        )
     for t in r["translation"]:
         flag = "" if t["representative"] else " †"
-        rows.append([f"translate {t['search']}{flag}", f"{t['model']} ({t['description']})", t["dtype"], num(t["tokens_per_s"], ",.0f"), "",
-                     num(t["sentences_per_s"], ".1f"), "", "", num(t["peak_rss_mib"], ".0f"), vs(t["vs_quoted"], "sent/s (fairseq)")])
+        rows.append(
+            [
+                f"translate {t['search']}{flag}",
+                f"{t['model']} ({t['description']})",
+                t["dtype"],
+                num(t["tokens_per_s"], ",.0f"),
+                "",
+                num(t["sentences_per_s"], ".1f"),
+                "",
+                "",
+                num(t["peak_rss_mib"], ".0f"),
+                vs(t["vs_quoted"], "sent/s (fairseq)"),
+            ]
+        )
     for t in r.get("ctranslate2", []):  # --ctranslate2: tmt and CTranslate2 on the same checkpoint, lines and settings
         flag = "" if t["representative"] else " †"
         for engine, e in t["engines"].items():
             ratio = e["tokens_per_s"] / t["engines"]["tmt"]["tokens_per_s"]
             versus = "" if engine == "tmt" else f"{ratio:.2f}x of tmt's tokens/s; {100 * e['same_as_tmt']:.0f}% same output"
-            rows.append([f"translate {t['search']} lenpen 0 [{'tmt' if engine == 'tmt' else 'CTranslate2'}]{flag}", f"{t['model']} ({t['description']})",
-                         "float32" if engine == "tmt" else engine, num(e["tokens_per_s"], ",.0f"), "", num(e["sentences_per_s"], ".1f"), "", "",
-                         num(t["peak_rss_mib"], ".0f"), versus])
+            rows.append(
+                [
+                    f"translate {t['search']} lenpen 0 [{'tmt' if engine == 'tmt' else 'CTranslate2'}]{flag}",
+                    f"{t['model']} ({t['description']})",
+                    "float32" if engine == "tmt" else engine,
+                    num(e["tokens_per_s"], ",.0f"),
+                    "",
+                    num(e["sentences_per_s"], ".1f"),
+                    "",
+                    "",
+                    num(t["peak_rss_mib"], ".0f"),
+                    versus,
+                ]
+            )
     m, s = r["machine"], r["settings"]
-    lines = [f"# transformer_mt benchmark{' (quick mode: tiny models, not a measurement)' if r['quick'] else ''}", "",
-             f"{r['date']}; {m['cpu']}, {m['logical_cpus']} logical CPUs, {r['threads']} threads; torch {m['torch']} ({m['cpu_capability']}); "
-             f"load average {r['loadavg_start'][0]:.2f} at start, {r['loadavg_end'][0]:.2f} at end.",
-             f"Training: {s['warmup_updates']} untimed + {s['timed_updates']} timed updates; tokens/s = non-pad target tokens per second. "
-             f"Config: {s['config']}{' (' + s['config_note'] + ')' if s['config_note'] else ''}.", "",
-             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines = [
+        f"# transformer_mt benchmark{' (quick mode: tiny models, not a measurement)' if r['quick'] else ''}",
+        "",
+        f"{r['date']}; {m['cpu']}, {m['logical_cpus']} logical CPUs, {r['threads']} threads; torch {m['torch']} ({m['cpu_capability']}); "
+        f"load average {r['loadavg_start'][0]:.2f} at start, {r['loadavg_end'][0]:.2f} at end.",
+        f"Training: {s['warmup_updates']} untimed + {s['timed_updates']} timed updates; tokens/s = non-pad target tokens per second. "
+        f"Config: {s['config']}{' (' + s['config_note'] + ')' if s['config_note'] else ''}.",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+    ]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     q = r["quoted_reference"]
-    lines += ["", "Plain ops: the same training with torch's F.dropout and the unfused logits + loss path (kernels.use_reference_ops), "
-              "the baseline of the CPU speed-ups. GFLOP/s: measured (FlopCounterMode) FLOPs per target token x tokens/s; % of peak: "
-              "of the matmul peak of the same dtype (the faster of its timings at the start and at the end of the run) "
-              "measured above. Peak RSS: each phase in its own process, the interpreter and torch included.",
-              f"Quoted reference figures are {q['source']}: training {', '.join(f'{k} {v:,} tok/s' for k, v in q['train_tokens_per_s'].items())}; "
-              f"beam 5 {', '.join(f'{k} {v} sent/s' for k, v in q['beam5_sentences_per_s'].items())} ({q['setting']}); "
-              f"matmul peak {q['matmul_peak_gflops']['float32']} GFLOP/s float32, {q['matmul_peak_gflops']['bfloat16']} bfloat16."]
+    lines += [
+        "",
+        "Plain ops: the same training with torch's F.dropout and the unfused logits + loss path (kernels.use_reference_ops), "
+        "the baseline of the CPU speed-ups. GFLOP/s: measured (FlopCounterMode) FLOPs per target token x tokens/s; % of peak: "
+        "of the matmul peak of the same dtype (the faster of its timings at the start and at the end of the run) "
+        "measured above. Peak RSS: each phase in its own process, the interpreter and torch included.",
+        f"Quoted reference figures are {q['source']}: training {', '.join(f'{k} {v:,} tok/s' for k, v in q['train_tokens_per_s'].items())}; "
+        f"beam 5 {', '.join(f'{k} {v} sent/s' for k, v in q['beam5_sentences_per_s'].items())} ({q['setting']}); "
+        f"matmul peak {q['matmul_peak_gflops']['float32']} GFLOP/s float32, {q['matmul_peak_gflops']['bfloat16']} bfloat16.",
+    ]
     if r.get("ctranslate2"):
-        lines.append(f"CTranslate2 {r['ctranslate2'][0]['ctranslate2_version']} rows: the checkpoint exported by `tmt export`, tmt and "
-                     "CTranslate2 in one process each with length penalty 0, one CTranslate2 call per source length (tmt's maximum output "
-                     "length is per sentence); peak RSS is the phase's (both engines).")
+        lines.append(
+            f"CTranslate2 {r['ctranslate2'][0]['ctranslate2_version']} rows: the checkpoint exported by `tmt export`, tmt and "
+            "CTranslate2 in one process each with length penalty 0, one CTranslate2 call per source length (tmt's maximum output "
+            "length is per sentence); peak RSS is the phase's (both engines)."
+        )
     if r.get("syncs"):
         lines.append(syncs_line(r["syncs"]))
     if any(not t["representative"] for t in r["translation"]):
@@ -755,12 +1128,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--updates", type=int, default=None, help=f"timed updates per training run (default {FULL.updates}, quick {QUICK.updates})")
     p.add_argument("--sentences", type=int, default=None, help="test sentences translated (default all 1000, quick 20)")
     p.add_argument("--checkpoint", type=Path, default=None, help="the trained recipe model: its translation speed is timed too")
-    p.add_argument("--reference-checkpoint", type=Path, default=None,
-                   help="a trained 3+3/d256 model, the size of the quoted fairseq beam-5 figure (else the benchmark's barely trained one)")
+    p.add_argument(
+        "--reference-checkpoint",
+        type=Path,
+        default=None,
+        help="a trained 3+3/d256 model, the size of the quoted fairseq beam-5 figure (else the benchmark's barely trained one)",
+    )
     p.add_argument("--ctranslate2", action="store_true", help="also decode each translated checkpoint with CTranslate2 (needs the export extra)")
     p.add_argument("--quick", action="store_true", help="tiny models and sizes, seconds: checks the script, measures nothing")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                   help="cuda: the GPU plan (base and big at 25k-token batches, bf16 and fp32+TF32, the recipe; MFU, peak GPU memory)")
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: the GPU plan (base and big at 25k-token batches, bf16 and fp32+TF32, the recipe; MFU, peak GPU memory)",
+    )
     p.add_argument("--compile", action="store_true", help="--device cuda: also train base and big in bf16 with torch.compile")
     p.add_argument("--peak-tflops", type=float, default=0.0, help="--device cuda: the bf16 dense peak for MFU (default: datasheet table)")
     p.add_argument("--dry-run", action="store_true", help="print the phases as JSON and exit: nothing is trained, measured or put on a GPU")

@@ -47,8 +47,14 @@ from transformer_mt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokeni
 
 REPO = Path(__file__).resolve().parents[1]
 PEER_CONFIG = REPO / "configs" / "multi30k_reference.yaml"
-PEER_OVERRIDES = ("model.norm=post", "model.dropout=0.1", "train.max_tokens=4096", "train.lr=5e-4", "train.warmup_updates=1000",
-                  "train.dtype=float32")  # issue 22's tmt command, float32 stated (the YAML's value) so no auto dtype applies
+PEER_OVERRIDES = (
+    "model.norm=post",
+    "model.dropout=0.1",
+    "train.max_tokens=4096",
+    "train.lr=5e-4",
+    "train.warmup_updates=1000",
+    "train.dtype=float32",
+)  # issue 22's tmt command, float32 stated (the YAML's value) so no auto dtype applies
 WINDOW, QUICK_WINDOW = (40, 160), (2, 6)  # (FIRST, LAST) of --peer-updates
 FAIRSEQ_SPECIALS = 4  # <s>, <pad>, </s>, <unk>: fairseq's Dictionary puts them at ids 0-3 before the file's symbols
 ENV_SCRIPT = "scripts/fairseq_env.sh"
@@ -62,8 +68,14 @@ class PeerError(TmtError, RuntimeError):
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--peer", choices=("fairseq",), default=None, help="also train fairseq on the reference config in this run and report the ratio")
     p.add_argument("--fairseq-env", type=Path, default=None, help=f"fairseq side environment (default $FAIRSEQ_ENV, else .venv-fairseq; {ENV_SCRIPT} makes it)")
-    p.add_argument("--peer-updates", type=int, nargs=2, metavar=("FIRST", "LAST"), default=None,
-                   help=f"timed updates FIRST+1..LAST of both peer runs (default {WINDOW[0]} {WINDOW[1]}, quick {QUICK_WINDOW[0]} {QUICK_WINDOW[1]})")
+    p.add_argument(
+        "--peer-updates",
+        type=int,
+        nargs=2,
+        metavar=("FIRST", "LAST"),
+        default=None,
+        help=f"timed updates FIRST+1..LAST of both peer runs (default {WINDOW[0]} {WINDOW[1]}, quick {QUICK_WINDOW[0]} {QUICK_WINDOW[1]})",
+    )
     p.add_argument("--only", choices=("peer",), default=None, help="peer: only the matmul peak and the two peer runs (needs --peer)")
 
 
@@ -96,8 +108,10 @@ def require_env(env: Path | None) -> Path:
     env = Path(env) if env is not None else default_env()
     missing = [tool for tool in ("fairseq-train", "fairseq-preprocess") if not os.access(env / "bin" / tool, os.X_OK)]
     if missing:
-        raise PeerError(f"{env}: no fairseq side environment ({', '.join('bin/' + m for m in missing)} missing); "
-                        f"create it with `{ENV_SCRIPT} {env}` (a few minutes), or pass --fairseq-env DIR")
+        raise PeerError(
+            f"{env}: no fairseq side environment ({', '.join('bin/' + m for m in missing)} missing); "
+            f"create it with `{ENV_SCRIPT} {env}` (a few minutes), or pass --fairseq-env DIR"
+        )
     return env.resolve()
 
 
@@ -110,31 +124,112 @@ def train_command(cfg: Config, *, env: Path, data_bin: Path, save_dir: Path, las
     """The ``fairseq-train`` command that trains what ``cfg`` makes tmt train (model, optimiser, schedule, loss,
     batches), on CPU in float32, for ``last_update`` updates, logging every update as JSON, never validating or saving."""
     m, t = cfg.model, cfg.train
-    unmapped = {"model.head_dim": m.head_dim != 0, "model.value_dim": m.value_dim != 0, "model.norm": m.norm not in ("post", "pre"),
-                "model.restrict_output": m.restrict_output, "model.share_all_embeddings": not m.share_all_embeddings,
-                "train.weight_decay": t.weight_decay != 0, "train.ema_decay": t.ema_decay != 0,
-                "train.lr_schedule": t.lr_schedule != "inverse_sqrt", "train.dtype": t.dtype != "float32", "data.subword_alpha": cfg.data.subword_alpha != 0}
+    unmapped = {
+        "model.head_dim": m.head_dim != 0,
+        "model.value_dim": m.value_dim != 0,
+        "model.norm": m.norm not in ("post", "pre"),
+        "model.restrict_output": m.restrict_output,
+        "model.share_all_embeddings": not m.share_all_embeddings,
+        "train.weight_decay": t.weight_decay != 0,
+        "train.ema_decay": t.ema_decay != 0,
+        "train.lr_schedule": t.lr_schedule != "inverse_sqrt",
+        "train.dtype": t.dtype != "float32",
+        "data.subword_alpha": cfg.data.subword_alpha != 0,
+    }
     if any(unmapped.values()):
-        raise PeerError(f"{', '.join(k for k, v in unmapped.items() if v)}: no fairseq equivalent in this comparison; "
-                        f"set the peer config ({PEER_CONFIG.name} + PEER_OVERRIDES) back to the fairseq-expressible values")
+        raise PeerError(
+            f"{', '.join(k for k, v in unmapped.items() if v)}: no fairseq equivalent in this comparison; "
+            f"set the peer config ({PEER_CONFIG.name} + PEER_OVERRIDES) back to the fairseq-expressible values"
+        )
     pre = ["--encoder-normalize-before", "--decoder-normalize-before"] if m.norm == "pre" else []  # fairseq's default is post-norm
     learned = ["--encoder-learned-pos", "--decoder-learned-pos"] if m.positions == "learned" else []
-    return [str(env / "bin" / "fairseq-train"), str(data_bin), "--task", "translation", "--source-lang", langs[0], "--target-lang", langs[1],
-            "--arch", "transformer", "--encoder-layers", str(m.encoder_layers), "--decoder-layers", str(m.decoder_layers),
-            "--encoder-embed-dim", str(m.d_model), "--decoder-embed-dim", str(m.d_model),
-            "--encoder-ffn-embed-dim", str(m.d_ff), "--decoder-ffn-embed-dim", str(m.d_ff),
-            "--encoder-attention-heads", str(m.heads), "--decoder-attention-heads", str(m.heads), *pre, *learned,
-            "--activation-fn", m.activation, "--dropout", repr(m.dropout), "--attention-dropout", repr(m.attention_dropout),
-            "--activation-dropout", repr(m.activation_dropout), "--share-all-embeddings",
-            "--max-source-positions", str(m.max_positions), "--max-target-positions", str(m.max_positions),
-            "--optimizer", "adam", "--adam-betas", f"({t.optimizer_betas[0]!r}, {t.optimizer_betas[1]!r})", "--adam-eps", repr(t.optimizer_eps),
-            "--weight-decay", "0", "--clip-norm", repr(t.clip_norm),
-            "--lr", repr(t.lr), "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(t.warmup_updates), "--warmup-init-lr", "0",
-            "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", repr(t.label_smoothing),
-            "--max-tokens", str(t.max_tokens), "--required-batch-size-multiple", "1", "--update-freq", str(t.update_freq),
-            "--seed", str(t.seed), "--max-update", str(last_update), "--cpu", "--num-workers", "0",
-            "--disable-validation", "--no-save", "--save-dir", str(save_dir),
-            "--log-format", "json", "--log-interval", "1", "--no-progress-bar"]
+    return [
+        str(env / "bin" / "fairseq-train"),
+        str(data_bin),
+        "--task",
+        "translation",
+        "--source-lang",
+        langs[0],
+        "--target-lang",
+        langs[1],
+        "--arch",
+        "transformer",
+        "--encoder-layers",
+        str(m.encoder_layers),
+        "--decoder-layers",
+        str(m.decoder_layers),
+        "--encoder-embed-dim",
+        str(m.d_model),
+        "--decoder-embed-dim",
+        str(m.d_model),
+        "--encoder-ffn-embed-dim",
+        str(m.d_ff),
+        "--decoder-ffn-embed-dim",
+        str(m.d_ff),
+        "--encoder-attention-heads",
+        str(m.heads),
+        "--decoder-attention-heads",
+        str(m.heads),
+        *pre,
+        *learned,
+        "--activation-fn",
+        m.activation,
+        "--dropout",
+        repr(m.dropout),
+        "--attention-dropout",
+        repr(m.attention_dropout),
+        "--activation-dropout",
+        repr(m.activation_dropout),
+        "--share-all-embeddings",
+        "--max-source-positions",
+        str(m.max_positions),
+        "--max-target-positions",
+        str(m.max_positions),
+        "--optimizer",
+        "adam",
+        "--adam-betas",
+        f"({t.optimizer_betas[0]!r}, {t.optimizer_betas[1]!r})",
+        "--adam-eps",
+        repr(t.optimizer_eps),
+        "--weight-decay",
+        "0",
+        "--clip-norm",
+        repr(t.clip_norm),
+        "--lr",
+        repr(t.lr),
+        "--lr-scheduler",
+        "inverse_sqrt",
+        "--warmup-updates",
+        str(t.warmup_updates),
+        "--warmup-init-lr",
+        "0",
+        "--criterion",
+        "label_smoothed_cross_entropy",
+        "--label-smoothing",
+        repr(t.label_smoothing),
+        "--max-tokens",
+        str(t.max_tokens),
+        "--required-batch-size-multiple",
+        "1",
+        "--update-freq",
+        str(t.update_freq),
+        "--seed",
+        str(t.seed),
+        "--max-update",
+        str(last_update),
+        "--cpu",
+        "--num-workers",
+        "0",
+        "--disable-validation",
+        "--no-save",
+        "--save-dir",
+        str(save_dir),
+        "--log-format",
+        "json",
+        "--log-interval",
+        "1",
+        "--no-progress-bar",
+    ]
 
 
 def write_dictionary(tok: Tokenizer, path: Path) -> int:
@@ -167,8 +262,22 @@ def prepare(cfg: Config, *, env: Path, out: Path, langs: tuple[str, str] = ("en"
                 handle.write(" ".join(tok.sp.id_to_piece(int(x)) for x in data.pair(i)[side]) + "\n")
         tokens[lang] = int((data.src_lengths if side == 0 else data.tgt_lengths).sum()) + len(data)  # + EOS per sentence
     size = write_dictionary(tok, out / "dict.txt")
-    cmd = [str(env / "bin" / "fairseq-preprocess"), "--source-lang", langs[0], "--target-lang", langs[1], "--trainpref", str(out / "train"),
-           "--destdir", str(bin_dir), "--srcdict", str(out / "dict.txt"), "--joined-dictionary", "--workers", "1"]
+    cmd = [
+        str(env / "bin" / "fairseq-preprocess"),
+        "--source-lang",
+        langs[0],
+        "--target-lang",
+        langs[1],
+        "--trainpref",
+        str(out / "train"),
+        "--destdir",
+        str(bin_dir),
+        "--srcdict",
+        str(out / "dict.txt"),
+        "--joined-dictionary",
+        "--workers",
+        "1",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_clean_env())
     (out / "preprocess.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
     if proc.returncode != 0:
@@ -176,10 +285,19 @@ def prepare(cfg: Config, *, env: Path, out: Path, langs: tuple[str, str] = ("en"
     counts = parse_preprocess_log(proc.stdout + proc.stderr)
     for lang in langs:  # the pieces must reach fairseq whole: a piece split at a character it takes for a space would differ here
         if counts.get(lang) != (len(data), tokens[lang], 0):
-            raise PeerError(f"fairseq-preprocess [{lang}] read {counts.get(lang)} (sentences, tokens, replaced by <unk>), "
-                            f"expected {(len(data), tokens[lang], 0)}; see {out / 'preprocess.log'}")
-    prepared = {"data_bin": str(bin_dir), "pairs": len(data), "target_tokens": tokens[langs[1]], "source_tokens": tokens[langs[0]],
-                "dictionary_size": size, "spm_vocab_size": tok.vocab_size, "corpus_cache": stamp["corpus"]}
+            raise PeerError(
+                f"fairseq-preprocess [{lang}] read {counts.get(lang)} (sentences, tokens, replaced by <unk>), "
+                f"expected {(len(data), tokens[lang], 0)}; see {out / 'preprocess.log'}"
+            )
+    prepared = {
+        "data_bin": str(bin_dir),
+        "pairs": len(data),
+        "target_tokens": tokens[langs[1]],
+        "source_tokens": tokens[langs[0]],
+        "dictionary_size": size,
+        "spm_vocab_size": tok.vocab_size,
+        "corpus_cache": stamp["corpus"],
+    }
     (out / "prepared.json").write_text(json.dumps(prepared, indent=1), encoding="utf-8")
     stamp_path.write_text(json.dumps({**stamp, "done": True}), encoding="utf-8")
     return prepared
@@ -220,8 +338,10 @@ def parse_train_log(lines: Iterable[tuple[float, str]], *, first: int, last: int
             dictionary[m.group(1)] = int(m.group(2))
     missing = [u for u in range(first, last + 1) if u not in updates]
     if missing:
-        raise PeerError(f"fairseq's log has no train_inner line for update {missing[0]} (of {first}..{last}); it needs "
-                        "--log-format json --log-interval 1 and --max-update >= the last update")
+        raise PeerError(
+            f"fairseq's log has no train_inner line for update {missing[0]} (of {first}..{last}); it needs "
+            "--log-format json --log-interval 1 and --max-update >= the last update"
+        )
     window = [updates[u] for u in range(first + 1, last + 1)]
     if any(wps <= 0 for _, _, wps in window):
         raise PeerError(f"fairseq's log gives wps 0 for an update in {first + 1}..{last}: its meters were not running; time later updates")
@@ -229,9 +349,15 @@ def parse_train_log(lines: Iterable[tuple[float, str]], *, first: int, last: int
     seconds = sum(wpb / wps for _, wpb, wps in window)
     wall = updates[last][0] - updates[first][0]
     sizes = set(dictionary.values())
-    return {"updates": last - first, "target_tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
-            "wall_seconds": wall, "wall_tokens_per_s": tokens / wall if wall > 0 else None,
-            "dictionary_size": sizes.pop() if len(sizes) == 1 else None}
+    return {
+        "updates": last - first,
+        "target_tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+        "wall_seconds": wall,
+        "wall_tokens_per_s": tokens / wall if wall > 0 else None,
+        "dictionary_size": sizes.pop() if len(sizes) == 1 else None,
+    }
 
 
 def phase_fairseq(spec: dict) -> dict:
@@ -239,8 +365,10 @@ def phase_fairseq(spec: dict) -> dict:
     shutil.rmtree(spec["save_dir"], ignore_errors=True)
     log_path, lines = Path(spec["result"]).parent / f"{spec['name']}.fairseq.log", []
     load_start = os.getloadavg()
-    with open(log_path, "w", encoding="utf-8") as log, subprocess.Popen(spec["command"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                                                       text=True, env=_clean_env(spec["threads"])) as proc:
+    with (
+        open(log_path, "w", encoding="utf-8") as log,
+        subprocess.Popen(spec["command"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_clean_env(spec["threads"])) as proc,
+    ):
         for text in proc.stdout:
             lines.append((time.perf_counter(), text.rstrip("\n")))
             log.write(text)
@@ -248,11 +376,18 @@ def phase_fairseq(spec: dict) -> dict:
         tail = "\n".join(t for _, t in lines[-15:])
         raise PeerError(f"fairseq-train failed (exit {proc.returncode}); {log_path} ends with:\n{tail}")
     out = parse_train_log(lines, first=spec["first"], last=spec["last"])
-    version = subprocess.run([str(Path(spec["command"][0]).with_name("python")), "-c", "import fairseq; print(fairseq.__version__)"],
-                             capture_output=True, text=True).stdout.strip()
+    version = subprocess.run(
+        [str(Path(spec["command"][0]).with_name("python")), "-c", "import fairseq; print(fairseq.__version__)"], capture_output=True, text=True
+    ).stdout.strip()
     shutil.rmtree(spec["save_dir"], ignore_errors=True)
-    return {**out, "fairseq_version": version, "log": str(log_path), "loadavg_start": list(load_start), "loadavg_end": list(os.getloadavg()),
-            "fairseq_peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}  # the largest waited-for child's
+    return {
+        **out,
+        "fairseq_version": version,
+        "log": str(log_path),
+        "loadavg_start": list(load_start),
+        "loadavg_end": list(os.getloadavg()),
+        "fairseq_peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+    }  # the largest waited-for child's
 
 
 # ---------------------------------------------------------------- plan and report (benchmark.py's parent side)
@@ -267,8 +402,16 @@ def plan(args, sizes, *, spm: Path, src: Path, tgt: Path, train_spec: Callable[.
     print(f"benchmark: binarizing the peer's pieces for fairseq -> {args.out / 'fairseq'}", file=sys.stderr, flush=True)
     data = prepare(cfg, env=env, out=args.out / "fairseq")
     command = train_command(cfg, env=env, data_bin=Path(data["data_bin"]), save_dir=args.out / "runs" / "peer-fairseq", last_update=last)
-    fairseq = {"kind": "fairseq", "name": "peer-fairseq-float32", "threads": args.threads, "command": command, "first": first, "last": last,
-               "save_dir": str(args.out / "runs" / "peer-fairseq"), "data": data}
+    fairseq = {
+        "kind": "fairseq",
+        "name": "peer-fairseq-float32",
+        "threads": args.threads,
+        "command": command,
+        "first": first,
+        "last": last,
+        "save_dir": str(args.out / "runs" / "peer-fairseq"),
+        "data": data,
+    }
     return [{**tmt, "peer": "tmt"}, {**fairseq, "peer": "fairseq"}]
 
 
@@ -277,20 +420,45 @@ def report(phases: list[tuple[dict, dict]], matmul: dict) -> dict:
     (tmt_spec, tmt), (fs_spec, fs) = sorted(phases, key=lambda p: p[0]["peer"] != "tmt")
     peak = matmul["float32"]["gflops"]
     flops = tmt["flops_per_token"]  # measured on tmt's model and batches; the same model and batches up to padding on fairseq's side
-    rows = {"tmt": {"tokens_per_s": tmt["tokens_per_s"], "seconds": tmt["seconds"], "target_tokens": tmt["target_tokens"],
-                    "vocab_size": tmt["vocab_size"], "parameters": tmt["parameters"], "peak_rss_mib": tmt["peak_rss_mib"]},
-            "fairseq": {"tokens_per_s": fs["tokens_per_s"], "seconds": fs["seconds"], "target_tokens": fs["target_tokens"],
-                        "wall_tokens_per_s": fs["wall_tokens_per_s"], "vocab_size": fs["dictionary_size"], "version": fs["fairseq_version"],
-                        "peak_rss_mib": fs["fairseq_peak_rss_mib"], "log": fs["log"]}}
+    rows = {
+        "tmt": {
+            "tokens_per_s": tmt["tokens_per_s"],
+            "seconds": tmt["seconds"],
+            "target_tokens": tmt["target_tokens"],
+            "vocab_size": tmt["vocab_size"],
+            "parameters": tmt["parameters"],
+            "peak_rss_mib": tmt["peak_rss_mib"],
+        },
+        "fairseq": {
+            "tokens_per_s": fs["tokens_per_s"],
+            "seconds": fs["seconds"],
+            "target_tokens": fs["target_tokens"],
+            "wall_tokens_per_s": fs["wall_tokens_per_s"],
+            "vocab_size": fs["dictionary_size"],
+            "version": fs["fairseq_version"],
+            "peak_rss_mib": fs["fairseq_peak_rss_mib"],
+            "log": fs["log"],
+        },
+    }
     for row in rows.values():
         row["gflops"] = flops * row["tokens_per_s"] / 1e9
         row["fraction_of_fp32_peak"] = row["gflops"] / peak
     m = tmt_spec["config"]["model"]
-    return {"config": f"{PEER_CONFIG.relative_to(REPO)} --set " + " --set ".join(PEER_OVERRIDES), "model_config": m,
-            "train_config": tmt_spec["config"]["train"], "updates": [fs_spec["first"], fs_spec["last"]], "threads": tmt_spec["threads"],
-            "fairseq_command": fs_spec["command"], "data": fs_spec["data"], "flops_per_token": flops, "fp32_matmul_peak_gflops": peak,
-            "rows": rows, "ratio": tmt["tokens_per_s"] / fs["tokens_per_s"], "loadavg_fairseq": [fs["loadavg_start"], fs["loadavg_end"]],
-            "fairseq_tokens_per_s_method": "sum of wpb / sum of (wpb / wps) over the train_inner lines of the timed updates"}
+    return {
+        "config": f"{PEER_CONFIG.relative_to(REPO)} --set " + " --set ".join(PEER_OVERRIDES),
+        "model_config": m,
+        "train_config": tmt_spec["config"]["train"],
+        "updates": [fs_spec["first"], fs_spec["last"]],
+        "threads": tmt_spec["threads"],
+        "fairseq_command": fs_spec["command"],
+        "data": fs_spec["data"],
+        "flops_per_token": flops,
+        "fp32_matmul_peak_gflops": peak,
+        "rows": rows,
+        "ratio": tmt["tokens_per_s"] / fs["tokens_per_s"],
+        "loadavg_fairseq": [fs["loadavg_start"], fs["loadavg_end"]],
+        "fairseq_tokens_per_s_method": "sum of wpb / sum of (wpb / wps) over the train_inner lines of the timed updates",
+    }
 
 
 def render(r: dict) -> str:
@@ -301,22 +469,34 @@ def render(r: dict) -> str:
     m, (first, last), rows = p["model_config"], p["updates"], p["rows"]
     head = ["", "target tokens/s", "ratio", "GFLOP/s", "% of fp32 matmul peak", "tokens/update", "vocabulary", "peak RSS MiB"]
     mc = r["machine"]
-    lines = ["", f"## Side by side: tmt and fairseq {rows['fairseq']['version']}, same config, same run", "",
-             f"{r['date']}; {mc['cpu']}, {mc['logical_cpus']} logical CPUs, {p['threads']} threads; torch {mc['torch']} ({mc['cpu_capability']}); "
-             f"load average {r['loadavg_start'][0]:.2f} at start, {r['loadavg_end'][0]:.2f} at end; "
-             f"fp32 matmul peak {p['fp32_matmul_peak_gflops']:.1f} GFLOP/s (n={r['matmul_peak']['n']}, the faster of the run's first and last timing). "
-             f"Config: `{p['config']}` ({m['encoder_layers']}+{m['decoder_layers']} layers, d{m['d_model']}, ff{m['d_ff']}, {m['heads']} heads, "
-             f"{m['norm']}-norm, dropout {m['dropout']:g}, activation dropout {m['activation_dropout']:g}, "
-             f"{p['train_config']['max_tokens']:,}-token batches, float32). Target tokens/s over updates {first + 1}-{last}.", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines = [
+        "",
+        f"## Side by side: tmt and fairseq {rows['fairseq']['version']}, same config, same run",
+        "",
+        f"{r['date']}; {mc['cpu']}, {mc['logical_cpus']} logical CPUs, {p['threads']} threads; torch {mc['torch']} ({mc['cpu_capability']}); "
+        f"load average {r['loadavg_start'][0]:.2f} at start, {r['loadavg_end'][0]:.2f} at end; "
+        f"fp32 matmul peak {p['fp32_matmul_peak_gflops']:.1f} GFLOP/s (n={r['matmul_peak']['n']}, the faster of the run's first and last timing). "
+        f"Config: `{p['config']}` ({m['encoder_layers']}+{m['decoder_layers']} layers, d{m['d_model']}, ff{m['d_ff']}, {m['heads']} heads, "
+        f"{m['norm']}-norm, dropout {m['dropout']:g}, activation dropout {m['activation_dropout']:g}, "
+        f"{p['train_config']['max_tokens']:,}-token batches, float32). Target tokens/s over updates {first + 1}-{last}.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for name, label in (("fairseq", f"fairseq {rows['fairseq']['version']} (`fairseq-train --cpu`, wps)"), ("tmt", "tmt (`Trainer`)")):
         row = rows[name]
         ratio = row["tokens_per_s"] / rows["fairseq"]["tokens_per_s"]
-        lines.append(f"| {label} | {row['tokens_per_s']:,.0f} | {'**' if name == 'tmt' else ''}{ratio:.2f}{'**' if name == 'tmt' else ''} | "
-                     f"{row['gflops']:.1f} | {100 * row['fraction_of_fp32_peak']:.1f} | {row['target_tokens'] / (last - first):,.0f} | "
-                     f"{row['vocab_size']:,} | {row['peak_rss_mib']:.0f} |")
+        lines.append(
+            f"| {label} | {row['tokens_per_s']:,.0f} | {'**' if name == 'tmt' else ''}{ratio:.2f}{'**' if name == 'tmt' else ''} | "
+            f"{row['gflops']:.1f} | {100 * row['fraction_of_fp32_peak']:.1f} | {row['target_tokens'] / (last - first):,.0f} | "
+            f"{row['vocab_size']:,} | {row['peak_rss_mib']:.0f} |"
+        )
     wall = rows["fairseq"]["wall_tokens_per_s"]
-    lines += ["", f"fairseq tokens/s: {p['fairseq_tokens_per_s_method']}" + (f" (line arrival times give {wall:,.0f})" if wall else "") +
-              "; GFLOP/s: tmt's measured FLOPs per target token (FlopCounterMode) x each side's tokens/s. "
-              f"Same {p['data']['pairs']:,} pairs on both sides, binarized from tmt's pieces."]
+    lines += [
+        "",
+        f"fairseq tokens/s: {p['fairseq_tokens_per_s_method']}"
+        + (f" (line arrival times give {wall:,.0f})" if wall else "")
+        + "; GFLOP/s: tmt's measured FLOPs per target token (FlopCounterMode) x each side's tokens/s. "
+        f"Same {p['data']['pairs']:,} pairs on both sides, binarized from tmt's pieces.",
+    ]
     return "\n".join(lines) + "\n"

@@ -34,22 +34,49 @@ from transformer_mt.config import load_config
 from transformer_mt.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
-REFERENCE = ["model.norm=post", "model.dropout=0.1", "model.activation_dropout=0.0", "train.max_tokens=4096", "train.lr=5e-4",
-             "train.warmup_updates=1000"]
+REFERENCE = ["model.norm=post", "model.dropout=0.1", "model.activation_dropout=0.0", "train.max_tokens=4096", "train.lr=5e-4", "train.warmup_updates=1000"]
 # Operator name -> group. The first matching prefix wins; everything unmatched is "other ops".
 GROUPS = (
     ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear")),
     ("attention (SDPA)", ("aten::_scaled_dot_product", "aten::scaled_dot_product")),
     ("layer norm", ("aten::native_layer_norm", "aten::layer_norm")),
     ("dropout", ("aten::native_dropout", "aten::dropout", "aten::bernoulli", "aten::uniform_", "aten::rand")),
-    ("softmax / loss", ("aten::_log_softmax", "aten::log_softmax", "aten::_softmax", "aten::softmax", "aten::nll_loss", "aten::gather",
-                        "aten::scatter")),
+    ("softmax / loss", ("aten::_log_softmax", "aten::log_softmax", "aten::_softmax", "aten::softmax", "aten::nll_loss", "aten::gather", "aten::scatter")),
     ("embedding", ("aten::embedding", "aten::index_select", "aten::index_add", "aten::embedding_dense_backward")),
     ("optimizer", ("aten::_fused_adam", "aten::_foreach", "Optimizer.step")),
-    ("element-wise", ("aten::add", "aten::mul", "aten::div", "aten::sub", "aten::relu", "aten::threshold", "aten::gelu", "aten::where",
-                      "aten::masked_fill", "aten::copy_", "aten::clone", "aten::fill_", "aten::zero_", "aten::sum", "aten::mean",
-                      "aten::sqrt", "aten::rsqrt", "aten::pow", "aten::neg", "aten::exp", "aten::lerp", "aten::addcmul", "aten::addcdiv",
-                      "aten::to", "aten::_to_copy", "aten::cat", "aten::eq", "aten::ne")),
+    (
+        "element-wise",
+        (
+            "aten::add",
+            "aten::mul",
+            "aten::div",
+            "aten::sub",
+            "aten::relu",
+            "aten::threshold",
+            "aten::gelu",
+            "aten::where",
+            "aten::masked_fill",
+            "aten::copy_",
+            "aten::clone",
+            "aten::fill_",
+            "aten::zero_",
+            "aten::sum",
+            "aten::mean",
+            "aten::sqrt",
+            "aten::rsqrt",
+            "aten::pow",
+            "aten::neg",
+            "aten::exp",
+            "aten::lerp",
+            "aten::addcmul",
+            "aten::addcdiv",
+            "aten::to",
+            "aten::_to_copy",
+            "aten::cat",
+            "aten::eq",
+            "aten::ne",
+        ),
+    ),
 )
 
 
@@ -63,9 +90,19 @@ def group_of(name: str) -> str:
 def build_config(model: str, overrides: list[str], *, out: Path, threads: int, total: int):
     path = ROOT / "configs" / ("multi30k_reference.yaml" if model == "reference" else "multi30k_en_de.yaml")
     base = REFERENCE if model == "reference" else []
-    run = [f"train.out_dir={out / ('run-' + model)}", f"train.threads={threads}", f"train.max_updates={total}", "train.max_time=0",
-           "train.max_epochs=0", f"train.validate_every={total + 1}", "train.save_every=0", "train.keep_last=1",
-           f"train.log_every={total + 1}", "train.valid_bleu_sentences=-1", "train.dtype=float32"]
+    run = [
+        f"train.out_dir={out / ('run-' + model)}",
+        f"train.threads={threads}",
+        f"train.max_updates={total}",
+        "train.max_time=0",
+        "train.max_epochs=0",
+        f"train.validate_every={total + 1}",
+        "train.save_every=0",
+        "train.keep_last=1",
+        f"train.log_every={total + 1}",
+        "train.valid_bleu_sentences=-1",
+        "train.dtype=float32",
+    ]
     return load_config(path, base + run + overrides)
 
 
@@ -115,9 +152,11 @@ def main(argv: list[str] | None = None) -> None:
     # Self times of all threads add up; with intra-op threads the ops' self time is the calling thread's.
     rows = sorted(grouped.items(), key=lambda kv: -kv[1]) + [("outside operators", max(0.0, wall_us - accounted))]
     ntok = sum(tokens)
-    print(f"# {args.model}: {args.updates} updates profiled after {args.warmup}, {ntok} target tokens, "
-          f"{wall_us / 1e3 / args.updates:.1f} ms per update, {ntok / (wall_us / 1e6):.0f} target tokens/s (under the profiler), "
-          f"torch {torch.__version__}, {args.threads} threads")
+    print(
+        f"# {args.model}: {args.updates} updates profiled after {args.warmup}, {ntok} target tokens, "
+        f"{wall_us / 1e3 / args.updates:.1f} ms per update, {ntok / (wall_us / 1e6):.0f} target tokens/s (under the profiler), "
+        f"torch {torch.__version__}, {args.threads} threads"
+    )
     print("\n| group | ms per update | share of wall |\n| --- | ---: | ---: |")
     for group, us in rows:
         print(f"| {group} | {us / 1e3 / args.updates:.2f} | {us / wall_us:.1%} |")

@@ -55,9 +55,11 @@ def render(sweep: dict) -> str:
     _, p_ppl0, p_bleu0, _ = PAPER["base"]
     bl = sweep["bleu"]
     search = "greedy" if bl["beam"] == 1 else f"beam {bl['beam']}, lenpen {bl['lenpen']:g}"
-    out = ["| row | ours: variant | ours: val BLEU | ours: Δ | paper: variant | paper: BLEU | paper: Δ | ours: val PPL | paper: PPL "
-           "| ours: params | paper: params (M) | ours: wall (min) |",
-           "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    out = [
+        "| row | ours: variant | ours: val BLEU | ours: Δ | paper: variant | paper: BLEU | paper: Δ | ours: val PPL | paper: PPL "
+        "| ours: params | paper: params (M) | ours: wall (min) |",
+        "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for r in sweep["rows"]:
         name = r["name"]
         label, p_ppl, p_bleu, p_params = PAPER.get(name, ("(not in the paper)", None, None, None))
@@ -68,14 +70,18 @@ def render(sweep: dict) -> str:
         ours = f"{r['val_bleu']:.2f}"
         d_ours = "" if name == "base" else signed(r["val_bleu"] - base["val_bleu"], "+.2f")
         d_paper = "" if name == "base" or p_bleu is None else signed(p_bleu - p_bleu0)
-        out.append(f"| {r['row']} | {change} | {ours} | {d_ours} | {label} | {p_bleu if p_bleu is not None else ''} | {d_paper} "
-                   f"| {r['val_ppl']:.2f} | {p_ppl if p_ppl is not None else ''} | {r['params'] / 1e6:.2f}M | {p_params or ''} "
-                   f"| {r['wall_s'] / 60:.1f} |")
-    head = (f"Ours: `{sweep['command']}`; every row {sweep['budget']['updates'] or ''} updates"
-            f"{' / ' + format(sweep['budget']['minutes'], 'g') + ' minutes' if sweep['budget']['minutes'] else ''}, "
-            f"val BLEU = {bl['metric']} on Multi30k val ({search}), val PPL per piece without label smoothing. "
-            f"Paper: Vaswani et al. (2017) Table 3, newstest2013 BLEU (beam 4) and per-wordpiece PPL after 100K steps; "
-            f"its base is BLEU {p_bleu0}, PPL {p_ppl0}. Δ: change from the same table's base row.")
+        out.append(
+            f"| {r['row']} | {change} | {ours} | {d_ours} | {label} | {p_bleu if p_bleu is not None else ''} | {d_paper} "
+            f"| {r['val_ppl']:.2f} | {p_ppl if p_ppl is not None else ''} | {r['params'] / 1e6:.2f}M | {p_params or ''} "
+            f"| {r['wall_s'] / 60:.1f} |"
+        )
+    head = (
+        f"Ours: `{sweep['command']}`; every row {sweep['budget']['updates'] or ''} updates"
+        f"{' / ' + format(sweep['budget']['minutes'], 'g') + ' minutes' if sweep['budget']['minutes'] else ''}, "
+        f"val BLEU = {bl['metric']} on Multi30k val ({search}), val PPL per piece without label smoothing. "
+        f"Paper: Vaswani et al. (2017) Table 3, newstest2013 BLEU (beam 4) and per-wordpiece PPL after 100K steps; "
+        f"its base is BLEU {p_bleu0}, PPL {p_ppl0}. Δ: change from the same table's base row."
+    )
     return head + "\n\n" + "\n".join(out) + "\n"
 
 

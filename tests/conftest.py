@@ -35,8 +35,9 @@ def tiny_model_config(**changes) -> ModelConfig:
     return dataclasses.replace(TINY_MODEL, **changes)
 
 
-def tiny_model(vocab: int = TINY_VOCAB, *, seed: int = 0, src_vocab: int | None = None, tgt_vocab: int | None = None,
-               config: ModelConfig | None = None, **changes):
+def tiny_model(
+    vocab: int = TINY_VOCAB, *, seed: int = 0, src_vocab: int | None = None, tgt_vocab: int | None = None, config: ModelConfig | None = None, **changes
+):
     """A randomly initialised Transformer (torch seeded with `seed` first) in eval mode: `config`
     (default TINY_MODEL) with `changes`; `vocab` for both sides unless src_vocab / tgt_vocab say otherwise."""
     from transformer_mt.model.transformer import Transformer
@@ -67,9 +68,21 @@ def make_checkpoint(spm_model: Path, path: Path, *, seed: int = 0, d_model: int 
     from transformer_mt.model.transformer import Transformer
     from transformer_mt.text.tokenizer import Tokenizer
 
-    cfg = load_config(None, ["model.encoder_layers=1", "model.decoder_layers=1", f"model.d_model={d_model}", "model.heads=2",
-                             "model.d_ff=64", "model.max_positions=64", "data.max_len=60", f"model.positions={positions}", "decode.max_len_b=6",
-                             "decode.beam=3"])
+    cfg = load_config(
+        None,
+        [
+            "model.encoder_layers=1",
+            "model.decoder_layers=1",
+            f"model.d_model={d_model}",
+            "model.heads=2",
+            "model.d_ff=64",
+            "model.max_positions=64",
+            "data.max_len=60",
+            f"model.positions={positions}",
+            "decode.max_len_b=6",
+            "decode.beam=3",
+        ],
+    )
     tok = Tokenizer(spm_model)
     torch.manual_seed(seed)
     model = Transformer(cfg.model, src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size)
@@ -132,8 +145,12 @@ def pairs64(multi30k, tmp_path_factory) -> dict[str, Path]:
     chosen = [(s, t) for s, t in zip(en, de) if len(t.split()) <= 10][:64]
     root = tmp_path_factory.mktemp("pairs64")
     files = {}
-    for name, lines in (("train.en", [s for s, _ in chosen]), ("train.de", [t for _, t in chosen]),
-                        ("val.en", head(multi30k / "val.en", 16)), ("val.de", head(multi30k / "val.de", 16))):
+    for name, lines in (
+        ("train.en", [s for s, _ in chosen]),
+        ("train.de", [t for _, t in chosen]),
+        ("val.en", head(multi30k / "val.en", 16)),
+        ("val.de", head(multi30k / "val.de", 16)),
+    ):
         files[name] = root / name
         files[name].write_text("\n".join(lines) + "\n", encoding="utf-8")
     return files
@@ -145,11 +162,19 @@ def run_config(corpus: dict[str, Path], spm_model: Path, out_dir: Path, *overrid
     and `overrides` ("section.key=value", as --set)."""
     from transformer_mt.config import load_config
 
-    return load_config(None, [
-        f"data.train_src={corpus['train.en']}", f"data.train_tgt={corpus['train.de']}",
-        f"data.valid_src={corpus['val.en']}", f"data.valid_tgt={corpus['val.de']}",
-        f"tokenizer.model={spm_model}", f"train.out_dir={out_dir}", "train.device=cpu", *overrides,
-    ])
+    return load_config(
+        None,
+        [
+            f"data.train_src={corpus['train.en']}",
+            f"data.train_tgt={corpus['train.de']}",
+            f"data.valid_src={corpus['val.en']}",
+            f"data.valid_tgt={corpus['val.de']}",
+            f"tokenizer.model={spm_model}",
+            f"train.out_dir={out_dir}",
+            "train.device=cpu",
+            *overrides,
+        ],
+    )
 
 
 @pytest.fixture(scope="session")
@@ -165,10 +190,26 @@ def spm_model(corpus_slice, tmp_path_factory) -> Path:
 # Trained once per session through the real `train()`, for the tests that need a model which has
 # learned something (attention maps, export parity, the server): about 5 s each on one CPU thread.
 # After 150 updates it writes varied German ("Ein Mann mit einem ..."), not one repeated token.
-TINY_RUN = ["model.encoder_layers=2", "model.decoder_layers=2", "model.d_model=32", "model.heads=4", "model.d_ff=64",
-            "model.dropout=0.0", "train.lr_schedule=inverse_sqrt", "train.lr=0.005", "train.warmup_updates=20",
-            "train.max_tokens=2000", "train.max_updates=150", "train.validate_every=75", "train.valid_bleu_sentences=8",
-            "train.log_every=25", "train.keep_last=2", "train.threads=1", "train.seed=7", "decode.beam=2"]
+TINY_RUN = [
+    "model.encoder_layers=2",
+    "model.decoder_layers=2",
+    "model.d_model=32",
+    "model.heads=4",
+    "model.d_ff=64",
+    "model.dropout=0.0",
+    "train.lr_schedule=inverse_sqrt",
+    "train.lr=0.005",
+    "train.warmup_updates=20",
+    "train.max_tokens=2000",
+    "train.max_updates=150",
+    "train.validate_every=75",
+    "train.valid_bleu_sentences=8",
+    "train.log_every=25",
+    "train.keep_last=2",
+    "train.threads=1",
+    "train.seed=7",
+    "decode.beam=2",
+]
 TRAINED_FIXTURES = {"tiny_run", "tiny_run_postnorm", "tiny_checkpoint", "tiny_checkpoint_postnorm"}
 
 

@@ -33,8 +33,9 @@ def load_script():
 @pytest.fixture(scope="module")
 def quick_run(multi30k, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bench") / "out"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--data", str(multi30k), "--out", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--data", str(multi30k), "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
 
@@ -65,8 +66,21 @@ def test_quick_json_schema(quick_run):
         assert t["target_tokens"] == rows[model, "float32"]["target_tokens"]  # the same batches
         assert rows[model, "float32"]["speedup_vs_plain_ops"] == pytest.approx(rows[model, "float32"]["tokens_per_s"] / t["tokens_per_s"])
     for (model, dtype), t in rows.items():
-        for key in ("parameters", "seconds", "target_tokens", "source_tokens", "sentences", "tokens_per_s", "updates_per_s",
-                    "flops_per_token", "flops_per_token_analytic", "gflops", "fraction_of_peak", "peak_rss_mib", "avg_tgt_len"):
+        for key in (
+            "parameters",
+            "seconds",
+            "target_tokens",
+            "source_tokens",
+            "sentences",
+            "tokens_per_s",
+            "updates_per_s",
+            "flops_per_token",
+            "flops_per_token_analytic",
+            "gflops",
+            "fraction_of_peak",
+            "peak_rss_mib",
+            "avg_tgt_len",
+        ):
             assert positive(t[key]), (model, dtype, key, t[key])
         assert t["timed_updates"] == 2 and t["warmup_updates"] == 1 and t["max_tokens"] == 512
         assert t["tokens_per_s"] == pytest.approx(t["target_tokens"] / t["seconds"])
@@ -98,7 +112,7 @@ def test_quick_markdown_table(quick_run):
     lines = text.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("| phase"))
     assert [c.strip() for c in lines[header].strip("|").split("|")] == COLUMNS
-    rows = [line for line in lines[header + 2:] if line.startswith("|")]
+    rows = [line for line in lines[header + 2 :] if line.startswith("|")]
     assert len(rows) == 2 + 6 + 2  # matmul x 2 dtypes, train x 2 models x (2 dtypes + plain ops), translate x 2 searches
     assert all(len(row.strip("|").split("|")) == len(COLUMNS) for row in rows)
     assert "quoted from issue 6, measured elsewhere" in text and "not representative" in text

@@ -255,8 +255,7 @@ def test_missing_and_foreign_files_are_reported(tmp_path):
     with pytest.raises(CheckpointError) as err:
         load_checkpoint(tmp_path / "nope.pt")
     assert str(err.value) == (
-        f"{tmp_path / 'nope.pt'}: checkpoint not found; give a .pt file from train.out_dir "
-        "(checkpoint_last.pt, checkpoint_best.pt or checkpoint_<update>.pt)"
+        f"{tmp_path / 'nope.pt'}: checkpoint not found; give a .pt file from train.out_dir (checkpoint_last.pt, checkpoint_best.pt or checkpoint_<update>.pt)"
     )
 
     plain = tmp_path / "weights.pt"
@@ -330,8 +329,7 @@ def test_average_refuses_different_architectures(tmp_path):
     with pytest.raises(CheckpointError) as err:
         average_checkpoints([base, wider])
     assert str(err.value) == (
-        f"cannot average {base} and {wider}: model.d_model differs (8 vs 16); "
-        "average checkpoints of one run (or of identically configured runs)"
+        f"cannot average {base} and {wider}: model.d_model differs (8 vs 16); average checkpoints of one run (or of identically configured runs)"
     )
 
     bigger_vocab = save_checkpoint(training_state(3, vocab=12), tmp_path / "c.pt")  # same config, other shapes

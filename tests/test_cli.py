@@ -30,8 +30,23 @@ def test_version_and_help(capsys):
 
 def test_tokenize_train_encode_decode(tmp_path, corpus_slice, capsys):
     prefix = tmp_path / "spm"
-    code, _, err = run(["tokenize", "train", "-i", str(corpus_slice["train.en"]), "-i", str(corpus_slice["train.de"]),
-                        "-o", str(prefix), "--vocab-size", "800", "--model-type", "bpe"], capsys)
+    code, _, err = run(
+        [
+            "tokenize",
+            "train",
+            "-i",
+            str(corpus_slice["train.en"]),
+            "-i",
+            str(corpus_slice["train.de"]),
+            "-o",
+            str(prefix),
+            "--vocab-size",
+            "800",
+            "--model-type",
+            "bpe",
+        ],
+        capsys,
+    )
     assert code == 0 and "spm.model" in err and (tmp_path / "spm.model").is_file()
     enc = tmp_path / "val.ids"
     code, _, _ = run(["tokenize", "encode", "-m", str(prefix) + ".model", str(corpus_slice["val.en"]), "-o", str(enc), "--ids"], capsys)

@@ -80,7 +80,6 @@ def test_bad_choice(tmp_path):
         load_config(write(tmp_path, "model:\n  norm: middle\n"))
 
 
-
 def test_keep_every_must_fall_on_numbered_checkpoints(tmp_path):
     # numbered checkpoints come every save_every updates (every validate_every when save_every is 0); a keep_every
     # between them would keep only the common multiples, so it is refused
@@ -108,6 +107,7 @@ def test_linear_schedule_needs_max_updates_above_warmup(tmp_path):
     with pytest.raises(ConfigError, match=r"train\.max_updates: lr_schedule linear decays to 0 at max_updates.*max_updates=0, warmup_updates=4000"):
         load_config(write(tmp_path, "train:\n  lr_schedule: linear\n"))
     assert load_config(write(tmp_path, "train:\n  lr_schedule: linear\n  max_updates: 5000\n")).train.max_updates == 5000
+
 
 def test_subword_sampling_settings_are_checked(tmp_path):
     with pytest.raises(ConfigError, match=r"x\.yaml: data\.subword_alpha: 1\.5 is outside \[0, 1\]; use 0 \(off\)"):

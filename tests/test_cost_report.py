@@ -21,9 +21,21 @@ def records(run_dir) -> list[dict]:
 def test_summary_reports_flops_of_the_batches_trained_on(pairs64, spm_model, tmp_path):
     from tests.conftest import run_config
 
-    cfg = run_config(pairs64, spm_model, tmp_path / "run", "train.max_updates=6", "train.max_tokens=200", "train.log_every=2",
-                     "train.validate_every=100", "train.peak_tflops=0.05", "model.encoder_layers=1", "model.decoder_layers=1",
-                     "model.d_model=16", "model.heads=2", "model.d_ff=32")
+    cfg = run_config(
+        pairs64,
+        spm_model,
+        tmp_path / "run",
+        "train.max_updates=6",
+        "train.max_tokens=200",
+        "train.log_every=2",
+        "train.validate_every=100",
+        "train.peak_tflops=0.05",
+        "model.encoder_layers=1",
+        "model.decoder_layers=1",
+        "model.d_model=16",
+        "model.heads=2",
+        "model.d_ff=32",
+    )
     trainer = Trainer(cfg, resume=False)
     trainer.run()
     # Independently: replay the schedule, build every batch, count 3 x forward at its padded shape.
@@ -53,9 +65,23 @@ def test_tensorboard_gets_the_same_scalars(pairs64, spm_model, tmp_path):
 
     from tests.conftest import run_config
 
-    cfg = run_config(pairs64, spm_model, tmp_path / "run", "train.max_updates=4", "train.max_tokens=200", "train.log_every=2",
-                     "train.validate_every=4", "train.valid_bleu_sentences=-1", "train.tensorboard=true", "train.peak_tflops=0.05",
-                     "model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=16", "model.heads=2", "model.d_ff=32")
+    cfg = run_config(
+        pairs64,
+        spm_model,
+        tmp_path / "run",
+        "train.max_updates=4",
+        "train.max_tokens=200",
+        "train.log_every=2",
+        "train.validate_every=4",
+        "train.valid_bleu_sentences=-1",
+        "train.tensorboard=true",
+        "train.peak_tflops=0.05",
+        "model.encoder_layers=1",
+        "model.decoder_layers=1",
+        "model.d_model=16",
+        "model.heads=2",
+        "model.d_ff=32",
+    )
     Trainer(cfg, resume=False).run()
     events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
     events.Reload()

@@ -24,9 +24,21 @@ from transformer_mt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.training.trainer import Trainer, _target_tokens, resumed_config, train, update_schedule
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=64", "model.heads=4", "model.d_ff=128", "train.max_tokens=400",
-        "train.lr_schedule=inverse_sqrt", "train.lr=0.003", "train.warmup_updates=5", "train.log_every=5", "train.threads=1",
-        "data.valid_src=", "data.valid_tgt="]
+TINY = [
+    "model.encoder_layers=1",
+    "model.decoder_layers=1",
+    "model.d_model=64",
+    "model.heads=4",
+    "model.d_ff=128",
+    "train.max_tokens=400",
+    "train.lr_schedule=inverse_sqrt",
+    "train.lr=0.003",
+    "train.warmup_updates=5",
+    "train.log_every=5",
+    "train.threads=1",
+    "data.valid_src=",
+    "data.valid_tgt=",
+]
 
 
 def gpu_config(files, spm_model, out, *extra: str):
@@ -52,8 +64,10 @@ def test_benchmark_cuda_plan(tmp_path):
     kinds = [p["kind"] for p in plan]
     assert kinds[0] == kinds[-1] == "matmul" and plan[0]["device"] == "cuda" and plan[0]["n"] == 8192
     trains = {p["name"]: p for p in plan if p["kind"] == "train"}
-    assert set(trains) == {f"train-{m}-{d}" for m in ("base", "big", "recipe") for d in ("bfloat16", "float32")} | \
-        {"train-base-bfloat16-compiled", "train-big-bfloat16-compiled"}
+    assert set(trains) == {f"train-{m}-{d}" for m in ("base", "big", "recipe") for d in ("bfloat16", "float32")} | {
+        "train-base-bfloat16-compiled",
+        "train-big-bfloat16-compiled",
+    }
     recipe = load_config(REPO / "configs" / "multi30k_en_de.yaml", check_files=False)
     for name, spec in trains.items():
         t, m = spec["config"]["train"], spec["config"]["model"]
@@ -144,8 +158,10 @@ def test_cached_decoding_equals_the_full_forward_in_bfloat16(weights):
 @pytest.mark.cuda
 def test_bfloat16_training_loss_falls(pairs64, spm_model, tmp_path):
     losses = []
-    train(gpu_config(pairs64, spm_model, tmp_path / "run", "train.dtype=bfloat16", "train.max_updates=40"),
-          on_update=lambda _u, s: losses.append(s["loss"] / s["ntokens"]))
+    train(
+        gpu_config(pairs64, spm_model, tmp_path / "run", "train.dtype=bfloat16", "train.max_updates=40"),
+        on_update=lambda _u, s: losses.append(s["loss"] / s["ntokens"]),
+    )
     assert all(math.isfinite(x) for x in losses)
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
 
@@ -206,7 +222,7 @@ def test_batched_decoding_equals_one_sentence_at_a_time_on_cuda(beam):
 
     together = run(src)
     for i, n in enumerate(lengths):
-        alone = run(src[i:i + 1, : n + 1])[0]
+        alone = run(src[i : i + 1, : n + 1])[0]
         assert [h.tokens for h in together[i]] == [h.tokens for h in alone]
         assert [h.score for h in together[i]] == pytest.approx([h.score for h in alone], abs=1e-3)
 

@@ -297,7 +297,7 @@ def test_get_batch_rows_match_the_pairs(tmp_path, corpus_slice, tok):
         assert b.src[row].tolist() == s + [EOS_ID] + [PAD_ID] * (b.src.size(1) - len(s) - 1)
         assert b.tgt_in[row].tolist() == [BOS_ID] + t + [PAD_ID] * (b.tgt_in.size(1) - len(t) - 1)
         assert b.tgt_out[row].tolist() == t + [EOS_ID] + [PAD_ID] * (b.tgt_out.size(1) - len(t) - 1)
-        assert torch.equal(b.tgt_in[row, 1:len(t) + 1], b.tgt_out[row, :len(t)])  # labels = input shifted left
+        assert torch.equal(b.tgt_in[row, 1 : len(t) + 1], b.tgt_out[row, : len(t)])  # labels = input shifted left
 
 
 # --------------------------------------------------------------------------- subword regularisation
@@ -344,9 +344,9 @@ def test_sampled_batches_cover_each_pair_once_within_budget(tmp_path, corpus_sli
         assert b.src.numel() <= 600 and b.tgt_in.numel() <= 600
         for row, i in enumerate(idx[:3]):
             src, tgt = (x.tolist() for x in s.pair(int(i)))
-            assert b.src[row, :len(src) + 1].tolist() == src + [EOS_ID]
-            assert b.tgt_in[row, :len(tgt) + 1].tolist() == [BOS_ID] + tgt
-            assert b.tgt_out[row, :len(tgt) + 1].tolist() == tgt + [EOS_ID]
+            assert b.src[row, : len(src) + 1].tolist() == src + [EOS_ID]
+            assert b.tgt_in[row, : len(tgt) + 1].tolist() == [BOS_ID] + tgt
+            assert b.tgt_out[row, : len(tgt) + 1].tolist() == tgt + [EOS_ID]
 
 
 def test_sampled_pairs_over_max_len_keep_their_best_segmentation(tmp_path, corpus_slice, tok):

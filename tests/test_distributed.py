@@ -33,10 +33,24 @@ from transformer_mt.data.prepare import load_corpora
 from transformer_mt.text.tokenizer import Tokenizer
 from transformer_mt.training.trainer import Trainer, resumed_config, train, update_schedule
 
-TINY = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.heads=2", "model.d_ff=64",
-        "model.dropout=0.0", "train.lr_schedule=inverse_sqrt", "train.lr=0.003", "train.warmup_updates=4",
-        "train.optimizer_eps=1e-5", "train.max_tokens=300", "train.validate_every=3", "train.valid_bleu_sentences=2", "train.log_every=1", "train.threads=1",
-        "train.device=cpu"]  # Gloo on CPU: on a GPU host, auto would put rank 1 on cuda:1, which a one-GPU machine lacks
+TINY = [
+    "model.encoder_layers=1",
+    "model.decoder_layers=1",
+    "model.d_model=32",
+    "model.heads=2",
+    "model.d_ff=64",
+    "model.dropout=0.0",
+    "train.lr_schedule=inverse_sqrt",
+    "train.lr=0.003",
+    "train.warmup_updates=4",
+    "train.optimizer_eps=1e-5",
+    "train.max_tokens=300",
+    "train.validate_every=3",
+    "train.valid_bleu_sentences=2",
+    "train.log_every=1",
+    "train.threads=1",
+    "train.device=cpu",
+]  # Gloo on CPU: on a GPU host, auto would put rank 1 on cuda:1, which a one-GPU machine lacks
 pytestmark = pytest.mark.slow  # spawns two training processes
 DDP_FREQ = 2  # x 2 ranks = 4 batches per update, the reference's update_freq
 ATOL = 1e-5
@@ -46,8 +60,15 @@ ATOL = 1e-5
 def setup(pairs64, spm_model, tmp_path_factory) -> dict:
     """The 64 short real pairs and 16 validation pairs, and the overrides every run shares (one corpus cache)."""
     root = tmp_path_factory.mktemp("ddp")
-    common = [f"data.train_src={pairs64['train.en']}", f"data.train_tgt={pairs64['train.de']}", f"data.valid_src={pairs64['val.en']}",
-              f"data.valid_tgt={pairs64['val.de']}", f"data.cache_dir={root / 'cache'}", f"tokenizer.model={spm_model}", *TINY]
+    common = [
+        f"data.train_src={pairs64['train.en']}",
+        f"data.train_tgt={pairs64['train.de']}",
+        f"data.valid_src={pairs64['val.en']}",
+        f"data.valid_tgt={pairs64['val.de']}",
+        f"data.cache_dir={root / 'cache'}",
+        f"tokenizer.model={spm_model}",
+        *TINY,
+    ]
     return {"common": common, "spm_model": spm_model}
 
 
@@ -123,10 +144,11 @@ def test_two_gloo_ranks_match_one_process_and_resume_across_world_sizes(setup, t
     per_rank = [[*common, f"train.out_dir={out}", f"train.update_freq={DDP_FREQ}", "train.max_updates=6"] for out in (ddp, elsewhere)]
     # Then a long run in which SIGTERM reaches rank 1 only, after update 3.
     stopped = tmp_path / "stopped"
-    jobs = [{"overrides": per_rank, "resume": None, "params": str(tmp_path / "p1")},
-            {"overrides": ["train.max_updates=8", f"train.update_freq={DDP_FREQ}"], "resume": str(from_single), "params": str(tmp_path / "p2")},
-            {"overrides": [*common, f"train.out_dir={stopped}", "train.max_updates=1000"], "resume": None, "params": str(tmp_path / "p3"),
-             "sigterm_rank1_at": 3}]
+    jobs = [
+        {"overrides": per_rank, "resume": None, "params": str(tmp_path / "p1")},
+        {"overrides": ["train.max_updates=8", f"train.update_freq={DDP_FREQ}"], "resume": str(from_single), "params": str(tmp_path / "p2")},
+        {"overrides": [*common, f"train.out_dir={stopped}", "train.max_updates=1000"], "resume": None, "params": str(tmp_path / "p3"), "sigterm_rank1_at": 3},
+    ]
     for job in jobs:
         Path(job["params"]).mkdir()
     mp.spawn(_rank_main, args=(2, [_free_port() for _ in jobs], jobs, str(tmp_path)), nprocs=2, join=True)
@@ -147,8 +169,16 @@ def test_two_gloo_ranks_match_one_process_and_resume_across_world_sizes(setup, t
     log = (ddp / "train.log").read_text()
     assert log.count("training data:") == 1 and log.count("validation at update 3") == 1 and "2 processes (gloo)" in log
     assert (tmp_path / "rank1.out").read_text() == ""
-    assert {p.name for p in ddp.iterdir()} == {"train.log", "metrics.jsonl", "config.yaml", "checkpoint_last.pt",
-                                               "checkpoint_best.pt", "checkpoint_3.pt", "checkpoint_6.pt", ".lock"}  # rank 0's run lock
+    assert {p.name for p in ddp.iterdir()} == {
+        "train.log",
+        "metrics.jsonl",
+        "config.yaml",
+        "checkpoint_last.pt",
+        "checkpoint_best.pt",
+        "checkpoint_3.pt",
+        "checkpoint_6.pt",
+        ".lock",
+    }  # rank 0's run lock
 
     # a signal on one rank stops both after the same update, and rank 0 saves it
     for rank in (0, 1):

@@ -20,9 +20,21 @@ from transformer_mt.training.trainer import resumed_config, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TINY = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.heads=4", "model.d_ff=64", "train.threads=1",
-        "train.max_tokens=300", "train.lr_schedule=inverse_sqrt", "train.lr=0.003", "train.warmup_updates=5", "train.best_metric=loss",
-        "train.valid_bleu_sentences=-1", "train.log_every=5"]
+TINY = [
+    "model.encoder_layers=1",
+    "model.decoder_layers=1",
+    "model.d_model=32",
+    "model.heads=4",
+    "model.d_ff=64",
+    "train.threads=1",
+    "train.max_tokens=300",
+    "train.lr_schedule=inverse_sqrt",
+    "train.lr=0.003",
+    "train.warmup_updates=5",
+    "train.best_metric=loss",
+    "train.valid_bleu_sentences=-1",
+    "train.log_every=5",
+]
 
 
 class Tied(nn.Module):
@@ -166,8 +178,10 @@ def test_translate_weights_raw_and_ema_decode_the_respective_models(ema_run, pai
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     outs = {}
     for choice in ("raw", "ema", None):
-        code, out, err = run_cli(["translate", "-c", ckpt, src, "--beam", "2", "--lenpen", "0.6", "--nbest", "2", "--device", "cpu",
-                                  *(["--weights", choice] if choice else [])], capsys)
+        code, out, err = run_cli(
+            ["translate", "-c", ckpt, src, "--beam", "2", "--lenpen", "0.6", "--nbest", "2", "--device", "cpu", *(["--weights", choice] if choice else [])],
+            capsys,
+        )
         assert code == 0, err
         outs[choice] = parse(out)
     for choice, weights in (("raw", state["model"]), ("ema", ema_weights(state))):
@@ -194,8 +208,11 @@ def test_average_takes_ema_weights_when_every_input_has_them(ema_run, tmp_path, 
     states = [load_checkpoint(p) for p in paths]
     plain = tmp_path / "plain_10.pt"  # checkpoint_10 without its EMA weights
     save_checkpoint({k: v for k, v in states[0].items() if k != "ema"}, plain)
-    cases = [(paths, [], [ema_weights(s) for s in states], "ema"), (paths, ["--weights", "raw"], [s["model"] for s in states], "raw"),
-             ([plain, paths[1]], [], [s["model"] for s in states], "raw")]
+    cases = [
+        (paths, [], [ema_weights(s) for s in states], "ema"),
+        (paths, ["--weights", "raw"], [s["model"] for s in states], "raw"),
+        ([plain, paths[1]], [], [s["model"] for s in states], "raw"),
+    ]
     for k, (inputs, option, weights, kind) in enumerate(cases):
         out = tmp_path / f"avg{k}.pt"
         code, _, err = run_cli(["average", *inputs, "-o", out, *option], capsys)

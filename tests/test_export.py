@@ -34,8 +34,7 @@ def _ct2_decode(ct, pieces: list[list[str]], *, beam: int, max_len_a: float, max
     out = []
     for p in pieces:
         max_len = math.floor(max_len_a * (len(p) + 1) + max_len_b)
-        res = ct.translate_batch([p], beam_size=beam, length_penalty=0.0, max_decoding_length=min(max_len, limit or max_len),
-                                 return_scores=True)[0]
+        res = ct.translate_batch([p], beam_size=beam, length_penalty=0.0, max_decoding_length=min(max_len, limit or max_len), return_scores=True)[0]
         out.append((res.hypotheses[0], res.scores[0]))
     return out
 
@@ -75,8 +74,10 @@ def _random_checkpoint(path, src_tok, tgt_tok, *overrides) -> None:
 @pytest.fixture(scope="module")
 def separate_tokenizers(corpus_slice, tmp_path_factory):
     root = tmp_path_factory.mktemp("spm_sep")
-    return (Tokenizer(train_sentencepiece([corpus_slice["train.en"]], root / "en", vocab_size=500)),
-            Tokenizer(train_sentencepiece([corpus_slice["train.de"]], root / "de", vocab_size=600)))
+    return (
+        Tokenizer(train_sentencepiece([corpus_slice["train.en"]], root / "en", vocab_size=500)),
+        Tokenizer(train_sentencepiece([corpus_slice["train.de"]], root / "de", vocab_size=600)),
+    )
 
 
 @pytest.mark.parametrize("norm", ["pre", "post"])
@@ -87,9 +88,24 @@ def test_learned_positions_separate_vocabularies_teacher_forced(norm, separate_t
     distributions make search outputs differ on float ties, the log-probs do not)."""
     src_tok, tgt_tok = separate_tokenizers
     ckpt = tmp_path / "rand.pt"
-    _random_checkpoint(ckpt, src_tok, tgt_tok, "model.encoder_layers=2", "model.decoder_layers=1", "model.d_model=24", "model.heads=2",
-                       "model.head_dim=8", "model.value_dim=8", "model.d_ff=40", "model.activation=gelu", "model.positions=learned",
-                       "model.max_positions=40", "model.share_all_embeddings=false", "model.share_decoder_embeddings=false", f"model.norm={norm}")
+    _random_checkpoint(
+        ckpt,
+        src_tok,
+        tgt_tok,
+        "model.encoder_layers=2",
+        "model.decoder_layers=1",
+        "model.d_model=24",
+        "model.heads=2",
+        "model.head_dim=8",
+        "model.value_dim=8",
+        "model.d_ff=40",
+        "model.activation=gelu",
+        "model.positions=learned",
+        "model.max_positions=40",
+        "model.share_all_embeddings=false",
+        "model.share_decoder_embeddings=false",
+        f"model.norm={norm}",
+    )
     out = export(ckpt, tmp_path / "ct2")
     assert {"source.model", "target.model", "source_vocabulary.json", "target_vocabulary.json"} <= {p.name for p in out.iterdir()}
     assert json.loads((out / "target_vocabulary.json").read_text(encoding="utf-8")) == [tgt_tok.sp.id_to_piece(i) for i in range(600)]
@@ -181,8 +197,16 @@ def test_benchmark_ctranslate2_phase(tiny_checkpoint, multi30k, tmp_path):
     bench = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = bench  # its dataclasses look their module up while being defined
     spec.loader.exec_module(bench)
-    res = bench.phase_ctranslate2({"checkpoint": str(tiny_checkpoint), "input": str(multi30k / "test_2016_flickr.en"), "sentences": 30,
-                                   "beam": 5, "threads": 1, "result": str(tmp_path / "ct2.result.json")})
+    res = bench.phase_ctranslate2(
+        {
+            "checkpoint": str(tiny_checkpoint),
+            "input": str(multi30k / "test_2016_flickr.en"),
+            "sentences": 30,
+            "beam": 5,
+            "threads": 1,
+            "result": str(tmp_path / "ct2.result.json"),
+        }
+    )
     assert set(res["engines"]) == {"tmt", "float32", "int8"} and res["sentences"] == 30
     for e in res["engines"].values():
         assert e["tokens_per_s"] == pytest.approx(e["target_tokens"] / e["seconds"]) and e["target_tokens"] >= 30

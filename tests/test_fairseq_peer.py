@@ -44,18 +44,66 @@ def parse_flags(argv: list[str]) -> argparse.Namespace:
     """fairseq's flags that matter here, parsed independently of the code that wrote them."""
     p = argparse.ArgumentParser()
     p.add_argument("data")
-    for flag in ("--encoder-layers", "--decoder-layers", "--encoder-embed-dim", "--decoder-embed-dim", "--encoder-ffn-embed-dim",
-                 "--decoder-ffn-embed-dim", "--encoder-attention-heads", "--decoder-attention-heads", "--max-tokens", "--warmup-updates",
-                 "--max-update", "--log-interval", "--num-workers", "--required-batch-size-multiple", "--update-freq", "--seed"):
+    for flag in (
+        "--encoder-layers",
+        "--decoder-layers",
+        "--encoder-embed-dim",
+        "--decoder-embed-dim",
+        "--encoder-ffn-embed-dim",
+        "--decoder-ffn-embed-dim",
+        "--encoder-attention-heads",
+        "--decoder-attention-heads",
+        "--max-tokens",
+        "--warmup-updates",
+        "--max-update",
+        "--log-interval",
+        "--num-workers",
+        "--required-batch-size-multiple",
+        "--update-freq",
+        "--seed",
+    ):
         p.add_argument(flag, type=int)
-    for flag in ("--dropout", "--attention-dropout", "--activation-dropout", "--lr", "--label-smoothing", "--adam-eps", "--weight-decay",
-                 "--clip-norm", "--warmup-init-lr"):
+    for flag in (
+        "--dropout",
+        "--attention-dropout",
+        "--activation-dropout",
+        "--lr",
+        "--label-smoothing",
+        "--adam-eps",
+        "--weight-decay",
+        "--clip-norm",
+        "--warmup-init-lr",
+    ):
         p.add_argument(flag, type=float)
-    for flag in ("--task", "--source-lang", "--target-lang", "--arch", "--activation-fn", "--optimizer", "--adam-betas", "--lr-scheduler",
-                 "--criterion", "--log-format", "--save-dir", "--max-source-positions", "--max-target-positions"):
+    for flag in (
+        "--task",
+        "--source-lang",
+        "--target-lang",
+        "--arch",
+        "--activation-fn",
+        "--optimizer",
+        "--adam-betas",
+        "--lr-scheduler",
+        "--criterion",
+        "--log-format",
+        "--save-dir",
+        "--max-source-positions",
+        "--max-target-positions",
+    ):
         p.add_argument(flag)
-    for flag in ("--share-all-embeddings", "--cpu", "--disable-validation", "--no-save", "--no-progress-bar", "--encoder-normalize-before",
-                 "--decoder-normalize-before", "--encoder-learned-pos", "--decoder-learned-pos", "--fp16", "--bf16"):
+    for flag in (
+        "--share-all-embeddings",
+        "--cpu",
+        "--disable-validation",
+        "--no-save",
+        "--no-progress-bar",
+        "--encoder-normalize-before",
+        "--decoder-normalize-before",
+        "--encoder-learned-pos",
+        "--decoder-learned-pos",
+        "--fp16",
+        "--bf16",
+    ):
         p.add_argument(flag, action="store_true")
     return p.parse_args(argv)
 
@@ -92,20 +140,33 @@ def test_command_follows_the_config_and_refuses_what_fairseq_lacks():
 
 
 def log_line(update: int, wpb: float, wps: float, *, tag: str = "train_inner") -> str:
-    rec = {"epoch": 1, "update": round(update / 150, 3), "loss": "9.1", "wps": f"{wps:g}", "ups": "1.2", "wpb": f"{wpb:g}", "bsz": "200",
-           "num_updates": str(update), "lr": "1e-06", "train_wall": "3", "wall": "5"}
+    rec = {
+        "epoch": 1,
+        "update": round(update / 150, 3),
+        "loss": "9.1",
+        "wps": f"{wps:g}",
+        "ups": "1.2",
+        "wpb": f"{wpb:g}",
+        "bsz": "200",
+        "num_updates": str(update),
+        "lr": "1e-06",
+        "train_wall": "3",
+        "wall": "5",
+    }
     return f"2026-11-23 16:28:0{update % 10} | INFO | {tag} | {json.dumps(rec)}"
 
 
 def test_train_log_tokens_per_second():
-    lines = [(0.0, "2026-11-23 16:27:57 | INFO | fairseq.tasks.translation | [en] dictionary: 8000 types"),
-             (0.0, "2026-11-23 16:27:57 | INFO | fairseq.tasks.translation | [de] dictionary: 8000 types"),
-             (1.0, log_line(1, 2000, 0)),  # the first line's meter has no interval yet
-             (10.0, log_line(2, 3000, 1000)),
-             (12.5, log_line(3, 3000, 1500)),  # 2 s
-             (13.0, log_line(4, 2000, 4000)),  # 0.5 s
-             (13.1, log_line(4, 9999, 9999, tag="train")),  # the epoch summary: not an update
-             (14.0, log_line(5, 1000, 1000))]
+    lines = [
+        (0.0, "2026-11-23 16:27:57 | INFO | fairseq.tasks.translation | [en] dictionary: 8000 types"),
+        (0.0, "2026-11-23 16:27:57 | INFO | fairseq.tasks.translation | [de] dictionary: 8000 types"),
+        (1.0, log_line(1, 2000, 0)),  # the first line's meter has no interval yet
+        (10.0, log_line(2, 3000, 1000)),
+        (12.5, log_line(3, 3000, 1500)),  # 2 s
+        (13.0, log_line(4, 2000, 4000)),  # 0.5 s
+        (13.1, log_line(4, 9999, 9999, tag="train")),  # the epoch summary: not an update
+        (14.0, log_line(5, 1000, 1000)),
+    ]
     out = peer.parse_train_log(lines, first=2, last=4)
     # updates 3 and 4: 5000 tokens in 2 + 0.5 s by fairseq's meters; 3 s between the lines of updates 2 and 4
     assert out["target_tokens"] == 5000 and out["seconds"] == pytest.approx(2.5) and out["tokens_per_s"] == pytest.approx(2000)
@@ -118,9 +179,11 @@ def test_train_log_tokens_per_second():
 
 
 def test_preprocess_log_counts():
-    text = ("2026-11-23 16:20:01 | INFO | fairseq_cli.preprocess | [en] Dictionary: 8000 types\n"
-            "2026-11-23 16:20:03 | INFO | fairseq_cli.preprocess | [en] /b/fairseq/train.en: 29000 sents, 415123 tokens, 0.0% replaced (by <unk>)\n"
-            "2026-11-23 16:20:05 | INFO | fairseq_cli.preprocess | [de] /b/fairseq/train.de: 29000 sents, 431000 tokens, 0.012% replaced (by <unk>)\n")
+    text = (
+        "2026-11-23 16:20:01 | INFO | fairseq_cli.preprocess | [en] Dictionary: 8000 types\n"
+        "2026-11-23 16:20:03 | INFO | fairseq_cli.preprocess | [en] /b/fairseq/train.en: 29000 sents, 415123 tokens, 0.0% replaced (by <unk>)\n"
+        "2026-11-23 16:20:05 | INFO | fairseq_cli.preprocess | [de] /b/fairseq/train.de: 29000 sents, 431000 tokens, 0.012% replaced (by <unk>)\n"
+    )
     assert peer.parse_preprocess_log(text) == {"en": (29000, 415123, 0.0), "de": (29000, 431000, 0.012)}
 
 
@@ -140,8 +203,23 @@ def test_dictionary_keeps_sentencepiece_ids(spm_model, tmp_path):
 def test_missing_env_is_one_line(tmp_path):
     with pytest.raises(peer.PeerError, match="scripts/fairseq_env.sh"):
         peer.require_env(tmp_path / "nowhere")
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "benchmark.py"), "--peer", "fairseq", "--only", "peer", "--fairseq-env",
-                           str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "benchmark.py"),
+            "--peer",
+            "fairseq",
+            "--only",
+            "peer",
+            "--fairseq-env",
+            str(tmp_path / "nowhere"),
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and "scripts/fairseq_env.sh" in proc.stderr and not (tmp_path / "out").exists()
 
@@ -149,18 +227,34 @@ def test_missing_env_is_one_line(tmp_path):
 @pytest.mark.slow
 def test_fairseqs_own_parser_reads_the_command():
     env = side_env()
-    code = ("import json, sys\nfrom fairseq import options\n"
-            "a = options.parse_args_and_arch(options.get_training_parser(), input_args=sys.argv[1:])\n"
-            "print(json.dumps({k: getattr(a, k) for k in ('encoder_layers', 'decoder_ffn_embed_dim', 'encoder_attention_heads', "
-            "'encoder_normalize_before', 'attention_dropout', 'activation_dropout', 'share_all_embeddings', 'max_tokens', 'adam_betas', "
-            "'warmup_updates', 'label_smoothing', 'cpu', 'fp16', 'no_save', 'disable_validation', 'required_batch_size_multiple')}))")
+    code = (
+        "import json, sys\nfrom fairseq import options\n"
+        "a = options.parse_args_and_arch(options.get_training_parser(), input_args=sys.argv[1:])\n"
+        "print(json.dumps({k: getattr(a, k) for k in ('encoder_layers', 'decoder_ffn_embed_dim', 'encoder_attention_heads', "
+        "'encoder_normalize_before', 'attention_dropout', 'activation_dropout', 'share_all_embeddings', 'max_tokens', 'adam_betas', "
+        "'warmup_updates', 'label_smoothing', 'cpu', 'fp16', 'no_save', 'disable_validation', 'required_batch_size_multiple')}))"
+    )
     proc = subprocess.run([str(env / "bin" / "python"), "-c", code, *command()[1:]], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert got == {"encoder_layers": 3, "decoder_ffn_embed_dim": 1024, "encoder_attention_heads": 4, "encoder_normalize_before": False,
-                   "attention_dropout": 0.0, "activation_dropout": 0.1, "share_all_embeddings": True, "max_tokens": 4096,
-                   "adam_betas": "(0.9, 0.98)", "warmup_updates": 1000, "label_smoothing": 0.1, "cpu": True, "fp16": False,
-                   "no_save": True, "disable_validation": True, "required_batch_size_multiple": 1}
+    assert got == {
+        "encoder_layers": 3,
+        "decoder_ffn_embed_dim": 1024,
+        "encoder_attention_heads": 4,
+        "encoder_normalize_before": False,
+        "attention_dropout": 0.0,
+        "activation_dropout": 0.1,
+        "share_all_embeddings": True,
+        "max_tokens": 4096,
+        "adam_betas": "(0.9, 0.98)",
+        "warmup_updates": 1000,
+        "label_smoothing": 0.1,
+        "cpu": True,
+        "fp16": False,
+        "no_save": True,
+        "disable_validation": True,
+        "required_batch_size_multiple": 1,
+    }
 
 
 @pytest.mark.slow
@@ -173,13 +267,19 @@ def test_binarized_pieces_are_tmts_ids(corpus_slice, spm_model, tmp_path):
     prepared = peer.prepare(cfg, env=env, out=tmp_path / "fairseq")
     data = load_corpora(cfg, Tokenizer(spm_model), Tokenizer(spm_model), quiet=True)[0]
     assert prepared["pairs"] == len(data) and prepared["dictionary_size"] == Tokenizer(spm_model).vocab_size
-    code = ("import json, sys\nfrom fairseq.data import Dictionary, data_utils\nd = Dictionary.load(sys.argv[1])\n"
-            "ds = data_utils.load_indexed_dataset(sys.argv[2], d)\n"
-            "print(json.dumps({'size': len(d), 'n': len(ds), 'first': [ds[i].tolist() for i in range(5)], 'eos': d.eos()}))")
+    code = (
+        "import json, sys\nfrom fairseq.data import Dictionary, data_utils\nd = Dictionary.load(sys.argv[1])\n"
+        "ds = data_utils.load_indexed_dataset(sys.argv[2], d)\n"
+        "print(json.dumps({'size': len(d), 'n': len(ds), 'first': [ds[i].tolist() for i in range(5)], 'eos': d.eos()}))"
+    )
     out = {}
     for side, lang in ((0, "en"), (1, "de")):
-        proc = subprocess.run([str(env / "bin" / "python"), "-c", code, str(tmp_path / "fairseq" / "dict.txt"),
-                               str(Path(prepared["data_bin"]) / f"train.en-de.{lang}")], capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [str(env / "bin" / "python"), "-c", code, str(tmp_path / "fairseq" / "dict.txt"), str(Path(prepared["data_bin"]) / f"train.en-de.{lang}")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr[-2000:]
         out = json.loads(proc.stdout.strip().splitlines()[-1])
         assert out["size"] == Tokenizer(spm_model).vocab_size and out["n"] == len(data)

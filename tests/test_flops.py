@@ -17,8 +17,19 @@ VOCAB = 50
 CONFIGS = {
     "plain": ModelConfig(encoder_layers=2, decoder_layers=3, d_model=16, heads=4, d_ff=24, dropout=0.0),
     # d_k != d_v != d_model / h (Table 3 row B), post-norm, separate embeddings
-    "row_b": ModelConfig(encoder_layers=1, decoder_layers=2, d_model=12, heads=2, head_dim=5, value_dim=7, d_ff=20,
-                         dropout=0.0, norm="pre", share_all_embeddings=False, share_decoder_embeddings=False),
+    "row_b": ModelConfig(
+        encoder_layers=1,
+        decoder_layers=2,
+        d_model=12,
+        heads=2,
+        head_dim=5,
+        value_dim=7,
+        d_ff=20,
+        dropout=0.0,
+        norm="pre",
+        share_all_embeddings=False,
+        share_decoder_embeddings=False,
+    ),
 }
 
 

@@ -58,18 +58,36 @@ def test_too_few_multiples_is_one_line_naming_what_was_found(tmp_path, capsys):
     fake_run(tmp_path, [500, 1000, 1500, 2000, 2500])
     code, out, err = run_cli(["average", "--run", tmp_path, "--every", 1000, "--last", 3, "-o", tmp_path / "x.pt"], capsys)
     assert code == 2 and out == ""
-    assert err == (f"tmt: error: {tmp_path}: asked for the last 3 checkpoints at multiples of 1000 updates but found 2 (updates: 1000, 2000); "
-                   "ask for fewer with --last, or train with train.keep_every=1000 (and numbered saves on those updates) so pruning keeps them\n")
+    assert err == (
+        f"tmt: error: {tmp_path}: asked for the last 3 checkpoints at multiples of 1000 updates but found 2 (updates: 1000, 2000); "
+        "ask for fewer with --last, or train with train.keep_every=1000 (and numbered saves on those updates) so pruning keeps them\n"
+    )
     assert not (tmp_path / "x.pt").exists()
-    code, _, err = run_cli(["average", tmp_path / "checkpoint_500.pt", tmp_path / "checkpoint_1000.pt", "--every", 1000, "-o", tmp_path / "x.pt"],
-                           capsys)
+    code, _, err = run_cli(["average", tmp_path / "checkpoint_500.pt", tmp_path / "checkpoint_1000.pt", "--every", 1000, "-o", tmp_path / "x.pt"], capsys)
     assert code == 2 and err.count("\n") == 1 and "--every 1000" in err and "--run" in err
 
 
 @pytest.mark.slow
 def test_training_keeps_every_kth_checkpoint(pairs64, spm_model, tmp_path):
     out = tmp_path / "run"
-    train(run_config(pairs64, spm_model, out, "train.threads=1", "model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32",
-                     "model.heads=2", "model.d_ff=64", "train.max_tokens=300", "train.valid_bleu_sentences=-1", "train.validate_every=100",
-                     "train.save_every=2", "train.keep_last=2", "train.keep_every=4", "train.max_updates=14"))
+    train(
+        run_config(
+            pairs64,
+            spm_model,
+            out,
+            "train.threads=1",
+            "model.encoder_layers=1",
+            "model.decoder_layers=1",
+            "model.d_model=32",
+            "model.heads=2",
+            "model.d_ff=64",
+            "train.max_tokens=300",
+            "train.valid_bleu_sentences=-1",
+            "train.validate_every=100",
+            "train.save_every=2",
+            "train.keep_last=2",
+            "train.keep_every=4",
+            "train.max_updates=14",
+        )
+    )
     assert numbered(out) == [4, 8, 12, 14]  # saved every 2 updates; the newest 2 (12, 14) and the multiples of 4

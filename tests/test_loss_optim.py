@@ -78,8 +78,8 @@ def test_epsilon_zero_is_cross_entropy_and_bf16_is_computed_in_float32(logits_an
     # another ignore_index, e.g. -100 as in torch
     other = target.masked_fill(target == PAD_ID, -100)
     assert label_smoothed_nll_loss(logits, other, epsilon=0.1, ignore_index=-100)[0].item() == pytest.approx(
-        label_smoothed_nll_loss(logits, target, epsilon=0.1)[0].item(), rel=1e-6)
-
+        label_smoothed_nll_loss(logits, target, epsilon=0.1)[0].item(), rel=1e-6
+    )
 
 
 @pytest.mark.parametrize("eps", [0.0, 0.1])
@@ -206,11 +206,11 @@ def test_padding_does_not_change_the_loss(spm_model, multi30k):
 
 def test_noam_is_the_paper_formula_and_peaks_at_warmup():
     for step in (1, 10, 3999, 4000, 4001, 100_000):
-        want = 512 ** -0.5 * min(step ** -0.5, step * 4000 ** -1.5)
+        want = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
         assert noam_lr(step, d_model=512, warmup=4000, scale=1.0) == pytest.approx(want, rel=1e-12)
     assert noam_lr(4000, d_model=512, warmup=4000) == pytest.approx(1 / math.sqrt(512 * 4000))  # 6.99e-4
-    assert noam_lr(1, d_model=512, warmup=4000) == pytest.approx(512 ** -0.5 * 4000 ** -1.5)
-    assert noam_lr(16_000, d_model=512, warmup=4000, scale=2.0) == pytest.approx(2.0 * 512 ** -0.5 / 126.49110640673517)
+    assert noam_lr(1, d_model=512, warmup=4000) == pytest.approx(512**-0.5 * 4000**-1.5)
+    assert noam_lr(16_000, d_model=512, warmup=4000, scale=2.0) == pytest.approx(2.0 * 512**-0.5 / 126.49110640673517)
     rates = [noam_lr(s, d_model=256, warmup=100) for s in range(1, 1001)]
     assert max(range(1000), key=rates.__getitem__) + 1 == 100
     assert all(a < b for a, b in zip(rates[:99], rates[1:100])) and all(a > b for a, b in zip(rates[99:], rates[100:]))
@@ -225,7 +225,6 @@ def test_inverse_sqrt_reaches_peak_exactly_at_warmup():
     assert inverse_sqrt_lr(16_000, peak=5e-4, warmup=4000) == pytest.approx(2.5e-4)
     rates = [inverse_sqrt_lr(s, peak=1e-3, warmup=50) for s in range(1, 500)]
     assert max(rates) == 1e-3 and rates.index(max(rates)) + 1 == 50
-
 
 
 def test_linear_warms_up_then_decays_to_zero_after_the_last_update():
@@ -244,6 +243,7 @@ def test_linear_warms_up_then_decays_to_zero_after_the_last_update():
         seen.append(opt.param_groups[0]["lr"])
         sched.step()
     assert seen == pytest.approx([linear_lr(s, peak=1e-3, warmup=2, total=6) for s in range(1, 7)])
+
 
 @pytest.mark.parametrize("schedule", ["noam", "inverse_sqrt"])
 def test_scheduler_sets_lr_per_update_and_state_round_trips(schedule):

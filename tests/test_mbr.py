@@ -29,8 +29,17 @@ def _pairs(lines: list[str]) -> list[tuple[str, str]]:
         shuffled = words[:]
         rng.shuffle(shuffled)
         pairs += [(line, " ".join(words[: len(words) // 2])), (" ".join(words[2:]), line), (" ".join(shuffled), line)]
-    pairs += [("Ein Hund.", "Ein Hund."), ("Hund", "Hund"), ("Hund rennt", "Hund"), ("Hund", "Ein Hund rennt."),
-              ("", "Ein Hund."), ("Ein Hund.", ""), ("", ""), ("Katze", "Hund"), ("a b c d e", "e d c b a")]
+    pairs += [
+        ("Ein Hund.", "Ein Hund."),
+        ("Hund", "Hund"),
+        ("Hund rennt", "Hund"),
+        ("Hund", "Ein Hund rennt."),
+        ("", "Ein Hund."),
+        ("Ein Hund.", ""),
+        ("", ""),
+        ("Katze", "Hund"),
+        ("a b c d e", "e d c b a"),
+    ]
     return pairs
 
 
@@ -73,8 +82,14 @@ def test_choice_equals_brute_force_argmax_with_sacrebleu(german):
 
 
 def test_consensus_beats_the_outlier():
-    pool = pool_weights([[Candidate("Ein Mann fährt Fahrrad .", 0.0)], [Candidate("Ein Mann fährt ein Fahrrad .", 0.0)],
-                         [Candidate("Ein Mann fährt Fahrrad .", 0.0)], [Candidate("Zwei Hunde spielen im Schnee .", 0.0)]])
+    pool = pool_weights(
+        [
+            [Candidate("Ein Mann fährt Fahrrad .", 0.0)],
+            [Candidate("Ein Mann fährt ein Fahrrad .", 0.0)],
+            [Candidate("Ein Mann fährt Fahrrad .", 0.0)],
+            [Candidate("Zwei Hunde spielen im Schnee .", 0.0)],
+        ]
+    )
     assert pool == {"Ein Mann fährt Fahrrad .": 0.5, "Ein Mann fährt ein Fahrrad .": 0.25, "Zwei Hunde spielen im Schnee .": 0.25}
     assert mbr_choose(pool)[0] == "Ein Mann fährt Fahrrad ."
 
@@ -91,9 +106,9 @@ def test_pool_weights_uniform_and_score_softmax():
     za = math.exp(-1 / t) + math.exp(-2 / t)
     zb = math.exp(-0.5 / t) + math.exp(-3 / t) + math.exp(-0.7 / t)
     scored = pool_weights([a, b], weights="score", temperature=t)
-    assert scored == pytest.approx({"x": (math.exp(-1 / t) / za + math.exp(-0.7 / t) / zb) / 2,
-                                    "y": (math.exp(-2 / t) / za + math.exp(-0.5 / t) / zb) / 2,
-                                    "z": math.exp(-3 / t) / zb / 2})
+    assert scored == pytest.approx(
+        {"x": (math.exp(-1 / t) / za + math.exp(-0.7 / t) / zb) / 2, "y": (math.exp(-2 / t) / za + math.exp(-0.5 / t) / zb) / 2, "z": math.exp(-3 / t) / zb / 2}
+    )
     assert sum(scored.values()) == pytest.approx(1.0)
     with pytest.raises(MbrError, match="temperature"):
         pool_weights([a], weights="score", temperature=0)
@@ -105,19 +120,25 @@ def test_read_candidates_nbest_and_plain(tmp_path):
     nbest = tmp_path / "nbest.txt"
     nbest.write_text("0\t-0.5\tEin Hund.\n0\t-0.9\tEin Hund rennt.\n1\t0.0\t\n1\t0.0\t\n2\t-1.25\tZwei Katzen.\n2\t-2\tKatzen.\n", encoding="utf-8")
     got = read_candidates(nbest)
-    assert got == [[Candidate("Ein Hund.", -0.5), Candidate("Ein Hund rennt.", -0.9)], [Candidate("", 0.0)] * 2,
-                   [Candidate("Zwei Katzen.", -1.25), Candidate("Katzen.", -2.0)]]
+    assert got == [
+        [Candidate("Ein Hund.", -0.5), Candidate("Ein Hund rennt.", -0.9)],
+        [Candidate("", 0.0)] * 2,
+        [Candidate("Zwei Katzen.", -1.25), Candidate("Katzen.", -2.0)],
+    ]
     plain = tmp_path / "plain.txt"
     plain.write_text("Ein Hund.\n\n3\tZwei Katzen.\n", encoding="utf-8")  # one tab only: still plain text
     assert read_candidates(plain) == [[Candidate("Ein Hund.", 0.0)], [Candidate("", 0.0)], [Candidate("3\tZwei Katzen.", 0.0)]]
 
 
-@pytest.mark.parametrize("text, where, what", [
-    ("0\t-1\ta\n2\t-1\tb\n", ":2:", "input index 2 follows 0"),
-    ("0\t-1\ta\n1\t-1\tb\n0\t-1\tc\n", ":3:", "input index 0 follows 1"),
-    ("0\t-1\ta\nplain line\n", ":2:", "expected INDEX<TAB>SCORE<TAB>TEXT"),
-    ("0\t-1\ta\n1\tnan\tb\n", ":2:", "expected INDEX<TAB>SCORE<TAB>TEXT"),
-])
+@pytest.mark.parametrize(
+    "text, where, what",
+    [
+        ("0\t-1\ta\n2\t-1\tb\n", ":2:", "input index 2 follows 0"),
+        ("0\t-1\ta\n1\t-1\tb\n0\t-1\tc\n", ":3:", "input index 0 follows 1"),
+        ("0\t-1\ta\nplain line\n", ":2:", "expected INDEX<TAB>SCORE<TAB>TEXT"),
+        ("0\t-1\ta\n1\tnan\tb\n", ":2:", "expected INDEX<TAB>SCORE<TAB>TEXT"),
+    ],
+)
 def test_malformed_nbest_names_file_and_line(tmp_path, text, where, what):
     path = tmp_path / "bad.nbest"
     path.write_text(text, encoding="utf-8")
@@ -137,8 +158,11 @@ def test_files_of_different_inputs_are_refused(tmp_path):
 def test_cli_writes_one_line_per_input_and_one_error_line(tmp_path, capsys):
     sys1, sys2, sys3 = tmp_path / "s1.txt", tmp_path / "s2.nbest", tmp_path / "s3.txt"
     sys1.write_text("Ein Mann fährt Fahrrad .\n\nZwei Hunde spielen .\n", encoding="utf-8")
-    sys2.write_text("0\t-0.1\tEin Mann fährt ein Fahrrad .\n0\t-0.2\tEin Mann fährt Fahrrad .\n"
-                    "1\t0\t\n1\t0\t\n2\t-0.3\tZwei Hunde spielen im Schnee .\n2\t-0.4\tZwei Hunde spielen .\n", encoding="utf-8")
+    sys2.write_text(
+        "0\t-0.1\tEin Mann fährt ein Fahrrad .\n0\t-0.2\tEin Mann fährt Fahrrad .\n"
+        "1\t0\t\n1\t0\t\n2\t-0.3\tZwei Hunde spielen im Schnee .\n2\t-0.4\tZwei Hunde spielen .\n",
+        encoding="utf-8",
+    )
     sys3.write_text("Ein Mann fährt Fahrrad .\n\nZwei Hunde spielen im Schnee .\n", encoding="utf-8")
     out = tmp_path / "mbr.txt"
     code, _, err = run_cli(["mbr", sys1, sys2, sys3, "-o", out], capsys)

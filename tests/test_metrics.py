@@ -44,7 +44,11 @@ def sacrebleu_cli(*args: str | Path) -> str:
     env = {k: v for k, v in os.environ.items() if k != "SACREBLEU_FORMAT"}
     proc = subprocess.run(
         [sys.executable, "-m", "sacrebleu", *map(str, args)],
-        capture_output=True, text=True, encoding="utf-8", env=env, check=False,
+        capture_output=True,
+        text=True,
+        encoding="utf-8",
+        env=env,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.rstrip("\n")
@@ -122,8 +126,7 @@ def test_mismatched_counts_name_both(val, tmp_path):
     with pytest.raises(MetricsError) as err:
         score_files(short, [ref])
     assert str(err.value) == (
-        f"{short} has 1000 lines but {ref} has 1014; "
-        "line i of the hypotheses must translate line i of each reference (empty lines included)"
+        f"{short} has 1000 lines but {ref} has 1014; line i of the hypotheses must translate line i of each reference (empty lines included)"
     )
     with pytest.raises(MetricsError, match=r"^the hypotheses have 2 lines but reference 2 has 1; "):
         score(["a", "b"], [["a", "b"], ["a"]])

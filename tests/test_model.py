@@ -158,8 +158,12 @@ def test_cached_decoding_when_grouped_sentences_leave_the_batch():
     g = torch.Generator().manual_seed(8)
     cache = model.init_cache(model.encode(src))
     rows, hist = torch.arange(3), torch.full((3, 1), BOS_ID)
-    reorders = {1: torch.arange(3).repeat_interleave(2), 3: torch.tensor([1, 0, 2, 3, 5, 4]), 5: torch.tensor([0, 1, 4, 5]),
-                7: torch.tensor([1, 1, 2, 3])}  # finally sentence 0 keeps one beam twice: still one group
+    reorders = {
+        1: torch.arange(3).repeat_interleave(2),
+        3: torch.tensor([1, 0, 2, 3, 5, 4]),
+        5: torch.tensor([0, 1, 4, 5]),
+        7: torch.tensor([1, 1, 2, 3]),
+    }  # finally sentence 0 keeps one beam twice: still one group
     for step in range(10):
         if step in reorders:
             idx = reorders[step]
@@ -251,14 +255,17 @@ def reference_pass(model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor) 
     enc_w, self_w, cross_w = [], [], []
     x = embed(model.src_embed, src)
     for layer in model.encoder:
+
         def attend(h, layer=layer):
             out, w = mha(layer.self_attn, h, h, enc_allowed)
             enc_w.append(w)
             return out
+
         x = sublayer(sublayer(x, attend, layer.norm1), lambda h, layer=layer: ffn(layer.ffn, h), layer.norm2)
     memory = norm(model.encoder_norm, x) if cfg.norm == "pre" else x
     y = embed(model.tgt_embed, tgt_in)
     for layer in model.decoder:
+
         def self_attend(h, layer=layer):
             out, w = mha(layer.self_attn, h, h, dec_allowed)
             self_w.append(w)
@@ -268,6 +275,7 @@ def reference_pass(model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor) 
             out, w = mha(layer.cross_attn, h, memory, enc_allowed)
             cross_w.append(w)
             return out
+
         y = sublayer(sublayer(sublayer(y, self_attend, layer.norm1), cross_attend, layer.norm2), lambda h, layer=layer: ffn(layer.ffn, h), layer.norm3)
     if cfg.norm == "pre":
         y = norm(model.decoder_norm, y)
@@ -427,7 +435,7 @@ def test_decoder_self_attention_in_training_runs_sdpa_causal_without_a_mask(monk
     src, tgt = tokens([5, 5]), tokens([4, 2], bos=True)  # the source has no padding
     model.decode(tgt, model.encode(src, padded=False))
     assert seen[: TINY_MODEL.encoder_layers] == [(None, False)] * TINY_MODEL.encoder_layers
-    assert seen[TINY_MODEL.encoder_layers:] == [(None, True), (None, False)] * TINY_MODEL.decoder_layers  # self (causal), cross
+    assert seen[TINY_MODEL.encoder_layers :] == [(None, True), (None, False)] * TINY_MODEL.decoder_layers  # self (causal), cross
 
 
 def test_stated_reorder_layout_equals_the_worked_out_one():
@@ -437,8 +445,12 @@ def test_stated_reorder_layout_equals_the_worked_out_one():
     src = tokens([6, 3, 5], seed=7)
     enc = model.encode(src)
     bare, stated = model.init_cache(enc), model.init_cache(enc)
-    steps = [(torch.arange(3).repeat_interleave(2), 2, None), (torch.tensor([1, 0, 2, 3, 5, 4]), 2, None),
-             (torch.tensor([0, 1, 4, 5]), 2, torch.tensor([0, 2])), (torch.tensor([2, 3]), 2, torch.tensor([1]))]
+    steps = [
+        (torch.arange(3).repeat_interleave(2), 2, None),
+        (torch.tensor([1, 0, 2, 3, 5, 4]), 2, None),
+        (torch.tensor([0, 1, 4, 5]), 2, torch.tensor([0, 2])),
+        (torch.tensor([2, 3]), 2, torch.tensor([1])),
+    ]
     tok = torch.full((3,), BOS_ID)
     for idx, group, kept in steps:
         a, b = model.decode_step(tok, bare), model.decode_step(tok, stated)

@@ -118,10 +118,28 @@ def scale_run(corpus_slice, spm_model, tmp_path_factory):
     from transformer_mt.training.trainer import train
 
     out = tmp_path_factory.mktemp("scale_run") / "run"
-    cfg = run_config(corpus_slice, spm_model, out, "model.norm=scale", "model.encoder_layers=2", "model.decoder_layers=2",
-                     "model.d_model=32", "model.heads=4", "model.d_ff=64", "model.dropout=0.0", "train.lr_schedule=inverse_sqrt",
-                     "train.lr=0.005", "train.warmup_updates=10", "train.max_tokens=2000", "train.max_updates=40",
-                     "train.validate_every=40", "train.valid_bleu_sentences=4", "train.threads=1", "train.seed=3", "data.max_len=60")
+    cfg = run_config(
+        corpus_slice,
+        spm_model,
+        out,
+        "model.norm=scale",
+        "model.encoder_layers=2",
+        "model.decoder_layers=2",
+        "model.d_model=32",
+        "model.heads=4",
+        "model.d_ff=64",
+        "model.dropout=0.0",
+        "train.lr_schedule=inverse_sqrt",
+        "train.lr=0.005",
+        "train.warmup_updates=10",
+        "train.max_tokens=2000",
+        "train.max_updates=40",
+        "train.validate_every=40",
+        "train.valid_bleu_sentences=4",
+        "train.threads=1",
+        "train.seed=3",
+        "data.max_len=60",
+    )
     losses = []
     result = train(cfg, on_update=lambda update, stats: losses.append(stats["loss"] / stats["ntokens"]))
     assert result.progress.update == 40, result.stop_reason

@@ -20,14 +20,22 @@ MAX_LEN = 40  # pieces: drops some of the 2000 Multi30k pairs, so the filters ar
 @pytest.fixture()
 def config(corpus_slice, tmp_path):
     path = tmp_path / "cfg.yaml"
-    path.write_text(json.dumps({
-        "data": {"train_src": str(corpus_slice["train.en"]), "train_tgt": str(corpus_slice["train.de"]),
-                 "valid_src": str(corpus_slice["val.en"]), "valid_tgt": str(corpus_slice["val.de"]), "max_len": MAX_LEN},
-        "tokenizer": {"vocab_size": 400},  # no model given: trained into out_dir, as `tmt train` would
-        "model": {"encoder_layers": 1, "decoder_layers": 1, "d_model": 32, "heads": 2, "d_ff": 64, "max_positions": 64},
-        "train": {"out_dir": str(tmp_path / "run"), "max_updates": 1, "max_tokens": 500, "threads": 1, "valid_bleu_sentences": -1,
-                  "device": "cpu"},
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "data": {
+                    "train_src": str(corpus_slice["train.en"]),
+                    "train_tgt": str(corpus_slice["train.de"]),
+                    "valid_src": str(corpus_slice["val.en"]),
+                    "valid_tgt": str(corpus_slice["val.de"]),
+                    "max_len": MAX_LEN,
+                },
+                "tokenizer": {"vocab_size": 400},  # no model given: trained into out_dir, as `tmt train` would
+                "model": {"encoder_layers": 1, "decoder_layers": 1, "d_model": 32, "heads": 2, "d_ff": 64, "max_positions": 64},
+                "train": {"out_dir": str(tmp_path / "run"), "max_updates": 1, "max_tokens": 500, "threads": 1, "valid_bleu_sentences": -1, "device": "cpu"},
+            }
+        )
+    )
     return path
 
 

@@ -50,8 +50,13 @@ def test_de_en_on_a_corpus_folder(tmp_path):
     assert ("prepare_multi30k.sh", "--from") not in tools  # a given corpus is used as it is
     train = next(c for c in cmds if c[1:2] == ["train"])
     sets = dict(s.split("=", 1) for s in options(train)["--set"])
-    assert sets == {"train.out_dir": str(run), "data.train_src": f"{data}/train.de", "data.train_tgt": f"{data}/train.en",
-                    "data.valid_src": f"{data}/val.de", "data.valid_tgt": f"{data}/val.en"}
+    assert sets == {
+        "train.out_dir": str(run),
+        "data.train_src": f"{data}/train.de",
+        "data.train_tgt": f"{data}/train.en",
+        "data.valid_src": f"{data}/val.de",
+        "data.valid_tgt": f"{data}/val.en",
+    }
     # every data path of the config is replaced: nothing of its own pair is left
     config = yaml.safe_load(Path(REPO / options(train)["--config"][0]).read_text())
     assert {f"data.{k}" for k, v in config["data"].items() if isinstance(v, str) and v} <= set(sets)
@@ -106,8 +111,9 @@ def test_a_test_set_without_its_target_side_is_skipped_with_a_warning(tmp_path):
 
 def test_set_reaches_tmt_train_and_keep_every_adds_the_lawa_candidate(tmp_path):
     data, run = corpus(tmp_path / "corpus", "de", "en"), tmp_path / "run"
-    code, cmds, err = dry_run("--data", str(data), "--src", "de", "--tgt", "en", "--run", str(run),
-                              "--set", "train.ema_decay=0.999", "--set", "train.keep_every=1000")
+    code, cmds, err = dry_run(
+        "--data", str(data), "--src", "de", "--tgt", "en", "--run", str(run), "--set", "train.ema_decay=0.999", "--set", "train.keep_every=1000"
+    )
     assert code == 0, err
     train = next(c for c in cmds if c[1:2] == ["train"])
     sets = options(train)["--set"]
@@ -128,16 +134,19 @@ def test_set_reaches_tmt_train_and_keep_every_adds_the_lawa_candidate(tmp_path):
     assert not any(c[1:2] == ["evaluate"] for c in cmds)
 
 
-@pytest.mark.parametrize(("args", "message"), [
-    (["--src", "de", "--tgt", "de"], "--src and --tgt are both 'de'"),
-    (["--src"], "--src needs a value"),
-    (["--src", "../x"], "give a file suffix"),
-    (["--from", "a", "--data", "b"], "give one of them"),
-    (["--data", "NOWHERE"], "NOWHERE/train.en not found"),
-    (["--config", "NOWHERE.yaml"], "NOWHERE.yaml: file not found"),
-    (["--frm", "x"], "unknown argument '--frm'"),
-    (["--set", "ema_decay"], "--set 'ema_decay': give SECTION.KEY=VALUE"),
-])
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--src", "de", "--tgt", "de"], "--src and --tgt are both 'de'"),
+        (["--src"], "--src needs a value"),
+        (["--src", "../x"], "give a file suffix"),
+        (["--from", "a", "--data", "b"], "give one of them"),
+        (["--data", "NOWHERE"], "NOWHERE/train.en not found"),
+        (["--config", "NOWHERE.yaml"], "NOWHERE.yaml: file not found"),
+        (["--frm", "x"], "unknown argument '--frm'"),
+        (["--set", "ema_decay"], "--set 'ema_decay': give SECTION.KEY=VALUE"),
+    ],
+)
 def test_bad_arguments_are_one_line_and_exit_2(tmp_path, args, message):
     code, cmds, err = dry_run(*args, cwd=tmp_path)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and not cmds

@@ -84,8 +84,17 @@ def test_set_value_that_is_not_yaml_is_one_line(override, capsys, tmp_path):
 
 
 # ---------------------------------------------------------------- item 9: configs bound what they allocate
-@pytest.mark.parametrize("override", ["model.d_model=10000000", "model.max_positions=1000000000", "model.encoder_layers=100000",
-                                      "decode.max_len_b=1000000000", "decode.beam=100000", "model.d_ff=1000000000"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "model.d_model=10000000",
+        "model.max_positions=1000000000",
+        "model.encoder_layers=100000",
+        "decode.max_len_b=1000000000",
+        "decode.beam=100000",
+        "model.d_ff=1000000000",
+    ],
+)
 def test_huge_sizes_are_refused(override):
     with pytest.raises(ConfigError, match="above the supported maximum"):
         load_config(None, [override])
@@ -143,8 +152,9 @@ def test_average_refuses_different_sentencepiece_models(tmp_path):
 def test_out_dir_that_is_a_file_is_one_line(tmp_path, corpus_slice):
     blocker = write(tmp_path / "blocker", "x")
     config = write(tmp_path / "c.yaml", f"data:\n  train_src: {corpus_slice['train.en']}\n  train_tgt: {corpus_slice['train.de']}\n")
-    proc = subprocess.run([sys.executable, "-m", "transformer_mt.cli", "train", "-c", str(config), "--set", f"train.out_dir={blocker}/run"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "transformer_mt.cli", "train", "-c", str(config), "--set", f"train.out_dir={blocker}/run"], capture_output=True, text=True
+    )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert str(blocker) in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
@@ -238,14 +248,26 @@ def bad_inputs(corpus_slice, spm_model, tmp_path_factory) -> dict[str, str]:
     root = tmp_path_factory.mktemp("bad_inputs")
     bad = root / "bad.en"
     bad.write_bytes("Ein Hund.\n".encode() + "Zwei Kätzchen.\n".encode("latin-1"))
-    cfg = write(root / "c.yaml", f"data:\n  train_src: {corpus_slice['train.en']}\n  train_tgt: {corpus_slice['train.de']}\n"
-                                 f"tokenizer:\n  model: {spm_model}\nmodel:\n  d_model: 16\n  heads: 2\n  d_ff: 16\n  encoder_layers: 1\n"
-                                 f"  decoder_layers: 1\ntrain:\n  out_dir: {root / 'run'}\n  max_updates: 1\n  device: cpu\n")  # tiny, should a row train
+    cfg = write(
+        root / "c.yaml",
+        f"data:\n  train_src: {corpus_slice['train.en']}\n  train_tgt: {corpus_slice['train.de']}\n"
+        f"tokenizer:\n  model: {spm_model}\nmodel:\n  d_model: 16\n  heads: 2\n  d_ff: 16\n  encoder_layers: 1\n"
+        f"  decoder_layers: 1\ntrain:\n  out_dir: {root / 'run'}\n  max_updates: 1\n  device: cpu\n",
+    )  # tiny, should a row train
     os.mkfifo(root / "fifo")
-    return {"ckpt": str(make_checkpoint(spm_model, root / "a.pt")), "ckpt2": str(make_checkpoint(spm_model, root / "b.pt", seed=1)),
-            "spm": str(spm_model), "src": str(corpus_slice["val.en"]), "ref": str(corpus_slice["val.de"]),
-            "long_ref": str(corpus_slice["train.de"]), "bad_utf8": str(bad), "cfg": str(cfg), "fifo": str(root / "fifo"),
-            "dup_cfg": str(write(root / "dup.yaml", "train:\n  lr: 0.001\n  lr: 0.002\n")), "tmp": str(root / "scratch")}
+    return {
+        "ckpt": str(make_checkpoint(spm_model, root / "a.pt")),
+        "ckpt2": str(make_checkpoint(spm_model, root / "b.pt", seed=1)),
+        "spm": str(spm_model),
+        "src": str(corpus_slice["val.en"]),
+        "ref": str(corpus_slice["val.de"]),
+        "long_ref": str(corpus_slice["train.de"]),
+        "bad_utf8": str(bad),
+        "cfg": str(cfg),
+        "fifo": str(root / "fifo"),
+        "dup_cfg": str(write(root / "dup.yaml", "train:\n  lr: 0.001\n  lr: 0.002\n")),
+        "tmp": str(root / "scratch"),
+    }
 
 
 def test_the_table_is_large_enough():

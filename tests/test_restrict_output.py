@@ -92,10 +92,25 @@ def restricted_run(corpus_slice, spm_model, tmp_path_factory):
     return out, losses, cfg
 
 
-_RUN = ["model.restrict_output=true", "model.norm=pre", "model.encoder_layers=2", "model.decoder_layers=2", "model.d_model=32",
-        "model.heads=4", "model.d_ff=64", "model.dropout=0.0", "train.lr_schedule=inverse_sqrt", "train.lr=0.005",
-        "train.warmup_updates=10", "train.max_tokens=2000", "train.max_updates=40", "train.validate_every=40",
-        "train.valid_bleu_sentences=4", "train.threads=1", "train.seed=3"]
+_RUN = [
+    "model.restrict_output=true",
+    "model.norm=pre",
+    "model.encoder_layers=2",
+    "model.decoder_layers=2",
+    "model.d_model=32",
+    "model.heads=4",
+    "model.d_ff=64",
+    "model.dropout=0.0",
+    "train.lr_schedule=inverse_sqrt",
+    "train.lr=0.005",
+    "train.warmup_updates=10",
+    "train.max_tokens=2000",
+    "train.max_updates=40",
+    "train.validate_every=40",
+    "train.valid_bleu_sentences=4",
+    "train.threads=1",
+    "train.seed=3",
+]
 
 
 def test_kept_set_is_the_pieces_of_the_tokenized_target_file(restricted_run, corpus_slice, spm_model):
@@ -153,8 +168,7 @@ def test_resume_keeps_the_saved_kept_set(restricted_run, corpus_slice, spm_model
         path.write_text("\n".join(head(corpus_slice[name], 50)) + "\n", encoding="utf-8")
     cfg = run_config({**corpus_slice, **small}, spm_model, run, *_RUN, "train.max_updates=42", "train.validate_every=100")
     assert train(cfg, resume=True).progress.update == 42
-    assert torch.equal(load_checkpoint(run / "checkpoint_last.pt")["model"]["output_ids"],
-                       load_checkpoint(out / "checkpoint_last.pt")["model"]["output_ids"])
+    assert torch.equal(load_checkpoint(run / "checkpoint_last.pt")["model"]["output_ids"], load_checkpoint(out / "checkpoint_last.pt")["model"]["output_ids"])
 
 
 def test_subword_sampling_is_refused(corpus_slice, spm_model, tmp_path):

@@ -31,9 +31,21 @@ from transformer_mt.training.trainer import MAX_NONFINITE_UPDATES, Trainer, Trai
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 # 1+1 layers, d_model 16: an update and its checkpoint take milliseconds.
-TINY = ["model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=16", "model.heads=2", "model.d_ff=32",
-        "model.max_positions=64", "data.max_len=60", "train.threads=1", "train.max_tokens=300", "train.valid_bleu_sentences=-1",
-        "train.lr_schedule=inverse_sqrt", "train.warmup_updates=4", "train.lr=0.001"]
+TINY = [
+    "model.encoder_layers=1",
+    "model.decoder_layers=1",
+    "model.d_model=16",
+    "model.heads=2",
+    "model.d_ff=32",
+    "model.max_positions=64",
+    "data.max_len=60",
+    "train.threads=1",
+    "train.max_tokens=300",
+    "train.valid_bleu_sentences=-1",
+    "train.lr_schedule=inverse_sqrt",
+    "train.warmup_updates=4",
+    "train.lr=0.001",
+]
 
 
 def config(pairs64, spm_model, out: Path, *extra: str):
@@ -50,6 +62,7 @@ def write_config(path: Path, pairs64, spm_model, out: Path, *extra: str) -> Path
 
 def stop_at(update: int):
     """An on_update callback that kills the run after `update` updates (KeyboardInterrupt: no handler saves)."""
+
     def callback(u: int, _stats: dict) -> None:
         if u == update:
             raise KeyboardInterrupt
@@ -121,8 +134,10 @@ def test_second_process_on_a_run_gets_the_holders_pid(pairs64, spm_model, tmp_pa
     capsys.readouterr()
     lock = RunLock(run)  # as a running `tmt train` holds it
     code, _, err = run_cli(["train", "--resume", run], capsys)
-    assert code == 2 and err == (f"tmt: error: {run}: another tmt train (pid {os.getpid()}) is using this run directory; "
-                                 "wait for it to end or stop it, or set train.out_dir to another directory\n")
+    assert code == 2 and err == (
+        f"tmt: error: {run}: another tmt train (pid {os.getpid()}) is using this run directory; "
+        "wait for it to end or stop it, or set train.out_dir to another directory\n"
+    )
     assert {p.name: p.read_bytes() for p in run.glob("*.pt")} == before
     lock.release()
     assert resume(run, "train.max_updates=3").progress.update == 3
@@ -143,8 +158,19 @@ def test_validation_pairs_longer_than_the_model_are_left_out_and_counted(pairs64
     (tmp_path / "v.en").write_text("\n".join(src) + "\n")
     (tmp_path / "v.de").write_text("\n".join(tgt) + "\n")
     run = tmp_path / "run"
-    result = train(config(pairs64, spm_model, run, f"data.valid_src={tmp_path / 'v.en'}", f"data.valid_tgt={tmp_path / 'v.de'}",
-                          "train.max_updates=2", "train.validate_every=1", "train.valid_bleu_sentences=0", "model.positions=learned"))
+    result = train(
+        config(
+            pairs64,
+            spm_model,
+            run,
+            f"data.valid_src={tmp_path / 'v.en'}",
+            f"data.valid_tgt={tmp_path / 'v.de'}",
+            "train.max_updates=2",
+            "train.validate_every=1",
+            "train.valid_bleu_sentences=0",
+            "model.positions=learned",
+        )
+    )
     log = (run / "train.log").read_text()
     assert "validation: 1 of 16 pairs longer than 63 pieces (model.max_positions=64) left out of the validation loss" in log
     assert "validation BLEU: 1 of 16 sources longer than 63 pieces truncated" in log
@@ -161,6 +187,7 @@ def test_best_is_written_before_last(pairs64, spm_model, tmp_path, monkeypatch):
             if Path(path).name == "checkpoint_last.pt" and update_of_state(state_or_source) == 4:
                 raise KeyboardInterrupt  # the kill between the two writes
             return real(state_or_source, path)
+
         return save
 
     def update_of_state(x):
@@ -236,8 +263,7 @@ def test_changed_optimizer_settings_are_applied_and_said(pairs64, spm_model, tmp
     run = tmp_path / "run"
     train(config(pairs64, spm_model, run, "train.max_updates=3"))
     saved = load_checkpoint(run / "checkpoint_last.pt")["optimizer"]
-    trainer = Trainer(resumed_config(run, ["train.weight_decay=0.01", "train.optimizer_betas=[0.9, 0.99]", "train.optimizer_eps=1e-6"]),
-                      resume=True)
+    trainer = Trainer(resumed_config(run, ["train.weight_decay=0.01", "train.optimizer_betas=[0.9, 0.99]", "train.optimizer_eps=1e-6"]), resume=True)
     try:
         opt = trainer.optimizer
         assert isinstance(opt, torch.optim.AdamW)
@@ -270,8 +296,10 @@ def test_changed_batching_restarts_the_epoch_and_says_so(pairs64, spm_model, tmp
 
 def test_validation_beam_beyond_the_vocabulary_is_refused_at_start(pairs64, spm_model, tmp_path):
     with pytest.raises(ConfigError, match="train.valid_beam=600: the target vocabulary has 1000 ids"):
-        train(config(pairs64, spm_model, tmp_path / "run", "train.valid_beam=600", "train.valid_bleu_sentences=4"),
-              on_update=lambda *_: pytest.fail("trained first"))
+        train(
+            config(pairs64, spm_model, tmp_path / "run", "train.valid_beam=600", "train.valid_bleu_sentences=4"),
+            on_update=lambda *_: pytest.fail("trained first"),
+        )
 
 
 # ---------------------------------------------------------------- item 13: the NaN guard's bound; metrics.jsonl after a resume
@@ -338,8 +366,17 @@ def _train_in_child(argv: list[str]) -> None:
 
 def test_sigkill_at_random_moments_leaves_a_resumable_run(pairs64, spm_model, tmp_path):
     run = tmp_path / "run"
-    cfg = write_config(tmp_path / "c.yaml", pairs64, spm_model, run, "train.max_updates=100000", "train.save_every=1",
-                       "train.keep_last=3", "train.validate_every=7", "train.log_every=1")
+    cfg = write_config(
+        tmp_path / "c.yaml",
+        pairs64,
+        spm_model,
+        run,
+        "train.max_updates=100000",
+        "train.save_every=1",
+        "train.keep_last=3",
+        "train.validate_every=7",
+        "train.log_every=1",
+    )
     rng = random.Random(17)
     fork = multiprocessing.get_context("fork")
     argv, newest = ["train", "-c", str(cfg)], 0

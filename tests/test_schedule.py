@@ -43,8 +43,15 @@ def test_wsd_values_at_fractions_of_max_time():
     assert scheduler.lr == pytest.approx(PEAK / 10)  # update 1 of a 10-update warm-up
     done = 0
     # (updates finished, training seconds then, the rate of the next update by hand)
-    for updates, seconds, by_hand in [(4, 60.0, PEAK * 0.5), (50, 300.0, PEAK), (60, 480.0, PEAK), (70, 540.0, PEAK * 0.5),
-                                      (80, 594.0, PEAK * 0.05), (90, 600.0, 0.0), (95, 660.0, 0.0)]:
+    for updates, seconds, by_hand in [
+        (4, 60.0, PEAK * 0.5),
+        (50, 300.0, PEAK),
+        (60, 480.0, PEAK),
+        (70, 540.0, PEAK * 0.5),
+        (80, 594.0, PEAK * 0.05),
+        (90, 600.0, 0.0),
+        (95, 660.0, 0.0),
+    ]:
         while done < updates:
             done += 1
             now[0] = seconds
@@ -93,9 +100,19 @@ def test_scheduler_state_resumes_the_same_rate_and_continues():
 
 
 # ---------------------------------------------------------------- real runs with a fake training clock
-TINY = ["train.threads=1", "model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.heads=2", "model.d_ff=64",
-        "train.max_tokens=300", "train.valid_bleu_sentences=-1", "train.validate_every=1000", "model.dropout=0.0",
-        "train.log_every=5"]
+TINY = [
+    "train.threads=1",
+    "model.encoder_layers=1",
+    "model.decoder_layers=1",
+    "model.d_model=32",
+    "model.heads=2",
+    "model.d_ff=64",
+    "train.max_tokens=300",
+    "train.valid_bleu_sentences=-1",
+    "train.validate_every=1000",
+    "model.dropout=0.0",
+    "train.log_every=5",
+]
 TICK = 3.0  # fake seconds per update: a 1-minute budget is 20 updates
 WSD = ["train.lr_schedule=wsd", f"train.lr={PEAK}", "train.warmup_updates=4", "train.cooldown=0.5"]
 
@@ -144,16 +161,20 @@ def test_a_run_cools_to_zero_at_the_end_of_its_budget(pairs64, spm_model, tmp_pa
 @pytest.mark.parametrize("budget", ["time", "updates"])
 def test_resume_keeps_the_schedule_continuous(pairs64, spm_model, tmp_path, fake_clock, budget):
     straight, first, second = [], [], []
-    fake_clock(Trainer(run_config(pairs64, spm_model, tmp_path / "a", *TINY, *WSD, *budget_options(budget)), resume=False,
-                       on_update=lambda u, s: straight.append(s["lr"]))).run()
+    fake_clock(
+        Trainer(
+            run_config(pairs64, spm_model, tmp_path / "a", *TINY, *WSD, *budget_options(budget)), resume=False, on_update=lambda u, s: straight.append(s["lr"])
+        )
+    ).run()
 
     def stop_after_14(update: int, stats: dict) -> None:  # inside the cool-down, which starts half-way
         first.append(stats["lr"])
         if update == 14:
             interrupted.stop_requested = "interrupted"  # as a SIGINT would: save checkpoint_last.pt and stop
 
-    interrupted = fake_clock(Trainer(run_config(pairs64, spm_model, tmp_path / "b", *TINY, *WSD, *budget_options(budget)), resume=False,
-                                     on_update=stop_after_14))
+    interrupted = fake_clock(
+        Trainer(run_config(pairs64, spm_model, tmp_path / "b", *TINY, *WSD, *budget_options(budget)), resume=False, on_update=stop_after_14)
+    )
     assert interrupted.run().stop_reason == "interrupted"
     resumed = fake_clock(Trainer(resumed_config(tmp_path / "b", []), resume=True, on_update=lambda u, s: second.append(s["lr"])))
     assert resumed.scheduler.lr == pytest.approx(straight[14], abs=1e-15)  # the restored rate of update 15

@@ -37,8 +37,13 @@ def _free_port() -> int:
 def running_server(*args: str, timeout: float = 120.0):
     """Start `tmt serve ARGS` on a free loopback port; yield (base_url, process) once /health answers."""
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "transformer_mt.cli", "serve", "--port", str(port), "--threads", "1",
-                             "--log-level", "warning", *args], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "transformer_mt.cli", "serve", "--port", str(port), "--threads", "1", "--log-level", "warning", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
@@ -67,16 +72,20 @@ def tmt_translate(ckpt: Path, lines: list[str], tmp_path: Path, *args: str) -> l
     """`tmt translate` on these lines, as a user runs it: its output lines."""
     src = tmp_path / f"in_{len(lines)}_{'_'.join(args)}.txt"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    out = subprocess.run([sys.executable, "-m", "transformer_mt.cli", "translate", "-c", str(ckpt), str(src), "--threads", "1", *args],
-                         cwd=REPO, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "transformer_mt.cli", "translate", "-c", str(ckpt), str(src), "--threads", "1", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return out.stdout.split("\n")[:-1]
 
 
 @pytest.fixture(scope="module")
 def served(tiny_checkpoint, tiny_checkpoint_postnorm):
     """Two models (pre-norm "pre", the default, and post-norm "post"), with small request limits."""
-    with running_server("-c", f"pre={tiny_checkpoint}", "-c", f"post={tiny_checkpoint_postnorm}", "--max-lines", "64",
-                        "--max-chars", "3000") as (url, _):
+    with running_server("-c", f"pre={tiny_checkpoint}", "-c", f"post={tiny_checkpoint_postnorm}", "--max-lines", "64", "--max-chars", "3000") as (url, _):
         yield url
 
 
@@ -88,9 +97,11 @@ def test_lines(multi30k) -> list[str]:
 def test_translations_equal_tmt_translate(served, tiny_checkpoint, tiny_checkpoint_postnorm, test_lines, tmp_path):
     lines = test_lines[:40]
     lines[7] = ""  # an empty line gives an empty translation, as in tmt translate
-    for ckpt, model, args, body in ((tiny_checkpoint, None, (), {}),  # the checkpoint's own decode settings
-                                    (tiny_checkpoint, "pre", ("--beam", "4", "--lenpen", "1.0"), {"beam": 4, "lenpen": 1.0}),
-                                    (tiny_checkpoint_postnorm, "post", ("--beam", "1"), {"beam": 1})):
+    for ckpt, model, args, body in (
+        (tiny_checkpoint, None, (), {}),  # the checkpoint's own decode settings
+        (tiny_checkpoint, "pre", ("--beam", "4", "--lenpen", "1.0"), {"beam": 4, "lenpen": 1.0}),
+        (tiny_checkpoint_postnorm, "post", ("--beam", "1"), {"beam": 1}),
+    ):
         r = httpx.post(f"{served}/translate", json={"text": lines, **({"model": model} if model else {}), **body}, timeout=60)
         assert r.status_code == 200, r.text
         answer = r.json()
@@ -109,7 +120,7 @@ def test_concurrent_clients_get_their_own_lines_in_order(served, tiny_checkpoint
     n, barrier, answers = 32, threading.Barrier(32), [None] * 32
 
     def client(i: int) -> None:
-        mine = test_lines[3 * i:3 * i + 3]  # every client its own three lines
+        mine = test_lines[3 * i : 3 * i + 3]  # every client its own three lines
         with httpx.Client(timeout=120) as c:
             barrier.wait()
             answers[i] = c.post(f"{served}/translate", json={"text": mine}).json()
@@ -120,7 +131,7 @@ def test_concurrent_clients_get_their_own_lines_in_order(served, tiny_checkpoint
     for t in threads:
         t.join()
     for i, answer in enumerate(answers):
-        assert answer["translations"] == expected[3 * i:3 * i + 3], i  # zero lost, zero swapped, in order
+        assert answer["translations"] == expected[3 * i : 3 * i + 3], i  # zero lost, zero swapped, in order
     after = httpx.get(f"{served}/health").json()
     assert after["requests"] - before["requests"] == n and after["lines"] - before["lines"] == 3 * n
     assert after["batches"] - before["batches"] < n  # requests were decoded together
@@ -177,8 +188,10 @@ def test_unknown_path_huge_body_overlong_line_and_openapi(served):
 
 def _slow_request(url: str, lines: list[str], box: dict) -> threading.Thread:
     """A request that keeps the worker busy for a second or two (128 lines, beam 16), answered into ``box``."""
+
     def run() -> None:
         box["response"] = httpx.post(f"{url}/translate", json={"text": lines, "beam": 16}, timeout=120)
+
     thread = threading.Thread(target=run)
     thread.start()
     deadline = time.monotonic() + 60

@@ -19,12 +19,46 @@ from transformer_mt.sweep.sweep import SweepError, Variation, columns, load_vari
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TINY = ["model.encoder_layers=2", "model.decoder_layers=2", "model.d_model=32", "model.heads=4", "model.d_ff=64", "model.dropout=0.0",
-        "model.norm=pre", "model.max_positions=64", "data.max_len=60", "train.lr_schedule=inverse_sqrt", "train.lr=0.005",
-        "train.warmup_updates=10", "train.max_tokens=2000", "train.validate_every=1000", "train.valid_bleu_sentences=8",
-        "train.log_every=10", "train.threads=1", "train.seed=7", "train.max_updates=500"]
-COLUMNS = ["row", "variant", "N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "eps_ls", "positions",
-           "updates", "val PPL", "val BLEU", "params", "wall (min)", "status"]
+TINY = [
+    "model.encoder_layers=2",
+    "model.decoder_layers=2",
+    "model.d_model=32",
+    "model.heads=4",
+    "model.d_ff=64",
+    "model.dropout=0.0",
+    "model.norm=pre",
+    "model.max_positions=64",
+    "data.max_len=60",
+    "train.lr_schedule=inverse_sqrt",
+    "train.lr=0.005",
+    "train.warmup_updates=10",
+    "train.max_tokens=2000",
+    "train.validate_every=1000",
+    "train.valid_bleu_sentences=8",
+    "train.log_every=10",
+    "train.threads=1",
+    "train.seed=7",
+    "train.max_updates=500",
+]
+COLUMNS = [
+    "row",
+    "variant",
+    "N",
+    "d_model",
+    "d_ff",
+    "h",
+    "d_k",
+    "d_v",
+    "P_drop",
+    "eps_ls",
+    "positions",
+    "updates",
+    "val PPL",
+    "val BLEU",
+    "params",
+    "wall (min)",
+    "status",
+]
 
 
 # ---------------------------------------------------------------- the variations
@@ -42,8 +76,15 @@ def test_default_rows_at_the_papers_base_are_table_3():
     assert [(c["h"], c["d_k"], c["d_v"]) for c in by_row["A"]] == [(1, 512, 512), (4, 128, 128), (16, 32, 32), (32, 16, 16)]
     assert [(c["h"], c["d_k"], c["d_v"]) for c in by_row["B"]] == [(8, 16, 64), (8, 32, 64)]
     changed = [{k: v for k, v in c.items() if v != by_row["base"][0][k]} for c in by_row["C"]]
-    assert changed == [{"N": 2, "N_dec": 2}, {"N": 4, "N_dec": 4}, {"N": 8, "N_dec": 8}, {"d_model": 256, "d_k": 32, "d_v": 32},
-                       {"d_model": 1024, "d_k": 128, "d_v": 128}, {"d_ff": 1024}, {"d_ff": 4096}]
+    assert changed == [
+        {"N": 2, "N_dec": 2},
+        {"N": 4, "N_dec": 4},
+        {"N": 8, "N_dec": 8},
+        {"d_model": 256, "d_k": 32, "d_v": 32},
+        {"d_model": 1024, "d_k": 128, "d_v": 128},
+        {"d_ff": 1024},
+        {"d_ff": 4096},
+    ]
     assert [(c["P_drop"], c["eps_ls"]) for c in by_row["D"]] == [(0.0, 0.1), (0.2, 0.1), (0.1, 0.0), (0.1, 0.2)]
     assert [c["positions"] for c in by_row["E"]] == ["learned"]
 
@@ -56,17 +97,20 @@ def test_configs_table3_is_valid_on_the_recipe():
     assert load_variations(REPO / "configs" / "sweeps" / "table3.yaml") == rows and variations_yaml(rows).count("\n") == len(rows)
 
 
-@pytest.mark.parametrize(("text", "message"), [
-    ("- {row: A, set: [model.heads=1]}\n- {row: A, name: A1}\n", "two rows are named 'A1'"),
-    ("- {name: x}\n", "item 1: expected a mapping with 'row'"),
-    ("- {row: A, name: x, sets: []}\n", "unknown key(s) sets"),
-    ("- {row: A, name: x, set: {model.heads: 1}}\n", "'set' must be a list"),
-    ("- {row: A, name: cache}\n", "cannot name a run directory"),
-    ("- {row: A, name: ../x}\n", "cannot name a run directory"),
-    ("- {row: A, name: x, set: [train.out_dir=elsewhere]}\n", "train.out_dir is set by the sweep"),
-    ("{row: A}\n", "expected a non-empty YAML list"),
-    ("- [\n", "not valid YAML"),
-])
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("- {row: A, set: [model.heads=1]}\n- {row: A, name: A1}\n", "two rows are named 'A1'"),
+        ("- {name: x}\n", "item 1: expected a mapping with 'row'"),
+        ("- {row: A, name: x, sets: []}\n", "unknown key(s) sets"),
+        ("- {row: A, name: x, set: {model.heads: 1}}\n", "'set' must be a list"),
+        ("- {row: A, name: cache}\n", "cannot name a run directory"),
+        ("- {row: A, name: ../x}\n", "cannot name a run directory"),
+        ("- {row: A, name: x, set: [train.out_dir=elsewhere]}\n", "train.out_dir is set by the sweep"),
+        ("{row: A}\n", "expected a non-empty YAML list"),
+        ("- [\n", "not valid YAML"),
+    ],
+)
 def test_bad_variations_files_name_the_file_and_the_fix(tmp_path, text, message):
     path = tmp_path / "v.yaml"
     path.write_text(text, encoding="utf-8")
@@ -108,8 +152,10 @@ def rebuilt_parameters(checkpoint: Path) -> tuple[int, int]:
 @pytest.mark.slow
 def test_sweep_writes_the_table_with_parameters_of_the_trained_models(base_yaml, tmp_path, capsys):
     variations = tmp_path / "rows.yaml"
-    variations.write_text("- {row: base, name: base}\n- {row: A, name: A-h1, set: [model.heads=1]}\n"
-                          "- {row: A, name: A-h3, set: [model.heads=3]}\n- {row: E, name: E-learned, set: [model.positions=learned]}\n")
+    variations.write_text(
+        "- {row: base, name: base}\n- {row: A, name: A-h1, set: [model.heads=1]}\n"
+        "- {row: A, name: A-h3, set: [model.heads=3]}\n- {row: E, name: E-learned, set: [model.positions=learned]}\n"
+    )
     out = tmp_path / "sweep"
     code, stdout, stderr = run_cli(["sweep", "--config", base_yaml, "--variations", variations, "--budget-updates", 20, "-o", out], capsys)
     assert code == 0, stderr
@@ -127,8 +173,7 @@ def test_sweep_writes_the_table_with_parameters_of_the_trained_models(base_yaml,
         rebuilt, from_tensors = rebuilt_parameters(out / name / "checkpoint_last.pt")
         assert r["params"] == rebuilt == from_tensors
         counts[name] = r["params"]
-        last_valid = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines()
-                      if json.loads(line)["kind"] == "valid"][-1]
+        last_valid = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines() if json.loads(line)["kind"] == "valid"][-1]
         assert last_valid["update"] == 20 and r["val_ppl"] == last_valid["val_ppl"] and r["val_bleu"] == last_valid["val_bleu"]
         assert math.isfinite(r["val_ppl"]) and r["val_ppl"] > 1 and 0 <= r["val_bleu"] <= 100 and r["wall_s"] > 0
     # first principles: with d_k = d_v = d_model/h the projections keep their size (row A of the paper has the
@@ -139,7 +184,7 @@ def test_sweep_writes_the_table_with_parameters_of_the_trained_models(base_yaml,
     md = (out / "table3.md").read_text().splitlines()
     header = next(i for i, line in enumerate(md) if line.startswith("| row |"))
     assert [c.strip() for c in md[header].strip("|").split("|")] == COLUMNS
-    body = [[c.strip() for c in line.strip("|").split("|")] for line in md[header + 2:]]
+    body = [[c.strip() for c in line.strip("|").split("|")] for line in md[header + 2 :]]
     assert [b[1] for b in body] == ["base", "A-h1", "A-h3", "E-learned"] and all(len(b) == len(COLUMNS) for b in body)
     assert body[1][COLUMNS.index("h")] == "1" and body[1][COLUMNS.index("d_model")] == ""  # only what differs from the base
     assert body[1][COLUMNS.index("params")] == f"{counts['A-h1']:,}" and body[2][-1].startswith("invalid: ")
@@ -204,8 +249,7 @@ def test_rows_share_one_tokenizer_unless_they_change_it(corpus_slice, spm_model,
     base = tmp_path / "base.yaml"
     save_config(run_config(corpus_slice, spm_model, tmp_path / "unused", *TINY, "tokenizer.model=", "tokenizer.vocab_size=300"), base)
     rows = tmp_path / "rows.yaml"
-    rows.write_text("- {row: base, name: base}\n- {row: A, name: A-h2, set: [model.heads=2]}\n"
-                    "- {row: X, name: X-v200, set: [tokenizer.vocab_size=200]}\n")
+    rows.write_text("- {row: base, name: base}\n- {row: A, name: A-h2, set: [model.heads=2]}\n- {row: X, name: X-v200, set: [tokenizer.vocab_size=200]}\n")
     out = tmp_path / "sweep"
     code, _, stderr = run_cli(["sweep", "-c", base, "--variations", rows, "--budget-updates", 3, "-o", out], capsys)
     assert code == 0, stderr

@@ -67,8 +67,21 @@ def test_counter_names_the_line_in_the_package():
 
 # ---------------------------------------------------------------- training
 def _trainer(files: dict, spm_model, out, *extra: str) -> Trainer:
-    cfg = run_config(files, spm_model, out, "model.encoder_layers=1", "model.decoder_layers=1", "model.d_model=32", "model.heads=2",
-                     "model.d_ff=64", "train.max_tokens=300", "train.threads=1", "data.valid_src=", "data.valid_tgt=", *extra)
+    cfg = run_config(
+        files,
+        spm_model,
+        out,
+        "model.encoder_layers=1",
+        "model.decoder_layers=1",
+        "model.d_model=32",
+        "model.heads=2",
+        "model.d_ff=64",
+        "train.max_tokens=300",
+        "train.threads=1",
+        "data.valid_src=",
+        "data.valid_tgt=",
+        *extra,
+    )
     return Trainer(cfg, resume=False)
 
 
@@ -229,8 +242,7 @@ def test_the_log_reads_the_device_sums_once_per_window_and_counts_training_time_
     monkeypatch.setattr(runlog, "time", Clock)
     window = runlog.Window()
     for _ in range(2):  # two updates of 10 tokens, loss and nll left on the device as the trainer leaves them
-        window.add({"loss": torch.tensor(30.0, dtype=torch.float64), "nll": torch.tensor(20.0, dtype=torch.float64), "ntokens": 10,
-                    "lr": 1e-3, "gnorm": 1.5})
+        window.add({"loss": torch.tensor(30.0, dtype=torch.float64), "nll": torch.tensor(20.0, dtype=torch.float64), "ntokens": 10, "lr": 1e-3, "gnorm": 1.5})
     Clock.now = 4.0
     with window.paused():  # a validation and its checkpoint: 6 s
         Clock.now = 10.0

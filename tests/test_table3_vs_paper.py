@@ -19,13 +19,20 @@ def load_script():
 
 
 def row(name: str, label: str, sets: list[str], bleu: float, *, status: str = "done") -> dict:
-    return {"row": label, "name": name, "set": sets, "status": status, "note": "", "val_bleu": bleu, "val_ppl": 10.0,
-            "params": 2_000_000, "wall_s": 120.0}
+    return {"row": label, "name": name, "set": sets, "status": status, "note": "", "val_bleu": bleu, "val_ppl": 10.0, "params": 2_000_000, "wall_s": 120.0}
 
 
-SWEEP = {"command": "tmt sweep ...", "budget": {"updates": 400, "minutes": 0.0}, "bleu": {"metric": "sacreBLEU cased 13a", "beam": 1, "lenpen": 1.0},
-         "rows": [row("base", "base", [], 18.5), row("A-h1", "A", ["model.heads=1"], 17.25), row("C-N1", "C", ["model.encoder_layers=1"], 20.0),
-                  row("E-learned", "E", ["model.positions=learned"], 0.0, status="not run")]}
+SWEEP = {
+    "command": "tmt sweep ...",
+    "budget": {"updates": 400, "minutes": 0.0},
+    "bleu": {"metric": "sacreBLEU cased 13a", "beam": 1, "lenpen": 1.0},
+    "rows": [
+        row("base", "base", [], 18.5),
+        row("A-h1", "A", ["model.heads=1"], 17.25),
+        row("C-N1", "C", ["model.encoder_layers=1"], 20.0),
+        row("E-learned", "E", ["model.positions=learned"], 0.0, status="not run"),
+    ],
+}
 
 
 def test_deltas_are_from_each_tables_own_base(tmp_path):

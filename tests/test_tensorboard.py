@@ -26,8 +26,12 @@ def test_records_read_back_as_scalars(tmp_path):
     acc.Reload()
     scalars = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
     assert scalars == {
-        "train/loss": [(20, 7.5), (40, 6.25)], "train/lr": [(20, pytest.approx(1e-3))], "train/wall": [(20, 3.0)],
-        "valid/loss": [(40, 6.5), (80, 5.5)], "valid/bleu": [(40, 1.25)], "summary/mfu": [(80, 0.25)],
+        "train/loss": [(20, 7.5), (40, 6.25)],
+        "train/lr": [(20, pytest.approx(1e-3))],
+        "train/wall": [(20, 3.0)],
+        "valid/loss": [(40, 6.5), (80, 5.5)],
+        "valid/bleu": [(40, 1.25)],
+        "summary/mfu": [(80, 0.25)],
     }
 
 

@@ -135,8 +135,9 @@ def test_stdin_under_c_locale_is_decoded_strictly(argv, tmp_path, spm_model):
     ref.write_text("Ein Hund.\nZwei Katzen.\nDrei.\n", encoding="utf-8")
     argv = [{"REF": str(ref), "MODEL": str(spm_model)}.get(a, a) for a in argv]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "PYTHONUTF8", "PYTHONIOENCODING", "LANG"))}
-    proc = subprocess.run([str(VENV_BIN / "tmt"), *argv], input=b"Ein Hund.\nZwei K\xe4tzchen.\nDrei.\n",
-                          capture_output=True, env={**env, "LC_ALL": "C"}, timeout=120)
+    proc = subprocess.run(
+        [str(VENV_BIN / "tmt"), *argv], input=b"Ein Hund.\nZwei K\xe4tzchen.\nDrei.\n", capture_output=True, env={**env, "LC_ALL": "C"}, timeout=120
+    )
     err = proc.stderr.decode("utf-8", "replace")
     assert_error_names(proc.returncode, err, "<stdin>:2")
     assert proc.stdout == b""
@@ -153,9 +154,11 @@ def test_output_that_is_an_input_is_refused(tmp_path, spm_model, ckpt, corpus_sl
     os.link(text, tmp_path / "hard" / "x.txt")  # the same file under another name
     os.symlink(text, tmp_path / "x.link")
     for out in (text, tmp_path / "hard" / "x.txt", tmp_path / "x.link", tmp_path / "." / "x.txt"):
-        for argv in (["tokenize", "encode", "-m", spm_model, text, "-o", out],
-                     ["tokenize", "decode", "-m", spm_model, text, "-o", out],
-                     ["translate", "-c", ckpt, text, "-o", out, "--device", "cpu"]):
+        for argv in (
+            ["tokenize", "encode", "-m", spm_model, text, "-o", out],
+            ["tokenize", "decode", "-m", spm_model, text, "-o", out],
+            ["translate", "-c", ckpt, text, "-o", out, "--device", "cpu"],
+        ):
             code, stdout, err = run_cli(argv, capsys)
             assert code == 2 and err.count("\n") == 1 and "the output is the input file" in err, (argv, err)
             assert text.read_bytes() == original
@@ -176,10 +179,12 @@ def test_failed_command_leaves_the_output_untouched(tmp_path, spm_model, ckpt, c
     os.chmod(results, 0o640)
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"Ein Hund.\nZwei Katzen.\nDrei K\xe4tzchen.\n")  # fails at line 3, once the output file is open
-    for argv in (["tokenize", "encode", "-m", spm_model, tmp_path / "mistyped.txt", "-o", results],
-                 ["translate", "-c", ckpt, tmp_path / "mistyped.txt", "-o", results, "--device", "cpu"],
-                 ["tokenize", "encode", "-m", spm_model, bad, "-o", results],
-                 ["translate", "-c", ckpt, bad, "-o", results, "--device", "cpu", "--beam", "1"]):
+    for argv in (
+        ["tokenize", "encode", "-m", spm_model, tmp_path / "mistyped.txt", "-o", results],
+        ["translate", "-c", ckpt, tmp_path / "mistyped.txt", "-o", results, "--device", "cpu"],
+        ["tokenize", "encode", "-m", spm_model, bad, "-o", results],
+        ["translate", "-c", ckpt, bad, "-o", results, "--device", "cpu", "--beam", "1"],
+    ):
         code, _, err = run_cli(argv, capsys)
         assert code == 2 and err.count("\n") == 1, err
         assert results.read_bytes() == b"yesterday's results\n"
@@ -295,7 +300,7 @@ def test_line_splitter_equals_splitting_the_whole_input():
         splitter, got, i = textio.LineSplitter("x"), [], 0
         while i < len(data):
             step = rng.randrange(1, 9)
-            got += splitter.feed(data[i:i + step])
+            got += splitter.feed(data[i : i + step])
             i += step
         assert got + splitter.finish() == expected, data
         at = rng.randrange(0, len(data) + 1)  # a byte that is never UTF-8: the error names its line
@@ -303,5 +308,5 @@ def test_line_splitter_equals_splitting_the_whole_input():
         splitter, line = textio.LineSplitter("x"), data.count(b"\n", 0, at) + 1
         with pytest.raises(TextError, match=rf"^x:{line}: invalid UTF-8"):
             for k in range(0, len(bad), 7):
-                splitter.feed(bad[k:k + 7])
+                splitter.feed(bad[k : k + 7])
             splitter.finish()

@@ -30,10 +30,21 @@ def tiny_config(files, spm_model, out_dir, *extra):
 
 @pytest.mark.slow
 def test_tiny_model_overfits_64_real_pairs(pairs64, spm_model, tmp_path):
-    cfg = tiny_config(pairs64, spm_model, tmp_path / "run", "model.dropout=0.0", "train.label_smoothing=0.0",
-                      "train.lr_schedule=inverse_sqrt", "train.lr=0.003", "train.warmup_updates=30",
-                      "train.max_updates=400", "train.max_tokens=4096", "train.validate_every=400",
-                      "train.valid_bleu_sentences=4", "train.log_every=50")
+    cfg = tiny_config(
+        pairs64,
+        spm_model,
+        tmp_path / "run",
+        "model.dropout=0.0",
+        "train.label_smoothing=0.0",
+        "train.lr_schedule=inverse_sqrt",
+        "train.lr=0.003",
+        "train.warmup_updates=30",
+        "train.max_updates=400",
+        "train.max_tokens=4096",
+        "train.validate_every=400",
+        "train.valid_bleu_sentences=4",
+        "train.log_every=50",
+    )
     losses = []
     result = train(cfg, on_update=lambda update, s: losses.append(s["loss"] / s["ntokens"]))
     assert result.progress.update == 400
@@ -61,15 +72,41 @@ def test_tiny_model_overfits_64_real_pairs(pairs64, spm_model, tmp_path):
 
 TRAIN_FIELDS = {"kind", "update", "epoch", "wall", "loss", "nll", "ppl", "lr", "gnorm", "tokens", "tokens_per_s", "updates_per_s"}
 VALID_FIELDS = {"kind", "update", "epoch", "wall", "val_loss", "val_nll", "val_ppl", "val_bleu", "best", "valid_seconds"}
-SUMMARY_FIELDS = {"kind", "update", "epoch", "wall", "stop_reason", "target_tokens", "last_valid",
-                  "train_flops", "flops_per_token", "update_seconds", "achieved_tflops", "peak_tflops", "peak_source", "mfu", "mfu_wall"}
+SUMMARY_FIELDS = {
+    "kind",
+    "update",
+    "epoch",
+    "wall",
+    "stop_reason",
+    "target_tokens",
+    "last_valid",
+    "train_flops",
+    "flops_per_token",
+    "update_seconds",
+    "achieved_tflops",
+    "peak_tflops",
+    "peak_source",
+    "mfu",
+    "mfu_wall",
+}
 
 
 @pytest.mark.slow
 def test_metrics_jsonl_follows_the_documented_schema(pairs64, spm_model, tmp_path):
     out = tmp_path / "run"
-    result = train(tiny_config(pairs64, spm_model, out, "train.max_tokens=300", "train.max_epochs=2", "train.log_every=1",
-                               "train.validate_every=4", "train.valid_bleu_sentences=4", "train.best_metric=loss"))
+    result = train(
+        tiny_config(
+            pairs64,
+            spm_model,
+            out,
+            "train.max_tokens=300",
+            "train.max_epochs=2",
+            "train.log_every=1",
+            "train.validate_every=4",
+            "train.valid_bleu_sentences=4",
+            "train.best_metric=loss",
+        )
+    )
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     n = result.progress.update
     by_kind = {kind: [r for r in records if r["kind"] == kind] for kind in ("train", "valid", "summary")}
@@ -117,14 +154,20 @@ def test_shared_tiny_runs_are_as_documented(tiny_run, tiny_run_postnorm):
 @pytest.mark.slow
 @pytest.mark.parametrize("subword_alpha", [0.0, 0.3])
 def test_resume_gives_the_same_parameters_and_losses(pairs64, spm_model, tmp_path, subword_alpha):
-    common = ["train.max_tokens=300", "train.update_freq=2", "train.validate_every=5", "train.valid_bleu_sentences=3",
-              "train.lr_schedule=inverse_sqrt", "train.lr=0.002", "train.warmup_updates=5", "model.dropout=0.1",
-              f"data.subword_alpha={subword_alpha}"]  # with sampling, the resumed run re-samples the same pieces
+    common = [
+        "train.max_tokens=300",
+        "train.update_freq=2",
+        "train.validate_every=5",
+        "train.valid_bleu_sentences=3",
+        "train.lr_schedule=inverse_sqrt",
+        "train.lr=0.002",
+        "train.warmup_updates=5",
+        "model.dropout=0.1",
+        f"data.subword_alpha={subword_alpha}",
+    ]  # with sampling, the resumed run re-samples the same pieces
     straight, first, second = [], [], []
-    train(tiny_config(pairs64, spm_model, tmp_path / "a", *common, "train.max_updates=20"),
-          on_update=lambda u, s: straight.append(s["loss"]))
-    res = train(tiny_config(pairs64, spm_model, tmp_path / "b", *common, "train.max_updates=10"),
-                on_update=lambda u, s: first.append(s["loss"]))
+    train(tiny_config(pairs64, spm_model, tmp_path / "a", *common, "train.max_updates=20"), on_update=lambda u, s: straight.append(s["loss"]))
+    res = train(tiny_config(pairs64, spm_model, tmp_path / "b", *common, "train.max_updates=10"), on_update=lambda u, s: first.append(s["loss"]))
     assert res.progress.update == 10 and res.progress.epoch >= 1
     from transformer_mt.training.trainer import resumed_config
 
@@ -141,12 +184,22 @@ def test_resume_gives_the_same_parameters_and_losses(pairs64, spm_model, tmp_pat
     assert load_checkpoint(tmp_path / "b" / "checkpoint_last.pt")["progress"]["epoch"] > 1
 
 
-
 @pytest.mark.slow
 def test_numbered_checkpoints_follow_save_every_between_validations(pairs64, spm_model, tmp_path):
     out = tmp_path / "run"
-    train(tiny_config(pairs64, spm_model, out, "train.max_tokens=300", "train.validate_every=4", "train.save_every=3",
-                      "train.keep_last=3", "train.valid_bleu_sentences=-1", "train.max_updates=12"))
+    train(
+        tiny_config(
+            pairs64,
+            spm_model,
+            out,
+            "train.max_tokens=300",
+            "train.validate_every=4",
+            "train.save_every=3",
+            "train.keep_last=3",
+            "train.valid_bleu_sentences=-1",
+            "train.max_updates=12",
+        )
+    )
     numbered = sorted(int(p.stem.split("_")[1]) for p in out.glob("checkpoint_[0-9]*.pt"))
     assert numbered == [6, 9, 12]  # 3, 6, 9, 12 saved (not 4 or 8, the validations), the newest 3 kept
     for update in numbered:
@@ -155,8 +208,9 @@ def test_numbered_checkpoints_follow_save_every_between_validations(pairs64, spm
 
 @pytest.mark.slow
 def test_failed_save_keeps_the_last_good_checkpoint(pairs64, spm_model, tmp_path, monkeypatch):
-    cfg = tiny_config(pairs64, spm_model, tmp_path / "run", "train.max_updates=12", "train.validate_every=4",
-                      "train.valid_bleu_sentences=-1", "train.max_tokens=300")
+    cfg = tiny_config(
+        pairs64, spm_model, tmp_path / "run", "train.max_updates=12", "train.validate_every=4", "train.valid_bleu_sentences=-1", "train.max_tokens=300"
+    )
     real_save = torch.save
     calls = {"n": 0}
 
@@ -180,15 +234,20 @@ def test_failed_save_keeps_the_last_good_checkpoint(pairs64, spm_model, tmp_path
 def test_sigint_saves_a_resumable_checkpoint(pairs64, spm_model, tmp_path):
     run = tmp_path / "run"
     cfg_path = tmp_path / "cfg.yaml"
-    cfg_path.write_text(json.dumps({
-        "data": {"train_src": str(pairs64["train.en"]), "train_tgt": str(pairs64["train.de"])},
-        "tokenizer": {"model": str(spm_model)},
-        "model": {"encoder_layers": 1, "decoder_layers": 1, "d_model": 32, "heads": 2, "d_ff": 64},
-        "train": {"out_dir": str(run), "max_updates": 100000, "log_every": 1, "max_tokens": 300, "threads": 1, "device": "cpu"},
-    }))
+    cfg_path.write_text(
+        json.dumps(
+            {
+                "data": {"train_src": str(pairs64["train.en"]), "train_tgt": str(pairs64["train.de"])},
+                "tokenizer": {"model": str(spm_model)},
+                "model": {"encoder_layers": 1, "decoder_layers": 1, "d_model": 32, "heads": 2, "d_ff": 64},
+                "train": {"out_dir": str(run), "max_updates": 100000, "log_every": 1, "max_tokens": 300, "threads": 1, "device": "cpu"},
+            }
+        )
+    )
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "transformer_mt.cli", "train", "-c", str(cfg_path)],
-                            stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "transformer_mt.cli", "train", "-c", str(cfg_path)], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
     metrics = run / "metrics.jsonl"
     deadline = time.time() + 60
     while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
@@ -208,16 +267,18 @@ def test_sigint_saves_a_resumable_checkpoint(pairs64, spm_model, tmp_path):
     assert result.progress.update == done + 2
 
 
-
-
 def write_cfg(tmp_path, src, tgt, spm_model, **train):
     path = tmp_path / "cfg.yaml"
-    path.write_text(json.dumps({
-        "data": {"train_src": str(src), "train_tgt": str(tgt), "max_len": 30},
-        "tokenizer": {"model": str(spm_model)},
-        "model": {"encoder_layers": 1, "decoder_layers": 1, "d_model": 32, "heads": 2, "d_ff": 64, "max_positions": 64},
-        "train": {"out_dir": str(tmp_path / "run"), "max_updates": 3, "threads": 1, "device": "cpu", **train},
-    }))
+    path.write_text(
+        json.dumps(
+            {
+                "data": {"train_src": str(src), "train_tgt": str(tgt), "max_len": 30},
+                "tokenizer": {"model": str(spm_model)},
+                "model": {"encoder_layers": 1, "decoder_layers": 1, "d_model": 32, "heads": 2, "d_ff": 64, "max_positions": 64},
+                "train": {"out_dir": str(tmp_path / "run"), "max_updates": 3, "threads": 1, "device": "cpu", **train},
+            }
+        )
+    )
     return path
 
 
@@ -266,8 +327,9 @@ def test_gradients_reach_adam_clipped_only_when_clip_norm_is_set(corpus_slice, s
     from the gradients themselves); without, the gradients are untouched."""
     from transformer_mt.training.trainer import Trainer
 
-    cfg = tiny_config(corpus_slice, spm_model, tmp_path / "run", f"train.clip_norm={clip}", "train.max_updates=3",
-                      "train.validate_every=100", "train.valid_bleu_sentences=-1")
+    cfg = tiny_config(
+        corpus_slice, spm_model, tmp_path / "run", f"train.clip_norm={clip}", "train.max_updates=3", "train.validate_every=100", "train.valid_bleu_sentences=-1"
+    )
     trainer = Trainer(cfg, resume=False)
     seen, step = [], trainer.optimizer.step
 

@@ -58,7 +58,7 @@ def test_threads_sharing_one_translator_get_what_they_get_alone(spm_model, multi
     tr = Translator.from_checkpoint(make_checkpoint(spm_model, tmp_path / "m.pt", positions=positions), device="cpu")
     lines = head(multi30k / "val.en", 48)
     lines[5] = " ".join(["a dog runs through the snow"] * 30)  # truncated: in request 0's stats only
-    requests = [(lines[6 * k: 6 * k + 6], {"beam": (1, 3)[k % 2], "nbest": (1, 2, 1, 3)[k % 4], "lenpen": 0.6}) for k in range(8)]
+    requests = [(lines[6 * k : 6 * k + 6], {"beam": (1, 3)[k % 2], "nbest": (1, 2, 1, 3)[k % 4], "lenpen": 0.6}) for k in range(8)]
     params = {name: p.clone() for name, p in tr.model.state_dict().items()}
     pe = getattr(tr.model, "pe", None)
     alone = [tr.translate(text, **kw) for text, kw in requests]
@@ -104,8 +104,14 @@ def test_nbest_format(ckpt, tmp_path, capsys):
 
 def test_stdin_is_translated_as_lines_arrive(ckpt):
     """Interactive use: the answer to line 1 arrives before line 2 is even sent."""
-    proc = subprocess.Popen([str(VENV_BIN / "tmt"), "translate", "-c", str(ckpt), "--beam", "1", "--device", "cpu"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    proc = subprocess.Popen(
+        [str(VENV_BIN / "tmt"), "translate", "-c", str(ckpt), "--beam", "1", "--device", "cpu"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+    )
     try:
         for sentence in ("A man rides a horse.", "", "Two dogs play in the park."):
             proc.stdin.write(sentence + "\n")
@@ -122,8 +128,10 @@ def test_stdin_is_translated_as_lines_arrive(ckpt):
 
 def test_evaluate_reports_scores_and_speed(ckpt, corpus_slice, tmp_path, capsys):
     hyp = tmp_path / "val.hyp"
-    code, out, _ = run_cli(["evaluate", "-c", str(ckpt), "--src", str(corpus_slice["val.en"]), "--ref", str(corpus_slice["val.de"]),
-                        "-o", str(hyp), "--beam", "2", "--json"], capsys)
+    code, out, _ = run_cli(
+        ["evaluate", "-c", str(ckpt), "--src", str(corpus_slice["val.en"]), "--ref", str(corpus_slice["val.de"]), "-o", str(hyp), "--beam", "2", "--json"],
+        capsys,
+    )
     assert code == 0
     report = json.loads(out)
     assert set(report) >= {"bleu", "chrf", "sentences_per_s", "tgt_tokens_per_s", "bleu_signature"}
@@ -136,8 +144,7 @@ def test_evaluate_reports_scores_and_speed(ckpt, corpus_slice, tmp_path, capsys)
 def test_ensemble_from_the_command_line(ckpt, spm_model, corpus_slice, tmp_path, capsys):
     src = corpus_slice["val.en"]
     outs = {}
-    for name, paths in (("alone", [ckpt]), ("twice", [ckpt, ckpt]),
-                        ("pair", [ckpt, make_checkpoint(spm_model, tmp_path / "other.pt", seed=7)])):
+    for name, paths in (("alone", [ckpt]), ("twice", [ckpt, ckpt]), ("pair", [ckpt, make_checkpoint(spm_model, tmp_path / "other.pt", seed=7)])):
         outs[name] = tmp_path / f"{name}.de"
         args = [a for p in paths for a in ("-c", str(p))]
         code, _, err = run_cli(["translate", *args, str(src), "-o", str(outs[name]), "--beam", "3"], capsys)
@@ -152,8 +159,10 @@ def test_ensemble_from_the_command_line(ckpt, spm_model, corpus_slice, tmp_path,
     save_checkpoint(state, tmp_path / "alien.pt")
     code, _, err = run_cli(["translate", "-c", str(ckpt), "-c", str(tmp_path / "alien.pt"), str(src), "-o", str(tmp_path / "x.de")], capsys)
     assert code == 2
-    assert err.strip() == (f"tmt: error: {tmp_path / 'alien.pt'}: its sentencepiece models differ from those of {ckpt}; "
-                           "an ensemble needs checkpoints trained with the same tokenizer")
+    assert err.strip() == (
+        f"tmt: error: {tmp_path / 'alien.pt'}: its sentencepiece models differ from those of {ckpt}; "
+        "an ensemble needs checkpoints trained with the same tokenizer"
+    )
 
 
 def _sacrebleu(*args: str) -> str:
@@ -172,8 +181,9 @@ def test_bleu_matches_sacrebleu_command_line(multi30k, tmp_path, capsys):
     for extra in ([], ["-lc"]):
         code, out, _ = run_cli(["bleu", "--ref", str(ref), str(hyp), "--json", "-w", "2", *extra], capsys)
         ours = json.loads(out)
-        theirs = json.loads(_sacrebleu(str(ref), "-i", str(hyp), "-m", "bleu", "chrf", "-w", "2", "--format", "json",
-                                       *(["-lc", "--chrf-lowercase"] if extra else [])))
+        theirs = json.loads(
+            _sacrebleu(str(ref), "-i", str(hyp), "-m", "bleu", "chrf", "-w", "2", "--format", "json", *(["-lc", "--chrf-lowercase"] if extra else []))
+        )
         assert [(o["name"], o["score"], o["signature"]) for o in ours] == [(t["name"], t["score"], t["signature"]) for t in theirs]
     code, out, _ = run_cli(["bleu", "--ref", str(ref), str(hyp)], capsys)
     assert out.strip() == _sacrebleu(str(ref), "-i", str(hyp), "-m", "bleu", "chrf", "--format", "text").strip()

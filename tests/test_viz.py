@@ -129,13 +129,30 @@ def test_plot_reads_records_with_and_without_kind(tmp_path, capsys):
     new, old = tmp_path / "a" / "run", tmp_path / "b" / "run"  # same directory name: the legend tells them apart
     for d in (new, old):
         d.mkdir(parents=True)
-    (new / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [
-        {"kind": "train", "update": 10, "wall": 5.0, "loss": 7.0}, {"kind": "valid", "update": 10, "wall": 6.0, "val_loss": 6.5, "val_bleu": 1.0},
-        {"kind": "train", "update": 20, "wall": 9.0, "loss": 6.0}, {"kind": "summary", "update": 20, "wall": 9.5, "target_tokens": 100},
-    ]) + "\n")
-    (old / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [
-        {"update": 10, "wall": 4.0, "loss": 7.5}, {"update": 10, "wall": 4.5, "val_loss": 7.0}, {"update": 20, "wall": 8.0, "loss": 6.5},
-    ]) + "\n" + '{"update": 30, "wa')  # a record being written when the file was read
+    (new / "metrics.jsonl").write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {"kind": "train", "update": 10, "wall": 5.0, "loss": 7.0},
+                {"kind": "valid", "update": 10, "wall": 6.0, "val_loss": 6.5, "val_bleu": 1.0},
+                {"kind": "train", "update": 20, "wall": 9.0, "loss": 6.0},
+                {"kind": "summary", "update": 20, "wall": 9.5, "target_tokens": 100},
+            ]
+        )
+        + "\n"
+    )
+    (old / "metrics.jsonl").write_text(
+        "\n".join(
+            json.dumps(r)
+            for r in [
+                {"update": 10, "wall": 4.0, "loss": 7.5},
+                {"update": 10, "wall": 4.5, "val_loss": 7.0},
+                {"update": 20, "wall": 8.0, "loss": 6.5},
+            ]
+        )
+        + "\n"
+        + '{"update": 30, "wa'
+    )  # a record being written when the file was read
     a, b = read_run(new), read_run(old)
     assert [r["update"] for r in a.train] == [10, 20] and [r["val_bleu"] for r in a.valid] == [1.0]
     assert [r["loss"] for r in b.train] == [7.5, 6.5] and [r["val_loss"] for r in b.valid] == [7.0]
@@ -169,8 +186,11 @@ def independent_weights(model, src_ids: list[int], tgt_in_ids: list[int]) -> dic
     SDPA forward) and the model's W^Q, W^K, W^V; decoder layers are followed through their self-attention sublayer
     by hand to get the cross-attention queries."""
     inputs: dict[str, torch.Tensor] = {}
-    hooks = [layer.register_forward_pre_hook(lambda _m, args, key=f"{stack}{i}": inputs.__setitem__(key, args[0].detach()))
-             for stack in ("encoder", "decoder") for i, layer in enumerate(getattr(model, stack))]
+    hooks = [
+        layer.register_forward_pre_hook(lambda _m, args, key=f"{stack}{i}": inputs.__setitem__(key, args[0].detach()))
+        for stack in ("encoder", "decoder")
+        for i, layer in enumerate(getattr(model, stack))
+    ]
     src, tgt_in = torch.tensor([src_ids]), torch.tensor([tgt_in_ids])
     with torch.no_grad():
         memory = model.encode(src).memory.double()
@@ -271,22 +291,36 @@ def test_attention_options(tmp_path, capsys, tiny_checkpoint, tiny_model):
     src = tmp_path / "src.en"
     src.write_text("A dog runs.\nTwo children play in the snow.\n")
     ref = "Zwei Kinder spielen im Schnee."
-    code, _, err = run_cli(capsys, "attention", "-c", str(tiny_checkpoint), str(src), "--line", "2", "--ref", ref,
-                           "--layers", "1", "--heads", "0,3", "--svg", "-o", str(tmp_path / "m"))
+    code, _, err = run_cli(
+        capsys,
+        "attention",
+        "-c",
+        str(tiny_checkpoint),
+        str(src),
+        "--line",
+        "2",
+        "--ref",
+        ref,
+        "--layers",
+        "1",
+        "--heads",
+        "0,3",
+        "--svg",
+        "-o",
+        str(tmp_path / "m"),
+    )
     assert code == 0, err
     data = json.loads((tmp_path / "m" / "attention.json").read_text())
     assert data["source"] == "Two children play in the snow." and data["teacher_forced"] and data["target"] == ref
     assert data["tgt_out_pieces"] == tiny_model.tgt_tok.encode_pieces([ref])[0] + ["</s>"]
     assert (data["encoder_layers"], data["decoder_layers"], data["heads"]) == ([1], [1], [0, 3])
-    full = run_cli(capsys, "attention", "-c", str(tiny_checkpoint), "--src", "Two children play in the snow.", "--ref", ref,
-                   "-o", str(tmp_path / "all"))
+    full = run_cli(capsys, "attention", "-c", str(tiny_checkpoint), "--src", "Two children play in the snow.", "--ref", ref, "-o", str(tmp_path / "all"))
     assert full[0] == 0
     everything = json.loads((tmp_path / "all" / "attention.json").read_text())
     for kind in ("encoder_self", "decoder_self", "cross"):
         assert torch.equal(torch.tensor(data[kind]), torch.tensor(everything[kind])[[1]][:, [0, 3]])
     assert (tmp_path / "m" / "cross.svg").read_text().lstrip().startswith("<?xml")
-    for bad, needle in ((["--heads", "4"], "--heads 4: the model has 4 heads"), (["--layers", "x"], "--layers 'x'"),
-                        (["--line", "3"], "fewer than 3 lines")):
+    for bad, needle in ((["--heads", "4"], "--heads 4: the model has 4 heads"), (["--layers", "x"], "--layers 'x'"), (["--line", "3"], "fewer than 3 lines")):
         args = ["attention", "-c", str(tiny_checkpoint), str(src), "-o", str(tmp_path / "bad")]
         args += [] if "--line" in bad else ["--line", "1"]
         code, _, err = run_cli(capsys, *args, *bad)

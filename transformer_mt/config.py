@@ -203,8 +203,9 @@ def _override_value(dotted: str, text: str) -> Any:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"--set {dotted}={text}: the value is not valid YAML ({problem}); quote strings, e.g. --set '{dotted}=\"...\"', "
-                          "and close lists, e.g. [0.9, 0.98]") from None
+        raise ConfigError(
+            f"--set {dotted}={text}: the value is not valid YAML ({problem}); quote strings, e.g. --set '{dotted}=\"...\"', and close lists, e.g. [0.9, 0.98]"
+        ) from None
 
 
 def _suggest(name: str, valid: list[str]) -> str:
@@ -320,8 +321,10 @@ def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -
     if m.head_dim < 0 or m.value_dim < 0:
         fail("model.head_dim", "must be 0 (= d_model / heads) or positive")
     if (m.head_dim == 0 or m.value_dim == 0) and m.d_model % m.heads:
-        fail("model.d_model", f"{m.d_model} is not divisible by model.heads={m.heads}; "
-             "choose d_model as a multiple of heads (or set model.head_dim and model.value_dim)")
+        fail(
+            "model.d_model",
+            f"{m.d_model} is not divisible by model.heads={m.heads}; choose d_model as a multiple of heads (or set model.head_dim and model.value_dim)",
+        )
     for key in ("dropout", "attention_dropout", "activation_dropout"):
         if not 0.0 <= getattr(m, key) < 1.0:
             fail(f"model.{key}", f"{getattr(m, key)} is outside [0, 1); use e.g. 0.1")
@@ -336,22 +339,39 @@ def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -
     for key in ("max_tokens", "update_freq", "validate_every", "log_every"):
         if getattr(t, key) < 1:
             fail(f"train.{key}", f"must be at least 1, got {getattr(t, key)}")
-    for key in ("max_updates", "max_epochs", "max_time", "save_every", "keep_last", "keep_every", "patience", "warmup_updates", "weight_decay",
-                "clip_norm", "threads"):
+    for key in (
+        "max_updates",
+        "max_epochs",
+        "max_time",
+        "save_every",
+        "keep_last",
+        "keep_every",
+        "patience",
+        "warmup_updates",
+        "weight_decay",
+        "clip_norm",
+        "threads",
+    ):
         if getattr(t, key) < 0:
             fail(f"train.{key}", f"must be 0 or positive, got {getattr(t, key)}")
     spacing = t.numbered_spacing
     if t.keep_every and t.keep_every % spacing:
         nearest = spacing * max(1, round(t.keep_every / spacing))
-        fail("train.keep_every", f"{t.keep_every} is not a multiple of train.{'save_every' if t.save_every else 'validate_every'} ({spacing}), "
-             f"so only the updates that are multiples of both would be kept; use a multiple of {spacing}, e.g. {nearest}")
+        fail(
+            "train.keep_every",
+            f"{t.keep_every} is not a multiple of train.{'save_every' if t.save_every else 'validate_every'} ({spacing}), "
+            f"so only the updates that are multiples of both would be kept; use a multiple of {spacing}, e.g. {nearest}",
+        )
     if t.lr <= 0 or t.lr_scale <= 0:
         fail("train.lr", "learning rate and lr_scale must be positive")
     if t.lr_schedule == "inverse_sqrt" and t.warmup_updates < 1:
         fail("train.warmup_updates", "inverse_sqrt needs warmup_updates >= 1")
     if t.lr_schedule == "linear" and t.max_updates <= t.warmup_updates:
-        fail("train.max_updates", f"lr_schedule linear decays to 0 at max_updates, which must be above warmup_updates "
-             f"(got max_updates={t.max_updates}, warmup_updates={t.warmup_updates}); set train.max_updates")
+        fail(
+            "train.max_updates",
+            f"lr_schedule linear decays to 0 at max_updates, which must be above warmup_updates "
+            f"(got max_updates={t.max_updates}, warmup_updates={t.warmup_updates}); set train.max_updates",
+        )
     if t.lr_schedule == "wsd" and not (t.max_time or t.max_updates):
         fail("train.lr_schedule", "wsd cools down over the end of the budget; set train.max_time (minutes) or train.max_updates")
     if not 0.0 < t.cooldown <= 1.0:
@@ -373,8 +393,10 @@ def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -
     if cfg.data.max_len < 1 or cfg.data.max_len_ratio < 1.0:
         fail("data.max_len", "max_len must be >= 1 and max_len_ratio >= 1")
     if cfg.data.max_len + 1 > m.max_positions:  # + EOS on the source, + BOS on the decoder input
-        fail("data.max_len", f"{cfg.data.max_len} + 1 (EOS or BOS) exceeds model.max_positions={m.max_positions}; "
-             "lower data.max_len or raise model.max_positions")
+        fail(
+            "data.max_len",
+            f"{cfg.data.max_len} + 1 (EOS or BOS) exceeds model.max_positions={m.max_positions}; lower data.max_len or raise model.max_positions",
+        )
     if bool(cfg.data.valid_src) != bool(cfg.data.valid_tgt):
         given, missing = ("valid_src", "valid_tgt") if cfg.data.valid_src else ("valid_tgt", "valid_src")
         fail(f"data.{missing}", f"is empty while data.{given} is set; give both validation files, or neither to train without validation")
@@ -391,11 +413,24 @@ def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -
 # same checks, so a crafted few-KB file cannot make the loader build a model of terabytes. Each bound
 # is far above any published MT model (Transformer-big: d_model 1024, d_ff 4096, 16 heads, 6 layers).
 LIMITS = {
-    "model.encoder_layers": 1024, "model.decoder_layers": 1024, "model.d_model": 65536, "model.heads": 1024,
-    "model.head_dim": 65536, "model.value_dim": 65536, "model.d_ff": 1 << 20, "model.max_positions": 1 << 20,
-    "tokenizer.vocab_size": 1 << 21, "train.max_tokens": 1 << 26, "train.update_freq": 1 << 16,
-    "decode.beam": 1024, "decode.nbest": 1024, "decode.batch_tokens": 1 << 26, "decode.max_len_b": 1 << 20,
-    "decode.max_len_a": 64, "data.max_len": 1 << 20, "train.valid_beam": 1024,
+    "model.encoder_layers": 1024,
+    "model.decoder_layers": 1024,
+    "model.d_model": 65536,
+    "model.heads": 1024,
+    "model.head_dim": 65536,
+    "model.value_dim": 65536,
+    "model.d_ff": 1 << 20,
+    "model.max_positions": 1 << 20,
+    "tokenizer.vocab_size": 1 << 21,
+    "train.max_tokens": 1 << 26,
+    "train.update_freq": 1 << 16,
+    "decode.beam": 1024,
+    "decode.nbest": 1024,
+    "decode.batch_tokens": 1 << 26,
+    "decode.max_len_b": 1 << 20,
+    "decode.max_len_a": 64,
+    "data.max_len": 1 << 20,
+    "train.valid_beam": 1024,
 }
 MAX_PARAMETERS = 100_000_000_000  # 100B: a rough count (below) above this is refused before any allocation
 

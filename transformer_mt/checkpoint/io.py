@@ -224,8 +224,9 @@ def _check_plain(obj: Any, where: str) -> None:
         raise CheckpointError(f"checkpoint {where} is bytes, which torch < 2.5 refuses under weights_only; store bytes_to_tensor(value) instead")
     elif not (isinstance(obj, torch.Tensor) or type(obj) in _LEAF_TYPES):
         kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
-        raise CheckpointError(f"checkpoint {where} is a {kind}, which torch.load(weights_only=True) refuses; "
-                              "convert it to a tensor, str, int, float, bool, list or dict")
+        raise CheckpointError(
+            f"checkpoint {where} is a {kind}, which torch.load(weights_only=True) refuses; convert it to a tensor, str, int, float, bool, list or dict"
+        )
 
 
 # ----------------------------------------------------------------------------- plain-type helpers
@@ -252,8 +253,9 @@ def unpack_tokenizers(state: dict[str, Any], *, source: str = "checkpoint") -> t
     """(src_proto, tgt_proto) from a loaded checkpoint; feed them to ``Tokenizer(proto)``."""
     toks = state.get("tokenizers")
     if not isinstance(toks, dict) or not {"src", "tgt"} <= toks.keys():
-        raise CheckpointError(f"{source}: checkpoint holds no sentencepiece models ('tokenizers' with 'src' and 'tgt'); "
-                              "give a checkpoint written by `tmt train`")
+        raise CheckpointError(
+            f"{source}: checkpoint holds no sentencepiece models ('tokenizers' with 'src' and 'tgt'); give a checkpoint written by `tmt train`"
+        )
     return tensor_to_bytes(toks["src"]), tensor_to_bytes(toks["tgt"])
 
 
@@ -424,13 +426,14 @@ def average_checkpoints(paths: list[str | os.PathLike], *, weights: str | None =
             raise CheckpointError(f"{path}: checkpoint has no 'model' weights; give checkpoints written by `tmt train`")
         tokenizers = unpack_tokenizers(last, source=str(path))
         if first is None:
-            first = {"config": last.get("config"), "model": {k: (tuple(v.shape), v.dtype) for k, v in last["model"].items()},
-                     "tokenizers": tokenizers}
+            first = {"config": last.get("config"), "model": {k: (tuple(v.shape), v.dtype) for k, v in last["model"].items()}, "tokenizers": tokenizers}
         else:
             _check_same_architecture(first_path, first, path, last)
             if tokenizers != first["tokenizers"]:  # equal vocabulary sizes are not enough: the ids must mean the same pieces
-                raise CheckpointError(f"cannot average {first_path} and {path}: their sentencepiece models differ; "
-                                      "average checkpoints of one run (or of runs trained with the same tokenizer.model)")
+                raise CheckpointError(
+                    f"cannot average {first_path} and {path}: their sentencepiece models differ; "
+                    "average checkpoints of one run (or of runs trained with the same tokenizer.model)"
+                )
         if weights is None and not last.get("ema"):
             kinds.pop("ema", None)
         for kind, sums in kinds.items():

@@ -22,7 +22,6 @@ from transformer_mt.errors import TmtError
 __all__ = ["app", "main"]
 
 
-
 def main(argv: Optional[list[str]] = None) -> None:
     """Console entry point: runs the app and turns user errors into one line on stderr (exit code 2)."""
     try:
@@ -46,7 +45,12 @@ def _os_error_line(exc: OSError) -> str:
         return str(exc)
     where = f"{exc.filename}: " if exc.filename is not None else ""
     reason = exc.strerror
-    hint = {errno.ENOSPC: "free some disk space or write elsewhere", errno.EDQUOT: "free some space under your quota",
-            errno.EROFS: "write to a writable location", errno.ENOTDIR: "a part of the path is a file, not a directory; fix the path",
-            errno.EEXIST: "remove it or choose another path", errno.ENAMETOOLONG: "use a shorter path"}.get(exc.errno, "check the path and permissions")
+    hint = {
+        errno.ENOSPC: "free some disk space or write elsewhere",
+        errno.EDQUOT: "free some space under your quota",
+        errno.EROFS: "write to a writable location",
+        errno.ENOTDIR: "a part of the path is a file, not a directory; fix the path",
+        errno.EEXIST: "remove it or choose another path",
+        errno.ENAMETOOLONG: "use a shorter path",
+    }.get(exc.errno, "check the path and permissions")
     return f"{where}{reason}; {hint}"

@@ -28,12 +28,17 @@ def progress(handle, path: Optional[Path]):
 
     return tqdm(handle, desc=f"{path.name}", unit=" lines", leave=False)
 
-CKPT_HELP = ("A checkpoint written by `tmt train` or `tmt average`; repeat -c to decode an ensemble "
-              "(mean of the models' probabilities; they must share the tokenizer).")
+
+CKPT_HELP = (
+    "A checkpoint written by `tmt train` or `tmt average`; repeat -c to decode an ensemble (mean of the models' probabilities; they must share the tokenizer)."
+)
 BEAM_HELP = "Beam size (1 = greedy). Default: the checkpoint's decode.beam."
 LENPEN_HELP = "GNMT length penalty alpha, ((5+len)/6)^alpha. Default: decode.lenpen."
-WEIGHTS_HELP = ("ema or raw: the moving average of the weights (train.ema_decay; what validation chose on) or the trained ones. "
-                "Default: ema when the checkpoint holds it, else raw.")
+WEIGHTS_HELP = (
+    "ema or raw: the moving average of the weights (train.ema_decay; what validation chose on) or the trained ones. "
+    "Default: ema when the checkpoint holds it, else raw."
+)
+
 
 def decode_args(tr, beam: Optional[int], lenpen: Optional[float], nbest: int) -> tuple[int, float]:
     """--beam / --lenpen (or the checkpoint's defaults), checked before any input is encoded: a beam too
@@ -47,8 +52,9 @@ def decode_args(tr, beam: Optional[int], lenpen: Optional[float], nbest: int) ->
         raise TranslateError(f"--beam {beam} --nbest {nbest}: need beam >= 1 and 1 <= nbest <= beam")
     vocab = tr.tgt_tok.vocab_size
     if beam > max_beam(vocab):
-        raise TranslateError(f"--beam {beam}: the model's target vocabulary has {vocab} ids, enough for a beam of at most {max_beam(vocab)}; "
-                             "lower --beam (4 to 10 is usual)")
+        raise TranslateError(
+            f"--beam {beam}: the model's target vocabulary has {vocab} ids, enough for a beam of at most {max_beam(vocab)}; lower --beam (4 to 10 is usual)"
+        )
     if not math.isfinite(lenpen):
         raise TranslateError(f"--lenpen {lenpen}: must be a finite number; the usual range is 0.6 to 1.5")
     return beam, lenpen

@@ -20,7 +20,8 @@ def export(
     output: Path = typer.Option(..., "--output", "-o", help="The model directory to write."),
     format: str = typer.Option("ctranslate2", "--format", help="Target engine: ctranslate2."),
     quantization: Optional[str] = typer.Option(
-        None, "--quantization", "-q", help="Weight type: int8, int8_float32, int8_float16, int8_bfloat16, int16, float16, bfloat16 (default: float32)."),
+        None, "--quantization", "-q", help="Weight type: int8, int8_float32, int8_float16, int8_bfloat16, int16, float16, bfloat16 (default: float32)."
+    ),
     force: bool = typer.Option(False, "--force", help="Replace the output directory if it exists."),
 ) -> None:
     """Convert a checkpoint for an inference engine (CTranslate2): weights, vocabularies, sentencepiece model."""
@@ -33,14 +34,16 @@ def export(
 @app.command()
 def serve(
     checkpoints: List[str] = typer.Option(
-        ..., "--checkpoint", "-c", help="A checkpoint to serve, as PATH or NAME=PATH; repeat -c to serve several models (the first is the default)."),
+        ..., "--checkpoint", "-c", help="A checkpoint to serve, as PATH or NAME=PATH; repeat -c to serve several models (the first is the default)."
+    ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 = every interface)."),
     port: int = typer.Option(8000, "--port", help="TCP port."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
     threads: int = typer.Option(0, "--threads", help="CPU threads for torch (0 = torch default)."),
     max_lines: int = typer.Option(256, "--max-lines", help="Most lines in one request (more: 413)."),
-    max_chars: int = typer.Option(10_000, "--max-chars", help="Most characters in one line (more: 413). Lines over the model's "
-                                                                "token limit are truncated and reported in `warnings`."),
+    max_chars: int = typer.Option(
+        10_000, "--max-chars", help="Most characters in one line (more: 413). Lines over the model's token limit are truncated and reported in `warnings`."
+    ),
     max_beam: int = typer.Option(16, "--max-beam", help="Largest beam a request may ask for (more: 422)."),
     max_queue: int = typer.Option(256, "--max-queue", help="Requests waiting per model; when full, new requests get 503."),
     batch_wait_ms: float = typer.Option(5.0, "--batch-wait-ms", help="How long the first request of a batch waits for others to join it."),

@@ -36,8 +36,7 @@ def evaluate(
     tr = Translator.from_checkpoints(checkpoints, device=device, dtype=dtype, threads=threads, weights=weights)
     beam, lenpen = decode_args(tr, beam, lenpen, 1)
     output = output or checkpoints[0].parent / f"{src.name}.{checkpoints[0].stem}.hyp"
-    result = evaluate_file(tr, src, ref, output=output, beam=beam, lenpen=lenpen, batch_tokens=batch_tokens, lowercase=lowercase,
-                           keep_intact=checkpoints)
+    result = evaluate_file(tr, src, ref, output=output, beam=beam, lenpen=lenpen, batch_tokens=batch_tokens, lowercase=lowercase, keep_intact=checkpoints)
     if result.stats.warning():
         typer.echo(result.stats.warning(), err=True)
     typer.echo(json.dumps(result.report()) if json_out else "\n".join(result.text()))

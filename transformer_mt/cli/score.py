@@ -29,8 +29,16 @@ def bleu(
     hyps = read_lines("-" if hyp is None else hyp)  # stdin read as bytes, decoded strictly like a file
     if not ref:
         raise MetricsError("give at least one --ref file")
-    results = score(hyps, [read_lines(r) for r in ref], metrics=("bleu", "chrf"), lowercase=lowercase, tokenize=tokenize,
-                    ter=ter, hyp_name=hyp_name, ref_names=[str(r) for r in ref])
+    results = score(
+        hyps,
+        [read_lines(r) for r in ref],
+        metrics=("bleu", "chrf"),
+        lowercase=lowercase,
+        tokenize=tokenize,
+        ter=ter,
+        hyp_name=hyp_name,
+        ref_names=[str(r) for r in ref],
+    )
     with safe_output(None) as out:  # stdout; a full disk names <stdout>
         out.write((format_json(results, width=width) if json_out else format_text(results, width=width)) + "\n")
 
@@ -40,11 +48,18 @@ def average(
     checkpoints: List[Path] = typer.Argument(None, help="Checkpoint files to average (or give --run and --last)."),
     run: Optional[Path] = typer.Option(None, "--run", help="Run directory: average its newest numbered checkpoints."),
     last: int = typer.Option(5, "--last", min=1, help="With --run: how many of the newest checkpoints."),
-    every: int = typer.Option(0, "--every", min=0, help="With --run: only checkpoints whose update is a multiple of K (a wider, LAWA-style "
-                              "window; train with train.keep_every=K to keep them)."),
+    every: int = typer.Option(
+        0,
+        "--every",
+        min=0,
+        help="With --run: only checkpoints whose update is a multiple of K (a wider, LAWA-style window; train with train.keep_every=K to keep them).",
+    ),
     output: Path = typer.Option(..., "--output", "-o", help="Where to write the averaged checkpoint."),
-    weights: Optional[str] = typer.Option(None, "--weights", help="ema or raw: which weights of each checkpoint to average (train.ema_decay). "
-                                          "Default: ema when every checkpoint holds it, else raw."),
+    weights: Optional[str] = typer.Option(
+        None,
+        "--weights",
+        help="ema or raw: which weights of each checkpoint to average (train.ema_decay). Default: ema when every checkpoint holds it, else raw.",
+    ),
 ) -> None:
     """Average model parameters of several checkpoints (the paper averages the last 5 or 20)."""
     from transformer_mt.checkpoint.io import CheckpointError, average_checkpoints, last_checkpoints, save_checkpoint
@@ -61,5 +76,4 @@ def average(
             raise CheckpointError(f"{output}: the output is the input checkpoint {path}; writing it would destroy that checkpoint, so give another -o")
     averaged = average_checkpoints(paths, weights=weights)
     save_checkpoint(averaged, output)
-    typer.echo(f"averaged the {averaged['averaged_weights']} weights of {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) "
-               f"into {output}", err=True)
+    typer.echo(f"averaged the {averaged['averaged_weights']} weights of {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {output}", err=True)

@@ -24,8 +24,12 @@ def tokenize_train(
     from transformer_mt.text.tokenizer import train_sentencepiece
 
     path = train_sentencepiece(
-        inputs, model_prefix, vocab_size=vocab_size, model_type=model_type,
-        character_coverage=character_coverage, input_sentence_size=input_sentence_size,
+        inputs,
+        model_prefix,
+        vocab_size=vocab_size,
+        model_type=model_type,
+        character_coverage=character_coverage,
+        input_sentence_size=input_sentence_size,
     )
     typer.echo(f"wrote {path} ({vocab_size} pieces, {model_type})", err=True)
 

@@ -50,11 +50,16 @@ def translate(
 
 @app.command()
 def mbr(
-    candidates: List[Path] = typer.Argument(..., help="Candidate files, one per system, for the same inputs: tmt translate output, "
-                                            "plain (one line per input) or n-best (--nbest K)."),
+    candidates: List[Path] = typer.Argument(
+        ..., help="Candidate files, one per system, for the same inputs: tmt translate output, plain (one line per input) or n-best (--nbest K)."
+    ),
     output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output file, one line per input (default: stdout)."),
-    weights: str = typer.Option("uniform", "--weights", help="How a system shares its weight among its candidates for an input: "
-                                "uniform, or score (softmax of the n-best scores / --temperature). Every system weighs the same."),
+    weights: str = typer.Option(
+        "uniform",
+        "--weights",
+        help="How a system shares its weight among its candidates for an input: "
+        "uniform, or score (softmax of the n-best scores / --temperature). Every system weighs the same.",
+    ),
     temperature: float = typer.Option(1.0, "--temperature", help="With --weights score: divides the scores before the softmax."),
 ) -> None:
     """Minimum Bayes risk choice: per input, the candidate with the highest expected sentence BLEU against

@@ -70,14 +70,18 @@ def read_candidates(path: str | os.PathLike) -> list[list[Candidate]]:
     for number, line in enumerate(lines, start=1):
         parts = line.split("\t", 2)
         if not _is_nbest(line):
-            raise MbrError(f"{path}:{number}: expected INDEX<TAB>SCORE<TAB>TEXT as on line 1 (an n-best file of tmt translate "
-                           f"--nbest K), got {line[:60]!r}; give whole n-best files, or plain translations throughout")
+            raise MbrError(
+                f"{path}:{number}: expected INDEX<TAB>SCORE<TAB>TEXT as on line 1 (an n-best file of tmt translate "
+                f"--nbest K), got {line[:60]!r}; give whole n-best files, or plain translations throughout"
+            )
         index, score = int(parts[0]), float(parts[1])
         if index == len(out):
             out.append([])
         elif index != len(out) - 1:
-            raise MbrError(f"{path}:{number}: input index {index} follows {len(out) - 1}; an n-best file lists inputs 0, 1, 2, ... "
-                           "in order with none missing, as tmt translate --nbest writes it")
+            raise MbrError(
+                f"{path}:{number}: input index {index} follows {len(out) - 1}; an n-best file lists inputs 0, 1, 2, ... "
+                "in order with none missing, as tmt translate --nbest writes it"
+            )
         out[-1].append(Candidate(parts[2].rstrip(), score))
     return out
 
@@ -164,8 +168,7 @@ def mbr_files(paths: Sequence[str | os.PathLike], *, weights: str = "uniform", t
     n = len(systems[0])
     for path, cands in zip(paths, systems):
         if len(cands) != n:
-            raise MbrError(f"{path} has candidates for {len(cands)} inputs but {paths[0]} for {n}; every file must "
-                           "translate the same input lines")
+            raise MbrError(f"{path} has candidates for {len(cands)} inputs but {paths[0]} for {n}; every file must translate the same input lines")
     tokenizer = Tokenizer13a()
     out = []
     for i in range(n):

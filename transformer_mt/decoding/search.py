@@ -111,8 +111,10 @@ def check_beam(beam: int, nbest: int, *, tgt_vocab_size: int) -> None:
     if beam < 1 or not 1 <= nbest <= beam:
         raise SearchError(f"need beam >= 1 and 1 <= nbest <= beam, got beam={beam} nbest={nbest}")
     if beam > max_beam(tgt_vocab_size):
-        raise SearchError(f"beam={beam} needs a target vocabulary of at least {2 * beam + 2} ids, the model has {tgt_vocab_size}; "
-                          f"use a beam of at most {max_beam(tgt_vocab_size)}")
+        raise SearchError(
+            f"beam={beam} needs a target vocabulary of at least {2 * beam + 2} ids, the model has {tgt_vocab_size}; "
+            f"use a beam of at most {max_beam(tgt_vocab_size)}"
+        )
 
 
 def length_penalty(length: int | float | Tensor, alpha: float) -> float | Tensor:
@@ -135,8 +137,9 @@ def max_output_lengths(src: Tensor, *, max_len_a: float, max_len_b: int, limit: 
     return lens
 
 
-def search(model: SearchModel[Any, Any], src: Tensor, *, beam: int = 4, lenpen: float = 0.6, max_len_a: float = 1.0,
-           max_len_b: int = 50, nbest: int = 1) -> list[list[Hypothesis]]:
+def search(
+    model: SearchModel[Any, Any], src: Tensor, *, beam: int = 4, lenpen: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50, nbest: int = 1
+) -> list[list[Hypothesis]]:
     """Translate a padded batch ``src`` (B, S): beam 1 runs greedy search, larger beams beam search.
 
     Returns, per sentence in input order, ``nbest`` hypotheses, best score first.
@@ -149,8 +152,7 @@ def search(model: SearchModel[Any, Any], src: Tensor, *, beam: int = 4, lenpen: 
 
 
 @torch.inference_mode()
-def greedy_search(model: SearchModel[Any, Any], src: Tensor, *, max_len_a: float = 1.0, max_len_b: int = 50,
-                  lenpen: float = 0.0) -> list[Hypothesis]:
+def greedy_search(model: SearchModel[Any, Any], src: Tensor, *, max_len_a: float = 1.0, max_len_b: int = 50, lenpen: float = 0.0) -> list[Hypothesis]:
     """Pick the most probable token at every step; one hypothesis per sentence of ``src`` (B, S).
 
     A sentence stops at its first EOS or at its maximum length; its row then leaves the batch
@@ -197,8 +199,9 @@ def greedy_search(model: SearchModel[Any, Any], src: Tensor, *, max_len_a: float
 
 
 @torch.inference_mode()
-def beam_search(model: SearchModel[Any, Any], src: Tensor, *, beam: int = 4, lenpen: float = 0.6, max_len_a: float = 1.0,
-                max_len_b: int = 50, nbest: int = 1) -> list[list[Hypothesis]]:
+def beam_search(
+    model: SearchModel[Any, Any], src: Tensor, *, beam: int = 4, lenpen: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50, nbest: int = 1
+) -> list[list[Hypothesis]]:
     """Beam search over a padded batch ``src`` (B, S); per sentence ``nbest`` hypotheses, best first.
 
     Every sentence keeps ``beam`` open hypotheses (rows ``sentence * beam + j`` of the cache) and
@@ -291,8 +294,7 @@ class _Extension(NamedTuple):
     keep: Tensor  # (b,) bool: sentences still searching
 
 
-def _extend(top: _Top, finished: _Finished, *, sent: Tensor, max_lens: Tensor, k: int, vocab: int, step: int, lenpen: float,
-            rank: Tensor) -> _Extension:
+def _extend(top: _Top, finished: _Finished, *, sent: Tensor, max_lens: Tensor, k: int, vocab: int, step: int, lenpen: float, rank: Tensor) -> _Extension:
     """Steps 2-4 of :func:`beam_search` on the device: next open beams, newly finished hypotheses merged
     into the kept ones, and which sentences go on. Pure: nothing is changed, so a step can be redone."""
     b, length = sent.numel(), step + 1  # length of every hypothesis extended at this step
@@ -349,8 +351,7 @@ class _Finished:
         kept ones before newcomers and earlier before later on equal scores. Nothing is stored here."""
         score, logprob, row, token, valid = candidates
         kept = [f.index_select(0, sent) for f in self._fields()]  # (b, k) each
-        fields = [torch.cat([old, new], dim=1) for old, new in
-                  zip(kept, (score, logprob, torch.full_like(row, step), row, token, valid))]  # (b, k + c)
+        fields = [torch.cat([old, new], dim=1) for old, new in zip(kept, (score, logprob, torch.full_like(row, step), row, token, valid))]  # (b, k + c)
         order = fields[0].argsort(dim=1, descending=True, stable=True)  # by score ...
         order = order.gather(1, (~fields[5].gather(1, order)).to(torch.uint8).argsort(dim=1, stable=True))  # ... real ones first
         order = order[:, : self.k]
@@ -367,7 +368,7 @@ class _Finished:
         fields = [f.flatten().long() for f in (self.step, self.row, self.token, self.valid)]
         flat = torch.cat(fields + parents + appended).cpu().numpy()  # one copy of every long to the host
         step, row, token, valid, *history = np.split(flat, np.cumsum([n] * 4 + sizes * 2)[:-1])
-        parent, tok = history[: len(sizes)], history[len(sizes):]
+        parent, tok = history[: len(sizes)], history[len(sizes) :]
         # Walk every hypothesis back from its step to step 1: at step t its row appended tok[t - 1][row].
         longest = int(step.max(initial=0))
         ids = np.full((n, longest), PAD_ID, dtype=np.int64)

@@ -109,16 +109,23 @@ class TranslateStats:
     max_src_tokens: int = 0  # the truncation limit the counts refer to
 
     def __add__(self, other: TranslateStats) -> TranslateStats:
-        return TranslateStats(self.lines + other.lines, self.truncated + other.truncated, self.tgt_tokens + other.tgt_tokens,
-                              self.seconds + other.seconds, max(self.max_src_tokens, other.max_src_tokens))
+        return TranslateStats(
+            self.lines + other.lines,
+            self.truncated + other.truncated,
+            self.tgt_tokens + other.tgt_tokens,
+            self.seconds + other.seconds,
+            max(self.max_src_tokens, other.max_src_tokens),
+        )
 
     def warning(self) -> str | None:
         """One line counting the truncated input lines, or None when there were none."""
         if not self.truncated:
             return None
         s = "s" if self.truncated > 1 else ""
-        return (f"tmt translate: warning: {self.truncated} input line{s} longer than {self.max_src_tokens} tokens "
-                f"(model.max_positions={self.max_src_tokens + 1}) truncated")
+        return (
+            f"tmt translate: warning: {self.truncated} input line{s} longer than {self.max_src_tokens} tokens "
+            f"(model.max_positions={self.max_src_tokens + 1}) truncated"
+        )
 
 
 class TranslationResult(NamedTuple):
@@ -132,8 +139,9 @@ class Translator:
     """A model (or an ensemble of models sharing one tokenizer), its tokenizers and decoding
     settings, ready to translate text. Read-only after construction, so threads may share one."""
 
-    def __init__(self, model: Transformer | Ensemble, src_tok: Tokenizer, tgt_tok: Tokenizer, cfg: Config, *,
-                 device: torch.device, max_src_tokens: int | None = None):
+    def __init__(
+        self, model: Transformer | Ensemble, src_tok: Tokenizer, tgt_tok: Tokenizer, cfg: Config, *, device: torch.device, max_src_tokens: int | None = None
+    ):
         self.model, self.src_tok, self.tgt_tok, self.cfg = model.eval(), src_tok, tgt_tok, cfg
         self.device = device  # the weights already carry the decoding dtype (cast once at load)
         # The longest source the model accepts: learned positions have a fixed table; EOS takes one place.
@@ -144,13 +152,15 @@ class Translator:
         self.model.reserve_positions(self.positions)
 
     @classmethod
-    def from_checkpoint(cls, path: str | os.PathLike, *, device: str = "auto", dtype: str = "float32", threads: int = 0,
-                        weights: str | None = None) -> "Translator":
+    def from_checkpoint(
+        cls, path: str | os.PathLike, *, device: str = "auto", dtype: str = "float32", threads: int = 0, weights: str | None = None
+    ) -> "Translator":
         return cls.from_checkpoints([path], device=device, dtype=dtype, threads=threads, weights=weights)
 
     @classmethod
-    def from_checkpoints(cls, paths: list[str | os.PathLike], *, device: str = "auto", dtype: str = "float32",
-                         threads: int = 0, weights: str | None = None) -> "Translator":
+    def from_checkpoints(
+        cls, paths: list[str | os.PathLike], *, device: str = "auto", dtype: str = "float32", threads: int = 0, weights: str | None = None
+    ) -> "Translator":
         """One checkpoint, or several decoded as an ensemble (mean of their probabilities at every
         step); an ensemble's members must share the tokenizers. Decoding defaults come from the first.
         `weights`: "ema", "raw" or None (each checkpoint's EMA weights when it has them; checkpoint.model_weights)."""
@@ -167,8 +177,9 @@ class Translator:
             if first_protos is None:
                 first_protos, toks = protos, (Tokenizer(protos[0]), Tokenizer(protos[1]))  # loaded once, shared
             elif protos != first_protos:
-                raise TranslateError(f"{path}: its sentencepiece models differ from those of {paths[0]}; "
-                                     "an ensemble needs checkpoints trained with the same tokenizer")
+                raise TranslateError(
+                    f"{path}: its sentencepiece models differ from those of {paths[0]}; an ensemble needs checkpoints trained with the same tokenizer"
+                )
             model = Transformer(cfg.model, src_vocab_size=toks[0].vocab_size, tgt_vocab_size=toks[1].vocab_size)
             model.load_state_dict(model_weights(state, weights=weights, source=str(path)))
             del state
@@ -180,8 +191,17 @@ class Translator:
         model = models[0] if len(models) == 1 else Ensemble(models)
         return cls(model, *toks, cfgs[0], device=dev, max_src_tokens=max_src)
 
-    def translate(self, lines: list[str], *, beam: int, lenpen: float, nbest: int = 1, batch_tokens: int | None = None,
-                  max_len_a: float | None = None, max_len_b: int | None = None) -> TranslationResult:
+    def translate(
+        self,
+        lines: list[str],
+        *,
+        beam: int,
+        lenpen: float,
+        nbest: int = 1,
+        batch_tokens: int | None = None,
+        max_len_a: float | None = None,
+        max_len_b: int | None = None,
+    ) -> TranslationResult:
         """n-best (score, text) lists, one per input line, in input order (empty lines give [(0.0, "")] * nbest),
         and this call's stats. ``max_len_a`` / ``max_len_b`` override the checkpoint's decode settings
         within the positions sized at load time."""
@@ -189,8 +209,10 @@ class Translator:
         d = self.cfg.decode
         a, b = d.max_len_a if max_len_a is None else max_len_a, d.max_len_b if max_len_b is None else max_len_b
         if positions_needed(self.max_src_tokens + 1, max_len_a=a, max_len_b=b) > self.positions:
-            raise TranslateError(f"max_len_a={a:g} max_len_b={b} allow outputs longer than the {self.positions} positions this Translator "
-                                 f"was loaded for (decode.max_len_a={d.max_len_a:g}, decode.max_len_b={d.max_len_b}); lower them")
+            raise TranslateError(
+                f"max_len_a={a:g} max_len_b={b} allow outputs longer than the {self.positions} positions this Translator "
+                f"was loaded for (decode.max_len_a={d.max_len_a:g}, decode.max_len_b={d.max_len_b}); lower them"
+            )
         tic = time.perf_counter()
         keep = [i for i, line in enumerate(lines) if line.strip()]
         ids = self.src_tok.encode([lines[i] for i in keep])
@@ -199,16 +221,27 @@ class Translator:
             if len(seq) > self.max_src_tokens:
                 ids[n] = seq[: self.max_src_tokens]
                 truncated += 1
-        hyps = translate_ids(self.model, ids, beam=beam, lenpen=lenpen, nbest=nbest, max_len_a=a, max_len_b=b,
-                             batch_tokens=batch_tokens or d.batch_tokens, device=self.device, dtype="float32")
+        hyps = translate_ids(
+            self.model,
+            ids,
+            beam=beam,
+            lenpen=lenpen,
+            nbest=nbest,
+            max_len_a=a,
+            max_len_b=b,
+            batch_tokens=batch_tokens or d.batch_tokens,
+            device=self.device,
+            dtype="float32",
+        )
         out: list[list[tuple[float, str]]] = [[(0.0, "")] * nbest for _ in lines]
         tgt_tokens = 0
         for i, nb in zip(keep, hyps):
             texts = self.tgt_tok.decode([h.tokens for h in nb])
             out[i] = [(h.score, t) for h, t in zip(nb, texts)]
             tgt_tokens += len(nb[0].tokens) + 1  # + EOS, as fairseq counts
-        stats = TranslateStats(lines=len(lines), truncated=truncated, tgt_tokens=tgt_tokens, seconds=time.perf_counter() - tic,
-                               max_src_tokens=self.max_src_tokens)
+        stats = TranslateStats(
+            lines=len(lines), truncated=truncated, tgt_tokens=tgt_tokens, seconds=time.perf_counter() - tic, max_src_tokens=self.max_src_tokens
+        )
         return TranslationResult(out, stats)
 
 
@@ -221,8 +254,9 @@ def write_results(results: list[list[tuple[float, str]]], out: TextIO, *, nbest:
                 out.write(f"{first_index + k}\t{score_:.4f}\t{text}\n")
 
 
-def translate_stream(translator: Translator, lines: Iterable[list[str]], out: TextIO, *, beam: int, lenpen: float,
-                     nbest: int = 1, batch_tokens: int | None = None, progress=None) -> TranslateStats:
+def translate_stream(
+    translator: Translator, lines: Iterable[list[str]], out: TextIO, *, beam: int, lenpen: float, nbest: int = 1, batch_tokens: int | None = None, progress=None
+) -> TranslateStats:
     """Translate chunks of lines as they come and write them in order; flushes after each chunk. Returns the
     stats of all chunks together (their ``warning()`` is the end-of-run truncation line)."""
     index, total = 0, TranslateStats(max_src_tokens=translator.max_src_tokens)
@@ -235,4 +269,3 @@ def translate_stream(translator: Translator, lines: Iterable[list[str]], out: Te
         if progress is not None:
             progress.update(len(chunk))
     return total
-

@@ -67,21 +67,25 @@ def checked_validation_set(data: ParallelData, *, max_positions: int, name: str)
     Returns the pairs kept and the line for the log (None when all are kept)."""
     limit = max_positions - 1  # + EOS on the source, + BOS on the decoder input
     if data.num_pairs == 0:
-        raise ValidationError(f"{name}: the validation set holds no pairs (empty files, or empty lines only); "
-                              "give a validation set, or leave data.valid_src and data.valid_tgt empty to train without one")
+        raise ValidationError(
+            f"{name}: the validation set holds no pairs (empty files, or empty lines only); "
+            "give a validation set, or leave data.valid_src and data.valid_tgt empty to train without one"
+        )
     keep = (data.src_lengths <= limit) & (data.tgt_lengths <= limit)
     kept = int(keep.sum())
     if kept == data.num_pairs:
         return data, None
     if kept == 0:
-        raise ValidationError(f"{name}: every validation pair is longer than {limit} pieces (model.max_positions={max_positions}); "
-                              "check the validation files")
-    return data.subset(keep), (f"validation: {data.num_pairs - kept} of {data.num_pairs} pairs longer than {limit} pieces "
-                               f"(model.max_positions={max_positions}) left out of the validation loss")
+        raise ValidationError(f"{name}: every validation pair is longer than {limit} pieces (model.max_positions={max_positions}); check the validation files")
+    return data.subset(keep), (
+        f"validation: {data.num_pairs - kept} of {data.num_pairs} pairs longer than {limit} pieces "
+        f"(model.max_positions={max_positions}) left out of the validation loss"
+    )
 
 
-def validation_loss(model: Transformer, data: ParallelData, *, max_tokens: int, seed: int, label_smoothing: float,
-                    device: torch.device, dtype: str = "float32") -> dict[str, float]:
+def validation_loss(
+    model: Transformer, data: ParallelData, *, max_tokens: int, seed: int, label_smoothing: float, device: torch.device, dtype: str = "float32"
+) -> dict[str, float]:
     """val_loss (label-smoothed), val_nll and val_ppl per target token over all of `data`, teacher-forced."""
     model.eval()
     if data.num_pairs:  # validation lines are not length-filtered: sinusoids extend past the training lengths (section 3.5)
@@ -97,11 +101,21 @@ def validation_loss(model: Transformer, data: ParallelData, *, max_tokens: int, 
     return {"val_loss": loss_sum / ntokens, "val_nll": nll_sum / ntokens, "val_ppl": math.exp(min(nll_sum / ntokens, 100.0))}
 
 
-def validation_bleu(model: Transformer, pairs: BleuSet, tgt_tok: Tokenizer, *, beam: int, decode: DecodeConfig,
-                    device: torch.device, dtype: str = "float32") -> float:
+def validation_bleu(
+    model: Transformer, pairs: BleuSet, tgt_tok: Tokenizer, *, beam: int, decode: DecodeConfig, device: torch.device, dtype: str = "float32"
+) -> float:
     """sacreBLEU (default 13a tokenization) of `pairs` translated with `beam` and decode's lenpen and length limits."""
-    hyps = translate_ids(model, pairs.src_ids, beam=beam, lenpen=decode.lenpen, max_len_a=decode.max_len_a,
-                         max_len_b=decode.max_len_b, batch_tokens=decode.batch_tokens, device=device, dtype=dtype)
+    hyps = translate_ids(
+        model,
+        pairs.src_ids,
+        beam=beam,
+        lenpen=decode.lenpen,
+        max_len_a=decode.max_len_a,
+        max_len_b=decode.max_len_b,
+        batch_tokens=decode.batch_tokens,
+        device=device,
+        dtype=dtype,
+    )
     text = tgt_tok.decode([h[0].tokens for h in hyps])
     return score(text, [pairs.refs], metrics=("bleu",))["bleu"]["score"]
 
@@ -120,22 +134,42 @@ class Evaluation:
     def report(self) -> dict[str, Any]:
         """The --json object."""
         st, bleu, chrf = self.stats, self.scores["bleu"], self.scores["chrf"]
-        return {"bleu": round(bleu["score"], 2), "chrf": round(chrf["score"], 2),
-                "sentences_per_s": round(st.lines / st.seconds, 2), "tgt_tokens_per_s": round(st.tgt_tokens / st.seconds, 1),
-                "seconds": round(st.seconds, 2), "beam": self.beam, "lenpen": self.lenpen, "hypotheses": str(self.hypotheses),
-                "bleu_signature": bleu["signature"], "chrf_signature": chrf["signature"]}
+        return {
+            "bleu": round(bleu["score"], 2),
+            "chrf": round(chrf["score"], 2),
+            "sentences_per_s": round(st.lines / st.seconds, 2),
+            "tgt_tokens_per_s": round(st.tgt_tokens / st.seconds, 1),
+            "seconds": round(st.seconds, 2),
+            "beam": self.beam,
+            "lenpen": self.lenpen,
+            "hypotheses": str(self.hypotheses),
+            "bleu_signature": bleu["signature"],
+            "chrf_signature": chrf["signature"],
+        }
 
     def text(self) -> list[str]:
         """The lines printed without --json: sacreBLEU's BLEU and chrF lines, then the speed."""
         st, rep = self.stats, self.report()
-        return [self.scores["bleu"]["text"], self.scores["chrf"]["text"],
-                f"{st.lines} sentences in {st.seconds:.1f} s: {rep['sentences_per_s']} sentences/s, {rep['tgt_tokens_per_s']} target tokens/s "
-                f"(beam {self.beam}, lenpen {self.lenpen}); hypotheses in {self.hypotheses}"]
+        return [
+            self.scores["bleu"]["text"],
+            self.scores["chrf"]["text"],
+            f"{st.lines} sentences in {st.seconds:.1f} s: {rep['sentences_per_s']} sentences/s, {rep['tgt_tokens_per_s']} target tokens/s "
+            f"(beam {self.beam}, lenpen {self.lenpen}); hypotheses in {self.hypotheses}",
+        ]
 
 
-def evaluate_file(translator: Translator, src: str | os.PathLike, refs: Sequence[str | os.PathLike], *, output: str | os.PathLike,
-                  beam: int, lenpen: float, batch_tokens: int | None = None, lowercase: bool = False,
-                  keep_intact: Sequence[str | os.PathLike] = ()) -> Evaluation:
+def evaluate_file(
+    translator: Translator,
+    src: str | os.PathLike,
+    refs: Sequence[str | os.PathLike],
+    *,
+    output: str | os.PathLike,
+    beam: int,
+    lenpen: float,
+    batch_tokens: int | None = None,
+    lowercase: bool = False,
+    keep_intact: Sequence[str | os.PathLike] = (),
+) -> Evaluation:
     """Translate `src` into `output` and score it against `refs` (one file per reference stream).
 
     The references are read first, so a bad one fails before the translation. `output` is written
@@ -144,6 +178,5 @@ def evaluate_file(translator: Translator, src: str | os.PathLike, refs: Sequence
     ref_lines = [read_lines(r) for r in refs]
     with safe_output(output, inputs=[src, *refs, *keep_intact]) as out:
         stats = translate_stream(translator, file_chunks(src), out, beam=beam, lenpen=lenpen, batch_tokens=batch_tokens)
-    scores = score(read_lines(output), ref_lines, metrics=("bleu", "chrf"), lowercase=lowercase, hyp_name=str(output),
-                   ref_names=[str(r) for r in refs])
+    scores = score(read_lines(output), ref_lines, metrics=("bleu", "chrf"), lowercase=lowercase, hyp_name=str(output), ref_names=[str(r) for r in refs])
     return Evaluation(scores, stats, beam, lenpen, Path(output))

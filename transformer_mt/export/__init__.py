@@ -18,8 +18,9 @@ class ExportError(TmtError, ValueError):
     """An export that cannot be done, worded for the user (one line: what and the fix)."""
 
 
-def export(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format: str = "ctranslate2",
-           quantization: str | None = None, force: bool = False) -> Path:
+def export(
+    checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format: str = "ctranslate2", quantization: str | None = None, force: bool = False
+) -> Path:
     """Convert ``checkpoint`` into an inference-engine model directory ``out_dir``; returns ``out_dir``."""
     if format not in FORMATS:
         raise ExportError(f"--format {format!r} is not supported; choose one of: {', '.join(FORMATS)}")

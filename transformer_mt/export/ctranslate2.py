@@ -65,8 +65,7 @@ def require_ctranslate2():
     return ctranslate2
 
 
-def export_ctranslate2(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, quantization: str | None = None,
-                       force: bool = False) -> Path:
+def export_ctranslate2(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, quantization: str | None = None, force: bool = False) -> Path:
     """Write ``checkpoint`` as a CTranslate2 model directory (model.bin, config.json, vocabularies,
     the sentencepiece model(s) and ``tmt_export.json``); weights quantized to ``quantization``
     (int8, int8_float32, int8_float16, int8_bfloat16, int16, float16, bfloat16, float32; None keeps float32)."""
@@ -157,8 +156,10 @@ def build_spec(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, *, co
     # torch.nn.LayerNorm's default, which tmt trains with; RMSNorm standing for ScaleNorm: next to nothing (module docstring)
     spec.config.layer_norm_epsilon = 1e-12 if cfg.norm == "scale" else 1e-5
     if src_tok.sp.id_to_piece(EOS_ID) != piece(EOS_ID):
-        raise ExportError(f"source EOS piece {src_tok.sp.id_to_piece(EOS_ID)!r} differs from target EOS piece {piece(EOS_ID)!r}; "
-                          "CTranslate2 has one eos_token for both: retrain the tokenizers with `tmt tokenize train`")
+        raise ExportError(
+            f"source EOS piece {src_tok.sp.id_to_piece(EOS_ID)!r} differs from target EOS piece {piece(EOS_ID)!r}; "
+            "CTranslate2 has one eos_token for both: retrain the tokenizers with `tmt tokenize train`"
+        )
     return spec
 
 
@@ -240,7 +241,9 @@ def describe(cfg: Config, *, checkpoint: str, quantization: str | None, joint: b
         # CTranslate2's max_input_length counts the EOS it appends: max_positions keeps max_positions - 1 pieces, as tmt does.
         "max_input_length": cfg.model.max_positions,
         "tmt_decode": {"beam": d.beam, "lenpen": d.lenpen, "max_len_a": d.max_len_a, "max_len_b": d.max_len_b},
-        "note": ("tmt's lenpen is GNMT ((5+len)/6)^alpha, CTranslate2's length_penalty divides by len^alpha: "
-                 "the two agree exactly only at 0; tmt's maximum output is floor(a * (pieces + 1) + b) per line, "
-                 "CTranslate2's max_decoding_length one number per call"),
+        "note": (
+            "tmt's lenpen is GNMT ((5+len)/6)^alpha, CTranslate2's length_penalty divides by len^alpha: "
+            "the two agree exactly only at 0; tmt's maximum output is floor(a * (pieces + 1) + b) per line, "
+            "CTranslate2's max_decoding_length one number per call"
+        ),
     }

@@ -40,8 +40,7 @@ class Ensemble(nn.Module):
             raise ValueError("an ensemble needs at least one model")
         sizes = {m.output_proj.weight.size(0) for m in models}
         if len(sizes) != 1:
-            raise ValueError(f"ensemble members have different target vocabularies ({sorted(sizes)} ids); "
-                             "ensemble only models trained with the same tokenizer")
+            raise ValueError(f"ensemble members have different target vocabularies ({sorted(sizes)} ids); ensemble only models trained with the same tokenizer")
         self.members = nn.ModuleList(models)
 
     def max_output_length(self) -> int | None:

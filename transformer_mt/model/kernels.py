@@ -136,9 +136,9 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         w = weight.to(compute_dtype)
         probs, lse_parts, tgt_parts, sum_parts = [], [], [], []
         for start in range(0, h.size(0), rows):
-            x = h[start:start + rows].to(compute_dtype) @ w.t()  # (n, V) logits
+            x = h[start : start + rows].to(compute_dtype) @ w.t()  # (n, V) logits
             x = x.to(torch.promote_types(x.dtype, torch.float32))  # bf16 / fp16: the softmax in float32
-            tgt_parts.append(x.gather(1, safe[start:start + rows, None]).squeeze(1))
+            tgt_parts.append(x.gather(1, safe[start : start + rows, None]).squeeze(1))
             if epsilon > 0:
                 sum_parts.append(x.sum(1))
             m = x.amax(1, keepdim=True)

@@ -85,9 +85,7 @@ def perplexity(nll_sum: float | torch.Tensor, ntokens: int) -> float:
         return math.inf
 
 
-def projected_label_smoothed_loss(
-    h: Tensor, weight: Tensor, target: Tensor, *, epsilon: float, ignore_index: int = PAD_ID
-) -> tuple[Tensor, Tensor, int]:
+def projected_label_smoothed_loss(h: Tensor, weight: Tensor, target: Tensor, *, epsilon: float, ignore_index: int = PAD_ID) -> tuple[Tensor, Tensor, int]:
     """``label_smoothed_nll_loss(h @ weight.T, target)`` without materialising the (N, V) logits at once.
 
     h: (N, D) decoder states at the label positions; weight: (V, D) output projection (no bias);
@@ -127,8 +125,7 @@ class TeacherForcedLoss(nn.Module):
         self.model = model
         self.label_smoothing = label_smoothing
 
-    def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, labels: Tensor | None = None, *,
-                src_padded: bool = True) -> tuple[Tensor, Tensor, int]:
+    def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, labels: Tensor | None = None, *, src_padded: bool = True) -> tuple[Tensor, Tensor, int]:
         """src (B, S), tgt_in (B, T) = BOS + y, tgt_out (B, T) = y + EOS, all right-padded with PAD -> the sums of
         :func:`label_smoothed_nll_loss` over the non-pad labels: loss_sum, nll_sum (float32 scalars), ntokens.
         ``labels`` (N,): flat positions of the non-pad labels in (B, T) (``Batch.labels``; None: found here,

@@ -182,8 +182,9 @@ class MultiHeadAttention(nn.Module):
         k, v = F.linear(memory, self.in_weight[n:], self.in_bias[n:]).split(self.sizes[1:], dim=-1)
         return self._split_heads(k), self._split_heads(v)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, *, causal: bool = False,
-               need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+    def attend(
+        self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, *, causal: bool = False, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
         """softmax(q k^T / sqrt(Dk)) v over heads, then W^O: (B, H, T, Dk) x (B, H, K, Dk|Dv) -> (B, T, D).
 
         ``allowed``: bool, True = attend, broadcastable to (B, H, T, K); None = attend to all keys, or with
@@ -263,8 +264,17 @@ class DecoderLayer(_Block):
         self.norm1, self.norm2, self.norm3 = (_norm(cfg) for _ in range(3))
 
     def forward(
-        self, x: Tensor, cross_k: Tensor, cross_v: Tensor, *, self_allowed: Tensor | None, cross_allowed: Tensor | None,
-        causal: bool = False, cache: DecoderCache | None = None, layer: int = 0, need_weights: bool = False,
+        self,
+        x: Tensor,
+        cross_k: Tensor,
+        cross_v: Tensor,
+        *,
+        self_allowed: Tensor | None,
+        cross_allowed: Tensor | None,
+        causal: bool = False,
+        cache: DecoderCache | None = None,
+        layer: int = 0,
+        need_weights: bool = False,
     ) -> tuple[Tensor, LayerAttention | None]:
         """x (B, T, D); cross_k/v (B, H, S, Dk|Dv) from the encoder output; masks bool, True = attend:
         ``self_allowed`` (B, 1, T, T) causal + padding, or None with ``causal`` (causal only, right-padded x),

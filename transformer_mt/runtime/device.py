@@ -37,8 +37,9 @@ def pick_device(name: str = "auto") -> torch.device:
     except RuntimeError:
         raise RuntimeSetupError(f"device '{name}' is not a device name; use auto, cpu, cuda, cuda:N or mps") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeSetupError(f"device '{name}' requested but this torch build sees no CUDA GPU; "
-                                "use --device cpu or install a CUDA build of torch (see README)")
+        raise RuntimeSetupError(
+            f"device '{name}' requested but this torch build sees no CUDA GPU; use --device cpu or install a CUDA build of torch (see README)"
+        )
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         raise RuntimeSetupError(f"device '{name}' requested but only {torch.cuda.device_count()} GPU(s) are visible")
     if device.type == "mps" and not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
@@ -189,8 +190,10 @@ def init_distributed(info: DistInfo, device: torch.device) -> tuple[torch.device
         raise RuntimeSetupError("distributed training does not support MPS; use train.device=cpu or CUDA GPUs")
     if device.type == "cuda":
         if info.local_rank >= torch.cuda.device_count():
-            raise RuntimeSetupError(f"LOCAL_RANK={info.local_rank} but only {torch.cuda.device_count()} GPU(s) are visible; "
-                                    "start at most that many processes per node (torchrun --nproc_per_node)")
+            raise RuntimeSetupError(
+                f"LOCAL_RANK={info.local_rank} but only {torch.cuda.device_count()} GPU(s) are visible; "
+                "start at most that many processes per node (torchrun --nproc_per_node)"
+            )
         device = torch.device("cuda", info.local_rank)  # one GPU per process, whatever index train.device named
         torch.cuda.set_device(device)
     if dist.is_initialized():
@@ -208,8 +211,9 @@ def wrap_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     # torch 2.13 renamed the option; older versions (the toolkit supports >= 2.2) know only the old name
-    no_buffer_sync = ({"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
-                      else {"broadcast_buffers": False})
+    no_buffer_sync = (
+        {"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters else {"broadcast_buffers": False}
+    )
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None, **no_buffer_sync)
 
 

@@ -81,8 +81,10 @@ def decode_flops(m: ModelConfig, *, vocab: int, src_len: int, tgt_len: int, beam
 
 def per_target_token(m: ModelConfig, *, vocab: int, src_len: int, tgt_len: int, beam: int = 1) -> dict[str, float]:
     """FLOPs per target token of one unpadded sentence pair: {"train": 3 x forward / T, "decode": decode / T}."""
-    return {"train": train_flops(m, vocab=vocab, batch=1, src_len=src_len, tgt_len=tgt_len) / tgt_len,
-            "decode": decode_flops(m, vocab=vocab, src_len=src_len, tgt_len=tgt_len, beam=beam) / tgt_len}
+    return {
+        "train": train_flops(m, vocab=vocab, batch=1, src_len=src_len, tgt_len=tgt_len) / tgt_len,
+        "decode": decode_flops(m, vocab=vocab, src_len=src_len, tgt_len=tgt_len, beam=beam) / tgt_len,
+    }
 
 
 # ---------------------------------------------------------------- the machine's peak
@@ -164,8 +166,9 @@ def batches_train_flops(m: ModelConfig, batches, *, vocab: int) -> int:
     return sum(train_flops(m, vocab=vocab, batch=b.src.size(0), src_len=b.src.size(1), tgt_len=b.tgt_in.size(1)) for b in batches)
 
 
-def cost_summary(*, tokens: int, train_flops: float, update_seconds: float, wall_seconds: float, peak_flops_per_s: float,
-                 peak_source: str, world_size: int = 1) -> dict[str, float | int | str]:
+def cost_summary(
+    *, tokens: int, train_flops: float, update_seconds: float, wall_seconds: float, peak_flops_per_s: float, peak_source: str, world_size: int = 1
+) -> dict[str, float | int | str]:
     """The training cost fields of the "summary" record (plain types, for metrics.jsonl), beside its
     ``target_tokens`` and ``wall``: FLOPs, achieved FLOP/s and MFU.
 
@@ -175,10 +178,16 @@ def cost_summary(*, tokens: int, train_flops: float, update_seconds: float, wall
     peak = peak_flops_per_s * world_size
     busy = update_seconds if update_seconds > 0 else wall_seconds
     achieved = train_flops / max(busy, 1e-9)
-    return {"train_flops": float(train_flops), "flops_per_token": train_flops / max(tokens, 1), "update_seconds": round(busy, 2),
-            "achieved_tflops": achieved / 1e12,
-            "peak_tflops": peak / 1e12, "peak_source": peak_source, "mfu": achieved / peak if peak > 0 else 0.0,
-            "mfu_wall": train_flops / max(wall_seconds, 1e-9) / peak if peak > 0 else 0.0}
+    return {
+        "train_flops": float(train_flops),
+        "flops_per_token": train_flops / max(tokens, 1),
+        "update_seconds": round(busy, 2),
+        "achieved_tflops": achieved / 1e12,
+        "peak_tflops": peak / 1e12,
+        "peak_source": peak_source,
+        "mfu": achieved / peak if peak > 0 else 0.0,
+        "mfu_wall": train_flops / max(wall_seconds, 1e-9) / peak if peak > 0 else 0.0,
+    }
 
 
 def peak_for(dtype: str, *, device: torch.device | str, peak_tflops: float = 0.0) -> tuple[float, str]:
@@ -190,6 +199,8 @@ def peak_for(dtype: str, *, device: torch.device | str, peak_tflops: float = 0.0
 
 def format_cost(s: dict, *, tokens: int, wall_seconds: float) -> str:
     """One log line for the end of training from :func:`cost_summary`'s fields."""
-    return (f"training cost: {tokens:,} target tokens, {s['train_flops']:.3g} FLOPs ({s['flops_per_token']:.3g} per token), "
-            f"{wall_seconds:.0f} s wall ({s['update_seconds']:.0f} s in updates), {s['achieved_tflops'] * 1e3:.1f} GFLOP/s = "
-            f"MFU {100 * s['mfu']:.1f}% of a {s['peak_tflops'] * 1e3:.1f} GFLOP/s peak [{s['peak_source']}]")
+    return (
+        f"training cost: {tokens:,} target tokens, {s['train_flops']:.3g} FLOPs ({s['flops_per_token']:.3g} per token), "
+        f"{wall_seconds:.0f} s wall ({s['update_seconds']:.0f} s in updates), {s['achieved_tflops'] * 1e3:.1f} GFLOP/s = "
+        f"MFU {100 * s['mfu']:.1f}% of a {s['peak_tflops'] * 1e3:.1f} GFLOP/s peak [{s['peak_source']}]"
+    )

@@ -64,7 +64,11 @@ _ALWAYS = {
     "nonzero": "nonzero",
     "masked_select": "masked_select",
     "equal": "equal",
-    "_unique": "unique", "_unique2": "unique", "unique_dim": "unique", "unique_consecutive": "unique", "unique_dim_consecutive": "unique",
+    "_unique": "unique",
+    "_unique2": "unique",
+    "unique_dim": "unique",
+    "unique_consecutive": "unique",
+    "unique_dim_consecutive": "unique",
     "bincount": "bincount",
     "histc": "histc",
 }

@@ -67,8 +67,16 @@ def require_serving() -> None:
         raise ServeError(INSTALL_HINT) from None
 
 
-def serve(checkpoints: list[str], *, host: str = "127.0.0.1", port: int = 8000, device: str = "auto", threads: int = 0,
-          options: ServeOptions | None = None, log_level: str = "info") -> None:
+def serve(
+    checkpoints: list[str],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    device: str = "auto",
+    threads: int = 0,
+    options: ServeOptions | None = None,
+    log_level: str = "info",
+) -> None:
     """Load every checkpoint (``PATH`` or ``NAME=PATH``), then serve until SIGTERM / Ctrl-C."""
     options = options or ServeOptions()
     options.check()
@@ -93,5 +101,6 @@ def _check_address(host: str, port: int) -> None:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port in TIME_WAIT is free
             probe.bind(addr)
     except OSError as exc:
-        raise ServeError(f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc}); choose another --port or stop the "
-                         "program using it") from None
+        raise ServeError(
+            f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc}); choose another --port or stop the program using it"
+        ) from None

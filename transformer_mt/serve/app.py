@@ -73,8 +73,7 @@ def load_models(specs: list[str], *, device: str, threads: int, options: ServeOp
     for name, path in named:
         tr = Translator.from_checkpoint(path, device=device, threads=threads)
         batch_tokens = options.batch_tokens or tr.cfg.decode.batch_tokens
-        batcher = Batcher(_translate_fn(tr), name=name, max_queue=options.max_queue, batch_tokens=batch_tokens,
-                          wait_s=options.batch_wait_ms / 1000)
+        batcher = Batcher(_translate_fn(tr), name=name, max_queue=options.max_queue, batch_tokens=batch_tokens, wait_s=options.batch_wait_ms / 1000)
         models.append(ServedModel(name, path, tr, batcher))
     return models
 
@@ -82,8 +81,10 @@ def load_models(specs: list[str], *, device: str, threads: int, options: ServeOp
 def _translate_fn(tr: Translator):
     """The worker's call: n-best lists, one per line, in order. The Translator keeps no state between
     calls, so the one worker thread per model could become several without a lock."""
+
     def run(lines: list[str], *, beam: int, lenpen: float, nbest: int) -> list:
         return tr.translate(lines, beam=beam, lenpen=lenpen, nbest=nbest).hypotheses
+
     return run
 
 
@@ -156,9 +157,13 @@ def build_app(models: list[ServedModel], options: ServeOptions) -> FastAPI:
     async def health() -> dict:
         """Liveness and the batching counters, summed over the models."""
         batchers = [m.batcher for m in models]
-        return {"status": "ok", "models": [m.name for m in models], "uptime_s": round(time.time() - started, 1),
-                **{key: sum(getattr(b, key) for b in batchers) for key in ("requests", "batches", "lines", "rejected", "waiting")},
-                "busy": any(b.busy for b in batchers)}
+        return {
+            "status": "ok",
+            "models": [m.name for m in models],
+            "uptime_s": round(time.time() - started, 1),
+            **{key: sum(getattr(b, key) for b in batchers) for key in ("requests", "batches", "lines", "rejected", "waiting")},
+            "busy": any(b.busy for b in batchers),
+        }
 
     @app.get("/models")
     async def list_models() -> dict:
@@ -202,8 +207,11 @@ def _measure(tr: Translator, lines: list[str]) -> tuple[int, list[str]]:
     """Source tokens of the request (pieces + EOS per non-empty line) and one warning per line the model
     will truncate (the Translator truncates exactly these, as `tmt translate` does)."""
     pieces = tr.src_tok.encode(lines)
-    warnings = [f"text[{i}]: {len(p)} pieces, truncated to {tr.max_src_tokens} (model.max_positions={tr.max_src_tokens + 1})"
-                for i, p in enumerate(pieces) if len(p) > tr.max_src_tokens and lines[i].strip()]
+    warnings = [
+        f"text[{i}]: {len(p)} pieces, truncated to {tr.max_src_tokens} (model.max_positions={tr.max_src_tokens + 1})"
+        for i, p in enumerate(pieces)
+        if len(p) > tr.max_src_tokens and lines[i].strip()
+    ]
     return sum(min(len(p), tr.max_src_tokens) + 1 for p, line in zip(pieces, lines) if line.strip()), warnings
 
 
@@ -214,7 +222,7 @@ def _describe_validation(errors: list[dict]) -> tuple[int, str]:
         e = next(e for e in errors if e.get("type") == "json_invalid")
         loc = e.get("loc", ())
         at = f" at character {loc[1]}" if len(loc) > 1 and isinstance(loc[1], int) else ""
-        return 400, f"malformed JSON{at} ({e.get('ctx', {}).get('error', e.get('msg'))}); send a JSON object such as {{\"text\": \"A man.\"}}"
+        return 400, f'malformed JSON{at} ({e.get("ctx", {}).get("error", e.get("msg"))}); send a JSON object such as {{"text": "A man."}}'
     body = next((e for e in errors if tuple(e.get("loc", ())) == ("body",)), None)
     if body is not None and isinstance(body.get("input"), (bytes, str)):  # FastAPI parses JSON only when the client says it is JSON
         return 415, 'the body was not sent as JSON; send it with the header "Content-Type: application/json"'
@@ -234,12 +242,20 @@ def _describe_model(m: ServedModel, options: ServeOptions) -> dict:
     tr, cfg = m.translator, m.translator.cfg
     b = m.batcher
     return {
-        "name": m.name, "checkpoint": m.path,
+        "name": m.name,
+        "checkpoint": m.path,
         "parameters": sum(p.numel() for p in tr.model.parameters()),
         "config": to_dict(cfg)["model"],
         "tokenizer": {"src_vocab_size": tr.src_tok.vocab_size, "tgt_vocab_size": tr.tgt_tok.vocab_size, "joint": tr.src_tok.proto == tr.tgt_tok.proto},
         "decode": {"beam": cfg.decode.beam, "lenpen": cfg.decode.lenpen, "max_len_a": cfg.decode.max_len_a, "max_len_b": cfg.decode.max_len_b},
-        "limits": {"max_lines": options.max_lines, "max_chars": options.max_chars, "max_beam": options.max_beam, "max_queue": options.max_queue,
-                   "max_src_tokens": tr.max_src_tokens, "batch_tokens": b.batch_tokens, "batch_wait_ms": options.batch_wait_ms},
+        "limits": {
+            "max_lines": options.max_lines,
+            "max_chars": options.max_chars,
+            "max_beam": options.max_beam,
+            "max_queue": options.max_queue,
+            "max_src_tokens": tr.max_src_tokens,
+            "batch_tokens": b.batch_tokens,
+            "batch_wait_ms": options.batch_wait_ms,
+        },
         "stats": {"requests": b.requests, "batches": b.batches, "lines": b.lines, "rejected": b.rejected, "waiting": b.waiting},
     }

@@ -45,6 +45,7 @@ class Job:
 
     def resolve(self, result: list | None = None, error: BaseException | None = None) -> None:
         """Hand the result (or error) to the waiting handler, from the worker thread."""
+
         def settle() -> None:
             if self.future.done():  # the client went away and the handler was cancelled
                 return
@@ -141,5 +142,5 @@ class Batcher:
         self.lines += len(lines)
         start = 0
         for job in jobs:
-            job.resolve(results[start:start + len(job.lines)])
+            job.resolve(results[start : start + len(job.lines)])
             start += len(job.lines)

@@ -76,8 +76,9 @@ def table3_variations(cfg: Config) -> list[Variation]:
     heads = [x for x in dict.fromkeys((1, h // 2, 2 * h, 4 * h)) if x >= 1 and x != h]
     reset = ["model.head_dim=0", "model.value_dim=0"] if m.head_dim or m.value_dim else []
     out += [Variation("A", f"A-h{x}", [f"model.heads={x}", *reset]) for x in sorted(heads)]
-    out += [Variation("B", f"B-dk{x}", [f"model.head_dim={x}", f"model.value_dim={m.value_dim or d // h}"])
-            for x in dict.fromkeys((dk // 4, dk // 2)) if x >= 1]
+    out += [
+        Variation("B", f"B-dk{x}", [f"model.head_dim={x}", f"model.value_dim={m.value_dim or d // h}"]) for x in dict.fromkeys((dk // 4, dk // 2)) if x >= 1
+    ]
     layers = sorted({max(1, round(m.encoder_layers * f)) for f in (1 / 3, 2 / 3, 4 / 3)} - {m.encoder_layers})
     for n in layers:
         n_dec = max(1, round(m.decoder_layers * n / m.encoder_layers))
@@ -130,8 +131,7 @@ def check_variations(variations: list[Variation], *, source: str = "variations")
     seen = set()
     for v in variations:
         if not _NAME.fullmatch(v.name) or v.name in RESERVED:
-            raise SweepError(f"{source}: row name {v.name!r} cannot name a run directory; use letters, digits, '-', '_', '.' "
-                             f"(not {' or '.join(RESERVED)})")
+            raise SweepError(f"{source}: row name {v.name!r} cannot name a run directory; use letters, digits, '-', '_', '.' (not {' or '.join(RESERVED)})")
         if v.name in seen:
             raise SweepError(f"{source}: two rows are named {v.name!r}; give each row its own name")
         seen.add(v.name)
@@ -143,6 +143,7 @@ def check_variations(variations: list[Variation], *, source: str = "variations")
 
 def variations_yaml(variations: list[Variation]) -> str:
     """The list as a variations file (one flow mapping per line)."""
+
     def plain(text: str) -> str:  # quoted unless YAML reads it back as the same string
         return text if re.fullmatch(r"[A-Za-z_][\w.=+-]*", text) else json.dumps(text)
 
@@ -227,8 +228,13 @@ def read_result(run_dir: Path) -> dict[str, Any]:
     val = dict(summary.get("last_valid") or {})
     if not val and valid is not None and valid.get("update") == summary["update"]:
         val = {k: v for k, v in valid.items() if k.startswith("val_")}
-    return {"updates": summary["update"], "wall_s": summary["wall"], "stop_reason": summary["stop_reason"],
-            "val_ppl": val.get("val_ppl"), "val_bleu": val.get("val_bleu")}
+    return {
+        "updates": summary["update"],
+        "wall_s": summary["wall"],
+        "stop_reason": summary["stop_reason"],
+        "val_ppl": val.get("val_ppl"),
+        "val_bleu": val.get("val_bleu"),
+    }
 
 
 def trained_parameters(checkpoint: Path) -> int:
@@ -248,9 +254,18 @@ def trained_parameters(checkpoint: Path) -> int:
 def columns(cfg: Config) -> dict[str, Any]:
     """The varied columns of Table 3 for one config."""
     m = cfg.model
-    return {"N": m.encoder_layers, "N_dec": m.decoder_layers, "d_model": m.d_model, "d_ff": m.d_ff, "h": m.heads,
-            "d_k": m.head_dim or m.d_model // m.heads, "d_v": m.value_dim or m.d_model // m.heads,
-            "P_drop": m.dropout, "eps_ls": cfg.train.label_smoothing, "positions": m.positions}
+    return {
+        "N": m.encoder_layers,
+        "N_dec": m.decoder_layers,
+        "d_model": m.d_model,
+        "d_ff": m.d_ff,
+        "h": m.heads,
+        "d_k": m.head_dim or m.d_model // m.heads,
+        "d_v": m.value_dim or m.d_model // m.heads,
+        "P_drop": m.dropout,
+        "eps_ls": cfg.train.label_smoothing,
+        "positions": m.positions,
+    }
 
 
 # ---------------------------------------------------------------- the sweep
@@ -272,9 +287,18 @@ class _Row:
     todo: bool = False  # train (or resume) it now
 
 
-def run_sweep(config: str | os.PathLike, *, out_dir: str | os.PathLike, overrides: list[str] = (), variations: list[Variation] | None = None,
-              budget_updates: int | None = None, budget_minutes: float | None = None, rows: str | None = None,
-              command: str = "", log: Callable[[str], None] | None = None) -> SweepReport:
+def run_sweep(
+    config: str | os.PathLike,
+    *,
+    out_dir: str | os.PathLike,
+    overrides: list[str] = (),
+    variations: list[Variation] | None = None,
+    budget_updates: int | None = None,
+    budget_minutes: float | None = None,
+    rows: str | None = None,
+    command: str = "",
+    log: Callable[[str], None] | None = None,
+) -> SweepReport:
     """Train every selected variation of `config` for the same budget into OUT_DIR/<name> (continuing what an
     earlier sweep left unfinished) and write OUT_DIR/table3.{md,json,png} after each row; see the module docstring."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
@@ -289,9 +313,13 @@ def run_sweep(config: str | os.PathLike, *, out_dir: str | os.PathLike, override
     chosen = select(variations, rows)
     plans = [_plan(v, config, common, out, selected=v.name in chosen) for v in variations]  # refuses before training anything
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"base_config": str(config), "overrides": list(overrides), "command": command,
-            "budget": {"updates": t.max_updates, "minutes": t.max_time, "epochs": t.max_epochs},
-            "bleu": {"metric": "sacreBLEU cased 13a", "beam": t.valid_beam, "lenpen": base.decode.lenpen, "sentences": t.valid_bleu_sentences}}
+    meta = {
+        "base_config": str(config),
+        "overrides": list(overrides),
+        "command": command,
+        "budget": {"updates": t.max_updates, "minutes": t.max_time, "epochs": t.max_epochs},
+        "bleu": {"metric": "sacreBLEU cased 13a", "beam": t.valid_beam, "lenpen": base.decode.lenpen, "sentences": t.valid_bleu_sentences},
+    }
     shared: list[str] = []  # the shared tokenizer's overrides, made at the first row that needs them
     interrupted = False
     files, note = write_outputs(out, [p.result for p in plans], meta)
@@ -316,8 +344,7 @@ def _plan(v: Variation, config: str | os.PathLike, common: list[str], out: Path,
     if marker is not None and marker.get("config") != recorded(plan.cfg):
         what = _first_difference(marker.get("config") or {}, recorded(plan.cfg))
         if selected:
-            raise SweepError(f"{run_dir}: this row was trained with another config ({what}); use another -o SWEEP_DIR, "
-                             f"or delete {run_dir} to train it again")
+            raise SweepError(f"{run_dir}: this row was trained with another config ({what}); use another -o SWEEP_DIR, or delete {run_dir} to train it again")
         plan.result["note"] = f"holds a run with another config ({what})"
     elif marker is not None and marker.get("status") in ("done", "failed"):
         plan.result.update(marker.get("result") or {})
@@ -343,8 +370,7 @@ def _shared_tokenizer(base: Config, out: Path, log: Callable[[str], None]) -> li
     return [f"tokenizer.{key}={json.dumps(str(where / name))}" for key, name in names]
 
 
-def _train_row(plan: _Row, config: str | os.PathLike, common: list[str], base: Config, out: Path, shared: list[str],
-               log: Callable[[str], None]) -> bool:
+def _train_row(plan: _Row, config: str | os.PathLike, common: list[str], base: Config, out: Path, shared: list[str], log: Callable[[str], None]) -> bool:
     """Train or resume one row into OUT/<name> and fill its result. True when a signal stopped it (saved, resumable)."""
     import torch
 
@@ -398,25 +424,38 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     """The paper's Table 3 layout: the base row in full, each variant only where it differs from the base."""
     base = next((r for r in rows if r["row"] == "base" and "d_model" in r), None)
     b, bl = meta["budget"], meta["bleu"]
-    budget = " and ".join(x for x in (f"{b['updates']} updates" * bool(b["updates"]), f"{b['minutes']:g} minutes" * bool(b["minutes"]),
-                                      f"{b['epochs']} epochs" * bool(b["epochs"])) if x)
+    budget = " and ".join(
+        x
+        for x in (f"{b['updates']} updates" * bool(b["updates"]), f"{b['minutes']:g} minutes" * bool(b["minutes"]), f"{b['epochs']} epochs" * bool(b["epochs"]))
+        if x
+    )
     search = "greedy" if bl["beam"] == 1 else f"beam {bl['beam']}, lenpen {bl['lenpen']:g}"
     sentences = {0: "all validation sentences", -1: "no sentences (BLEU off)"}.get(bl["sentences"], f"the first {bl['sentences']} validation sentences")
-    lines = [f"# Table 3 variations of `{meta['base_config']}`", "",
-             f"Each row trained for the same budget ({budget}) from the base config"
-             + (f" with `{' '.join('--set ' + o for o in meta['overrides'])}`" if meta["overrides"] else "") + ". "
-             f"val BLEU: {bl['metric']} on {sentences}, {search}. val PPL: per-piece perplexity exp(NLL), no label smoothing, "
-             "whole validation set. params: sum(p.numel()) of the trained model (tied matrices once). wall: training minutes, "
-             "validation included. Blank cells equal the base row." + (f"\n\nCommand: `{meta['command']}`" if meta["command"] else ""), "",
-             "| row | variant | " + " | ".join(COLUMNS) + " | updates | val PPL | val BLEU | params | wall (min) | status |",
-             "|" + " --- |" * (len(COLUMNS) + 8)]
+    lines = [
+        f"# Table 3 variations of `{meta['base_config']}`",
+        "",
+        f"Each row trained for the same budget ({budget}) from the base config"
+        + (f" with `{' '.join('--set ' + o for o in meta['overrides'])}`" if meta["overrides"] else "")
+        + ". "
+        f"val BLEU: {bl['metric']} on {sentences}, {search}. val PPL: per-piece perplexity exp(NLL), no label smoothing, "
+        "whole validation set. params: sum(p.numel()) of the trained model (tied matrices once). wall: training minutes, "
+        "validation included. Blank cells equal the base row." + (f"\n\nCommand: `{meta['command']}`" if meta["command"] else ""),
+        "",
+        "| row | variant | " + " | ".join(COLUMNS) + " | updates | val PPL | val BLEU | params | wall (min) | status |",
+        "|" + " --- |" * (len(COLUMNS) + 8),
+    ]
     for r in rows:
         cells = [r["row"], r["name"]]
         cells += [_cell(r, c) if base is None or r is base or _cell(r, c) != _cell(base, c) else "" for c in COLUMNS]
         done = r["status"] == "done"
-        cells += [str(r["updates"]) if done else "", f"{r['val_ppl']:.2f}" if done and r.get("val_ppl") is not None else "",
-                  f"{r['val_bleu']:.2f}" if done and r.get("val_bleu") is not None else "", f"{r['params']:,}" if done else "",
-                  f"{r['wall_s'] / 60:.1f}" if done else "", r["status"] + (f": {r['note']}" if r.get("note") else "")]
+        cells += [
+            str(r["updates"]) if done else "",
+            f"{r['val_ppl']:.2f}" if done and r.get("val_ppl") is not None else "",
+            f"{r['val_bleu']:.2f}" if done and r.get("val_bleu") is not None else "",
+            f"{r['params']:,}" if done else "",
+            f"{r['wall_s'] / 60:.1f}" if done else "",
+            r["status"] + (f": {r['note']}" if r.get("note") else ""),
+        ]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines) + "\n"
 

@@ -61,8 +61,11 @@ def decode_line(raw: bytes, *, name: str, lineno: int) -> str:
     try:
         return raw[start:].decode("utf-8")
     except UnicodeDecodeError as exc:
-        fix = "send UTF-8 text, e.g. through iconv -f latin1 -t utf-8" if name == STDIN else \
-            "convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8 FILE > FILE.utf8"
+        fix = (
+            "send UTF-8 text, e.g. through iconv -f latin1 -t utf-8"
+            if name == STDIN
+            else "convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8 FILE > FILE.utf8"
+        )
         column = start + exc.start + 1  # 1-based byte position in the line as stored
         raise TextError(f"{name}:{lineno}: invalid UTF-8 (byte 0x{raw[column - 1]:02x} at column {column}); {fix}") from None
 
@@ -91,7 +94,7 @@ class LineSplitter:
         head = b"".join((*self._pending, data[:end])) if self._pending else data[:end]  # complete lines, "\n"-joined
         self._pending, self._pending_bytes = [], 0
         lines = self._lines(head)
-        self._keep(data[end + 1:])  # the start of the next line (after counting these: an error names the right line)
+        self._keep(data[end + 1 :])  # the start of the next line (after counting these: an error names the right line)
         return lines
 
     def _keep(self, piece: bytes) -> None:
@@ -107,8 +110,10 @@ class LineSplitter:
         except UnicodeDecodeError:
             lines = None
         # a str line of n characters has at most 4n bytes: only long ones need encoding to be measured
-        if lines is None or (len(head) > self.max_line_bytes and
-                             max((len(line.encode()) for line in lines if 4 * len(line) > self.max_line_bytes), default=0) > self.max_line_bytes):
+        if lines is None or (
+            len(head) > self.max_line_bytes
+            and max((len(line.encode()) for line in lines if 4 * len(line) > self.max_line_bytes), default=0) > self.max_line_bytes
+        ):
             return [self._line(raw, newline=True) for raw in head.split(b"\n")]  # raises at the first bad line, naming it
         if b"\r" in head:  # CRLF endings; a "\r" not followed by "\n" stays text
             lines = [line[:-1] if line.endswith("\r") else line for line in lines]
@@ -207,8 +212,7 @@ def file_chunks(path: PathLike, *, chunk_lines: int = 10_000) -> Iterator[list[s
     return chunks(iter_file(path), chunk_lines)
 
 
-def stdin_chunks(stream: BinaryIO | TextIO | None = None, *, max_lines: int = 1000,
-                 max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[list[str]]:
+def stdin_chunks(stream: BinaryIO | TextIO | None = None, *, max_lines: int = 1000, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[list[str]]:
     """Lines from stdin as they arrive, in lists of at most ``max_lines``: everything already
     readable is batched (a pipe translates in batches), and a lone interactive line is yielded at
     once (no waiting for EOF or for more lines). A stream without a file descriptor is chunked plainly."""

@@ -102,8 +102,10 @@ class EMA:
         weights = state["weights"]
         if weights.keys() != self.names.keys():
             missing, extra = sorted(self.names.keys() - weights.keys()), sorted(weights.keys() - self.names.keys())
-            raise EMAError(f"{source}: its EMA weights do not fit the model (missing {missing[:3]}, unexpected {extra[:3]}); "
-                           "resume with the model.* settings it was trained with")
+            raise EMAError(
+                f"{source}: its EMA weights do not fit the model (missing {missing[:3]}, unexpected {extra[:3]}); "
+                "resume with the model.* settings it was trained with"
+            )
         with torch.no_grad():
             for name, i in self.names.items():
                 self.shadow[i].copy_(weights[name])

@@ -26,8 +26,8 @@ def noam_lr(step: int, *, d_model: int, warmup: int, scale: float = 1.0) -> floa
     if step < 1:
         raise ValueError(f"update numbers start at 1, got {step}")
     if warmup == 0:
-        return scale * d_model ** -0.5 * step ** -0.5
-    return scale * d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+        return scale * d_model**-0.5 * step**-0.5
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
 def inverse_sqrt_lr(step: int, *, peak: float, warmup: int) -> float:
@@ -41,7 +41,6 @@ def inverse_sqrt_lr(step: int, *, peak: float, warmup: int) -> float:
     if warmup < 1:
         raise ValueError(f"inverse_sqrt needs warmup >= 1, got {warmup}")
     return peak * min(step / warmup, math.sqrt(warmup / step))
-
 
 
 def linear_lr(step: int, *, peak: float, warmup: int, total: int) -> float:
@@ -94,8 +93,7 @@ class Scheduler:
     so resuming sets the same rate again and continues as an uninterrupted run.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, lr_fn: Callable[..., float], *,
-                 fraction_fn: Callable[[int, float], float] | None = None):
+    def __init__(self, optimizer: torch.optim.Optimizer, lr_fn: Callable[..., float], *, fraction_fn: Callable[[int, float], float] | None = None):
         self.optimizer = optimizer
         self.lr_fn = lr_fn
         self.fraction_fn = fraction_fn
@@ -187,8 +185,7 @@ def build_optimizer(model: nn.Module, train_cfg: TrainConfig) -> torch.optim.Opt
 OPTIMIZER_KEYS = ("weight_decay", "optimizer_betas", "optimizer_eps")  # the TrainConfig fields build_optimizer reads
 
 
-def restore_optimizer(optimizer: torch.optim.Optimizer, saved: dict, *, model: nn.Module, saved_cfg: TrainConfig,
-                      train_cfg: TrainConfig) -> list[str]:
+def restore_optimizer(optimizer: torch.optim.Optimizer, saved: dict, *, model: nn.Module, saved_cfg: TrainConfig, train_cfg: TrainConfig) -> list[str]:
     """Load a checkpoint's optimizer state into ``optimizer`` (built from ``train_cfg``); returns the
     optimizer settings that changed since the checkpoint (``saved_cfg``), as "key: old -> new".
 
@@ -199,8 +196,11 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, saved: dict, *, model: n
     ``exp_avg``, ``exp_avg_sq``: the same for Adam and AdamW) move into ``optimizer``, which keeps the
     new settings from the next update on.
     """
-    changes = [f"train.{key}: {_shown(getattr(saved_cfg, key))} -> {_shown(getattr(train_cfg, key))}"
-               for key in OPTIMIZER_KEYS if _shown(getattr(saved_cfg, key)) != _shown(getattr(train_cfg, key))]
+    changes = [
+        f"train.{key}: {_shown(getattr(saved_cfg, key))} -> {_shown(getattr(train_cfg, key))}"
+        for key in OPTIMIZER_KEYS
+        if _shown(getattr(saved_cfg, key)) != _shown(getattr(train_cfg, key))
+    ]
     if not changes:
         optimizer.load_state_dict(saved)
         return []

@@ -58,8 +58,10 @@ class RunLock:
             os.close(fd)
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise
-            raise RunDirError(f"{Path(out_dir)}: another tmt train (pid {holder}) is using this run directory; wait for it to end "
-                              f"or stop it, or set train.out_dir to another directory") from None
+            raise RunDirError(
+                f"{Path(out_dir)}: another tmt train (pid {holder}) is using this run directory; wait for it to end "
+                f"or stop it, or set train.out_dir to another directory"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
@@ -85,8 +87,10 @@ def start_new_run(out_dir: str | os.PathLike, *, overwrite: bool) -> int:
         return 0
     if not overwrite:
         names = ", ".join(p.name for p in found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
-        raise RunDirError(f"{out_dir} already holds a run ({names}); continue it with `tmt train --resume {out_dir}`, "
-                          "start it over with --overwrite, or set train.out_dir to a new directory")
+        raise RunDirError(
+            f"{out_dir} already holds a run ({names}); continue it with `tmt train --resume {out_dir}`, "
+            "start it over with --overwrite, or set train.out_dir to a new directory"
+        )
     for path in found:
         path.unlink()
     return len(found)
@@ -110,8 +114,7 @@ def newest_checkpoint(run_dir: str | os.PathLike, *, log: Callable[[str], None] 
     ``log`` hears about each checkpoint skipped because it does not load."""
     run_dir = Path(run_dir)
     if run_dir.is_file():
-        raise RunDirError(f"--resume {run_dir}: give the run directory (train.out_dir), not a checkpoint file; "
-                          f"the newest checkpoint in it is found for you")
+        raise RunDirError(f"--resume {run_dir}: give the run directory (train.out_dir), not a checkpoint file; the newest checkpoint in it is found for you")
     if not run_dir.is_dir():
         raise RunDirError(f"--resume {run_dir}: no such run directory; give the train.out_dir of the run to continue")
 
@@ -134,8 +137,10 @@ def newest_checkpoint(run_dir: str | os.PathLike, *, log: Callable[[str], None] 
             return path, _resumable(path, state)
     if last is not None:
         return last_path, _resumable(last_path, last)
-    raise RunDirError(f"--resume {run_dir}: no checkpoint to resume from (no complete checkpoint_last.pt or checkpoint_<update>.pt); "
-                      "check the directory, or start a new run with --config")
+    raise RunDirError(
+        f"--resume {run_dir}: no checkpoint to resume from (no complete checkpoint_last.pt or checkpoint_<update>.pt); "
+        "check the directory, or start a new run with --config"
+    )
 
 
 def _update_of(state: dict[str, Any] | None) -> int:
@@ -147,6 +152,8 @@ def _resumable(path: Path, state: dict[str, Any]) -> dict[str, Any]:
     missing = [key for key in ("optimizer", "scheduler", "rng", "progress") if state.get(key) is None]
     if missing:
         what = "an averaged checkpoint" if "averaged_from" in state else "a checkpoint without training state"
-        raise RunDirError(f"{path}: {what} ({', '.join(missing)} missing) holds weights only, so training cannot continue from it; "
-                          f"resume a run directory written by `tmt train`, or start a new run")
+        raise RunDirError(
+            f"{path}: {what} ({', '.join(missing)} missing) holds weights only, so training cannot continue from it; "
+            f"resume a run directory written by `tmt train`, or start a new run"
+        )
     return state

@@ -120,16 +120,26 @@ class RunLog:
 
     def valid(self, *, update: int, epoch: int, wall: float, val: dict[str, float], best: bool, seconds: float) -> None:
         """A "valid" record and its log line; `val` holds the val_* values."""
-        self.record("valid", update=update, epoch=epoch, wall=round(wall, 2), **{k: round(v, 4) for k, v in val.items()},
-                    best=best, valid_seconds=round(seconds, 2))
+        self.record(
+            "valid", update=update, epoch=epoch, wall=round(wall, 2), **{k: round(v, 4) for k, v in val.items()}, best=best, valid_seconds=round(seconds, 2)
+        )
         shown = ", ".join(f"{k[4:]} {v:.2f}" for k, v in val.items())
         self.log(f"validation at update {update}: {shown}{' (best)' if best else ''}")
 
-    def summary(self, *, update: int, epoch: int, wall: float, stop_reason: str, target_tokens: int, last_valid: dict[str, float],
-                cost: dict | None = None) -> None:
+    def summary(
+        self, *, update: int, epoch: int, wall: float, stop_reason: str, target_tokens: int, last_valid: dict[str, float], cost: dict | None = None
+    ) -> None:
         """The "summary" record of a session's end; `cost` adds flops.cost_summary()'s fields."""
-        self.record("summary", update=update, epoch=epoch, wall=round(wall, 2), stop_reason=stop_reason,
-                    target_tokens=int(target_tokens), last_valid={k: round(v, 4) for k, v in last_valid.items()}, **(cost or {}))
+        self.record(
+            "summary",
+            update=update,
+            epoch=epoch,
+            wall=round(wall, 2),
+            stop_reason=stop_reason,
+            target_tokens=int(target_tokens),
+            last_valid={k: round(v, 4) for k, v in last_valid.items()},
+            **(cost or {}),
+        )
 
     # ------------------------------------------------------------ the progress bar (a terminal only)
     def start_progress(self, *, total: int | None, initial: int) -> None:
@@ -215,9 +225,16 @@ class Window:
         seconds = time.perf_counter() - self.tic - self.excluded
         tokens = max(self.tokens, 1.0)
         loss, nll = float(self.loss), float(self.nll)  # the trainer's device sums are read here, at log time
-        rec = {"loss": loss / tokens, "nll": nll / tokens, "ppl": math.exp(min(nll / tokens, 100.0)),
-               "lr": self.lr, "gnorm": round(self.gnorm, 4), "tokens": int(self.tokens), "tokens_per_s": self.tokens / max(seconds, 1e-9),
-               "updates_per_s": self.updates / max(seconds, 1e-9)}
+        rec = {
+            "loss": loss / tokens,
+            "nll": nll / tokens,
+            "ppl": math.exp(min(nll / tokens, 100.0)),
+            "lr": self.lr,
+            "gnorm": round(self.gnorm, 4),
+            "tokens": int(self.tokens),
+            "tokens_per_s": self.tokens / max(seconds, 1e-9),
+            "updates_per_s": self.updates / max(seconds, 1e-9),
+        }
         self.reset()
         return rec
 

@@ -179,7 +179,7 @@ def update_schedule(data, t: TrainConfig, *, world_size: int = 1, epoch: int = 1
     while not t.max_epochs or epoch <= t.max_epochs:
         batches = data.batches(epoch, max_tokens=t.max_tokens, seed=t.seed)
         for i in range(start, len(batches), per_update):
-            yield UpdateBatches(epoch, i, batches[i:i + per_update], last=i + per_update >= len(batches))
+            yield UpdateBatches(epoch, i, batches[i : i + per_update], last=i + per_update >= len(batches))
         epoch, start = epoch + 1, 0
 
 
@@ -218,6 +218,7 @@ class Trainer:
 
         state, chosen = None, {}
         if resume:  # rank 0 picks the newest complete checkpoint; every rank loads that one
+
             def pick() -> str:
                 path, chosen["state"] = newest_checkpoint(self.out, log=self.log)
                 return str(path)
@@ -249,14 +250,17 @@ class Trainer:
             raise TrainError(f"{cfg.data.train_src}: no training pairs left after filtering; check the files and data.max_len")
         if cfg.model.restrict_output:  # a new model's kept set; a resumed one keeps its checkpoint's
             if cfg.data.subword_alpha > 0:  # sampled segmentations use pieces the best one never does (scored as UNK)
-                raise ConfigError(f"model.restrict_output keeps the pieces of the best segmentation of the training targets, but "
-                                  f"data.subword_alpha={cfg.data.subword_alpha:g} samples others; set one of them off")
+                raise ConfigError(
+                    f"model.restrict_output keeps the pieces of the best segmentation of the training targets, but "
+                    f"data.subword_alpha={cfg.data.subword_alpha:g} samples others; set one of them off"
+                )
             if state is None:
                 self.model.restrict_output_to(_target_pieces(self.train_data))
             self.log(f"output layer: {self.model.output_size:,} of {self.tgt_tok.vocab_size:,} target pieces (model.restrict_output)")
         if cfg.data.subword_alpha > 0:
-            self.train_data = SampledSegmentation(self.train_data, self.src_tok, self.tgt_tok, alpha=cfg.data.subword_alpha,
-                                                  nbest=cfg.data.subword_nbest, seed=t.seed, max_len=cfg.data.max_len)
+            self.train_data = SampledSegmentation(
+                self.train_data, self.src_tok, self.tgt_tok, alpha=cfg.data.subword_alpha, nbest=cfg.data.subword_nbest, seed=t.seed, max_len=cfg.data.max_len
+            )
             self.log(f"subword regularisation: training pairs re-segmented every epoch (alpha {cfg.data.subword_alpha:g}, nbest {cfg.data.subword_nbest})")
         if self.valid_data is not None:
             self.log(f"validation data: {self.valid_data.summary.format()}")
@@ -292,8 +296,9 @@ class Trainer:
         """What the epoch batch lists depend on besides the epoch: the encoded training corpus (its cache
         key covers the files, the tokenizer and the length filters), max_tokens, seed and subword sampling."""
         d = self.cfg.data
-        return (f"data={Path(self.train_data.summary.cache).name} max_tokens={self.t.max_tokens} seed={self.t.seed} "
-                f"subword={d.subword_alpha:g}/{d.subword_nbest}")
+        return (
+            f"data={Path(self.train_data.summary.cache).name} max_tokens={self.t.max_tokens} seed={self.t.seed} subword={d.subword_alpha:g}/{d.subword_nbest}"
+        )
 
     def _check_batching(self) -> None:
         """A resume continues at batch `batch_in_epoch` of its epoch's list; when the list itself changed (another
@@ -302,8 +307,10 @@ class Trainer:
         if p.batching and p.batching != now and p.batch_in_epoch:
             was, changed = dict(kv.split("=", 1) for kv in p.batching.split()), dict(kv.split("=", 1) for kv in now.split())
             what = ", ".join(f"{k} {was.get(k)} -> {v}" for k, v in changed.items() if was.get(k) != v)
-            self.log(f"resuming: the batching changed since the checkpoint ({what}): epoch {p.epoch} starts again from its first batch "
-                     f"(batch {p.batch_in_epoch} of the old list is another batch of the new one)")
+            self.log(
+                f"resuming: the batching changed since the checkpoint ({what}): epoch {p.epoch} starts again from its first batch "
+                f"(batch {p.batch_in_epoch} of the old list is another batch of the new one)"
+            )
             p.batch_in_epoch = 0
         p.batching = now
 
@@ -311,8 +318,10 @@ class Trainer:
         """The validation beam against the target vocabulary now, not at the first validation hours later."""
         t = self.t
         if self.valid_data is not None and t.valid_bleu_sentences >= 0 and t.valid_beam > max_beam(self.tgt_tok.vocab_size):
-            raise ConfigError(f"train.valid_beam={t.valid_beam}: the target vocabulary has {self.tgt_tok.vocab_size} ids, enough for a beam "
-                              f"of at most {max_beam(self.tgt_tok.vocab_size)}; lower train.valid_beam (1 = greedy)")
+            raise ConfigError(
+                f"train.valid_beam={t.valid_beam}: the target vocabulary has {self.tgt_tok.vocab_size} ids, enough for a beam "
+                f"of at most {max_beam(self.tgt_tok.vocab_size)}; lower train.valid_beam (1 = greedy)"
+            )
 
     def _restore(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
@@ -380,8 +389,10 @@ class Trainer:
             for u in () if reason else update_schedule(self.train_data, t, world_size=world, epoch=p.epoch, start=p.batch_in_epoch):
                 if isinstance(self.train_data, SampledSegmentation) and u.start == 0:
                     st = self.train_data.last_stats
-                    self.log(f"epoch {u.epoch}: sampled segmentation in {st['seconds']:.1f} s, pieces x{st['src_piece_ratio']:.3f} (source) "
-                             f"x{st['tgt_piece_ratio']:.3f} (target) of the best segmentation")
+                    self.log(
+                        f"epoch {u.epoch}: sampled segmentation in {st['seconds']:.1f} s, pieces x{st['src_piece_ratio']:.3f} (source) "
+                        f"x{st['tgt_piece_ratio']:.3f} (target) of the best segmentation"
+                    )
                 mine = u.share(rank, world)
                 filler = None if mine else self.train_data.get_batch(u.batches[0])
                 stats = self._update([self.train_data.get_batch(idx) for idx in mine], filler=filler, ntokens=_target_tokens(self.train_data, u.batches))
@@ -407,8 +418,10 @@ class Trainer:
                     with window.paused():
                         runtime.on_main(lambda: self._save_numbered(last_val, wall))
                 if nonfinite >= MAX_NONFINITE_UPDATES:  # the gradient norm is the same on every rank (after the all-reduce)
-                    reason = (f"diverged: the last {nonfinite} updates all had a non-finite gradient norm and were skipped (NaN guard); "
-                              "the model is saved as it was before them; lower train.lr, raise train.warmup_updates or check the data")
+                    reason = (
+                        f"diverged: the last {nonfinite} updates all had a non-finite gradient norm and were skipped (NaN guard); "
+                        "the model is saved as it was before them; lower train.lr, raise train.warmup_updates or check the data"
+                    )
                 reason = reason or self._stop_reason(elapsed())
                 if u.last:
                     p.epoch, p.batch_in_epoch = u.epoch + 1, 0
@@ -435,8 +448,15 @@ class Trainer:
         p = self.progress
         self._save([self.out / "checkpoint_last.pt"], last_val)
         peak, source = flops.peak_for(self.t.dtype, device=self.device, peak_tflops=self.t.peak_tflops)
-        cost = flops.cost_summary(tokens=p.tokens, train_flops=p.flops, update_seconds=p.update_seconds, wall_seconds=p.elapsed,
-                                  peak_flops_per_s=peak, peak_source=source, world_size=self.dist.world_size)
+        cost = flops.cost_summary(
+            tokens=p.tokens,
+            train_flops=p.flops,
+            update_seconds=p.update_seconds,
+            wall_seconds=p.elapsed,
+            peak_flops_per_s=peak,
+            peak_source=source,
+            world_size=self.dist.world_size,
+        )
         self.runlog.summary(update=p.update, epoch=p.epoch, wall=p.elapsed, stop_reason=reason, target_tokens=p.tokens, last_valid=last_val, cost=cost)
         self.log(flops.format_cost(cost, tokens=p.tokens, wall_seconds=p.elapsed))
         if reason == "interrupted":
@@ -536,11 +556,13 @@ class Trainer:
 
     def _validate(self) -> dict[str, float]:
         t = self.t
-        result = validation_loss(self.model, self.valid_data, max_tokens=t.max_tokens, seed=t.seed, label_smoothing=t.label_smoothing,
-                                 device=self.device, dtype=t.dtype)
+        result = validation_loss(
+            self.model, self.valid_data, max_tokens=t.max_tokens, seed=t.seed, label_smoothing=t.label_smoothing, device=self.device, dtype=t.dtype
+        )
         if t.valid_bleu_sentences >= 0:
-            result["val_bleu"] = validation_bleu(self.model, self._bleu_set, self.tgt_tok, beam=t.valid_beam, decode=self.cfg.decode,
-                                                 device=self.device, dtype=t.dtype)
+            result["val_bleu"] = validation_bleu(
+                self.model, self._bleu_set, self.tgt_tok, beam=t.valid_beam, decode=self.cfg.decode, device=self.device, dtype=t.dtype
+            )
         return result
 
     @functools.cached_property
@@ -591,8 +613,11 @@ class Trainer:
         # best before last: a kill between the two must not leave an older model as best for good (the
         # progress in last already counts this validation as the best)
         numbered = t.writes_numbered(p.update, validating=True)
-        self._save([self.out / "checkpoint_best.pt"] * improved + [numbered_checkpoint_path(self.out, p.update)] * numbered
-                   + [self.out / "checkpoint_last.pt"], val, elapsed=wall)
+        self._save(
+            [self.out / "checkpoint_best.pt"] * improved + [numbered_checkpoint_path(self.out, p.update)] * numbered + [self.out / "checkpoint_last.pt"],
+            val,
+            elapsed=wall,
+        )
         if numbered:
             prune_checkpoints(self.out, t.keep_last, keep_every=t.keep_every)
         return val
@@ -642,8 +667,10 @@ def _target_pieces(data) -> torch.Tensor:  # noqa: ANN001 - ParallelData
 def _update_flops(data, batches: list, m, *, vocab: int) -> int:  # noqa: ANN001 - ParallelData or SampledSegmentation
     """Training FLOPs of the whole update (all ranks), counted as the benchmark counts them (padded batches,
     flops.train_flops), from the lengths on the host: padded source = longest + EOS, target = longest + BOS."""
-    return sum(flops.train_flops(m, vocab=vocab, batch=len(idx), src_len=int(data.src_lengths[idx].max()) + 1,
-                                 tgt_len=int(data.tgt_lengths[idx].max()) + 1) for idx in batches)
+    return sum(
+        flops.train_flops(m, vocab=vocab, batch=len(idx), src_len=int(data.src_lengths[idx].max()) + 1, tgt_len=int(data.tgt_lengths[idx].max()) + 1)
+        for idx in batches
+    )
 
 
 def _install_signal_handlers(request_stop: Callable[[], None], *, verbose: bool = True) -> dict:
@@ -668,4 +695,3 @@ def _install_signal_handlers(request_stop: Callable[[], None], *, verbose: bool 
 def _restore_signal_handlers(previous: dict) -> None:
     for sig, handler in previous.items():
         signal.signal(sig, handler)
-

@@ -63,19 +63,35 @@ class AttentionMaps:
                 raise VizError(f"{name} {','.join(map(str, bad))}: the model has {n} {name[2:]}, numbered 0 to {n - 1}")
         enc = None if layers is None else [i for i in layers if i < n_enc]
         dec = None if layers is None else [i for i in layers if i < n_dec]
-        return dataclasses.replace(self, encoder_self=_pick(self.encoder_self, enc, heads), decoder_self=_pick(self.decoder_self, dec, heads),
-                                   cross=_pick(self.cross, dec, heads), encoder_layers=enc, decoder_layers=dec, heads=heads)
+        return dataclasses.replace(
+            self,
+            encoder_self=_pick(self.encoder_self, enc, heads),
+            decoder_self=_pick(self.decoder_self, dec, heads),
+            cross=_pick(self.cross, dec, heads),
+            encoder_layers=enc,
+            decoder_layers=dec,
+            heads=heads,
+        )
 
     def to_json(self) -> dict:
         n_heads = self.cross.size(1)
-        return {"source": self.source, "target": self.target, "teacher_forced": self.teacher_forced,
-                "src_pieces": self.src_pieces, "tgt_in_pieces": self.tgt_in_pieces, "tgt_out_pieces": self.tgt_out_pieces,
-                "encoder_layers": self.layer_ids("encoder_self"), "decoder_layers": self.layer_ids("cross"),
-                "heads": list(range(n_heads)) if self.heads is None else self.heads,
-                "convention": "weights[layer][head][query][key], rows sum to 1; encoder_self (L, H, S, S) over src_pieces; "
-                              "decoder_self (L, H, T, T): rows predict tgt_out_pieces, keys are tgt_in_pieces, 0 above the diagonal; "
-                              "cross (L, H, T, S): rows predict tgt_out_pieces, keys are src_pieces",
-                "encoder_self": self.encoder_self.tolist(), "decoder_self": self.decoder_self.tolist(), "cross": self.cross.tolist()}
+        return {
+            "source": self.source,
+            "target": self.target,
+            "teacher_forced": self.teacher_forced,
+            "src_pieces": self.src_pieces,
+            "tgt_in_pieces": self.tgt_in_pieces,
+            "tgt_out_pieces": self.tgt_out_pieces,
+            "encoder_layers": self.layer_ids("encoder_self"),
+            "decoder_layers": self.layer_ids("cross"),
+            "heads": list(range(n_heads)) if self.heads is None else self.heads,
+            "convention": "weights[layer][head][query][key], rows sum to 1; encoder_self (L, H, S, S) over src_pieces; "
+            "decoder_self (L, H, T, T): rows predict tgt_out_pieces, keys are tgt_in_pieces, 0 above the diagonal; "
+            "cross (L, H, T, S): rows predict tgt_out_pieces, keys are src_pieces",
+            "encoder_self": self.encoder_self.tolist(),
+            "decoder_self": self.decoder_self.tolist(),
+            "cross": self.cross.tolist(),
+        }
 
 
 def _pick(w: torch.Tensor, layers: list[int] | None, heads: list[int] | None) -> torch.Tensor:
@@ -101,13 +117,12 @@ def batch_attention(model, src_ids: list[list[int]], tgt_ids: list[list[int]]) -
     return stack(w.encoder), stack(w.decoder), stack(w.cross), batch.src, batch.tgt_in
 
 
-def sentence_maps(translator, source: str, *, reference: str | None = None, beam: int | None = None,
-                  lenpen: float | None = None) -> AttentionMaps:
+def sentence_maps(translator, source: str, *, reference: str | None = None, beam: int | None = None, lenpen: float | None = None) -> AttentionMaps:
     """The maps of ``source`` translated by ``translator``'s model (or teacher-forcing ``reference``)."""
     from transformer_mt.decoding.translator import translate_ids
 
     if not source.strip():
-        raise VizError("the source sentence is empty; give one with --src \"text\" or FILE --line N")
+        raise VizError('the source sentence is empty; give one with --src "text" or FILE --line N')
     if not hasattr(translator.model, "attention"):
         raise VizError("attention maps are drawn for one model, not an ensemble; give one checkpoint (-c)")
     src_tok, tgt_tok, d = translator.src_tok, translator.tgt_tok, translator.cfg.decode
@@ -115,15 +130,30 @@ def sentence_maps(translator, source: str, *, reference: str | None = None, beam
     if reference is not None:
         tgt_ids = tgt_tok.encode([reference])[0]
     else:  # the search's own output ids: the maps of exactly what `tmt translate` prints
-        hyp = translate_ids(translator.model, [src_ids], beam=d.beam if beam is None else beam, lenpen=d.lenpen if lenpen is None else lenpen,
-                            max_len_a=d.max_len_a, max_len_b=d.max_len_b, device=translator.device, dtype="float32")
+        hyp = translate_ids(
+            translator.model,
+            [src_ids],
+            beam=d.beam if beam is None else beam,
+            lenpen=d.lenpen if lenpen is None else lenpen,
+            max_len_a=d.max_len_a,
+            max_len_b=d.max_len_b,
+            device=translator.device,
+            dtype="float32",
+        )
         tgt_ids = hyp[0][0].tokens
     enc, dec, cross, _, _ = batch_attention(translator.model, [src_ids], [tgt_ids])
     piece = lambda tok, ids: [tok.sp.id_to_piece(i) for i in ids]  # noqa: E731
-    return AttentionMaps(source=source, target=reference if reference is not None else tgt_tok.decode([tgt_ids])[0],
-                         teacher_forced=reference is not None, src_pieces=piece(src_tok, src_ids) + ["</s>"],
-                         tgt_in_pieces=["<s>"] + piece(tgt_tok, tgt_ids), tgt_out_pieces=piece(tgt_tok, tgt_ids) + ["</s>"],
-                         encoder_self=enc[0], decoder_self=dec[0], cross=cross[0])
+    return AttentionMaps(
+        source=source,
+        target=reference if reference is not None else tgt_tok.decode([tgt_ids])[0],
+        teacher_forced=reference is not None,
+        src_pieces=piece(src_tok, src_ids) + ["</s>"],
+        tgt_in_pieces=["<s>"] + piece(tgt_tok, tgt_ids),
+        tgt_out_pieces=piece(tgt_tok, tgt_ids) + ["</s>"],
+        encoder_self=enc[0],
+        decoder_self=dec[0],
+        cross=cross[0],
+    )
 
 
 def draw_kind(maps: AttentionMaps, kind: str, out: Path, *, dpi: int = 80):
@@ -175,7 +205,7 @@ def write_maps(maps: AttentionMaps, out_dir: str | Path, *, svg: bool = False) -
 
 
 def parse_indices(text: str | None, option: str) -> list[int] | None:
-    """"0,2" -> [0, 2]; None or "all" -> None (everything)."""
+    """ "0,2" -> [0, 2]; None or "all" -> None (everything)."""
     if text is None or text.strip().lower() == "all":
         return None
     try:
@@ -197,4 +227,3 @@ def read_line(path: str | Path, line: int) -> str:
         if n == line:
             return text
     raise VizError(f"{path}: has fewer than {line} lines; choose --line between 1 and the file's line count")
-

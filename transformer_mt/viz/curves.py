@@ -68,9 +68,11 @@ def _labels(paths: list[Path]) -> list[str]:
     return [f"{(p if p.is_dir() else p.parent).resolve().parent.name}/{n}" for p, n in zip(paths, names)]
 
 
-PANELS = (("train", "loss", "train loss (label-smoothed, per token)"),
-          ("valid", "val_loss", "validation loss (label-smoothed)"),
-          ("valid", "val_bleu", "validation BLEU"))
+PANELS = (
+    ("train", "loss", "train loss (label-smoothed, per token)"),
+    ("valid", "val_loss", "validation loss (label-smoothed)"),
+    ("valid", "val_bleu", "validation BLEU"),
+)
 
 
 def plot_runs(run_dirs: list[str | Path], out: str | Path, *, dpi: int = 90) -> Path:
@@ -93,8 +95,7 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, *, dpi: int = 90) -> 
                 recs = [r for r in (run.train if kind == "train" else run.valid) if key in r and xkey in r]
                 if recs:
                     marker = "o" if kind == "valid" and len(recs) < 30 else None
-                    ax.plot([r[xkey] * scale for r in recs], [r[key] for r in recs], color=colour, marker=marker, markersize=3,
-                            linewidth=1.2, label=run.name)
+                    ax.plot([r[xkey] * scale for r in recs], [r[key] for r in recs], color=colour, marker=marker, markersize=3, linewidth=1.2, label=run.name)
                     drawn = True
             if not drawn:
                 ax.text(0.5, 0.5, f"no {key} records", ha="center", va="center", transform=ax.transAxes, color="0.5")

@@ -203,8 +203,9 @@ def paper_size(m: ModelConfig) -> str | None:
     return None
 
 
-def inspect_report(model: Transformer, cfg: Config, *, vocab: tuple[int, int], source: str, src_len: int = 10, tgt_len: int = 8,
-                   full_layers: int = 1) -> tuple[list[str], dict]:
+def inspect_report(
+    model: Transformer, cfg: Config, *, vocab: tuple[int, int], source: str, src_len: int = 10, tgt_len: int = 8, full_layers: int = 1
+) -> tuple[list[str], dict]:
     """The report's lines, and its numbers (``total_params``, ``tree_params``, ``flops_per_token``)."""
     m = cfg.model
     device = next(model.parameters()).device
@@ -216,20 +217,25 @@ def inspect_report(model: Transformer, cfg: Config, *, vocab: tuple[int, int], s
     total = sum(p.numel() for p in model.parameters())
     dk, dv = m.head_dim or m.d_model // m.heads, m.value_dim or m.d_model // m.heads
     shared = "shared source/target/output" if m.share_all_embeddings else "target/output tied" if m.share_decoder_embeddings else "untied"
-    lines = [f"tmt inspect {source}",
-             f"model: {m.norm}-norm, {m.encoder_layers} encoder + {m.decoder_layers} decoder layers, d_model {m.d_model}, {m.heads} heads "
-             f"(d_k {dk}, d_v {dv}), d_ff {m.d_ff} {m.activation}, {m.positions} positions; vocabulary {vocab[0]:,} source / {vocab[1]:,} target ({shared})",
-             f"parameters: {total:,} (sum of p.numel() over model.parameters(); a tied matrix counted once)"]
+    lines = [
+        f"tmt inspect {source}",
+        f"model: {m.norm}-norm, {m.encoder_layers} encoder + {m.decoder_layers} decoder layers, d_model {m.d_model}, {m.heads} heads "
+        f"(d_k {dk}, d_v {dv}), d_ff {m.d_ff} {m.activation}, {m.positions} positions; vocabulary {vocab[0]:,} source / {vocab[1]:,} target ({shared})",
+        f"parameters: {total:,} (sum of p.numel() over model.parameters(); a tied matrix counted once)",
+    ]
     size = paper_size(m)
     per = flops.per_target_token(m, vocab=vocab[1], src_len=src_len, tgt_len=tgt_len)
     per4 = flops.per_target_token(m, vocab=vocab[1], src_len=src_len, tgt_len=tgt_len, beam=4)
     if size:
         p = PAPER[size]
         est = p["updates"] * PAPER_TOKENS_PER_UPDATE * per["train"]
-        lines.append(f"paper, Table 3 '{size}': {p['params'] / 1e6:.0f}M parameters with a 37k shared vocabulary; this model {total / 1e6:.1f}M "
-                     f"with {vocab[1]:,} pieces")
-        lines.append(f"paper, Table 2 '{size}': training cost {p['cost']:.1e} FLOPs (GPU time x sustained speed); counted here: "
-                     f"{p['updates']:,} updates x {PAPER_TOKENS_PER_UPDATE:,} target tokens x {_si(per['train'])} = {est:.1e} FLOPs")
+        lines.append(
+            f"paper, Table 3 '{size}': {p['params'] / 1e6:.0f}M parameters with a 37k shared vocabulary; this model {total / 1e6:.1f}M with {vocab[1]:,} pieces"
+        )
+        lines.append(
+            f"paper, Table 2 '{size}': training cost {p['cost']:.1e} FLOPs (GPU time x sustained speed); counted here: "
+            f"{p['updates']:,} updates x {PAPER_TOKENS_PER_UPDATE:,} target tokens x {_si(per['train'])} = {est:.1e} FLOPs"
+        )
     lines += [
         f"FLOPs per target token (matmuls, multiply-add = 2) for one {src_len}-token source and {tgt_len}-token target: "
         f"training {_si(per['train'])} (3 x forward), decoding {_si(per['decode'])} greedy / {_si(per4['decode'])} beam 4 (KV cache)",

@@ -22,8 +22,7 @@ def position_table(model, length: int) -> torch.Tensor:
         return model._positions(0, length).detach().float().cpu()
 
 
-def plot_positions(table: torch.Tensor, out: str | Path, *, sinusoidal: bool = True, title: str = "sinusoidal positional encoding",
-                   dpi: int = 72) -> Path:
+def plot_positions(table: torch.Tensor, out: str | Path, *, sinusoidal: bool = True, title: str = "sinusoidal positional encoding", dpi: int = 72) -> Path:
     """Draw ``table`` (L positions, D dims) to ``out`` (PNG or SVG by suffix)."""
     length, d = table.shape
     fig = new_figure(14, 4.6)
