@@ -78,17 +78,17 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from transformer_mt.config import Config, DecodeConfig, ModelConfig, TrainConfig, from_dict, load_config, to_dict
-from transformer_mt.data.corpus import load_parallel, source_tensor
-from transformer_mt.decoding.search import beam_search, greedy_search
-from transformer_mt.decoding.translator import Translator, positions_needed
-from transformer_mt.model import kernels
-from transformer_mt.model.loss import label_smoothed_nll_loss
-from transformer_mt.model.transformer import count_parameters
+from transformer_mt.data import load_parallel, source_tensor
+from transformer_mt.decoding import Translator, beam_search, greedy_search, positions_needed
+from transformer_mt.model import count_parameters, kernels, label_smoothed_nll_loss
+from transformer_mt.runtime import (
+    SyncCounter,
+    forward_flops,  # the analytic formula of the docstring, shared with tmt train's cost report
+    per_call,
+)
 from transformer_mt.runtime import device as runtime
-from transformer_mt.runtime.flops import forward_flops  # the analytic formula of the docstring, shared with tmt train's cost report
-from transformer_mt.runtime.syncs import SyncCounter, per_call
-from transformer_mt.text.tokenizer import PAD_ID, Tokenizer, train_sentencepiece
-from transformer_mt.training.trainer import Trainer, _target_tokens, update_schedule
+from transformer_mt.text import PAD_ID, Tokenizer, train_sentencepiece
+from transformer_mt.training import Trainer, target_tokens, update_schedule
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling scripts/fairseq_peer.py, also when tests load this file by path
 import fairseq_peer  # noqa: E402, I001  (--peer fairseq)
@@ -310,7 +310,7 @@ def phase_syncs(spec: dict) -> dict:
         for u in itertools.islice(update_schedule(trainer.train_data, cfg.train), 3):
             batches = [trainer.train_data.get_batch(idx) for idx in u.batches]  # collated on the host, outside the count
             with SyncCounter() as syncs:
-                trainer._update(batches, ntokens=_target_tokens(trainer.train_data, u.batches))
+                trainer.update(batches, ntokens=target_tokens(trainer.train_data, u.batches))
             updates.append({"micro_batches": len(batches), "syncs": syncs.total, "kinds": dict(syncs.counts), "collectives": dict(syncs.collectives)})
         model = trainer.model.eval()
         with open(spec["input"], encoding="utf-8") as handle:

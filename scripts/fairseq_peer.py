@@ -41,9 +41,9 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from transformer_mt.config import Config, from_dict, load_config
-from transformer_mt.data.prepare import load_corpora
+from transformer_mt.data import load_corpora
 from transformer_mt.errors import TmtError
-from transformer_mt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 PEER_CONFIG = REPO / "configs" / "multi30k_reference.yaml"

@@ -31,7 +31,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from transformer_mt.config import load_config
-from transformer_mt.training.trainer import Trainer
+from transformer_mt.training import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ["model.norm=post", "model.dropout=0.1", "model.activation_dropout=0.0", "train.max_tokens=4096", "train.lr=5e-4", "train.warmup_updates=1000"]

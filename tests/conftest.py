@@ -40,7 +40,7 @@ def tiny_model(
 ):
     """A randomly initialised Transformer (torch seeded with `seed` first) in eval mode: `config`
     (default TINY_MODEL) with `changes`; `vocab` for both sides unless src_vocab / tgt_vocab say otherwise."""
-    from transformer_mt.model.transformer import Transformer
+    from transformer_mt.model import Transformer
 
     torch.manual_seed(seed)
     cfg = dataclasses.replace(config or TINY_MODEL, **changes)
@@ -49,7 +49,7 @@ def tiny_model(
 
 def tokens(lengths: list[int], *, bos: bool = False, seed: int = 1, vocab: int = TINY_VOCAB) -> torch.Tensor:
     """Right-padded (B, max(lengths)) batch of random real tokens (ids >= 4), BOS first if asked."""
-    from transformer_mt.text.tokenizer import BOS_ID, PAD_ID
+    from transformer_mt.text import BOS_ID, PAD_ID
 
     g = torch.Generator().manual_seed(seed)
     out = torch.full((len(lengths), max(lengths)), PAD_ID)
@@ -63,10 +63,10 @@ def tokens(lengths: list[int], *, bos: bool = False, seed: int = 1, vocab: int =
 def make_checkpoint(spm_model: Path, path: Path, *, seed: int = 0, d_model: int = 32, positions: str = "learned") -> Path:
     """A randomly initialised 1+1-layer model with its tokenizer, saved as an inference checkpoint:
     enough to test plumbing, not quality (for a trained one, see `tiny_checkpoint`)."""
-    from transformer_mt.checkpoint.io import pack_tokenizers, save_checkpoint
+    from transformer_mt.checkpoint import pack_tokenizers, save_checkpoint
     from transformer_mt.config import load_config, to_dict
-    from transformer_mt.model.transformer import Transformer
-    from transformer_mt.text.tokenizer import Tokenizer
+    from transformer_mt.model import Transformer
+    from transformer_mt.text import Tokenizer
 
     cfg = load_config(
         None,
@@ -180,7 +180,7 @@ def run_config(corpus: dict[str, Path], spm_model: Path, out_dir: Path, *overrid
 @pytest.fixture(scope="session")
 def spm_model(corpus_slice, tmp_path_factory) -> Path:
     """A joint 1000-piece unigram model trained on the 2000-pair slice."""
-    from transformer_mt.text.tokenizer import train_sentencepiece
+    from transformer_mt.text import train_sentencepiece
 
     prefix = tmp_path_factory.mktemp("spm") / "joint"
     return train_sentencepiece([corpus_slice["train.en"], corpus_slice["train.de"]], prefix, vocab_size=1000)
@@ -224,7 +224,7 @@ class TrainedRun:
 
 
 def _train_tiny(corpus_slice: dict[str, Path], spm_model: Path, out_dir: Path, *extra: str) -> TrainedRun:
-    from transformer_mt.training.trainer import train
+    from transformer_mt.training import train
 
     cfg = run_config(corpus_slice, spm_model, out_dir, *TINY_RUN, *extra)
     result = train(cfg)

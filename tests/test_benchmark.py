@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from transformer_mt.config import ModelConfig
-from transformer_mt.model.transformer import Transformer
-from transformer_mt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.model import Transformer
+from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "benchmark.py"

@@ -11,8 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from transformer_mt.checkpoint import io as ckpt
-from transformer_mt.checkpoint.io import (
+from transformer_mt.checkpoint import (
     FORMAT,
     CheckpointError,
     average_checkpoints,
@@ -27,8 +26,9 @@ from transformer_mt.checkpoint.io import (
     set_rng_state,
     unpack_tokenizers,
 )
+from transformer_mt.checkpoint import io as ckpt
 from transformer_mt.config import Config, to_dict
-from transformer_mt.text.tokenizer import Tokenizer
+from transformer_mt.text import Tokenizer
 
 
 class Tiny(nn.Module):

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from transformer_mt.runtime.flops import forward_flops
-from transformer_mt.training.trainer import Trainer, update_schedule
+from transformer_mt.runtime import forward_flops
+from transformer_mt.training import Trainer, update_schedule
 
 pytestmark = pytest.mark.slow
 

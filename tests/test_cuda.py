@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from tests.conftest import run_config, tiny_model, tokens
-from transformer_mt.checkpoint.io import load_checkpoint
+from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import load_config
-from transformer_mt.decoding.search import beam_search, greedy_search
+from transformer_mt.decoding import beam_search, greedy_search
+from transformer_mt.runtime import SyncCounter, per_call
 from transformer_mt.runtime import device as runtime
-from transformer_mt.runtime.syncs import SyncCounter, per_call
-from transformer_mt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt.training.trainer import Trainer, _target_tokens, resumed_config, train, update_schedule
+from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.training import Trainer, resumed_config, target_tokens, train, update_schedule
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = [
@@ -189,12 +189,12 @@ def test_float16_with_loss_scaling_trains_and_an_overflow_skips_the_schedule(pai
         schedule = iter(update_schedule(trainer.train_data, trainer.t))
         u = next(schedule)
         trainer.scaler.update(2.0**40)  # certain to overflow fp16 gradients: the update is skipped, the scale lowered
-        stats = trainer._update([trainer.train_data.get_batch(i) for i in u.batches], ntokens=_target_tokens(trainer.train_data, u.batches))
+        stats = trainer.update([trainer.train_data.get_batch(i) for i in u.batches], ntokens=target_tokens(trainer.train_data, u.batches))
         assert not math.isfinite(stats["gnorm"]) and trainer.scheduler.num_updates == 0 and trainer.scaler.get_scale() < 2.0**40
         losses = []
         for u in schedule:
             batches = [trainer.train_data.get_batch(i) for i in u.batches]
-            stats = trainer._update(batches, ntokens=_target_tokens(trainer.train_data, u.batches))
+            stats = trainer.update(batches, ntokens=target_tokens(trainer.train_data, u.batches))
             losses.append(float(stats["loss"]) / stats["ntokens"])
             if len(losses) == 30:
                 break
@@ -235,7 +235,7 @@ def test_sync_budgets_hold_on_a_gpu(pairs64, spm_model, tmp_path):
         for u in list(update_schedule(trainer.train_data, trainer.t))[:3]:
             batches = [trainer.train_data.get_batch(i) for i in u.batches]
             with SyncCounter() as syncs:
-                trainer._update(batches, ntokens=_target_tokens(trainer.train_data, u.batches))
+                trainer.update(batches, ntokens=target_tokens(trainer.train_data, u.batches))
             assert syncs.total == 1, syncs.summary()
         model = trainer.model.eval()
         src = tokens([6, 3, 8, 5], seed=2).cuda()
@@ -253,8 +253,8 @@ def test_ddp_at_world_size_one_with_nccl():
     with the label positions and the source flag passed through; the stats all-reduce runs on the GPU."""
     import torch.distributed as dist
 
-    from transformer_mt.data.corpus import collate
-    from transformer_mt.model.loss import TeacherForcedLoss
+    from transformer_mt.data import collate
+    from transformer_mt.model import TeacherForcedLoss
 
     dist.init_process_group("nccl", store=dist.HashStore(), rank=0, world_size=1)
     try:

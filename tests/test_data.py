@@ -11,10 +11,9 @@ import torch
 
 from tests.conftest import head
 from transformer_mt.config import DataConfig
+from transformer_mt.data import DataError, SampledSegmentation, collate, load_parallel, make_batches, shard
 from transformer_mt.data import corpus as data
-from transformer_mt.data.corpus import DataError, SampledSegmentation, collate, load_parallel, make_batches, shard
-from transformer_mt.text.textio import TextError
-from transformer_mt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, train_sentencepiece
+from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID, TextError, Tokenizer, train_sentencepiece
 
 
 @pytest.fixture(scope="module")

@@ -27,11 +27,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from transformer_mt.checkpoint.io import load_checkpoint
+from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import load_config
-from transformer_mt.data.prepare import load_corpora
-from transformer_mt.text.tokenizer import Tokenizer
-from transformer_mt.training.trainer import Trainer, resumed_config, train, update_schedule
+from transformer_mt.data import load_corpora
+from transformer_mt.text import Tokenizer
+from transformer_mt.training import Trainer, resumed_config, train, update_schedule
 
 TINY = [
     "model.encoder_layers=1",

@@ -11,12 +11,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.conftest import head, make_checkpoint, run_cli, run_config
-from transformer_mt.checkpoint.io import config_from_checkpoint, load_checkpoint, save_checkpoint
-from transformer_mt.decoding.translator import translate_ids
-from transformer_mt.model.transformer import Transformer
-from transformer_mt.text.tokenizer import BOS_ID, EOS_ID, Tokenizer
-from transformer_mt.training.ema import EMA
-from transformer_mt.training.trainer import resumed_config, train
+from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, save_checkpoint
+from transformer_mt.decoding import translate_ids
+from transformer_mt.model import Transformer
+from transformer_mt.text import BOS_ID, EOS_ID, Tokenizer
+from transformer_mt.training import EMA, resumed_config, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

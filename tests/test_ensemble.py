@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model, tokens
-from transformer_mt.decoding.search import beam_search, greedy_search
-from transformer_mt.model.ensemble import Ensemble
+from transformer_mt.decoding import beam_search, greedy_search
+from transformer_mt.model import Ensemble
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -18,13 +18,13 @@ import pytest
 import torch
 
 from tests.conftest import head
-from transformer_mt.checkpoint.io import config_from_checkpoint, load_checkpoint, pack_tokenizers, save_checkpoint, unpack_tokenizers
+from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, pack_tokenizers, save_checkpoint, unpack_tokenizers
 from transformer_mt.config import load_config, to_dict
-from transformer_mt.data.corpus import source_tensor
-from transformer_mt.decoding.translator import Translator, translate_ids
+from transformer_mt.data import source_tensor
+from transformer_mt.decoding import Translator, translate_ids
 from transformer_mt.export import ExportError, export
-from transformer_mt.model.transformer import Transformer
-from transformer_mt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_sentencepiece
+from transformer_mt.model import Transformer
+from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_sentencepiece
 
 ctranslate2 = pytest.importorskip("ctranslate2")
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from transformer_mt.text.tokenizer import Tokenizer
+from transformer_mt.text import Tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -260,7 +260,7 @@ def test_fairseqs_own_parser_reads_the_command():
 @pytest.mark.slow
 def test_binarized_pieces_are_tmts_ids(corpus_slice, spm_model, tmp_path):
     from tests.conftest import run_config
-    from transformer_mt.data.prepare import load_corpora
+    from transformer_mt.data import load_corpora
 
     env = side_env()
     cfg = run_config(corpus_slice, spm_model, tmp_path / "run", "data.max_len=100")

@@ -10,7 +10,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from tests.conftest import tiny_model
 from transformer_mt.config import ModelConfig
-from transformer_mt.data.corpus import collate
+from transformer_mt.data import collate
 from transformer_mt.runtime import flops
 
 VOCAB = 50

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from tests.conftest import run_cli, run_config
-from transformer_mt.checkpoint.io import load_checkpoint, numbered_checkpoint_path, pack_tokenizers, prune_checkpoints, save_checkpoint
+from transformer_mt.checkpoint import load_checkpoint, numbered_checkpoint_path, pack_tokenizers, prune_checkpoints, save_checkpoint
 from transformer_mt.config import load_config, to_dict
-from transformer_mt.training.trainer import train
+from transformer_mt.training import train
 
 
 def fake_run(run_dir, updates: list[int]) -> dict[int, dict[str, torch.Tensor]]:

@@ -11,11 +11,10 @@ from torch import nn
 
 from tests.conftest import head, tiny_model
 from transformer_mt.config import TrainConfig
-from transformer_mt.data.corpus import collate
-from transformer_mt.model import kernels
-from transformer_mt.model.loss import TeacherForcedLoss, label_smoothed_nll_loss, perplexity, projected_label_smoothed_loss
-from transformer_mt.text.tokenizer import PAD_ID, Tokenizer
-from transformer_mt.training.optim import Scheduler, build_optimizer, build_scheduler, inverse_sqrt_lr, linear_lr, noam_lr, param_groups
+from transformer_mt.data import collate
+from transformer_mt.model import TeacherForcedLoss, kernels, label_smoothed_nll_loss, perplexity, projected_label_smoothed_loss
+from transformer_mt.text import PAD_ID, Tokenizer
+from transformer_mt.training import Scheduler, build_optimizer, build_scheduler, inverse_sqrt_lr, linear_lr, noam_lr, param_groups
 
 
 def naive_smoothed_loss(logits: torch.Tensor, target: torch.Tensor, eps: float) -> tuple[float, float, int]:
@@ -129,7 +128,7 @@ def test_teacher_forced_loss_module_equals_the_logits_path(spm_model, multi30k):
 
 
 def test_cpu_dropout_rate_scale_gradient_and_seed():
-    from transformer_mt.model.kernels import dropout
+    from transformer_mt.model import dropout
 
     x = torch.ones(1000, 1000, requires_grad=True)
     torch.manual_seed(0)

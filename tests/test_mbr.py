@@ -10,7 +10,7 @@ import pytest
 from sacrebleu.metrics import BLEU
 
 from tests.conftest import head, run_cli
-from transformer_mt.decoding.mbr import Candidate, MbrError, mbr_choose, mbr_files, pool_weights, read_candidates
+from transformer_mt.decoding import Candidate, MbrError, mbr_choose, mbr_files, pool_weights, read_candidates
 
 SENT_BLEU = BLEU(effective_order=True)  # sacrebleu.sentence_bleu's settings: exp smoothing, effective order
 

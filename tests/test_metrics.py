@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from transformer_mt.evaluation.metrics import MetricsError, format_json, format_text, read_lines, score, score_files
-from transformer_mt.text.textio import TextError
+from transformer_mt.evaluation import MetricsError, format_json, format_text, read_lines, score, score_files
+from transformer_mt.text import TextError
 
 
 def corrupt(lines: list[str], *, drop_every: int = 7, swap_every: int = 3, lower_every: int = 4) -> list[str]:

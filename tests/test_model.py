@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 from tests.conftest import TINY_MODEL, TINY_VOCAB, tiny_model, tokens
 from transformer_mt.config import ModelConfig
-from transformer_mt.model.transformer import Transformer, count_parameters, sinusoids
-from transformer_mt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.model import Transformer, count_parameters, sinusoids
+from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID
 
 V = TINY_VOCAB  # the tiny models' joint vocabulary (40 ids)
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -298,7 +298,7 @@ def test_attention_weights_equal_an_independent_computation(norm):
 def test_translation_is_the_same_with_and_without_weight_capture():
     """Capturing weights leaves the model as it was (same translations before and after), and teacher-
     forcing the greedy translation through attention() predicts that translation again, token by token."""
-    from transformer_mt.decoding.search import greedy_search, search
+    from transformer_mt.decoding import greedy_search, search
 
     model = tiny_model(seed=3)
     src = tokens([6, 3, 5], seed=13)

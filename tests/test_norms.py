@@ -11,7 +11,7 @@ import torch
 
 from tests.conftest import TINY_MODEL, TINY_VOCAB, head, run_config, tiny_model, tokens
 from transformer_mt.model.transformer import LayerNorm, ScaleNorm, _allowed, count_parameters, sinusoids
-from transformer_mt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID
 
 V, D = TINY_VOCAB, TINY_MODEL.d_model
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -115,7 +115,7 @@ def test_cast_weights_keeps_scalenorm_in_float32():
 @pytest.fixture(scope="module")
 def scale_run(corpus_slice, spm_model, tmp_path_factory):
     """A tiny norm=scale model trained 40 updates on the corpus slice through `train()`; per-update loss per token."""
-    from transformer_mt.training.trainer import train
+    from transformer_mt.training import train
 
     out = tmp_path_factory.mktemp("scale_run") / "run"
     cfg = run_config(
@@ -147,7 +147,7 @@ def scale_run(corpus_slice, spm_model, tmp_path_factory):
 
 
 def test_scale_model_trains_and_decodes(scale_run, corpus_slice):
-    from transformer_mt.decoding.translator import Translator
+    from transformer_mt.decoding import Translator
 
     out, losses = scale_run
     assert all(math.isfinite(x) for x in losses)
@@ -166,8 +166,8 @@ def test_scale_model_exports_to_ctranslate2_as_rmsnorm(scale_run, corpus_slice, 
     gains g / sqrt(d) and the FixNorm-normalised embedding rows; CTranslate2's log-probabilities of reference
     translations then equal tmt's teacher-forced ones."""
     ctranslate2 = pytest.importorskip("ctranslate2")
-    from transformer_mt.data.corpus import source_tensor
-    from transformer_mt.decoding.translator import Translator
+    from transformer_mt.data import source_tensor
+    from transformer_mt.decoding import Translator
     from transformer_mt.export import export
 
     run_dir, _ = scale_run

@@ -11,8 +11,8 @@ import pytest
 from tests.conftest import head, run_cli
 from transformer_mt.config import load_config
 from transformer_mt.data import corpus as data_module
-from transformer_mt.data.corpus import load_parallel
-from transformer_mt.text.tokenizer import Tokenizer
+from transformer_mt.data import load_parallel
+from transformer_mt.text import Tokenizer
 
 MAX_LEN = 40  # pieces: drops some of the 2000 Multi30k pairs, so the filters are exercised too
 

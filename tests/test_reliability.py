@@ -18,8 +18,7 @@ import torch
 from transformer_mt.checkpoint.io import CheckpointError, _check_torch_is_safe, average_checkpoints, load_checkpoint, pack_tokenizers, save_checkpoint
 from transformer_mt.cli import main
 from transformer_mt.config import Config, ConfigError, load_config, to_dict
-from transformer_mt.decoding.search import SearchError
-from transformer_mt.decoding.translator import Translator
+from transformer_mt.decoding import SearchError, Translator
 
 
 def run_cli(argv: list[str], capsys) -> tuple[int, str]:

@@ -11,13 +11,12 @@ import pytest
 import torch
 
 from tests.conftest import TINY_VOCAB, head, run_config, tiny_model, tokens
-from transformer_mt.checkpoint.io import load_checkpoint
+from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import ConfigError
-from transformer_mt.data.corpus import source_tensor
-from transformer_mt.decoding.search import greedy_search
-from transformer_mt.model.loss import TeacherForcedLoss
-from transformer_mt.model.transformer import Transformer
-from transformer_mt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from transformer_mt.data import source_tensor
+from transformer_mt.decoding import greedy_search
+from transformer_mt.model import TeacherForcedLoss, Transformer
+from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 V = TINY_VOCAB
 KEPT = torch.tensor([5, 6, 9, 12, 13, 20, 21, 22, 30, 31, 38])  # a target side that uses 11 of the 36 pieces
@@ -82,7 +81,7 @@ def test_restrict_output_to_needs_the_option():
 @pytest.fixture(scope="module")
 def restricted_run(corpus_slice, spm_model, tmp_path_factory):
     """A tiny restricted model trained 40 updates on the corpus slice through `train()`; per-update loss per token."""
-    from transformer_mt.training.trainer import train
+    from transformer_mt.training import train
 
     out = tmp_path_factory.mktemp("restricted_run") / "run"
     cfg = run_config(corpus_slice, spm_model, out, *_RUN)
@@ -158,7 +157,7 @@ def test_resume_keeps_the_saved_kept_set(restricted_run, corpus_slice, spm_model
     """A resumed run takes the checkpoint's kept set, not one recomputed from (here, smaller) training data."""
     import shutil
 
-    from transformer_mt.training.trainer import train
+    from transformer_mt.training import train
 
     out, _, _ = restricted_run
     run = tmp_path / "run"
@@ -172,7 +171,7 @@ def test_resume_keeps_the_saved_kept_set(restricted_run, corpus_slice, spm_model
 
 
 def test_subword_sampling_is_refused(corpus_slice, spm_model, tmp_path):
-    from transformer_mt.training.trainer import train
+    from transformer_mt.training import train
 
     cfg = run_config(corpus_slice, spm_model, tmp_path / "run", *_RUN, "data.subword_alpha=0.3")
     with pytest.raises(ConfigError, match="data.subword_alpha=0.3"):
@@ -183,7 +182,7 @@ def test_ctranslate2_export_gives_the_same_greedy_output(restricted_run, corpus_
     """The export writes the full output layer with a -1e9 bias on the pieces not kept: CTranslate2's greedy output
     equals tmt's on the restricted model."""
     ctranslate2 = pytest.importorskip("ctranslate2")
-    from transformer_mt.decoding.translator import Translator, translate_ids
+    from transformer_mt.decoding import Translator, translate_ids
     from transformer_mt.export import export
 
     out, _, _ = restricted_run

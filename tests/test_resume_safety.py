@@ -20,13 +20,11 @@ import pytest
 import torch
 
 from tests.conftest import run_cli, run_config
-from transformer_mt.checkpoint.io import load_checkpoint
+from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import ConfigError
-from transformer_mt.evaluation.evaluate import ValidationError
+from transformer_mt.evaluation import ValidationError
+from transformer_mt.training import MAX_NONFINITE_UPDATES, RunLock, RunLog, Trainer, TrainError, resumed_config, train
 from transformer_mt.training import trainer as train_module
-from transformer_mt.training.rundir import RunLock
-from transformer_mt.training.runlog import RunLog
-from transformer_mt.training.trainer import MAX_NONFINITE_UPDATES, Trainer, TrainError, resumed_config, train
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 

@@ -11,9 +11,8 @@ import torch
 
 from tests.conftest import run_config
 from transformer_mt.config import TrainConfig
+from transformer_mt.training import Trainer, budget_fraction, build_scheduler, resumed_config, wsd_lr
 from transformer_mt.training import trainer as train_module
-from transformer_mt.training.optim import budget_fraction, build_scheduler, wsd_lr
-from transformer_mt.training.trainer import Trainer, resumed_config
 
 PEAK, WARMUP, COOLDOWN = 1e-3, 10, 0.2
 

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import tiny_model, tiny_model_config
-from transformer_mt.decoding.search import SearchCache, SearchError, SearchModel, beam_search, greedy_search, length_penalty, search
-from transformer_mt.model.transformer import Transformer
-from transformer_mt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.decoding import SearchCache, SearchError, SearchModel, beam_search, greedy_search, length_penalty, search
+from transformer_mt.model import Transformer
+from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID
 
 VOCAB = 16  # 4 specials + 12 symbols
 
@@ -445,7 +445,7 @@ class CopyModel:
 def test_search_needs_only_the_protocol(sources):
     """Transformer, Ensemble and a toy model that is neither all satisfy SearchModel; search runs the toy
     as it runs the real model, and its answers follow from the toy's rule (copy the source)."""
-    from transformer_mt.model.ensemble import Ensemble
+    from transformer_mt.model import Ensemble
 
     model = Transformer(tiny_model_config(**ONE_LAYER), src_vocab_size=VOCAB, tgt_vocab_size=VOCAB).eval()
     ensemble = Ensemble([model, model]).eval()

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import run_cli, run_config
 from transformer_mt.config import load_config, save_config
-from transformer_mt.sweep.sweep import SweepError, Variation, columns, load_variations, select, table3_variations, variations_yaml
+from transformer_mt.sweep import SweepError, Variation, columns, load_variations, select, table3_variations, variations_yaml
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -137,9 +137,9 @@ def base_yaml(corpus_slice, spm_model, tmp_path) -> Path:
 def rebuilt_parameters(checkpoint: Path) -> tuple[int, int]:
     """(sum(p.numel()) of the model rebuilt from the checkpoint, the same counted from the saved tensors alone:
     one per storage, since a tied matrix is saved once under two names)."""
-    from transformer_mt.checkpoint.io import config_from_checkpoint, load_checkpoint, unpack_tokenizers
-    from transformer_mt.model.transformer import Transformer
-    from transformer_mt.text.tokenizer import Tokenizer
+    from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, unpack_tokenizers
+    from transformer_mt.model import Transformer
+    from transformer_mt.text import Tokenizer
 
     state = load_checkpoint(checkpoint)
     vocab = [Tokenizer(p).vocab_size for p in unpack_tokenizers(state)]
@@ -243,8 +243,8 @@ def test_killed_sweep_continues_where_it_stopped(base_yaml, tmp_path, capsys, mo
 def test_rows_share_one_tokenizer_unless_they_change_it(corpus_slice, spm_model, tmp_path, capsys):
     """A base without tokenizer.model: the sweep trains one sentencepiece model for every row that keeps the
     base's tokenizer settings (the same pieces in each checkpoint); a row that changes them trains its own."""
-    from transformer_mt.checkpoint.io import load_checkpoint, unpack_tokenizers
-    from transformer_mt.text.tokenizer import Tokenizer
+    from transformer_mt.checkpoint import load_checkpoint, unpack_tokenizers
+    from transformer_mt.text import Tokenizer
 
     base = tmp_path / "base.yaml"
     save_config(run_config(corpus_slice, spm_model, tmp_path / "unused", *TINY, "tokenizer.model=", "tokenizer.vocab_size=300"), base)

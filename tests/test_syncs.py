@@ -14,14 +14,12 @@ import pytest
 import torch
 
 from tests.conftest import run_config, tiny_model
-from transformer_mt.data.corpus import collate
-from transformer_mt.decoding.search import beam_search, greedy_search
-from transformer_mt.model.cache import DecoderCache
-from transformer_mt.model.ensemble import Ensemble
-from transformer_mt.model.loss import TeacherForcedLoss
-from transformer_mt.runtime.syncs import SyncCounter, per_call
-from transformer_mt.text.tokenizer import EOS_ID, PAD_ID
-from transformer_mt.training.trainer import Trainer, _target_tokens, update_schedule
+from transformer_mt.data import collate
+from transformer_mt.decoding import beam_search, greedy_search
+from transformer_mt.model import DecoderCache, Ensemble, TeacherForcedLoss
+from transformer_mt.runtime import SyncCounter, per_call
+from transformer_mt.text import EOS_ID, PAD_ID
+from transformer_mt.training import Trainer, target_tokens, update_schedule
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VOCAB = 40
@@ -93,7 +91,7 @@ def test_a_training_update_syncs_once(pairs64, spm_model, tmp_path, update_freq)
         for u in itertools.islice(update_schedule(trainer.train_data, trainer.t), 3):
             batches = [trainer.train_data.get_batch(idx) for idx in u.batches]  # collated on the host, before counting
             with SyncCounter() as syncs:
-                stats = trainer._update(batches, ntokens=_target_tokens(trainer.train_data, u.batches))
+                stats = trainer.update(batches, ntokens=target_tokens(trainer.train_data, u.batches))
             assert syncs.total == 1 and syncs.counts["item"] == 1, syncs.summary()  # the gradient norm
             assert not syncs.collectives  # one process: no all-reduce at all
             assert stats["ntokens"] == sum(b.ntokens for b in batches)
@@ -111,12 +109,12 @@ def test_a_skipped_update_leaves_the_weights_adam_and_the_schedule_where_they_we
         before = [p.detach().clone() for p in trainer.model.parameters()]
         u = next(schedule)
         handle = next(trainer.model.parameters()).register_hook(lambda g: torch.full_like(g, float("nan")))
-        stats = trainer._update([trainer.train_data.get_batch(i) for i in u.batches], ntokens=_target_tokens(trainer.train_data, u.batches))
+        stats = trainer.update([trainer.train_data.get_batch(i) for i in u.batches], ntokens=target_tokens(trainer.train_data, u.batches))
         handle.remove()
         assert math.isnan(stats["gnorm"]) and trainer.scheduler.num_updates == 0 and not trainer.optimizer.state
         assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
         u = next(schedule)
-        stats = trainer._update([trainer.train_data.get_batch(i) for i in u.batches], ntokens=_target_tokens(trainer.train_data, u.batches))
+        stats = trainer.update([trainer.train_data.get_batch(i) for i in u.batches], ntokens=target_tokens(trainer.train_data, u.batches))
         assert math.isfinite(stats["gnorm"]) and trainer.scheduler.num_updates == 1
         assert stats["lr"] == trainer.scheduler.lr_fn(1)
         assert not all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
@@ -136,7 +134,7 @@ def test_distributed_stats_are_one_all_reduce_without_a_read(pairs64, spm_model,
             u = next(iter(update_schedule(trainer.train_data, trainer.t)))
             batches = [trainer.train_data.get_batch(idx) for idx in u.batches]
             with SyncCounter() as syncs:
-                trainer._update(batches, ntokens=_target_tokens(trainer.train_data, u.batches))
+                trainer.update(batches, ntokens=target_tokens(trainer.train_data, u.batches))
             assert syncs.total == 1 and sum(syncs.collectives.values()) == 1, (syncs.summary(), syncs.collectives)
         finally:
             trainer.close()

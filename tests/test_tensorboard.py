@@ -13,7 +13,7 @@ def test_records_read_back_as_scalars(tmp_path):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from transformer_mt.training.tensorboard import TensorBoardLog
+    from transformer_mt.training import TensorBoardLog
 
     log = TensorBoardLog(tmp_path / "tb")
     log.record({"kind": "train", "update": 20, "epoch": 1, "loss": 7.5, "lr": 1e-3, "wall": 3.0})
@@ -36,7 +36,7 @@ def test_records_read_back_as_scalars(tmp_path):
 
 
 def test_missing_package_names_the_install_command(tmp_path, monkeypatch):
-    from transformer_mt.training.tensorboard import TensorBoardLog
+    from transformer_mt.training import TensorBoardLog
 
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # `import` now raises ImportError
     with pytest.raises(TmtError) as err:

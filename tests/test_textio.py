@@ -20,10 +20,8 @@ import sentencepiece as spm
 
 from tests.conftest import make_checkpoint, run_cli
 from transformer_mt.config import DataConfig
-from transformer_mt.data.corpus import load_parallel
-from transformer_mt.text import textio
-from transformer_mt.text.textio import MAX_LINE_BYTES, READ_BYTES, TextError
-from transformer_mt.text.tokenizer import Tokenizer
+from transformer_mt.data import load_parallel
+from transformer_mt.text import MAX_LINE_BYTES, READ_BYTES, TextError, Tokenizer, textio
 
 VENV_BIN = Path(sys.executable).parent
 

@@ -7,7 +7,7 @@ import io
 import pytest
 
 from tests.conftest import head
-from transformer_mt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, TokenizerError, decode_stream, encode_stream
+from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, TokenizerError, decode_stream, encode_stream
 
 
 def test_special_ids_are_fixed(spm_model):
@@ -60,7 +60,7 @@ def test_other_special_ids_are_refused(corpus_slice, tmp_path):
 
 
 def test_prefix_with_a_dot(corpus_slice, tmp_path):
-    from transformer_mt.text.tokenizer import train_sentencepiece
+    from transformer_mt.text import train_sentencepiece
 
     path = train_sentencepiece([corpus_slice["train.de"]], tmp_path / "spm.tgt", vocab_size=300)
     assert path == tmp_path / "spm.tgt.model" and path.is_file()

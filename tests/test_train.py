@@ -14,12 +14,11 @@ import pytest
 import torch
 
 from tests.conftest import head, run_cli, run_config
-from transformer_mt.checkpoint.io import CheckpointError, load_checkpoint
+from transformer_mt.checkpoint import CheckpointError, load_checkpoint
 from transformer_mt.config import load_config
-from transformer_mt.decoding.translator import translate_ids
-from transformer_mt.text.tokenizer import Tokenizer
-from transformer_mt.training.rundir import RunDirError
-from transformer_mt.training.trainer import train
+from transformer_mt.decoding import translate_ids
+from transformer_mt.text import Tokenizer
+from transformer_mt.training import RunDirError, train
 
 TINY = ["model.encoder_layers=2", "model.decoder_layers=2", "model.d_model=64", "model.heads=4", "model.d_ff=128"]
 
@@ -52,7 +51,7 @@ def test_tiny_model_overfits_64_real_pairs(pairs64, spm_model, tmp_path):
     assert sum(losses[-10:]) / 10 < 0.15, f"training loss should fall near 0, got {losses[-10:]}"
     # greedy decoding reproduces most training targets exactly
     state = load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")
-    from transformer_mt.model.transformer import Transformer
+    from transformer_mt.model import Transformer
 
     tok = Tokenizer(spm_model)
     model = Transformer(cfg.model, src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size)
@@ -134,8 +133,8 @@ def test_metrics_jsonl_follows_the_documented_schema(pairs64, spm_model, tmp_pat
 @pytest.mark.slow
 def test_shared_tiny_runs_are_as_documented(tiny_run, tiny_run_postnorm):
     """The session fixtures other tests build on: 150 updates, pre- and post-norm, translating more than one word."""
-    from transformer_mt.checkpoint.io import config_from_checkpoint
-    from transformer_mt.model.transformer import Transformer
+    from transformer_mt.checkpoint import config_from_checkpoint
+    from transformer_mt.model import Transformer
 
     for run, norm in ((tiny_run, "pre"), (tiny_run_postnorm, "post")):
         state = load_checkpoint(run.checkpoint)
@@ -169,7 +168,7 @@ def test_resume_gives_the_same_parameters_and_losses(pairs64, spm_model, tmp_pat
     train(tiny_config(pairs64, spm_model, tmp_path / "a", *common, "train.max_updates=20"), on_update=lambda u, s: straight.append(s["loss"]))
     res = train(tiny_config(pairs64, spm_model, tmp_path / "b", *common, "train.max_updates=10"), on_update=lambda u, s: first.append(s["loss"]))
     assert res.progress.update == 10 and res.progress.epoch >= 1
-    from transformer_mt.training.trainer import resumed_config
+    from transformer_mt.training import resumed_config
 
     cfg = resumed_config(tmp_path / "b", ["train.max_updates=20"])
     train(cfg, resume=True, on_update=lambda u, s: second.append(s["loss"]))
@@ -260,7 +259,7 @@ def test_sigint_saves_a_resumable_checkpoint(pairs64, spm_model, tmp_path):
     done = state["progress"]["update"]
     assert done >= 3
     cfg = load_config(None, [f"train.out_dir={run}"], check_files=False)
-    from transformer_mt.training.trainer import resumed_config
+    from transformer_mt.training import resumed_config
 
     cfg = resumed_config(run, [f"train.max_updates={done + 2}"])
     result = train(cfg, resume=True)
@@ -325,7 +324,7 @@ def test_empty_lines_and_long_pairs_are_dropped_and_counted(tmp_path, pairs64, s
 def test_gradients_reach_adam_clipped_only_when_clip_norm_is_set(corpus_slice, spm_model, tmp_path, clip):
     """The norm Adam sees: with train.clip_norm the total norm is rescaled to it (torch's rule, computed here
     from the gradients themselves); without, the gradients are untouched."""
-    from transformer_mt.training.trainer import Trainer
+    from transformer_mt.training import Trainer
 
     cfg = tiny_config(
         corpus_slice, spm_model, tmp_path / "run", f"train.clip_norm={clip}", "train.max_updates=3", "train.validate_every=100", "train.valid_bleu_sentences=-1"

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from tests.conftest import head, make_checkpoint, run_cli
-from transformer_mt.checkpoint.io import load_checkpoint, pack_tokenizers, save_checkpoint
-from transformer_mt.decoding.translator import TranslateError, Translator
+from transformer_mt.checkpoint import load_checkpoint, pack_tokenizers, save_checkpoint
+from transformer_mt.decoding import TranslateError, Translator
 
 VENV_BIN = Path(sys.executable).parent
 

@@ -13,7 +13,7 @@ import torch
 import transformer_mt.cli.viz  # noqa: F401 - registers the commands (also done by transformer_mt.cli)
 from transformer_mt.cli import main
 from transformer_mt.config import load_config
-from transformer_mt.model.transformer import Transformer
+from transformer_mt.model import Transformer
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_YAML = """\
@@ -95,7 +95,7 @@ def test_inspect_names_the_paper_size(capsys, name, size, params):
 
 
 def test_inspect_checkpoint_counts_its_loaded_model(capsys, tiny_checkpoint):
-    from transformer_mt.decoding.translator import Translator
+    from transformer_mt.decoding import Translator
 
     code, out, err = run_cli(capsys, "inspect", str(tiny_checkpoint))
     assert code == 0, err
@@ -237,7 +237,7 @@ def independent_weights(model, src_ids: list[int], tgt_in_ids: list[int]) -> dic
 
 @pytest.fixture(scope="module")
 def tiny_model(tiny_checkpoint):
-    from transformer_mt.decoding.translator import Translator
+    from transformer_mt.decoding import Translator
 
     return Translator.from_checkpoint(tiny_checkpoint, device="cpu")
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Iterator, Optional
 
-from transformer_mt.text.textio import iter_file, iter_stream, safe_output
+from transformer_mt.text import iter_file, iter_stream, safe_output
 
 __all__ = ["input_lines", "safe_output", "progress", "decode_args", "CKPT_HELP", "BEAM_HELP", "LENPEN_HELP", "WEIGHTS_HELP"]
 
@@ -43,8 +43,7 @@ WEIGHTS_HELP = (
 def decode_args(tr, beam: Optional[int], lenpen: Optional[float], nbest: int) -> tuple[int, float]:
     """--beam / --lenpen (or the checkpoint's defaults), checked before any input is encoded: a beam too
     large for the target vocabulary is refused here, not after allocating beam x sentences of decoder state."""
-    from transformer_mt.decoding.search import max_beam
-    from transformer_mt.decoding.translator import TranslateError
+    from transformer_mt.decoding import TranslateError, max_beam
 
     beam = tr.cfg.decode.beam if beam is None else beam
     lenpen = tr.cfg.decode.lenpen if lenpen is None else lenpen

@@ -30,8 +30,8 @@ def evaluate(
     """Translate SRC, write the hypotheses, print BLEU, chrF, sentences/s and target tokens/s."""
     import json
 
-    from transformer_mt.decoding.translator import Translator
-    from transformer_mt.evaluation.evaluate import evaluate_file
+    from transformer_mt.decoding import Translator
+    from transformer_mt.evaluation import evaluate_file
 
     tr = Translator.from_checkpoints(checkpoints, device=device, dtype=dtype, threads=threads, weights=weights)
     beam, lenpen = decode_args(tr, beam, lenpen, 1)

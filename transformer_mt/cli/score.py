@@ -23,7 +23,7 @@ def bleu(
     width: int = typer.Option(1, "--width", "-w", min=0, max=16, help="Decimals to print (0-16; a float has about 16)."),
 ) -> None:
     """Corpus BLEU and chrF (and TER) with sacreBLEU, signature included."""
-    from transformer_mt.evaluation.metrics import MetricsError, format_json, format_text, read_lines, score
+    from transformer_mt.evaluation import MetricsError, format_json, format_text, read_lines, score
 
     hyp_name = "<stdin>" if hyp is None or str(hyp) == "-" else str(hyp)
     hyps = read_lines("-" if hyp is None else hyp)  # stdin read as bytes, decoded strictly like a file
@@ -62,7 +62,7 @@ def average(
     ),
 ) -> None:
     """Average model parameters of several checkpoints (the paper averages the last 5 or 20)."""
-    from transformer_mt.checkpoint.io import CheckpointError, average_checkpoints, last_checkpoints, save_checkpoint
+    from transformer_mt.checkpoint import CheckpointError, average_checkpoints, last_checkpoints, save_checkpoint
 
     paths = list(checkpoints or [])
     if every and run is None:

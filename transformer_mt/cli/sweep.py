@@ -32,7 +32,7 @@ def sweep(
     """Train Table 3's variations of a base config for the same budget; write the table (markdown, JSON) and a plot.
     A sweep run again continues where it stopped: finished rows are read back, an unfinished one resumes."""
     from transformer_mt.config import load_config
-    from transformer_mt.sweep.sweep import SweepError, budget_overrides, load_variations, run_sweep, table3_variations, variations_yaml
+    from transformer_mt.sweep import SweepError, budget_overrides, load_variations, run_sweep, table3_variations, variations_yaml
 
     chosen = load_variations(variations) if variations is not None else None
     if print_variations:

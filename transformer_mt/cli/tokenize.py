@@ -21,7 +21,7 @@ def tokenize_train(
     input_sentence_size: int = typer.Option(2_000_000, min=0, help="Sentences sampled for training (0 = all)."),
 ) -> None:
     """Train a sentencepiece model (pad=0, unk=1, bos=2, eos=3)."""
-    from transformer_mt.text.tokenizer import train_sentencepiece
+    from transformer_mt.text import train_sentencepiece
 
     path = train_sentencepiece(
         inputs,
@@ -42,7 +42,7 @@ def tokenize_encode(
     ids: bool = typer.Option(False, "--ids", help="Write ids instead of pieces."),
 ) -> None:
     """Encode text into space-separated pieces (or ids), one line per input line."""
-    from transformer_mt.text.tokenizer import Tokenizer, encode_stream
+    from transformer_mt.text import Tokenizer, encode_stream
 
     tok = Tokenizer(model)
     lines = input_lines(input)
@@ -61,7 +61,7 @@ def tokenize_decode(
     ids: bool = typer.Option(False, "--ids", help="Input holds ids instead of pieces."),
 ) -> None:
     """Decode pieces (or ids) back into text, one line per input line."""
-    from transformer_mt.text.tokenizer import Tokenizer, decode_stream
+    from transformer_mt.text import Tokenizer, decode_stream
 
     tok = Tokenizer(model)
     lines = input_lines(input)

@@ -19,7 +19,7 @@ def train(
     device: Optional[str] = typer.Option(None, "--device", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps; same as --set train.device=..."),
 ) -> None:
     """Train a model with teacher forcing (writes checkpoints, logs and metrics to train.out_dir)."""
-    from transformer_mt.training.trainer import train_from_cli
+    from transformer_mt.training import train_from_cli
 
     overrides = list(set_) + ([f"train.device={device}"] if device else [])
     result = train_from_cli(config=config, overrides=overrides, resume=resume, overwrite=overwrite)
@@ -34,7 +34,7 @@ def preprocess(
 ) -> None:
     """Encode the corpora once into the memory-mapped cache `tmt train` reads (for large corpora and multi-GPU runs)."""
     from transformer_mt.config import load_config
-    from transformer_mt.data.prepare import preprocess as preprocess_corpora
+    from transformer_mt.data import preprocess as preprocess_corpora
 
     for data in preprocess_corpora(load_config(config, set_), log=lambda msg: typer.echo(msg, err=True)):
         if data is not None:

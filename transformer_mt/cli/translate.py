@@ -27,8 +27,8 @@ def translate(
     weights: Optional[str] = typer.Option(None, "--weights", help=WEIGHTS_HELP),
 ) -> None:
     """Translate raw text with greedy or beam search: one output line per input line."""
-    from transformer_mt.decoding.translator import Translator, translate_stream
-    from transformer_mt.text.textio import count_lines, file_chunks, stdin_chunks
+    from transformer_mt.decoding import Translator, translate_stream
+    from transformer_mt.text import count_lines, file_chunks, stdin_chunks
 
     chunks = file_chunks(input) if input is not None and str(input) != "-" else stdin_chunks()  # a wrong path fails first
     tr = Translator.from_checkpoints(checkpoints, device=device, dtype=dtype, threads=threads, weights=weights)
@@ -64,7 +64,7 @@ def mbr(
 ) -> None:
     """Minimum Bayes risk choice: per input, the candidate with the highest expected sentence BLEU against
     all pooled candidates (a consensus of n-best lists, checkpoints or systems)."""
-    from transformer_mt.decoding.mbr import mbr_files
+    from transformer_mt.decoding import mbr_files
 
     choices = mbr_files(candidates, weights=weights, temperature=temperature)
     with safe_output(output, inputs=list(candidates)) as out:

@@ -34,7 +34,7 @@ def inspect_cmd(
 
 
 def _draw_positions(model, cfg, out: Path, length: int) -> Path:
-    from transformer_mt.model.transformer import sinusoids
+    from transformer_mt.model import sinusoids
     from transformer_mt.viz import VizError
     from transformer_mt.viz.positions import plot_positions, position_table
 
@@ -72,7 +72,7 @@ def attention(
     output: Path = typer.Option(Path("attention"), "--output", "-o", help="Directory for the pictures and attention.json."),
 ) -> None:
     """Attention maps of one sentence: encoder self, decoder self (causal) and cross-attention, per layer and head."""
-    from transformer_mt.decoding.translator import Translator
+    from transformer_mt.decoding import Translator
     from transformer_mt.viz import VizError
     from transformer_mt.viz.attention import parse_indices, read_line, sentence_maps, write_maps
 

@@ -64,8 +64,8 @@ from tqdm import tqdm
 
 from transformer_mt.config import DataConfig
 from transformer_mt.errors import TmtError
-from transformer_mt.text.textio import count_lines, iter_file
-from transformer_mt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from transformer_mt.text import count_lines, iter_file
+from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 FORMAT_VERSION = 1
 CHUNK_LINES = 10_000  # lines encoded at a time: bounds memory whatever the corpus size

@@ -14,7 +14,7 @@ from typing import Callable
 
 from transformer_mt.config import Config, ConfigError
 from transformer_mt.data.corpus import ParallelData, load_parallel
-from transformer_mt.text.tokenizer import Tokenizer, train_sentencepiece
+from transformer_mt.text import Tokenizer, train_sentencepiece
 
 
 def preprocess(cfg: Config, *, log: Callable[[str], None] = print) -> tuple[ParallelData, ParallelData | None]:

@@ -36,7 +36,7 @@ from sacrebleu.metrics.helpers import extract_all_word_ngrams
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 from transformer_mt.errors import TmtError
-from transformer_mt.text.textio import iter_file
+from transformer_mt.text import iter_file
 
 MAX_ORDER = 4  # BLEU's n-gram orders 1..4
 WEIGHTS = ("uniform", "score")

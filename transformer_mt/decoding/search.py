@@ -44,7 +44,7 @@ import torch
 from torch import Tensor
 
 from transformer_mt.errors import TmtError
-from transformer_mt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID
 
 
 @runtime_checkable

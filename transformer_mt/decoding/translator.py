@@ -21,16 +21,14 @@ from typing import Iterable, Iterator, NamedTuple, TextIO
 
 import torch
 
-from transformer_mt.checkpoint.io import config_from_checkpoint, load_checkpoint, model_weights, unpack_tokenizers
+from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, model_weights, unpack_tokenizers
 from transformer_mt.config import Config
-from transformer_mt.data.corpus import source_tensor
+from transformer_mt.data import source_tensor
 from transformer_mt.decoding.search import Hypothesis, check_beam, search
 from transformer_mt.errors import TmtError
-from transformer_mt.model.ensemble import Ensemble
-from transformer_mt.model.transformer import Transformer
+from transformer_mt.model import Ensemble, Transformer
 from transformer_mt.runtime import device as runtime
-from transformer_mt.text.textio import count_lines, file_chunks, stdin_chunks  # noqa: F401 - moved to textio; kept importable from here
-from transformer_mt.text.tokenizer import Tokenizer
+from transformer_mt.text import Tokenizer, count_lines, file_chunks, stdin_chunks  # noqa: F401 - moved to textio; kept importable from here
 
 
 class TranslateError(TmtError, ValueError):

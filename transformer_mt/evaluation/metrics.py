@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from sacrebleu.metrics import BLEU, CHRF, TER
 
 from transformer_mt.errors import TmtError
-from transformer_mt.text.textio import iter_file, iter_stream
+from transformer_mt.text import iter_file, iter_stream
 
 METRICS = ("bleu", "chrf", "ter")
 

@@ -43,12 +43,12 @@ import numpy as np
 import torch
 
 from transformer_mt import __version__
-from transformer_mt.checkpoint.io import config_from_checkpoint, load_checkpoint, model_weights, unpack_tokenizers
+from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, model_weights, unpack_tokenizers
 from transformer_mt.config import Config
-from transformer_mt.decoding.translator import positions_needed
+from transformer_mt.decoding import positions_needed
 from transformer_mt.export import ExportError
-from transformer_mt.model.transformer import MultiHeadAttention, ScaleNorm, Transformer, sinusoids
-from transformer_mt.text.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer
+from transformer_mt.model import MultiHeadAttention, ScaleNorm, Transformer, sinusoids
+from transformer_mt.text import BOS_ID, EOS_ID, UNK_ID, Tokenizer
 
 INSTALL_HINT = 'ctranslate2 is not installed; run: pip install -e ".[export]"'
 # Which sentencepiece model(s) go into the directory, for tokenizing before and detokenizing after.

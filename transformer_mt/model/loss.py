@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_mt.model import kernels
-from transformer_mt.text.tokenizer import PAD_ID
+from transformer_mt.text import PAD_ID
 
 if TYPE_CHECKING:  # the model is handed in; loss.py never builds one
     from transformer_mt.model.transformer import Transformer

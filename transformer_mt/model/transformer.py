@@ -58,7 +58,7 @@ from torch import Tensor, nn
 from transformer_mt.config import ConfigError, ModelConfig
 from transformer_mt.model.cache import DecoderCache
 from transformer_mt.model.kernels import dropout
-from transformer_mt.text.tokenizer import EOS_ID, PAD_ID, UNK_ID
+from transformer_mt.text import EOS_ID, PAD_ID, UNK_ID
 
 
 class EncoderOut(NamedTuple):

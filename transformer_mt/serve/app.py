@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from transformer_mt.config import to_dict
-from transformer_mt.decoding.translator import Translator
+from transformer_mt.decoding import Translator
 from transformer_mt.errors import TmtError
 from transformer_mt.serve import ServeError, ServeOptions
 from transformer_mt.serve.batching import Batcher, Job, QueueFull, Stopped

@@ -239,9 +239,9 @@ def read_result(run_dir: Path) -> dict[str, Any]:
 
 def trained_parameters(checkpoint: Path) -> int:
     """sum(p.numel()) of the model rebuilt from `checkpoint` with its weights (tied matrices once)."""
-    from transformer_mt.checkpoint.io import config_from_checkpoint, load_checkpoint, unpack_tokenizers
-    from transformer_mt.model.transformer import Transformer, count_parameters
-    from transformer_mt.text.tokenizer import Tokenizer
+    from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, unpack_tokenizers
+    from transformer_mt.model import Transformer, count_parameters
+    from transformer_mt.text import Tokenizer
 
     state = load_checkpoint(checkpoint)
     cfg = config_from_checkpoint(state, source=str(checkpoint))
@@ -361,7 +361,7 @@ def _shared_tokenizer(base: Config, out: Path, log: Callable[[str], None]) -> li
     """Train (or reuse) the sweep's sentencepiece model(s) in OUT/tokenizer; the overrides that point a row at them."""
     import dataclasses
 
-    from transformer_mt.data.prepare import prepare_tokenizers
+    from transformer_mt.data import prepare_tokenizers
 
     where = out / "tokenizer"
     where.mkdir(parents=True, exist_ok=True)
@@ -374,7 +374,7 @@ def _train_row(plan: _Row, config: str | os.PathLike, common: list[str], base: C
     """Train or resume one row into OUT/<name> and fill its result. True when a signal stopped it (saved, resumable)."""
     import torch
 
-    from transformer_mt.training.trainer import TrainError, train
+    from transformer_mt.training import TrainError, train
 
     v, row, run_dir = plan.variation, plan.result, out / plan.variation.name
     sets = [f"train.out_dir={json.dumps(str(run_dir))}"]

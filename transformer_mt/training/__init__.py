@@ -1,1 +1,43 @@
 """The training loop and what it owns: train state, checkpoint policy, stopping, optimizer, EMA, logs."""
+
+from transformer_mt.training.ema import EMA
+from transformer_mt.training.optim import (
+    Scheduler,
+    budget_fraction,
+    build_optimizer,
+    build_scheduler,
+    inverse_sqrt_lr,
+    linear_lr,
+    noam_lr,
+    param_groups,
+    wsd_lr,
+)
+from transformer_mt.training.rundir import RunDirError, RunLock
+from transformer_mt.training.runlog import RunLog
+from transformer_mt.training.tensorboard import TensorBoardLog
+from transformer_mt.training.trainer import MAX_NONFINITE_UPDATES, Trainer, TrainError, resumed_config, target_tokens, train, train_from_cli, update_schedule
+
+__all__ = [
+    "EMA",
+    "MAX_NONFINITE_UPDATES",
+    "RunDirError",
+    "RunLock",
+    "RunLog",
+    "Scheduler",
+    "TensorBoardLog",
+    "TrainError",
+    "Trainer",
+    "budget_fraction",
+    "build_optimizer",
+    "build_scheduler",
+    "inverse_sqrt_lr",
+    "linear_lr",
+    "noam_lr",
+    "param_groups",
+    "resumed_config",
+    "target_tokens",
+    "train",
+    "train_from_cli",
+    "update_schedule",
+    "wsd_lr",
+]

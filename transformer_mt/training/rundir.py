@@ -24,7 +24,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
-from transformer_mt.checkpoint.io import CheckpointError, load_checkpoint, numbered_checkpoints
+from transformer_mt.checkpoint import CheckpointError, load_checkpoint, numbered_checkpoints
 from transformer_mt.errors import TmtError
 
 try:  # POSIX; elsewhere runs are not locked

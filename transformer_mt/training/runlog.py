@@ -61,7 +61,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from transformer_mt.text.textio import name_write_errors
+from transformer_mt.text import name_write_errors
 
 KINDS = ("train", "valid", "summary")
 

@@ -51,7 +51,7 @@ from typing import Callable, Iterator
 
 import torch
 
-from transformer_mt.checkpoint.io import (
+from transformer_mt.checkpoint import (
     config_from_checkpoint,
     copy_checkpoint,
     load_checkpoint,
@@ -64,16 +64,14 @@ from transformer_mt.checkpoint.io import (
     unpack_tokenizers,
 )
 from transformer_mt.config import Config, ConfigError, TrainConfig, load_config, save_config, to_dict
-from transformer_mt.data.corpus import Batch, SampledSegmentation
-from transformer_mt.data.prepare import load_corpora, prepare_tokenizers
-from transformer_mt.decoding.search import max_beam
+from transformer_mt.data import Batch, SampledSegmentation, load_corpora, prepare_tokenizers
+from transformer_mt.decoding import max_beam
 from transformer_mt.errors import TmtError
-from transformer_mt.evaluation.evaluate import BleuSet, bleu_set, checked_validation_set, validation_bleu, validation_loss
-from transformer_mt.model.loss import TeacherForcedLoss
-from transformer_mt.model.transformer import Transformer, count_parameters
+from transformer_mt.evaluation import BleuSet, bleu_set, checked_validation_set, validation_bleu, validation_loss
+from transformer_mt.model import TeacherForcedLoss, Transformer, count_parameters
 from transformer_mt.runtime import device as runtime
 from transformer_mt.runtime import flops
-from transformer_mt.text.tokenizer import Tokenizer
+from transformer_mt.text import Tokenizer
 from transformer_mt.training.ema import EMA
 from transformer_mt.training.optim import build_optimizer, build_scheduler, restore_optimizer
 from transformer_mt.training.rundir import RunLock, newest_checkpoint, remove_stale_temporaries, start_new_run
@@ -395,7 +393,7 @@ class Trainer:
                     )
                 mine = u.share(rank, world)
                 filler = None if mine else self.train_data.get_batch(u.batches[0])
-                stats = self._update([self.train_data.get_batch(idx) for idx in mine], filler=filler, ntokens=_target_tokens(self.train_data, u.batches))
+                stats = self.update([self.train_data.get_batch(idx) for idx in mine], filler=filler, ntokens=target_tokens(self.train_data, u.batches))
                 p.epoch, p.batch_in_epoch = u.epoch, u.start + len(u.batches)
                 p.update += 1
                 p.tokens += stats["ntokens"]
@@ -486,11 +484,11 @@ class Trainer:
             return "interrupted"
         return (reason or f"max_time={self.t.max_time:g} minutes reached on another rank") if limited else ""
 
-    def _update(self, batches: list[Batch], *, filler: Batch | None = None, ntokens: int | None = None) -> dict:
+    def update(self, batches: list[Batch], *, filler: Batch | None = None, ntokens: int | None = None) -> dict:
         """One optimizer update over this rank's `batches` (gradient accumulation); returns the stats
         summed over all ranks. A rank given no batch (end of an epoch) runs `filler` with weight 0 so
         that it still joins the gradient all-reduce. `ntokens`: the target tokens of the whole update (all
-        ranks), counted on the host from the batch lengths (`_target_tokens`); None: summed across ranks here.
+        ranks), counted on the host from the batch lengths (`target_tokens`); None: summed across ranks here.
 
         Host syncs (each stalls a GPU; tests count them): one per update, the gradient norm, which the NaN
         guard needs on the host to decide whether Adam steps and the schedule advances (it does not on an
@@ -653,7 +651,7 @@ class Trainer:
 
 
 # ---------------------------------------------------------------- small helpers
-def _target_tokens(data, batches: list) -> int:  # noqa: ANN001 - ParallelData or SampledSegmentation
+def target_tokens(data, batches: list) -> int:  # noqa: ANN001 - ParallelData or SampledSegmentation
     """Target tokens (pieces + EOS) of the pairs in `batches` (index arrays), from the lengths on the host:
     every rank knows the whole update's count without an all-reduce (it equals the sum of `Batch.ntokens`)."""
     return sum(int(data.tgt_lengths[idx].sum()) + len(idx) for idx in batches)

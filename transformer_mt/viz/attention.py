@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from transformer_mt.data.corpus import collate
+from transformer_mt.data import collate
 from transformer_mt.viz import VizError, new_figure, save_figure
 
 KINDS = {  # file stem: (title, query labels, key labels)
@@ -119,7 +119,7 @@ def batch_attention(model, src_ids: list[list[int]], tgt_ids: list[list[int]]) -
 
 def sentence_maps(translator, source: str, *, reference: str | None = None, beam: int | None = None, lenpen: float | None = None) -> AttentionMaps:
     """The maps of ``source`` translated by ``translator``'s model (or teacher-forcing ``reference``)."""
-    from transformer_mt.decoding.translator import translate_ids
+    from transformer_mt.decoding import translate_ids
 
     if not source.strip():
         raise VizError('the source sentence is empty; give one with --src "text" or FILE --line N')
@@ -219,7 +219,7 @@ def parse_indices(text: str | None, option: str) -> list[int] | None:
 
 def read_line(path: str | Path, line: int) -> str:
     """Line ``line`` (1-based) of a text file, read the way every tmt command reads text."""
-    from transformer_mt.text.textio import iter_file
+    from transformer_mt.text import iter_file
 
     if line < 1:
         raise VizError(f"--line {line}: line numbers start at 1")

@@ -23,9 +23,9 @@ import torch
 from torch import nn
 
 from transformer_mt.config import Config, ModelConfig
-from transformer_mt.model.transformer import MultiHeadAttention, Transformer
+from transformer_mt.model import MultiHeadAttention, Transformer
 from transformer_mt.runtime import flops
-from transformer_mt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID
 
 # Table 3 of the paper (PAPER.md): sizes and parameter counts (37k shared BPE vocabulary);
 # Table 2: training cost, estimated there as GPU time x sustained GPU speed, not counted.
@@ -252,9 +252,9 @@ def inspect_report(
 def load_model(target: str | Path, overrides: list[str] | None = None) -> tuple[Transformer, Config, tuple[int, int]]:
     """A checkpoint (the weights tmt translate decodes with: EMA when present; CPU) or a YAML config (built on the meta device); vocab from the
     checkpoint's tokenizers or from ``tokenizer.vocab_size``."""
-    from transformer_mt.checkpoint.io import config_from_checkpoint, load_checkpoint, model_weights, unpack_tokenizers
+    from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, model_weights, unpack_tokenizers
     from transformer_mt.config import load_config
-    from transformer_mt.text.tokenizer import Tokenizer
+    from transformer_mt.text import Tokenizer
 
     target = Path(target)
     if target.suffix == ".pt":
