@@ -1,4 +1,4 @@
-"""Tests of transformer_mt.model.transformer: tiny models, expectations built from the paper's formulas or from an
+"""Tests of the Transformer (transformer_mt.model): tiny models, expectations built from the paper's formulas or from an
 independent computation (the full teacher-forced pass, the same sentence alone)."""
 
 from __future__ import annotations
@@ -395,13 +395,13 @@ def test_unmasked_attention_paths_equal_the_masked_ones(norm):
     is causal only (is_causal=True) and a source without padding gets no key mask. At every real position the
     outputs and all parameter gradients equal those of the full masks (causal + padding), which this test
     builds itself and feeds through the same layers."""
-    from transformer_mt.model.transformer import _allowed
+    from transformer_mt.model import allowed_mask
 
     def run(model, src, tgt, *, explicit: bool, padded: bool = True):
         model.zero_grad()
         enc = model.encode(src) if explicit else model.encode(src, padded=padded)
         x = model._embed(model.tgt_embed, tgt)
-        self_allowed = _allowed(tgt.eq(PAD_ID), causal=True) if explicit else None  # (B, 1, T, T)
+        self_allowed = allowed_mask(tgt.eq(PAD_ID), causal=True) if explicit else None  # (B, 1, T, T)
         for layer in model.decoder:
             k, v = layer.cross_attn.project_kv(enc.memory)
             x, _ = layer(x, k, v, self_allowed=self_allowed, causal=not explicit, cross_allowed=enc.allowed)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY_MODEL, TINY_VOCAB, head, run_config, tiny_model, tokens
-from transformer_mt.model.transformer import LayerNorm, ScaleNorm, _allowed, count_parameters, sinusoids
+from transformer_mt.model import LayerNorm, ScaleNorm, allowed_mask, count_parameters, sinusoids
 from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID
 
 V, D = TINY_VOCAB, TINY_MODEL.d_model
@@ -59,7 +59,7 @@ def _by_hand(model, src, tgt_in):
     def embed(table, ids):
         return unit(table.weight[ids]) * math.sqrt(D) + sinusoids(ids.size(1), D)
 
-    enc_allowed, dec_allowed = _allowed(src.eq(PAD_ID)), _allowed(tgt_in.eq(PAD_ID), causal=True)
+    enc_allowed, dec_allowed = allowed_mask(src.eq(PAD_ID)), allowed_mask(tgt_in.eq(PAD_ID), causal=True)
     x = embed(model.src_embed, src)
     for layer in model.encoder:
         x = x + layer.self_attn.attend(*layer.self_attn.project_qkv(sn(layer.norm1, x)), enc_allowed)[0]

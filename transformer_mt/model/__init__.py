@@ -1,20 +1,28 @@
-"""The Transformer: layers, norms, positions, the output projection, the KV cache, kernels, loss and ensembles."""
+"""The Transformer: attention, layers, norms, positions, the output layer, the KV cache, kernels, loss and ensembles."""
 
+from transformer_mt.model.attention import MultiHeadAttention, allowed_mask
 from transformer_mt.model.cache import DecoderCache
 from transformer_mt.model.ensemble import Ensemble
 from transformer_mt.model.kernels import dropout
 from transformer_mt.model.loss import TeacherForcedLoss, label_smoothed_nll_loss, perplexity, projected_label_smoothed_loss
-from transformer_mt.model.transformer import MultiHeadAttention, ScaleNorm, Transformer, count_parameters, sinusoids
+from transformer_mt.model.norms import LayerNorm, ScaleNorm, fixnorm
+from transformer_mt.model.positions import sinusoids
+from transformer_mt.model.transformer import AttentionWeights, EncoderOut, Transformer, count_parameters
 
 __all__ = [
+    "AttentionWeights",
     "DecoderCache",
+    "EncoderOut",
     "Ensemble",
+    "LayerNorm",
     "MultiHeadAttention",
     "ScaleNorm",
     "TeacherForcedLoss",
     "Transformer",
+    "allowed_mask",
     "count_parameters",
     "dropout",
+    "fixnorm",
     "label_smoothed_nll_loss",
     "perplexity",
     "projected_label_smoothed_loss",

@@ -1,6 +1,6 @@
 """Hand-written CPU kernels beside their plain torch equivalents, and the one switch between them.
 
-Two kernels, each a measured CPU speed-up with the same numbers (up to float rounding) as its plain form:
+Two kernels, each faster on CPU than its plain form and giving the same numbers (up to float rounding):
 
 ==============================================  =====================================================
 hand-written (default)                          plain equivalent (``use_reference_ops(True)``)
@@ -64,15 +64,15 @@ def reference_ops() -> bool:
 class _CpuDropout(torch.autograd.Function):
     """Inverted dropout with the keep mask drawn from 16-bit lanes of 64-bit random words.
 
-    ``F.dropout`` on CPU draws one mt19937 number per element through ``bernoulli_``, which measured
-    ~7 ms for a (2048, 256) float32 tensor on 2 cores (a quarter of a small model's training step);
-    one 64-bit word per four elements costs ~0.6 ms. The drop probability is rounded to a multiple of
+    ``F.dropout`` on CPU draws one mt19937 number per element through ``bernoulli_``, a large share of a
+    small model's training step; one 64-bit random word per four elements costs a fraction of that.
+    The drop probability is rounded to a multiple of
     1/65536 and the scale is 1 / (1 - that probability), so the output stays unbiased. The mask is
     saved as bool (1 byte per element) for the backward pass.
     """
 
     @staticmethod
-    def forward(ctx, x: Tensor, p: float) -> Tensor:  # noqa: ANN001 - autograd signature
+    def forward(ctx, x: Tensor, p: float) -> Tensor:  # autograd's signature: ctx untyped
         n = x.numel()
         words = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
         lanes = words.view(torch.int16)[:n].view(x.shape)  # uniform over [-32768, 32767]
@@ -84,7 +84,7 @@ class _CpuDropout(torch.autograd.Function):
         return x * keep * scale
 
     @staticmethod
-    def backward(ctx, grad: Tensor):  # noqa: ANN001, ANN205 - autograd signature
+    def backward(ctx, grad: Tensor):  # autograd's signature: ctx untyped
         (keep,) = ctx.saved_tensors
         return grad * keep * ctx.scale, None
 
@@ -103,8 +103,8 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
 
 # Rows of the (N, V) logits handled at once by the fused loss. On CPU, chunks of at most 16 MiB of
 # float32 stay below glibc's largest mmap threshold (32 MiB), so after the first step their memory comes
-# back from the heap instead of fresh pages (first-touch page faults cost as much as the softmax itself
-# for a (2048, 8000) tensor on 2 cores). On a GPU the chunks only bound the transient buffers (each
+# back from the heap instead of fresh pages (first-touch page faults can cost as much as the softmax
+# itself). On a GPU the chunks only bound the transient buffers (each
 # chunk's softmax is kept for backward either way) while every chunk costs a dozen kernel launches:
 # with a 37k vocabulary 16 MiB would mean ~113 rows and ~220 chunks per 25k-token batch, 1 GiB ~30.
 _CHUNK_BYTES = 16 * 2**20
@@ -127,7 +127,7 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h: Tensor, weight: Tensor, target: Tensor, epsilon: float, ignore_index: int, compute_dtype: torch.dtype):  # noqa: ANN001, PLR0913
+    def forward(ctx, h: Tensor, weight: Tensor, target: Tensor, epsilon: float, ignore_index: int, compute_dtype: torch.dtype):
         vocab = weight.size(0)
         rows = chunk_rows(vocab, h.device)
         eps_i = epsilon / (vocab - 1) if epsilon > 0 else 0.0
@@ -161,7 +161,7 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         return loss, nll
 
     @staticmethod
-    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor):  # noqa: ANN001, ANN205, ARG004
+    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor):  # noqa: ARG004 - grad_nll: nll is not differentiable
         h, weight, safe, pad = ctx.saved_tensors
         if ctx.probs is None:
             raise RuntimeError("projected_label_smoothed_loss: backward called twice (its buffers are reused in place)")

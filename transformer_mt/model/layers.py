@@ -1,0 +1,118 @@
+"""The encoder and decoder layers (section 3.1): attention and feed-forward sublayers with their residual
+wiring, post- or pre-norm as ``model.norm`` says (:mod:`transformer_mt.model.norms`).
+
+Shapes: B batch, S source length, T target length, D d_model, H heads, Dk / Dv key / value size per head.
+Masks follow :mod:`transformer_mt.model.attention` (attention masks: True = attend).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transformer_mt.config import ModelConfig
+from transformer_mt.model.attention import MultiHeadAttention
+from transformer_mt.model.cache import DecoderCache
+from transformer_mt.model.kernels import dropout
+from transformer_mt.model.norms import is_pre_norm, norm_layer
+
+
+class LayerAttention(NamedTuple):
+    """Attention weights of one decoder layer (heads kept apart), as :class:`DecoderLayer` returns them when asked."""
+
+    self_attn: Tensor  # (B, H, T, T), exactly 0 on future and padding keys
+    cross_attn: Tensor  # (B, H, T, S), exactly 0 on source padding
+
+
+class FeedForward(nn.Module):
+    """Section 3.3: FFN(x) = act(x W1 + b1) W2 + b2, inner size d_ff; activation dropout after act."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
+        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.act = F.relu if cfg.activation == "relu" else F.gelu
+        self.dropout = cfg.activation_dropout
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, T, D) -> (B, T, D)
+        return self.fc2(dropout(self.act(self.fc1(x)), self.dropout, self.training))
+
+
+class _Block(nn.Module):
+    """Residual wiring shared by both layer kinds: post-norm LayerNorm(x + Dropout(f(x))) (sections 3.1, 5.4)
+    or pre-norm x + Dropout(f(Norm(x))) (norm pre: LayerNorm; norm scale: ScaleNorm)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.pre = is_pre_norm(cfg)
+        self.dropout = cfg.dropout
+
+    def _add(self, x: Tensor, y: Tensor, norm: nn.Module) -> Tensor:
+        x = x + dropout(y, self.dropout, self.training)  # P_drop on each sublayer output, before the add
+        return x if self.pre else norm(x)
+
+
+class EncoderLayer(_Block):
+    """Self-attention, then FFN; (B, S, D) -> (B, S, D)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.self_attn, self.ffn = MultiHeadAttention(cfg), FeedForward(cfg)
+        self.norm1, self.norm2 = norm_layer(cfg), norm_layer(cfg)
+
+    def forward(self, x: Tensor, allowed: Tensor | None, *, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
+        """``allowed``: (B, 1, 1, S) bool, True = attend (the source key-padding mask), None without padding. Returns the layer's
+        output (B, S, D) and, with ``need_weights``, its self-attention weights (B, H, S, S), else None."""
+        h = self.norm1(x) if self.pre else x
+        h, weights = self.self_attn.attend(*self.self_attn.project_qkv(h), allowed, need_weights=need_weights)
+        x = self._add(x, h, self.norm1)
+        h = self.norm2(x) if self.pre else x
+        return self._add(x, self.ffn(h), self.norm2), weights
+
+
+class DecoderLayer(_Block):
+    """Masked self-attention, cross-attention over the encoder output, then FFN; (B, T, D) -> (B, T, D)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        self.self_attn, self.cross_attn, self.ffn = MultiHeadAttention(cfg), MultiHeadAttention(cfg), FeedForward(cfg)
+        self.norm1, self.norm2, self.norm3 = (norm_layer(cfg) for _ in range(3))
+
+    def forward(
+        self,
+        x: Tensor,
+        cross_k: Tensor,
+        cross_v: Tensor,
+        *,
+        self_allowed: Tensor | None,
+        cross_allowed: Tensor | None,
+        causal: bool = False,
+        cache: DecoderCache | None = None,
+        layer: int = 0,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, LayerAttention | None]:
+        """x (B, T, D); cross_k/v (B, H, S, Dk|Dv) from the encoder output; masks bool, True = attend:
+        ``self_allowed`` (B, 1, T, T) causal + padding, or None with ``causal`` (causal only, right-padded x),
+        ``cross_allowed`` (B, 1, 1, S), None when the source has no padding.
+        With ``cache`` (incremental decoding, x holds only the new positions), this layer's self-attention
+        K/V are appended to the cache and the queries see every cached position, so no mask is needed."""
+        h = self.norm1(x) if self.pre else x
+        q, k, v = self.self_attn.project_qkv(h)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # (B, H, length + T, Dk|Dv)
+        h, self_w = self.self_attn.attend(q, k, v, self_allowed, causal=causal, need_weights=need_weights)
+        x = self._add(x, h, self.norm1)
+        h = self.norm2(x) if self.pre else x
+        if cache is not None and cache.group > 1:
+            # A sentence's beams query its one copy of the encoder output as `group` query positions:
+            # (R, 1, D) -> (G, group, D) -> attend -> (R, 1, D).
+            h, cross_w = self.cross_attn.attend(self.cross_attn.project_q(h.reshape(-1, cache.group, h.size(-1))), cross_k, cross_v, cross_allowed)
+            h = h.reshape(x.shape)
+        else:
+            h, cross_w = self.cross_attn.attend(self.cross_attn.project_q(h), cross_k, cross_v, cross_allowed, need_weights=need_weights)
+        x = self._add(x, h, self.norm2)
+        h = self.norm3(x) if self.pre else x
+        x = self._add(x, self.ffn(h), self.norm3)
+        return x, (LayerAttention(self_w, cross_w) if need_weights else None)

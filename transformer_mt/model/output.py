@@ -1,0 +1,106 @@
+"""The output layer: the pre-softmax projection (tied to the target embedding or its own), under FixNorm
+with unit-length rows, and optionally restricted to the pieces the training data can produce.
+
+Restriction (``model.restrict_output``): the logits of the pieces in the ``output_ids`` buffer only (the
+target side of the training data plus PAD, UNK, BOS and EOS, ids ascending, so the four special ids keep
+their index; set by :meth:`OutputLayer.restrict_output_to`, saved in the state dict). The training loss
+(``TeacherForcedLoss``) works in the K kept pieces (:meth:`OutputLayer.output_weight`,
+:meth:`OutputLayer.output_targets`); every entry point that returns logits (``decode``, ``decode_step``,
+``attention``) returns them over the full vocabulary with -inf at the pieces that are not kept, so search,
+ensembles, export and callers see full-vocabulary ids, never a restricted index (the simpler of the two ways:
+the other, searching over restricted indices and mapping them back, would change the search protocol and
+the ensemble). Training saves the V - K skipped rows of the output matmul; a decoding step pays about as
+much for the scatter into (rows, V) as those rows would have cost.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transformer_mt.config import ModelConfig
+from transformer_mt.model.norms import fixnorm
+from transformer_mt.text import EOS_ID, UNK_ID
+
+
+class OutputLayer(nn.Module):
+    """The output layer of :class:`~transformer_mt.model.transformer.Transformer`, mixed into it (not a
+    submodule) so that its tensors keep their checkpoint names ``output_proj.weight`` and ``output_ids``.
+
+    The model builds ``output_proj``, a bias-free (D -> V) Linear, beside its embeddings (it may be tied to
+    the target embedding) and sets ``fix_norm`` (FixNorm scores with unit-length rows). :meth:`_init_output`
+    sets ``tgt_vocab_size`` V and the buffers ``output_ids`` (K,) ascending, the kept pieces (all V until
+    :meth:`restrict_output_to` sets them; a checkpoint's replace them on load, at their size), and
+    ``output_index`` (V,), which maps a full id to its kept index (UNK's for a piece not kept); both None
+    without ``model.restrict_output``.
+    """
+
+    output_proj: nn.Linear
+    tgt_vocab_size: int
+    output_ids: Tensor | None
+    output_index: Tensor | None
+    fix_norm: bool
+
+    def _init_output(self, cfg: ModelConfig, tgt_vocab_size: int) -> None:
+        self.tgt_vocab_size = tgt_vocab_size
+        ids = torch.arange(tgt_vocab_size) if cfg.restrict_output else None
+        self.register_buffer("output_ids", ids)
+        self.register_buffer("output_index", None if ids is None else ids.clone(), persistent=False)
+
+    def restrict_output_to(self, ids: Tensor) -> None:
+        """Score only the target pieces ``ids`` (any order, repeats allowed; e.g. every target id of the training
+        data) and PAD, UNK, BOS, EOS, which are always kept (with ids ascending they keep their index, so the loss's
+        ignore_index PAD and search's PAD/BOS masking need no mapping). Needs ``model.restrict_output``."""
+        if self.output_ids is None:
+            raise ValueError("restrict_output_to() needs a model built with model.restrict_output: true")
+        specials = torch.arange(EOS_ID + 1)  # PAD, UNK, BOS, EOS = 0..3
+        kept = torch.unique(torch.cat([specials, ids.detach().long().flatten().cpu()]))  # (K,) ascending
+        if kept[-1] >= self.tgt_vocab_size:
+            raise ValueError(f"target id {int(kept[-1])} is outside the target vocabulary of {self.tgt_vocab_size}")
+        self.output_ids = kept.to(self.output_ids.device)
+        self._index_outputs()
+
+    def _index_outputs(self) -> None:
+        assert self.output_ids is not None
+        index = torch.full((self.tgt_vocab_size,), UNK_ID, dtype=torch.long, device=self.output_ids.device)  # (V,)
+        self.output_index = index.index_copy_(0, self.output_ids, torch.arange(self.output_ids.numel(), device=index.device))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:  # torch's hook signature
+        # A restricted model's kept set has the checkpoint's size K, unknown when the model is built: take it.
+        ids = state_dict.get(prefix + "output_ids")
+        if self.output_ids is not None and ids is not None and ids.shape != self.output_ids.shape:
+            self.output_ids = torch.empty_like(ids, device=self.output_ids.device)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        if self.output_ids is not None:
+            self._index_outputs()
+
+    @property
+    def output_size(self) -> int:
+        """Rows of the output layer's matmul: K kept pieces with ``model.restrict_output``, else V (FLOP counts)."""
+        return self.tgt_vocab_size if self.output_ids is None else self.output_ids.numel()
+
+    def output_weight(self) -> Tensor:
+        """The output layer's (K or V, D) matrix as the model scores with it: the kept rows of ``output_proj`` (all V
+        rows without ``restrict_output``), l2-normalised under FixNorm. The training loss projects with it."""
+        w = self.output_proj.weight
+        if self.output_ids is not None:
+            w = w.index_select(0, self.output_ids)  # (V, D) -> (K, D); backward scatters into the (tied) matrix
+        return fixnorm(w) if self.fix_norm else w
+
+    def output_targets(self, target: Tensor) -> Tensor:
+        """Target ids (...) -> their rows of :meth:`output_weight`: the kept index with ``restrict_output`` (a piece
+        not kept, e.g. in a validation set, is scored as UNK, the piece the model emits for what it cannot spell);
+        the ids themselves without."""
+        return target if self.output_index is None else self.output_index[target]
+
+    def logits(self, x: Tensor) -> Tensor:
+        """Top decoder states (..., D) -> logits over the full target vocabulary (..., V); with ``restrict_output``
+        the pieces not kept get -inf (the matmul runs over the K kept rows, then one scatter)."""
+        if self.output_ids is None and not self.fix_norm:
+            return self.output_proj(x)  # the module call: forward hooks (tmt inspect) see the output layer
+        logits = F.linear(x, self.output_weight())  # (..., K)
+        if self.output_ids is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.tgt_vocab_size), float("-inf"))  # (..., V)
+        return full.index_copy_(-1, self.output_ids, logits)
