@@ -1,0 +1,42 @@
+"""Typed configuration: one dataclass per concern, loaded from YAML and validated.
+
+A YAML file has up to five top-level sections, ``data``, ``tokenizer``, ``model``, ``train`` and
+``decode``; every field has a default, so a file states only what it changes. Unknown keys, wrong
+types and impossible values raise :class:`ConfigError` with one line that names the file, the key
+and what to change. Dotted overrides (``model.encoder_layers=3``) go through the same checks.
+
+- ``sections``: the dataclasses and their defaults;
+- ``loading``: strict YAML, typed values, overrides, to and from plain dicts;
+- ``checks``: :func:`validate`, each section's checks and the allocation bounds;
+- ``rules``: the search settings' rules (beam, n-best, length penalty, output length) that the
+  config, the command line, the server and the search each check with the same functions.
+"""
+
+from transformer_mt.config.checks import CHOICES, LIMITS, MAX_PARAMETERS, PATH_KEYS, ConfigError, validate
+from transformer_mt.config.loading import from_dict, load_config, save_config, to_dict
+from transformer_mt.config.rules import Problem, beam_problem, length_problem, lenpen_problem, max_beam
+from transformer_mt.config.sections import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig
+
+__all__ = [
+    "CHOICES",
+    "LIMITS",
+    "MAX_PARAMETERS",
+    "PATH_KEYS",
+    "Config",
+    "ConfigError",
+    "DataConfig",
+    "DecodeConfig",
+    "ModelConfig",
+    "Problem",
+    "TokenizerConfig",
+    "TrainConfig",
+    "beam_problem",
+    "from_dict",
+    "length_problem",
+    "lenpen_problem",
+    "load_config",
+    "max_beam",
+    "save_config",
+    "to_dict",
+    "validate",
+]

@@ -1,0 +1,193 @@
+"""Validation of a whole :class:`Config`: choices, ranges, cross-section rules, allocation bounds, files.
+
+Each section's checks are one function; :func:`validate` runs them in order and raises
+:class:`ConfigError` on the first impossible value, as ``<source>: <section.key>: <what and the fix>``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, NoReturn
+
+from transformer_mt.config.rules import beam_problem, length_problem
+from transformer_mt.config.sections import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig
+from transformer_mt.errors import TmtError
+
+
+class ConfigError(TmtError, ValueError):
+    """A configuration mistake, worded for the user (one line, names the key and the fix)."""
+
+
+Fail = Callable[[str, str], NoReturn]  # fail(dotted key, message): raises ConfigError naming the source
+
+CHOICES = {
+    "tokenizer.model_type": ("unigram", "bpe"),
+    "model.activation": ("relu", "gelu"),
+    "model.norm": ("post", "pre", "scale"),
+    "model.positions": ("sinusoidal", "learned"),
+    "train.dtype": ("float32", "bfloat16", "float16", "auto"),
+    "train.lr_schedule": ("noam", "inverse_sqrt", "linear", "wsd"),
+    "train.best_metric": ("bleu", "loss"),
+}
+PATH_KEYS = ("data.train_src", "data.train_tgt", "data.valid_src", "data.valid_tgt", "tokenizer.model", "tokenizer.tgt_model")
+
+
+def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -> None:
+    """Raise ConfigError on the first impossible value."""
+
+    def fail(key: str, msg: str) -> NoReturn:
+        raise ConfigError(f"{source}: {key}: {msg}")
+
+    for dotted, allowed in CHOICES.items():
+        section, key = dotted.split(".")
+        value = getattr(getattr(cfg, section), key)
+        if value not in allowed:
+            fail(dotted, f"{value!r} is not one of {', '.join(allowed)}")
+    _check_model(cfg.model, fail)
+    _check_tokenizer(cfg.tokenizer, cfg.model, fail)
+    _check_train(cfg.train, fail)
+    _check_decode(cfg.decode, fail)
+    _check_data(cfg.data, cfg.model, fail)
+    _check_bounds(cfg, fail)
+    if check_files:
+        for dotted in PATH_KEYS:
+            section, key = dotted.split(".")
+            value = getattr(getattr(cfg, section), key)
+            if value and not Path(value).is_file():
+                fail(dotted, f"file '{value}' not found; check the path (relative paths start from the current directory)")
+
+
+def _check_model(m: ModelConfig, fail: Fail) -> None:
+    for key in ("encoder_layers", "decoder_layers", "d_model", "heads", "d_ff", "max_positions"):
+        if getattr(m, key) < 1:
+            fail(f"model.{key}", f"must be at least 1, got {getattr(m, key)}")
+    if m.head_dim < 0 or m.value_dim < 0:
+        fail("model.head_dim", "must be 0 (= d_model / heads) or positive")
+    if (m.head_dim == 0 or m.value_dim == 0) and m.d_model % m.heads:
+        fail(
+            "model.d_model",
+            f"{m.d_model} is not divisible by model.heads={m.heads}; choose d_model as a multiple of heads (or set model.head_dim and model.value_dim)",
+        )
+    for key in ("dropout", "attention_dropout", "activation_dropout"):
+        if not 0.0 <= getattr(m, key) < 1.0:
+            fail(f"model.{key}", f"{getattr(m, key)} is outside [0, 1); use e.g. 0.1")
+
+
+def _check_tokenizer(tok: TokenizerConfig, m: ModelConfig, fail: Fail) -> None:
+    if m.share_all_embeddings and not tok.joint:
+        fail("model.share_all_embeddings", "needs a joint vocabulary; set tokenizer.joint: true or model.share_all_embeddings: false")
+    if tok.vocab_size < 8:
+        fail("tokenizer.vocab_size", f"{tok.vocab_size} is too small; use at least a few thousand for real data")
+    if not 0.0 < tok.character_coverage <= 1.0:
+        fail("tokenizer.character_coverage", f"{tok.character_coverage} must be in (0, 1]; use 1.0 or 0.9995")
+
+
+def _check_train(t: TrainConfig, fail: Fail) -> None:
+    if not 0.0 <= t.label_smoothing < 1.0:
+        fail("train.label_smoothing", f"{t.label_smoothing} is outside [0, 1); the paper uses 0.1")
+    for key in ("max_tokens", "update_freq", "validate_every", "log_every"):
+        if getattr(t, key) < 1:
+            fail(f"train.{key}", f"must be at least 1, got {getattr(t, key)}")
+    never_negative = ("max_updates", "max_epochs", "max_time", "save_every", "keep_last", "keep_every", "patience", "warmup_updates", "weight_decay")
+    for key in (*never_negative, "clip_norm", "threads"):
+        if getattr(t, key) < 0:
+            fail(f"train.{key}", f"must be 0 or positive, got {getattr(t, key)}")
+    spacing = t.numbered_spacing
+    if t.keep_every and t.keep_every % spacing:
+        nearest = spacing * max(1, round(t.keep_every / spacing))
+        fail(
+            "train.keep_every",
+            f"{t.keep_every} is not a multiple of train.{'save_every' if t.save_every else 'validate_every'} ({spacing}), "
+            f"so only the updates that are multiples of both would be kept; use a multiple of {spacing}, e.g. {nearest}",
+        )
+    _check_schedule(t, fail)
+    if not 0.0 <= t.ema_decay < 1.0:
+        fail("train.ema_decay", f"{t.ema_decay} is outside [0, 1); use 0 (off) or e.g. 0.999")
+    if not all(0.0 <= b < 1.0 for b in t.optimizer_betas):
+        fail("train.optimizer_betas", f"{t.optimizer_betas} must both be in [0, 1); the paper uses [0.9, 0.98]")
+    problem = beam_problem(t.valid_beam)
+    if problem:
+        fail("train.valid_beam", f"{problem.value} {problem.reason}")
+
+
+def _check_schedule(t: TrainConfig, fail: Fail) -> None:
+    if t.lr <= 0 or t.lr_scale <= 0:
+        fail("train.lr", "learning rate and lr_scale must be positive")
+    if t.lr_schedule == "inverse_sqrt" and t.warmup_updates < 1:
+        fail("train.warmup_updates", "inverse_sqrt needs warmup_updates >= 1")
+    if t.lr_schedule == "linear" and t.max_updates <= t.warmup_updates:
+        fail(
+            "train.max_updates",
+            f"lr_schedule linear decays to 0 at max_updates, which must be above warmup_updates "
+            f"(got max_updates={t.max_updates}, warmup_updates={t.warmup_updates}); set train.max_updates",
+        )
+    if t.lr_schedule == "wsd" and not (t.max_time or t.max_updates):
+        fail("train.lr_schedule", "wsd cools down over the end of the budget; set train.max_time (minutes) or train.max_updates")
+    if not 0.0 < t.cooldown <= 1.0:
+        fail("train.cooldown", f"{t.cooldown} is outside (0, 1]; use e.g. 0.2 (the last fifth of the budget)")
+
+
+def _check_decode(d: DecodeConfig, fail: Fail) -> None:
+    problem = beam_problem(d.beam, d.nbest) or length_problem(d.max_len_a, d.max_len_b)
+    if problem:
+        fail(f"decode.{problem.key}", f"{problem.value} {problem.reason}")
+    if d.batch_tokens < 1:
+        fail("decode.batch_tokens", "must be at least 1")
+
+
+def _check_data(data: DataConfig, m: ModelConfig, fail: Fail) -> None:
+    if not 0.0 <= data.subword_alpha <= 1.0:
+        fail("data.subword_alpha", f"{data.subword_alpha} is outside [0, 1]; use 0 (off), 0.1-0.5 for unigram or about 0.1 for bpe")
+    if data.subword_nbest != -1 and data.subword_nbest < 2:
+        fail("data.subword_nbest", f"{data.subword_nbest} samples nothing; use -1 (all segmentations) or at least 2")
+    if data.max_len < 1 or data.max_len_ratio < 1.0:
+        fail("data.max_len", "max_len must be >= 1 and max_len_ratio >= 1")
+    if data.max_len + 1 > m.max_positions:  # + EOS on the source, + BOS on the decoder input
+        fail(
+            "data.max_len",
+            f"{data.max_len} + 1 (EOS or BOS) exceeds model.max_positions={m.max_positions}; lower data.max_len or raise model.max_positions",
+        )
+    if bool(data.valid_src) != bool(data.valid_tgt):
+        given, missing = ("valid_src", "valid_tgt") if data.valid_src else ("valid_tgt", "valid_src")
+        fail(f"data.{missing}", f"is empty while data.{given} is set; give both validation files, or neither to train without validation")
+
+
+# Upper bounds on what a config may ask to allocate. A checkpoint's config is read back through the
+# same checks, so a crafted few-KB file cannot make the loader build a model of terabytes. Each bound
+# is far above any published MT model (Transformer-big: d_model 1024, d_ff 4096, 16 heads, 6 layers).
+LIMITS = {
+    "model.encoder_layers": 1024,
+    "model.decoder_layers": 1024,
+    "model.d_model": 65536,
+    "model.heads": 1024,
+    "model.head_dim": 65536,
+    "model.value_dim": 65536,
+    "model.d_ff": 1 << 20,
+    "model.max_positions": 1 << 20,
+    "tokenizer.vocab_size": 1 << 21,
+    "train.max_tokens": 1 << 26,
+    "train.update_freq": 1 << 16,
+    "decode.beam": 1024,
+    "decode.nbest": 1024,
+    "decode.batch_tokens": 1 << 26,
+    "decode.max_len_b": 1 << 20,
+    "decode.max_len_a": 64,
+    "data.max_len": 1 << 20,
+    "train.valid_beam": 1024,
+}
+MAX_PARAMETERS = 100_000_000_000  # 100B: a rough count (below) above this is refused before any allocation
+
+
+def _check_bounds(cfg: Config, fail: Fail) -> None:
+    for dotted, limit in LIMITS.items():
+        section, key = dotted.split(".")
+        value = getattr(getattr(cfg, section), key)
+        if value > limit:
+            fail(dotted, f"{value} is above the supported maximum {limit}; check the value (a checkpoint with it is damaged or crafted)")
+    m = cfg.model
+    dk, dv = m.head_dim or m.d_model // m.heads, m.value_dim or m.d_model // m.heads
+    attn = m.heads * (2 * dk + dv) * m.d_model + m.heads * dv * m.d_model
+    per_layer = 2 * attn + 2 * m.d_model * m.d_ff  # decoder layer (self + cross); an encoder layer is smaller
+    rough = (m.encoder_layers + m.decoder_layers) * per_layer + 3 * cfg.tokenizer.vocab_size * m.d_model + m.max_positions * m.d_model
+    if rough > MAX_PARAMETERS:
+        fail("model", f"these sizes make about {rough:.3g} parameters, above the supported {MAX_PARAMETERS:.0e}; check model.* (layers, d_model, d_ff, heads)")

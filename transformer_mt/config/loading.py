@@ -1,0 +1,181 @@
+"""Reading configs: strict YAML, typed values, dotted overrides, and back to plain dicts and files.
+
+Unknown keys, wrong types and YAML mistakes raise :class:`ConfigError` with one line that names the
+file (or the ``--set``), the key and what to change; values then go through :func:`validate`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+from pathlib import Path
+from typing import Any, get_type_hints
+
+import yaml
+
+from transformer_mt.config.checks import ConfigError, validate
+from transformer_mt.config.sections import Config
+
+_SECTION_TYPES = get_type_hints(Config)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a mapping with the same key twice (PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node, deep=False):  # noqa: ANN001, ANN201 - PyYAML's signature
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise ConfigError(f"line {key_node.start_mark.line + 1}: key '{key}' appears twice in one section; keep one of them")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _read_yaml(path: Path) -> Any:
+    """Parse a YAML config file strictly: syntax errors and duplicate keys name the file and the line."""
+    try:
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not valid UTF-8 (byte {exc.start}); save the config as UTF-8") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}:{line} is not valid YAML ({getattr(exc, 'problem', exc)}); fix the syntax") from None
+
+
+def _override_value(dotted: str, text: str) -> Any:
+    """The YAML value of one ``--set section.key=value``; a syntax error names the override."""
+    if not text.strip():
+        return ""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(
+            f"--set {dotted}={text}: the value is not valid YAML ({problem}); quote strings, e.g. --set '{dotted}=\"...\"', and close lists, e.g. [0.9, 0.98]"
+        ) from None
+
+
+def _suggest(name: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
+    if close:
+        return f"did you mean '{close[0]}'?"
+    return "valid keys: " + ", ".join(valid)
+
+
+def _coerce(value: Any, typ: Any, where: str) -> Any:
+    """Convert a YAML (or override) value to the field's type or raise ConfigError."""
+    if typ is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if typ is int:
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        try:
+            as_float = float(value)
+        except ValueError:
+            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
+        if not math.isfinite(as_float) or not as_float.is_integer():
+            raise ConfigError(f"{where}: expected an integer, got {value!r}")
+        return int(as_float)
+    if typ is float:
+        if isinstance(value, bool):
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+        if not math.isfinite(number):  # NaN passes every `<` check, and a NaN learning rate trains nothing
+            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+        return number
+    if typ is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{where}: expected a string, got {value!r}")
+        return "" if value is None else str(value)
+    if getattr(typ, "__origin__", None) is tuple:
+        if isinstance(value, str):
+            value = yaml.safe_load(value if value.startswith("[") else f"[{value}]")
+        args = typ.__args__
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise ConfigError(f"{where}: expected a list of {len(args)} numbers, got {value!r}")
+        return tuple(_coerce(v, t, where) for v, t in zip(value, args))
+    raise ConfigError(f"{where}: unsupported type {typ}")  # pragma: no cover - a programming error
+
+
+def _apply(cfg: Config, section: str, key: str, value: Any, source: str) -> None:
+    if section not in _SECTION_TYPES:
+        raise ConfigError(f"{source}: unknown section '{section}'; {_suggest(section, list(_SECTION_TYPES))}")
+    sub = getattr(cfg, section)
+    hints = get_type_hints(type(sub))
+    if key not in hints:
+        raise ConfigError(f"{source}: unknown key '{section}.{key}'; {_suggest(key, list(hints))}")
+    setattr(sub, key, _coerce(value, hints[key], f"{source}: {section}.{key}"))
+
+
+def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None, *, check_files: bool = True) -> Config:
+    """Read a YAML config (or start from the defaults), apply ``section.key=value`` overrides, validate.
+
+    Relative data and tokenizer paths are resolved against the current directory, as users type them.
+    """
+    cfg = Config()
+    if path is not None:
+        if not str(path).strip():
+            raise ConfigError("--config: the path is empty; give a YAML file, e.g. --config configs/multi30k_small.yaml")
+        path = Path(path)
+        if path.is_dir():
+            raise ConfigError(f"{path}: is a directory, not a config file; give a YAML file (to continue a run directory use --resume {path})")
+        if not path.is_file():
+            raise ConfigError(f"{path}: config file not found; check the path given to --config")
+        raw = _read_yaml(path) or {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: expected a mapping of sections (data, tokenizer, model, train, decode) at the top")
+        for section, values in raw.items():
+            if section not in _SECTION_TYPES:
+                raise ConfigError(f"{path}: unknown section '{section}'; {_suggest(str(section), list(_SECTION_TYPES))}")
+            if values is None:
+                continue
+            if not isinstance(values, dict):
+                raise ConfigError(f"{path}: section '{section}' must be a mapping of key: value")
+            for key, value in values.items():
+                _apply(cfg, section, str(key), value, str(path))
+    for item in overrides or []:
+        if "=" not in item or "." not in item.split("=", 1)[0]:
+            raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. model.encoder_layers=3")
+        dotted, value = item.split("=", 1)
+        section, key = dotted.strip().split(".", 1)
+        _apply(cfg, section, key, _override_value(dotted.strip(), value), f"--set {dotted.strip()}")
+    validate(cfg, source=str(path) if path is not None else "config", check_files=check_files)
+    return cfg
+
+
+def to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
+    """Plain nested dict (tuples as lists) for YAML files and checkpoints."""
+    out = dataclasses.asdict(cfg)
+    for section in out.values():
+        for key, value in section.items():
+            if isinstance(value, tuple):
+                section[key] = list(value)
+    return out
+
+
+def from_dict(raw: dict[str, dict[str, Any]], *, source: str = "checkpoint") -> Config:
+    """Inverse of :func:`to_dict`; checks types and values but not that files still exist."""
+    cfg = Config()
+    for section, values in raw.items():
+        for key, value in values.items():
+            _apply(cfg, section, key, value, source)
+    validate(cfg, source=source, check_files=False)
+    return cfg
+
+
+def save_config(cfg: Config, path: str | os.PathLike) -> None:
+    """Write the fully resolved config, so a run can be reproduced with `tmt train --config`."""
+    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False), encoding="utf-8")

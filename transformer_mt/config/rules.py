@@ -1,0 +1,66 @@
+"""The rules on search settings, each checked by one function that every layer calls.
+
+The config (``decode.*``, ``train.valid_beam``), the command line (``--beam``, ``--nbest``, ``--lenpen``),
+the HTTP server (``beam``, ``nbest``), the :class:`~transformer_mt.decoding.Translator` and the search
+itself all ask the same functions. A function returns ``None`` when the settings are fine, or the
+:class:`Problem` with the first one that is not; each caller words it with the name its user typed
+and raises its own error type (ConfigError, SearchError, a one-line CLI error, an HTTP 422).
+
+The formula of the longest output, ``floor(max_len_a * n + max_len_b)``, is computed where tensors
+are (``transformer_mt.decoding.max_output_length``); here is what its two settings may be.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+
+class Problem(NamedTuple):
+    """A setting a rule refuses: its key (as the rule names it), its value, and why, with the fix."""
+
+    key: str  # beam, nbest, lenpen, max_len_a or max_len_b
+    value: Any
+    reason: str  # worded to follow the value: "is out of range; use ..."
+
+    def __str__(self) -> str:
+        """The library's wording, ``beam=0 is out of range; ...``; the CLI and the server put their own name first."""
+        return f"{self.key}={self.value} {self.reason}"
+
+
+def max_beam(tgt_vocab_size: int) -> int:
+    """The largest beam a target vocabulary allows: each step ranks 2 * beam candidates among the ids
+    that can follow a prefix (all but PAD and BOS), so beam <= (V - 2) / 2; greedy (beam 1) always works."""
+    return max(1, (tgt_vocab_size - 2) // 2)
+
+
+def beam_problem(beam: int, nbest: int = 1, *, tgt_vocab_size: int | None = None, limit: int | None = None) -> Problem | None:
+    """1 <= beam, at most ``limit`` (a caller's own cap, e.g. a server's --max-beam) and at most what the
+    target vocabulary allows (:func:`max_beam`, when ``tgt_vocab_size`` is known); then 1 <= nbest <= beam."""
+    vocab_cap = None if tgt_vocab_size is None else max_beam(tgt_vocab_size)
+    if beam < 1 or (limit is not None and beam > limit):
+        caps = [cap for cap in (limit, vocab_cap) if cap is not None]
+        return Problem("beam", beam, f"is out of range; use 1 (greedy) to {min(caps)}" if caps else "is out of range; use 1 (greedy) or more")
+    if vocab_cap is not None and beam > vocab_cap:
+        return Problem(
+            "beam", beam, f"needs a target vocabulary of at least {2 * beam + 2} ids, the model has {tgt_vocab_size}; use a beam of at most {vocab_cap}"
+        )
+    if not 1 <= nbest <= beam:
+        return Problem("nbest", nbest, f"is out of range; use 1 to the beam size ({beam}): 1 <= nbest <= beam")
+    return None
+
+
+def lenpen_problem(lenpen: float) -> Problem | None:
+    """The length penalty's alpha must be a finite number (NaN would make every score NaN)."""
+    if not math.isfinite(lenpen):
+        return Problem("lenpen", lenpen, "must be a finite number; the usual range is 0.6 to 1.5")
+    return None
+
+
+def length_problem(max_len_a: float, max_len_b: int) -> Problem | None:
+    """The longest output, floor(max_len_a * source length + max_len_b), grows with the source: neither
+    setting may be negative."""
+    for key, value in (("max_len_a", max_len_a), ("max_len_b", max_len_b)):
+        if value < 0:
+            return Problem(key, value, "must be 0 or positive (the longest output is max_len_a * source length + max_len_b)")
+    return None

@@ -1,0 +1,138 @@
+"""The configuration sections: one dataclass per concern, every field with a default and its meaning.
+
+A YAML file has up to five top-level sections, ``data``, ``tokenizer``, ``model``, ``train`` and
+``decode``, one per dataclass here; it states only what it changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class DataConfig:
+    """Where the parallel corpus lives and how it is filtered."""
+
+    train_src: str = ""  # training source text, one sentence per line
+    train_tgt: str = ""  # training target text, line i translates line i of train_src
+    valid_src: str = ""  # validation source text (loss, perplexity and BLEU during training)
+    valid_tgt: str = ""  # validation target text
+    max_len: int = 256  # training pairs with more tokens than this on either side are dropped
+    max_len_ratio: float = 3.0  # pairs whose longer side has more than this times the tokens of the shorter are dropped
+    min_len_for_ratio: int = 5  # the ratio filter applies only when the longer side has at least this many tokens
+    cache_dir: str = ""  # where encoded corpora are cached; empty = <train.out_dir>/cache
+    # subword regularisation: training pairs re-segmented by sampling every epoch; 0 = off;
+    # unigram: smoothing alpha (0.1-0.5, lower = more varied), bpe: BPE-dropout rate (~0.1)
+    subword_alpha: float = 0.0
+    subword_nbest: int = -1  # unigram sampling among the n best segmentations; -1 = all of them
+
+
+@dataclass
+class TokenizerConfig:
+    """The sentencepiece model(s): reuse existing ones or train them at the start of `tmt train`."""
+
+    model: str = ""  # joint (or source) .model file; empty = train one into <train.out_dir>
+    tgt_model: str = ""  # target .model when joint is false; empty = train one
+    joint: bool = True  # one vocabulary for both languages (needed for model.share_all_embeddings)
+    model_type: str = "unigram"  # sentencepiece algorithm: unigram or bpe
+    vocab_size: int = 8000  # pieces per model, special symbols included
+    character_coverage: float = 1.0  # share of characters covered; 0.9995 suits large alphabets
+    input_sentence_size: int = 2_000_000  # sentences sampled for training the tokenizer (0 = all)
+
+
+@dataclass
+class ModelConfig:
+    """Transformer sizes (Table 3 of the paper); the defaults are the base model."""
+
+    encoder_layers: int = 6  # N for the encoder
+    decoder_layers: int = 6  # N for the decoder
+    d_model: int = 512  # width of embeddings and every residual stream
+    heads: int = 8  # h, attention heads per layer
+    head_dim: int = 0  # d_k, query/key size per head; 0 = d_model / heads (Table 3 row B changes it)
+    value_dim: int = 0  # d_v, value size per head; 0 = d_model / heads
+    d_ff: int = 2048  # inner size of the position-wise feed-forward network
+    dropout: float = 0.1  # P_drop on sublayer outputs and on embeddings + positions
+    attention_dropout: float = 0.0  # dropout on attention weights (0 in the paper)
+    activation_dropout: float = 0.0  # dropout after the FFN activation (0 in the paper)
+    activation: str = "relu"  # FFN activation: relu or gelu
+    norm: str = "post"  # post = LayerNorm(x + sublayer(x)) (paper); pre = x + sublayer(LayerNorm(x));
+    # scale = pre placement with ScaleNorm g * x / ||x|| and FixNorm embeddings (Nguyen & Salazar 2019)
+    positions: str = "sinusoidal"  # sinusoidal (paper) or learned (Table 3 row E)
+    max_positions: int = 1024  # longest sequence the model accepts (size of the learned table)
+    share_all_embeddings: bool = True  # one matrix for source, target and output (needs a joint vocabulary)
+    share_decoder_embeddings: bool = True  # tie target embedding and output projection
+    restrict_output: bool = False  # output layer over the pieces seen on the training target side only (faster with a joint vocabulary)
+
+
+@dataclass
+class TrainConfig:
+    """The optimisation loop, its schedule, checkpoints and stopping rules."""
+
+    out_dir: str = "runs/default"  # checkpoints, logs, metrics and the resolved config go here
+    seed: int = 1  # seeds parameters, dropout and batch order
+    device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps
+    threads: int = 0  # CPU threads for torch; 0 = torch's default
+    dtype: str = "float32"  # float32, bfloat16 (autocast, CPU or CUDA), float16 (autocast + loss scaling, CUDA) or auto (per machine: runtime.auto_dtype)
+    max_tokens: int = 4096  # token budget per batch (the larger of source and target tokens, padding included)
+    update_freq: int = 1  # batches whose gradients are accumulated into one update
+    label_smoothing: float = 0.1  # eps_ls of section 5.4
+    optimizer_betas: tuple[float, float] = (0.9, 0.98)  # Adam beta1, beta2 (section 5.3)
+    optimizer_eps: float = 1e-9  # Adam epsilon (section 5.3)
+    weight_decay: float = 0.0  # decoupled weight decay (AdamW); 0 = plain Adam as in the paper
+    # noam: d_model^-0.5 * min(step^-0.5, step * warmup^-1.5) * lr_scale; inverse_sqrt: peaks at lr;
+    # linear: peaks at lr, decays to 0 at max_updates; wsd: warm-up, stable at lr, then a linear cool-down to 0 over
+    # the last `cooldown` fraction of the budget (of max_time when it is set, so a timed run ends cool on any machine)
+    lr_schedule: str = "noam"
+    lr: float = 5e-4  # peak learning rate of the inverse_sqrt schedule
+    lr_scale: float = 1.0  # multiplier of the paper's noam formula
+    warmup_updates: int = 4000  # warmup_steps of section 5.3
+    cooldown: float = 0.2  # wsd: fraction of the budget (max_time if set, else max_updates) spent cooling down
+    ema_decay: float = 0.0  # exponential moving average of the weights (e.g. 0.999), used for validation and decoding; 0 = off
+    clip_norm: float = 0.0  # clip the gradient norm to this; 0 = no clipping
+    max_updates: int = 0  # stop after this many updates; 0 = no limit
+    max_epochs: int = 0  # stop after this many epochs; 0 = no limit
+    max_time: float = 0.0  # stop after this many minutes of training; 0 = no limit
+    validate_every: int = 1000  # updates between validations (and checkpoint saves)
+    save_every: int = 0  # updates between numbered checkpoints kept on disk (validated or not); 0 = at every validation
+    keep_last: int = 5  # numbered checkpoints kept (the newest ones); 0 = keep all
+    keep_every: int = 0  # also keep, past keep_last, every numbered checkpoint whose update is a multiple of this (for `tmt average --every`); 0 = none
+    best_metric: str = "bleu"  # bleu (higher is better) or loss (lower is better) picks checkpoint_best.pt
+    patience: int = 0  # stop after this many validations without improvement; 0 = never
+    valid_bleu_sentences: int = 0  # sentences of the validation set decoded for BLEU; 0 = all, -1 = skip BLEU
+    valid_beam: int = 1  # beam size for validation BLEU (1 = greedy, fastest); lenpen from decode.lenpen
+    log_every: int = 100  # updates between lines of the log and metrics file
+    tensorboard: bool = False  # also write the metrics.jsonl scalars as TensorBoard events in <out_dir>/tensorboard (pip install -e ".[tensorboard]")
+    peak_tflops: float = 0.0  # the device's matmul peak, for the MFU of the end-of-training cost report; 0 = measure once, cached in ~/.cache/tmt/peak.json
+
+    @property
+    def numbered_spacing(self) -> int:
+        """Updates between numbered checkpoints: save_every, else validate_every (one at every validation)."""
+        return self.save_every or self.validate_every
+
+    def writes_numbered(self, update: int, *, validating: bool) -> bool:
+        """Whether `update` writes checkpoint_<update>.pt: at multiples of save_every, or at every validation
+        (the final one too, whatever its update) when save_every is 0."""
+        return update % self.save_every == 0 if self.save_every else validating
+
+
+@dataclass
+class DecodeConfig:
+    """Search settings used by `tmt translate`, `tmt evaluate` and validation BLEU."""
+
+    beam: int = 4  # beam size (section 6.1); 1 = greedy
+    lenpen: float = 0.6  # alpha of the GNMT length penalty ((5 + len) / 6) ** alpha
+    max_len_a: float = 1.0  # max output length = a * source length + b
+    max_len_b: int = 50  # (paper: input length + 50)
+    batch_tokens: int = 4096  # source tokens per decoding batch
+    nbest: int = 1  # hypotheses printed per input
+
+
+@dataclass
+class Config:
+    """A whole experiment."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
