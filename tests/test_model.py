@@ -391,7 +391,7 @@ def test_head_and_value_sizes_independent_of_d_model():
 
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_unmasked_attention_paths_equal_the_masked_ones(norm):
-    """SDPA without a mask tensor where none is needed (issue 21): the teacher-forced decoder's self-attention
+    """SDPA without a mask tensor where none is needed: the teacher-forced decoder's self-attention
     is causal only (is_causal=True) and a source without padding gets no key mask. At every real position the
     outputs and all parameter gradients equal those of the full masks (causal + padding), which this test
     builds itself and feeds through the same layers."""

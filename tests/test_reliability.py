@@ -316,12 +316,12 @@ def test_disk_full_on_stdout_names_stdout(bad_inputs, monkeypatch, capsys):
 
 
 def test_disk_full_while_writing_the_cache_is_one_line(tmp_path, bad_inputs, monkeypatch, capsys):
-    from transformer_mt.data import corpus as data
+    from transformer_mt.data import encoded as encoded_module
 
     def numpy_full(*_args, **_kwargs):  # what ndarray.tofile raises on a full disk: no errno, no file name
         raise OSError("40000 requested and 0 written")
 
-    monkeypatch.setattr(data._CacheWriter, "add", numpy_full)
+    monkeypatch.setattr(encoded_module.CacheWriter, "add", numpy_full)
     cache = tmp_path / "cache"
     code, err = run_cli(["preprocess", "-c", bad_inputs["cfg"], "--set", f"data.cache_dir={cache}"], capsys)
     line = err.strip().splitlines()[-1]

@@ -1,6 +1,23 @@
-"""Parallel corpora: reading, the encoded cache, token-budget batches and a run's data preparation."""
+"""Parallel corpora: reading and filtering, the encoded on-disk cache, token-budget batches, subword sampling
+and a run's data preparation."""
 
-from transformer_mt.data.corpus import Batch, DataError, ParallelData, SampledSegmentation, collate, load_parallel, make_batches, shard, source_tensor
+from transformer_mt.data.batching import Batch, collate, make_batches, shard, source_tensor
+from transformer_mt.data.corpus import CorpusSummary, DataError, ParallelData, load_parallel
 from transformer_mt.data.prepare import load_corpora, prepare_tokenizers, preprocess
+from transformer_mt.data.sampling import SampledSegmentation
 
-__all__ = ["Batch", "DataError", "ParallelData", "SampledSegmentation", "collate", "load_corpora", "load_parallel", "make_batches", "prepare_tokenizers", "preprocess", "shard", "source_tensor"]
+__all__ = [
+    "Batch",
+    "CorpusSummary",
+    "DataError",
+    "ParallelData",
+    "SampledSegmentation",
+    "collate",
+    "load_corpora",
+    "load_parallel",
+    "make_batches",
+    "prepare_tokenizers",
+    "preprocess",
+    "shard",
+    "source_tensor",
+]

@@ -48,16 +48,24 @@ def _train_spm(cfg: Config, inputs: list[str], prefix: Path, log: Callable[[str]
     reuse PREFIX.model when PREFIX.json records the same ones."""
     tok_cfg = cfg.tokenizer
     model, recipe_path = prefix.parent / f"{prefix.name}.model", prefix.parent / f"{prefix.name}.json"
-    recipe = {"inputs": [_file_identity(path) for path in inputs],
-              **{key: getattr(tok_cfg, key) for key in ("model_type", "vocab_size", "character_coverage", "input_sentence_size")}}
+    recipe = {
+        "inputs": [_file_identity(path) for path in inputs],
+        **{key: getattr(tok_cfg, key) for key in ("model_type", "vocab_size", "character_coverage", "input_sentence_size")},
+    }
     with contextlib.suppress(OSError, ValueError):
         if model.is_file() and json.loads(recipe_path.read_text(encoding="utf-8")) == recipe:
             log(f"reusing sentencepiece model {model} (trained earlier on the same files with the same settings)")
             return Tokenizer(model)
     log(f"training sentencepiece {tok_cfg.model_type} ({tok_cfg.vocab_size} pieces) on {', '.join(inputs)} -> {model}")
     recipe_path.unlink(missing_ok=True)
-    train_sentencepiece(inputs, prefix, vocab_size=tok_cfg.vocab_size, model_type=tok_cfg.model_type,
-                        character_coverage=tok_cfg.character_coverage, input_sentence_size=tok_cfg.input_sentence_size)
+    train_sentencepiece(
+        inputs,
+        prefix,
+        vocab_size=tok_cfg.vocab_size,
+        model_type=tok_cfg.model_type,
+        character_coverage=tok_cfg.character_coverage,
+        input_sentence_size=tok_cfg.input_sentence_size,
+    )
     recipe_path.write_text(json.dumps(recipe), encoding="utf-8")  # after the model: a crash in between retrains
     return Tokenizer(model)
 
