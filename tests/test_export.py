@@ -58,7 +58,7 @@ def test_ctranslate2_matches_tmt_token_for_token(norm, tiny_checkpoint, tiny_che
             # lenpen 0: the summed log-prob, EOS included. CTranslate2's search reports it up to ~3e-3 above the
             # sum of its own score_batch log-probs (which equal tmt's to ~1e-5): a different kernel, same tokens.
             assert score == pytest.approx(nbest[0].logprob, abs=5e-3), (beam, i)
-        texts = [nb[0][1] for nb in tr.translate(lines, beam=beam, lenpen=0.0).hypotheses]
+        texts = [nb[0][1] for nb in tr.translate_batch(lines, beam=beam, lenpen=0.0).hypotheses]
         assert texts == tr.tgt_tok.decode_pieces([h for h, _ in theirs])  # and `tmt translate`'s text is CTranslate2's, detokenized
         assert len(set(texts)) > 25  # a model that says varied things, not one string 50 times
 

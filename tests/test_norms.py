@@ -157,7 +157,7 @@ def test_scale_model_trains_and_decodes(scale_run, corpus_slice):
     assert tr.cfg.model.norm == "scale"
     lines = head(corpus_slice["val.en"], 4)
     for beam in (1, 3):
-        hyps = tr.translate(lines, beam=beam, lenpen=0.6).hypotheses
+        hyps = tr.translate_batch(lines, beam=beam, lenpen=0.6).hypotheses
         assert len(hyps) == 4 and all(nb[0][1].strip() for nb in hyps)  # one non-empty German line per input
 
 

@@ -45,8 +45,8 @@ def test_batched_equals_one_at_a_time(ckpt, multi30k):
     tr = Translator.from_checkpoint(ckpt, device="cpu")
     lines = head(multi30k / "val.en", 12)
     for beam in (1, 3):
-        batched = tr.translate(lines, beam=beam, lenpen=0.6, batch_tokens=400).hypotheses
-        single = [tr.translate([line], beam=beam, lenpen=0.6).hypotheses[0] for line in lines]
+        batched = tr.translate_batch(lines, beam=beam, lenpen=0.6, batch_tokens=400).hypotheses
+        single = [tr.translate_batch([line], beam=beam, lenpen=0.6).hypotheses[0] for line in lines]
         assert [b[0][1] for b in batched] == [s[0][1] for s in single]
         assert [b[0][0] for b in batched] == pytest.approx([s[0][0] for s in single], abs=1e-4)
 
@@ -61,9 +61,9 @@ def test_threads_sharing_one_translator_get_what_they_get_alone(spm_model, multi
     requests = [(lines[6 * k : 6 * k + 6], {"beam": (1, 3)[k % 2], "nbest": (1, 2, 1, 3)[k % 4], "lenpen": 0.6}) for k in range(8)]
     params = {name: p.clone() for name, p in tr.model.state_dict().items()}
     pe = getattr(tr.model, "pe", None)
-    alone = [tr.translate(text, **kw) for text, kw in requests]
+    alone = [tr.translate_batch(text, **kw) for text, kw in requests]
     with ThreadPoolExecutor(max_workers=4) as pool:
-        together = list(pool.map(lambda req: tr.translate(req[0], **req[1]), requests * 2))  # each request twice, interleaved
+        together = list(pool.map(lambda req: tr.translate_batch(req[0], **req[1]), requests * 2))  # each request twice, interleaved
     for k, result in enumerate(together):
         assert result.hypotheses == alone[k % 8].hypotheses
         assert result.stats.lines == 6 and result.stats.tgt_tokens == alone[k % 8].stats.tgt_tokens
@@ -80,8 +80,8 @@ def test_sinusoid_table_is_sized_at_load_time(spm_model, tmp_path):
     tr = Translator.from_checkpoint(make_checkpoint(spm_model, tmp_path / "s.pt", positions="sinusoidal"), device="cpu")
     assert tr.max_src_tokens == 63 and tr.positions == 70 and tr.model.pe.size(0) == 70
     with pytest.raises(TranslateError, match="max_len_b=50"):
-        tr.translate(["A man rides a horse."], beam=1, lenpen=0.6, max_len_b=50)
-    assert tr.translate(["A man rides a horse."], beam=1, lenpen=0.6, max_len_b=2).hypotheses[0][0][1] != ""  # within the table
+        tr.translate_batch(["A man rides a horse."], beam=1, lenpen=0.6, max_len_b=50)
+    assert tr.translate_batch(["A man rides a horse."], beam=1, lenpen=0.6, max_len_b=2).hypotheses[0][0][1] != ""  # within the table
     with pytest.raises(ValueError, match="reserve_positions"):  # the model itself never grows the table while decoding
         tr.model.encode(torch.full((1, 71), 5))
     assert tr.model.pe.size(0) == 70

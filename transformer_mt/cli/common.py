@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 from typing import Iterator, Optional
 
+from transformer_mt.config import beam_problem, lenpen_problem
 from transformer_mt.text import iter_file, iter_stream, safe_output
 
 __all__ = ["input_lines", "safe_output", "progress", "decode_args", "CKPT_HELP", "BEAM_HELP", "LENPEN_HELP", "WEIGHTS_HELP"]
@@ -41,19 +41,12 @@ WEIGHTS_HELP = (
 
 
 def decode_args(tr, beam: Optional[int], lenpen: Optional[float], nbest: int) -> tuple[int, float]:
-    """--beam / --lenpen (or the checkpoint's defaults), checked before any input is encoded: a beam too
-    large for the target vocabulary is refused here, not after allocating beam x sentences of decoder state."""
-    from transformer_mt.decoding import TranslateError, max_beam
+    """--beam / --lenpen (or the checkpoint's defaults) and --nbest, checked before any input is encoded: a beam
+    too large for the target vocabulary is refused here, not after allocating beam x sentences of decoder state."""
+    from transformer_mt.decoding import TranslateError
 
-    beam = tr.cfg.decode.beam if beam is None else beam
-    lenpen = tr.cfg.decode.lenpen if lenpen is None else lenpen
-    if beam < 1 or not 1 <= nbest <= beam:
-        raise TranslateError(f"--beam {beam} --nbest {nbest}: need beam >= 1 and 1 <= nbest <= beam")
-    vocab = tr.tgt_tok.vocab_size
-    if beam > max_beam(vocab):
-        raise TranslateError(
-            f"--beam {beam}: the model's target vocabulary has {vocab} ids, enough for a beam of at most {max_beam(vocab)}; lower --beam (4 to 10 is usual)"
-        )
-    if not math.isfinite(lenpen):
-        raise TranslateError(f"--lenpen {lenpen}: must be a finite number; the usual range is 0.6 to 1.5")
+    beam, lenpen = tr.decode_defaults(beam, lenpen)
+    problem = beam_problem(beam, nbest, tgt_vocab_size=tr.tgt_tok.vocab_size) or lenpen_problem(lenpen)
+    if problem:
+        raise TranslateError(f"--{problem.key} {problem.value} {problem.reason}")
     return beam, lenpen

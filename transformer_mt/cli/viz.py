@@ -72,6 +72,7 @@ def attention(
     output: Path = typer.Option(Path("attention"), "--output", "-o", help="Directory for the pictures and attention.json."),
 ) -> None:
     """Attention maps of one sentence: encoder self, decoder self (causal) and cross-attention, per layer and head."""
+    from transformer_mt.config import beam_problem
     from transformer_mt.decoding import Translator
     from transformer_mt.viz import VizError
     from transformer_mt.viz.attention import parse_indices, read_line, sentence_maps, write_maps
@@ -80,8 +81,9 @@ def attention(
         raise VizError('give the sentence either as --src "text" or as FILE --line N')
     layer_ids, head_ids = parse_indices(layers, "--layers"), parse_indices(heads, "--heads")
     source = src if src is not None else read_line(file, line)
-    if beam is not None and beam < 1:
-        raise VizError(f"--beam {beam}: need beam >= 1")
+    problem = None if beam is None else beam_problem(beam)
+    if problem:
+        raise VizError(f"--beam {problem.value} {problem.reason}")
     translator = Translator.from_checkpoint(checkpoint, device="cpu")
     maps = sentence_maps(translator, source, reference=ref, beam=beam).select(layer_ids, head_ids)
     typer.echo(f"source: {maps.source}\n{'reference' if maps.teacher_forced else 'translation'}: {maps.target}")

@@ -24,7 +24,7 @@ _SECTION_TYPES = get_type_hints(Config)
 class _UniqueKeyLoader(yaml.SafeLoader):
     """yaml.SafeLoader that refuses a mapping with the same key twice (PyYAML silently keeps the last)."""
 
-    def construct_mapping(self, node, deep=False):  # noqa: ANN001, ANN201 - PyYAML's signature
+    def construct_mapping(self, node, deep=False):  # PyYAML's signature
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
@@ -37,7 +37,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def _read_yaml(path: Path) -> Any:
     """Parse a YAML config file strictly: syntax errors and duplicate keys name the file and the line."""
     try:
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # safe: _UniqueKeyLoader is a SafeLoader
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     except UnicodeDecodeError as exc:

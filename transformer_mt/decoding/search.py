@@ -37,12 +37,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
+from typing import Any, NamedTuple, Protocol, TypeVar, overload, runtime_checkable
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from transformer_mt.config import Problem, beam_problem
 from transformer_mt.errors import TmtError
 from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID
 
@@ -100,21 +101,10 @@ class SearchError(TmtError, ValueError):
     """A search request that cannot be honoured, worded for the user."""
 
 
-def max_beam(tgt_vocab_size: int) -> int:
-    """The largest beam a target vocabulary allows: each step ranks 2 * beam candidates among the ids
-    that can follow a prefix (all but PAD and BOS), so beam <= (V - 2) / 2; greedy (beam 1) always works."""
-    return max(1, (tgt_vocab_size - 2) // 2)
-
-
-def check_beam(beam: int, nbest: int, *, tgt_vocab_size: int) -> None:
-    """Refuse a beam / nbest pair that search cannot honour, before anything is encoded or allocated."""
-    if beam < 1 or not 1 <= nbest <= beam:
-        raise SearchError(f"need beam >= 1 and 1 <= nbest <= beam, got beam={beam} nbest={nbest}")
-    if beam > max_beam(tgt_vocab_size):
-        raise SearchError(
-            f"beam={beam} needs a target vocabulary of at least {2 * beam + 2} ids, the model has {tgt_vocab_size}; "
-            f"use a beam of at most {max_beam(tgt_vocab_size)}"
-        )
+def _refuse(problem: Problem | None) -> None:
+    """Raise a search-settings rule's problem (transformer_mt.config.rules) as a SearchError."""
+    if problem:
+        raise SearchError(str(problem))
 
 
 def length_penalty(length: int | float | Tensor, alpha: float) -> float | Tensor:
@@ -128,13 +118,27 @@ def length_penalty(length: int | float | Tensor, alpha: float) -> float | Tensor
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def max_output_lengths(src: Tensor, *, max_len_a: float, max_len_b: int, limit: int | None = None) -> Tensor:
-    """Longest output per sentence: floor(a * non-pad source tokens + b), in [1, limit]; (B,) long."""
-    src_len = (src != PAD_ID).sum(dim=1).double()  # (B,) double, so a * n + b floors as in Python
-    lens = torch.floor(max_len_a * src_len + max_len_b).long().clamp(min=1)
-    if limit is not None:
-        lens = lens.clamp(max=limit)
-    return lens
+@overload
+def max_output_length(src_tokens: int, *, max_len_a: float, max_len_b: int) -> int: ...
+@overload
+def max_output_length(src_tokens: Tensor, *, max_len_a: float, max_len_b: int) -> Tensor: ...
+def max_output_length(src_tokens: int | Tensor, *, max_len_a: float, max_len_b: int) -> int | Tensor:
+    """The longest output for a source of ``src_tokens`` tokens (pieces + EOS): floor(a * n + b), at least 1.
+
+    The one formula of the rule, for an int or elementwise for a LongTensor of lengths (in float64, so it
+    floors exactly as Python does on an int): the searches limit every sentence with it, and
+    ``positions_needed`` sizes position tables with it. What a and b may be: ``config.length_problem``.
+    """
+    if isinstance(src_tokens, Tensor):
+        return torch.floor(max_len_a * src_tokens.double() + max_len_b).long().clamp(min=1)
+    return max(1, math.floor(max_len_a * src_tokens + max_len_b))
+
+
+def _sentence_limits(model: SearchModel[Any, Any], src: Tensor, *, max_len_a: float, max_len_b: int) -> Tensor:
+    """(B,) long: each sentence's longest output (its non-pad tokens), at most the model's own limit."""
+    lens = max_output_length((src != PAD_ID).sum(dim=1), max_len_a=max_len_a, max_len_b=max_len_b)
+    limit = model.max_output_length()
+    return lens if limit is None else lens.clamp(max=limit)
 
 
 def search(
@@ -144,9 +148,8 @@ def search(
 
     Returns, per sentence in input order, ``nbest`` hypotheses, best score first.
     """
+    _refuse(beam_problem(beam, nbest))
     if beam == 1:
-        if nbest != 1:
-            raise SearchError(f"nbest={nbest} needs beam >= nbest; greedy search (beam 1) gives one hypothesis")
         return [[hyp] for hyp in greedy_search(model, src, max_len_a=max_len_a, max_len_b=max_len_b, lenpen=lenpen)]
     return beam_search(model, src, beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, nbest=nbest)
 
@@ -162,7 +165,7 @@ def greedy_search(model: SearchModel[Any, Any], src: Tensor, *, max_len_a: float
     batch, device = src.size(0), src.device
     if batch == 0:
         return []
-    max_lens = max_output_lengths(src, max_len_a=max_len_a, max_len_b=max_len_b, limit=model.max_output_length())  # (B,)
+    max_lens = _sentence_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b)  # (B,)
     cache = model.init_cache(model.encode(src))
     alive = torch.arange(batch, device=device)  # (b,) original sentence of each cache row
     tokens = torch.full((batch,), BOS_ID, dtype=torch.long, device=device)  # (b,) newest token per row
@@ -229,12 +232,11 @@ def beam_search(
     none); the token lists are rebuilt once, on the host, at the end.
     """
     _check_inputs(model, src)
-    if beam < 1 or not 1 <= nbest <= beam:
-        raise SearchError(f"need beam >= 1 and 1 <= nbest <= beam, got beam={beam} nbest={nbest}")
+    _refuse(beam_problem(beam, nbest))
     batch, device, k = src.size(0), src.device, beam
     if batch == 0:
         return []
-    max_lens = max_output_lengths(src, max_len_a=max_len_a, max_len_b=max_len_b, limit=model.max_output_length())  # (B,)
+    max_lens = _sentence_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b)  # (B,)
     cache = model.init_cache(model.encode(src))
     cache.reorder(torch.arange(batch, device=device).repeat_interleave(k), group=k)  # B -> B*k rows, sentence-major
     sent = torch.arange(batch, device=device)  # (b,) original sentence of each active sentence
@@ -249,7 +251,7 @@ def beam_search(
         lprobs = _log_probs(model.decode_step(tokens, cache))  # (b*k, V)
         vocab = lprobs.size(1)
         if step == 0:
-            check_beam(beam, nbest, tgt_vocab_size=vocab)
+            _refuse(beam_problem(beam, nbest, tgt_vocab_size=vocab))
         cand = lprobs.add_(cum.view(b * k, 1)).view(b, k, vocab)  # cum + log p: (b*k, V) -> (b, k, V)
         if step == 0:
             cand = cand[:, :1]  # (b, 1, V): the k beams are identical copies of BOS

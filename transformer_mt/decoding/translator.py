@@ -6,29 +6,33 @@ order); `Translator` adds the checkpoint, the tokenizers and the text rules:
 - a line longer than the model allows is truncated, and one warning line counts them;
 - n-best output is `INDEX<TAB>SCORE<TAB>TEXT`, K lines per input line, INDEX 0-based, best first.
 
-A `Translator` is read-only once built: each `translate` call returns its translations and its own
-`TranslateStats`, and the model's position table is sized when loading, so decoding never changes the
-model. Several threads may translate through one Translator at once (the HTTP server does).
+`load` (``transformer_mt.load``) builds a `Translator` from checkpoints. Its two ways to translate:
+`translate(lines, beam=None, lenpen=None, nbest=1)`, the Python API (the checkpoint's decode settings by
+default, plain texts back), and `translate_batch`, what the CLI, the server and the evaluation call (every
+setting explicit, n-best lists and this call's `TranslateStats` back).
+
+A `Translator` is read-only once built: each call returns its own translations and stats, and the
+model's position table is sized when loading, so decoding never changes the model. Several threads may
+translate through one Translator at once (the HTTP server does).
 """
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from dataclasses import dataclass
-from typing import Iterable, Iterator, NamedTuple, TextIO
+from typing import Iterable, Iterator, NamedTuple, Sequence, TextIO, Union, overload
 
 import torch
 
+from transformer_mt import runtime
 from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, model_weights, unpack_tokenizers
-from transformer_mt.config import Config
+from transformer_mt.config import Config, beam_problem, length_problem, lenpen_problem
 from transformer_mt.data import source_tensor
-from transformer_mt.decoding.search import Hypothesis, check_beam, search
+from transformer_mt.decoding.search import Hypothesis, SearchError, max_output_length, search
 from transformer_mt.errors import TmtError
 from transformer_mt.model import Ensemble, Transformer
-from transformer_mt.runtime import device as runtime
-from transformer_mt.text import Tokenizer, count_lines, file_chunks, stdin_chunks  # noqa: F401 - moved to textio; kept importable from here
+from transformer_mt.text import Tokenizer
 
 
 class TranslateError(TmtError, ValueError):
@@ -77,9 +81,9 @@ def translate_ids(
 
 def positions_needed(longest_src: int, *, max_len_a: float, max_len_b: int) -> int:
     """Positions a batch can use: its longest source (pieces + EOS) in the encoder, and in the decoder its
-    longest allowed output, floor(a * n + b) for n up to ``longest_src`` (search's rule, at least 1)."""
+    longest allowed output, ``max_output_length(n)`` for n up to ``longest_src``."""
     # a * n + b is linear in n: its largest value over 1..longest_src is at one of the two ends.
-    return max(longest_src, 1, *(math.floor(max_len_a * n + max_len_b) for n in (1, longest_src)))
+    return max(longest_src, *(max_output_length(n, max_len_a=max_len_a, max_len_b=max_len_b) for n in (1, longest_src)))
 
 
 def _token_batches(order: list[int], src_ids: list[list[int]], batch_tokens: int) -> Iterator[list[int]]:
@@ -97,13 +101,13 @@ def _token_batches(order: list[int], src_ids: list[list[int]], batch_tokens: int
 
 @dataclass(frozen=True)
 class TranslateStats:
-    """Counts of one ``Translator.translate`` call, or the sum of several (``a + b``), for the end-of-run
+    """Counts of one ``Translator.translate_batch`` call, or the sum of several (``a + b``), for the end-of-run
     report and the truncation warning."""
 
     lines: int = 0  # input lines, empty ones included
     truncated: int = 0  # lines cut to max_src_tokens
     tgt_tokens: int = 0  # generated tokens of the best hypotheses, + EOS each (fairseq's count)
-    seconds: float = 0.0  # wall time inside translate()
+    seconds: float = 0.0  # wall time inside translate_batch()
     max_src_tokens: int = 0  # the truncation limit the counts refer to
 
     def __add__(self, other: TranslateStats) -> TranslateStats:
@@ -127,10 +131,13 @@ class TranslateStats:
 
 
 class TranslationResult(NamedTuple):
-    """What one ``Translator.translate`` call returns; unpacks as ``hypotheses, stats``."""
+    """What one ``Translator.translate_batch`` call returns; unpacks as ``hypotheses, stats``."""
 
     hypotheses: list[list[tuple[float, str]]]  # per input line, in input order: n-best (score, text), best first
     stats: TranslateStats  # this call's counts only
+
+
+Translation = Union[str, list[tuple[float, str]]]  # Translator.translate's result per line: the text, or with nbest > 1 its n-best (score, text)
 
 
 class Translator:
@@ -145,7 +152,7 @@ class Translator:
         # The longest source the model accepts: learned positions have a fixed table; EOS takes one place.
         self.max_src_tokens = cfg.model.max_positions - 1 if max_src_tokens is None else max_src_tokens
         # Size the sinusoid table now for the longest source accepted and the longest output the decode
-        # settings allow, so that no translate() call (in any thread) ever has to grow it.
+        # settings allow, so that no translate call (in any thread) ever has to grow it.
         self.positions = positions_needed(self.max_src_tokens + 1, max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b)
         self.model.reserve_positions(self.positions)
 
@@ -189,7 +196,28 @@ class Translator:
         model = models[0] if len(models) == 1 else Ensemble(models)
         return cls(model, *toks, cfgs[0], device=dev, max_src_tokens=max_src)
 
-    def translate(
+    def decode_defaults(self, beam: int | None = None, lenpen: float | None = None) -> tuple[int, float]:
+        """``beam`` and ``lenpen``, each the checkpoint's ``decode`` setting when None."""
+        d = self.cfg.decode
+        return (d.beam if beam is None else beam), (d.lenpen if lenpen is None else lenpen)
+
+    @overload
+    def translate(self, lines: str, beam: int | None = None, lenpen: float | None = None, nbest: int = 1) -> Translation: ...
+    @overload
+    def translate(self, lines: Sequence[str], beam: int | None = None, lenpen: float | None = None, nbest: int = 1) -> list[Translation]: ...
+    def translate(self, lines: str | Sequence[str], beam: int | None = None, lenpen: float | None = None, nbest: int = 1) -> Translation | list[Translation]:
+        """Translations of ``lines``, in order: one ``str`` per line when ``nbest`` is 1, else one n-best list of
+        ``(score, text)`` per line, best first. A single ``str`` gives a single result. ``beam`` and ``lenpen``
+        default to the checkpoint's decode settings; the text rules are ``tmt translate``'s (an empty line
+        gives an empty translation, a line over the model's length is truncated). For the stats (lines
+        truncated, tokens, seconds) and the batch size, use :meth:`translate_batch`."""
+        beam, lenpen = self.decode_defaults(beam, lenpen)
+        batch = [lines] if isinstance(lines, str) else list(lines)
+        hypotheses = self.translate_batch(batch, beam=beam, lenpen=lenpen, nbest=nbest).hypotheses
+        out: list[Translation] = [nb[0][1] for nb in hypotheses] if nbest == 1 else list(hypotheses)
+        return out[0] if isinstance(lines, str) else out
+
+    def translate_batch(
         self,
         lines: list[str],
         *,
@@ -203,9 +231,15 @@ class Translator:
         """n-best (score, text) lists, one per input line, in input order (empty lines give [(0.0, "")] * nbest),
         and this call's stats. ``max_len_a`` / ``max_len_b`` override the checkpoint's decode settings
         within the positions sized at load time."""
-        check_beam(beam, nbest, tgt_vocab_size=self.tgt_tok.vocab_size)  # before encoding: --beam 100000 must not allocate first
+        # before encoding: --beam 100000 must not allocate first
+        problem = beam_problem(beam, nbest, tgt_vocab_size=self.tgt_tok.vocab_size) or lenpen_problem(lenpen)
+        if problem:
+            raise SearchError(str(problem))
         d = self.cfg.decode
         a, b = d.max_len_a if max_len_a is None else max_len_a, d.max_len_b if max_len_b is None else max_len_b
+        problem = length_problem(a, b)
+        if problem:
+            raise TranslateError(str(problem))
         if positions_needed(self.max_src_tokens + 1, max_len_a=a, max_len_b=b) > self.positions:
             raise TranslateError(
                 f"max_len_a={a:g} max_len_b={b} allow outputs longer than the {self.positions} positions this Translator "
@@ -243,6 +277,22 @@ class Translator:
         return TranslationResult(out, stats)
 
 
+def load(
+    path_or_paths: str | os.PathLike | Sequence[str | os.PathLike],
+    *,
+    device: str = "auto",
+    dtype: str = "float32",
+    threads: int = 0,
+    weights: str | None = None,
+) -> Translator:
+    """A :class:`Translator` for one checkpoint, or for a list of them decoded as an ensemble
+    (:meth:`Translator.from_checkpoints`): ``transformer_mt.load("checkpoint_best.pt").translate(["A man."])``.
+    ``device``: auto, cpu, cuda, cuda:N or mps; ``dtype``: float32, bfloat16 or float16 (GPU); ``threads``: CPU
+    threads (0 = torch's default); ``weights``: ema, raw or None (the EMA weights when a checkpoint has them)."""
+    paths = [path_or_paths] if isinstance(path_or_paths, (str, os.PathLike)) else list(path_or_paths)
+    return Translator.from_checkpoints(paths, device=device, dtype=dtype, threads=threads, weights=weights)
+
+
 def write_results(results: list[list[tuple[float, str]]], out: TextIO, *, nbest: int, first_index: int) -> None:
     for k, nb in enumerate(results):
         if nbest == 1:
@@ -259,7 +309,7 @@ def translate_stream(
     stats of all chunks together (their ``warning()`` is the end-of-run truncation line)."""
     index, total = 0, TranslateStats(max_src_tokens=translator.max_src_tokens)
     for chunk in lines:
-        results, stats = translator.translate(chunk, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens)
+        results, stats = translator.translate_batch(chunk, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens)
         write_results(results, out, nbest=nbest, first_index=index)
         out.flush()
         index += len(chunk)

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from transformer_mt.config import to_dict
+from transformer_mt.config import beam_problem, to_dict
 from transformer_mt.decoding import Translator
 from transformer_mt.errors import TmtError
 from transformer_mt.serve import ServeError, ServeOptions
@@ -83,7 +83,7 @@ def _translate_fn(tr: Translator):
     calls, so the one worker thread per model could become several without a lock."""
 
     def run(lines: list[str], *, beam: int, lenpen: float, nbest: int) -> list:
-        return tr.translate(lines, beam=beam, lenpen=lenpen, nbest=nbest).hypotheses
+        return tr.translate_batch(lines, beam=beam, lenpen=lenpen, nbest=nbest).hypotheses
 
     return run
 
@@ -182,12 +182,12 @@ def _pick_model(by_name: dict[str, ServedModel], name: str | None, *, default: S
 
 
 def _decode_settings(tr: Translator, req: TranslateRequest, options: ServeOptions) -> tuple[int, float]:
-    beam = tr.cfg.decode.beam if req.beam is None else req.beam
-    lenpen = tr.cfg.decode.lenpen if req.lenpen is None else req.lenpen
-    if not 1 <= beam <= options.max_beam:
-        raise ApiError(422, f"beam: {beam} is out of range; use 1 (greedy) to {options.max_beam} (--max-beam)")
-    if not 1 <= req.nbest <= beam:
-        raise ApiError(422, f"nbest: {req.nbest} is out of range; use 1 to the beam size ({beam})")
+    """The request's beam and lenpen (the checkpoint's when absent), checked before the request is queued:
+    beam within --max-beam and the target vocabulary, 1 <= nbest <= beam (lenpen is finite by the schema)."""
+    beam, lenpen = tr.decode_defaults(req.beam, req.lenpen)
+    problem = beam_problem(beam, req.nbest, tgt_vocab_size=tr.tgt_tok.vocab_size, limit=options.max_beam)
+    if problem:
+        raise ApiError(422, f"{problem.key}: {problem.value} {problem.reason}")
     return beam, lenpen
 
 

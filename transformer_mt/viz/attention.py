@@ -126,6 +126,7 @@ def sentence_maps(translator, source: str, *, reference: str | None = None, beam
     if not hasattr(translator.model, "attention"):
         raise VizError("attention maps are drawn for one model, not an ensemble; give one checkpoint (-c)")
     src_tok, tgt_tok, d = translator.src_tok, translator.tgt_tok, translator.cfg.decode
+    beam, lenpen = translator.decode_defaults(beam, lenpen)
     src_ids = src_tok.encode([source])[0][: translator.max_src_tokens]
     if reference is not None:
         tgt_ids = tgt_tok.encode([reference])[0]
@@ -133,8 +134,8 @@ def sentence_maps(translator, source: str, *, reference: str | None = None, beam
         hyp = translate_ids(
             translator.model,
             [src_ids],
-            beam=d.beam if beam is None else beam,
-            lenpen=d.lenpen if lenpen is None else lenpen,
+            beam=beam,
+            lenpen=lenpen,
             max_len_a=d.max_len_a,
             max_len_b=d.max_len_b,
             device=translator.device,
