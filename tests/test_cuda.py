@@ -1,4 +1,4 @@
-"""The CUDA paths (issue 21). Tests marked ``cuda`` need a CUDA GPU and are skipped without one (conftest);
+"""The CUDA paths. Tests marked ``cuda`` need a CUDA GPU and are skipped without one (conftest);
 the rest check on any machine what a CPU can of those paths: the GPU benchmark's plan, ``train.dtype: auto``.
 
 On a GPU host: ``pytest -m cuda tests/test_cuda.py`` (and the whole suite passes there too: every other test
@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from tests.conftest import run_config, tiny_model, tokens
+from transformer_mt import runtime
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import load_config
 from transformer_mt.decoding import beam_search, greedy_search
 from transformer_mt.runtime import SyncCounter, per_call
-from transformer_mt.runtime import device as runtime
 from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.training import Trainer, resumed_config, target_tokens, train, update_schedule
 

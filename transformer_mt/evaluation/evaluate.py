@@ -22,13 +22,13 @@ from typing import Any, Sequence
 
 import torch
 
+from transformer_mt import runtime
 from transformer_mt.config import DecodeConfig
 from transformer_mt.data import ParallelData
 from transformer_mt.decoding import TranslateStats, Translator, translate_ids, translate_stream
 from transformer_mt.errors import TmtError
 from transformer_mt.evaluation.metrics import read_lines, score
 from transformer_mt.model import TeacherForcedLoss, Transformer
-from transformer_mt.runtime import device as runtime
 from transformer_mt.text import Tokenizer, file_chunks, safe_output
 
 

@@ -51,6 +51,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from transformer_mt import runtime
 from transformer_mt.checkpoint import (
     config_from_checkpoint,
     copy_checkpoint,
@@ -69,7 +70,6 @@ from transformer_mt.decoding import max_beam
 from transformer_mt.errors import TmtError
 from transformer_mt.evaluation import BleuSet, bleu_set, checked_validation_set, validation_bleu, validation_loss
 from transformer_mt.model import TeacherForcedLoss, Transformer, count_parameters
-from transformer_mt.runtime import device as runtime
 from transformer_mt.runtime import flops
 from transformer_mt.text import Tokenizer
 from transformer_mt.training.ema import EMA
