@@ -38,7 +38,7 @@ def counted(fn) -> int:
     aten = torch.ops.aten
     mapping = {}
     if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
-        mapping[aten._scaled_dot_product_flash_attention_for_cpu] = lambda q, k, v, *a, out_shape=None, **kw: sdpa_flop_count(q, k, v)  # noqa: ARG005
+        mapping[aten._scaled_dot_product_flash_attention_for_cpu] = lambda q, k, v, *a, out_shape=None, **kw: sdpa_flop_count(q, k, v)
     with FlopCounterMode(display=False, custom_mapping=mapping) as counter:
         fn()
     return counter.get_total_flops()

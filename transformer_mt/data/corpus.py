@@ -189,7 +189,7 @@ def load_parallel(
     rank 0 build the cache before the others load it (concurrent builds are safe, only wasteful).
     """
     if not str(cache_dir):
-        raise ValueError("cache_dir is empty; pass a directory (train.py uses <train.out_dir>/cache)")
+        raise ValueError("cache_dir is empty; pass a directory (load_corpora uses data.cache_dir, else <train.out_dir>/cache)")
     src_path, tgt_path = Path(src_path), Path(tgt_path)
     for path in (src_path, tgt_path):
         if not path.is_file():

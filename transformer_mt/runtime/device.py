@@ -74,8 +74,8 @@ def auto_dtype(device: torch.device, *, d_model: int) -> str:
       else float32 (with TF32 where the GPU has it);
     - CPU: bfloat16 only for models at least AUTO_BF16_CPU_MIN_D_MODEL wide on a CPU whose bfloat16
       matmul peak (measured once and cached, :func:`transformer_mt.runtime.flops.cached_peak`) is at least
-      AUTO_BF16_CPU_SPEEDUP x its float32 peak (CPUs with AMX); without AMX bf16 GEMMs run at about half
-      the float32 rate, so float32;
+      AUTO_BF16_CPU_SPEEDUP x its float32 peak (CPUs with bfloat16 matrix instructions, such as AMX or
+      AVX512-BF16), else float32 (where bfloat16 matmuls are emulated they can run below the float32 rate);
     - anything else (MPS): float32.
     """
     if device.type == "cuda":

@@ -75,7 +75,7 @@ _ALWAYS = {
 _PACKAGE = str(Path(__file__).resolve().parent.parent)  # the transformer_mt package
 
 
-def _has_bool_index(indices) -> bool:  # noqa: ANN001 - a list of optional tensors
+def _has_bool_index(indices) -> bool:  # indices: a list of optional tensors
     return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ())
 
 
@@ -111,7 +111,7 @@ class SyncCounter(TorchDispatchMode):
             frame = frame.f_back
         self.sites[(kind, site)] += 1
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 - the dispatch signature
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # the dispatch signature
         kwargs = kwargs or {}
         name = func._schema.name
         short = name.split("::", 1)[-1]
@@ -127,7 +127,7 @@ class SyncCounter(TorchDispatchMode):
             self._count_copy(short, args, kwargs)
         return func(*args, **kwargs)
 
-    def _count_copy(self, short: str, args, kwargs) -> None:  # noqa: ANN001
+    def _count_copy(self, short: str, args, kwargs) -> None:
         src = args[0] if short == "_to_copy" else args[1]
         dst = kwargs.get("device") if short == "_to_copy" else args[0].device
         if not isinstance(src, torch.Tensor) or dst is None:
@@ -144,7 +144,7 @@ class SyncCounter(TorchDispatchMode):
             original = getattr(torch.Tensor, method)
             self._patched[method] = original
 
-            def wrapped(tensor, *a, _original=original, _kind=method, **kw):  # noqa: ANN001, ANN202
+            def wrapped(tensor, *a, _original=original, _kind=method, **kw):
                 if tensor.device.type == "cpu":  # a device tensor's copy to the host is counted as to_host instead
                     self._count(_kind)
                 return _original(tensor, *a, **kw)
@@ -173,7 +173,7 @@ def per_call(obj: object, method: str, fn: Callable[[], T]) -> tuple[T, SyncCoun
     original, own = getattr(obj, method), method in vars(obj)  # own: set on the instance, not the class's method
     with SyncCounter() as counter:
 
-        def marked(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202 - passes everything through
+        def marked(*args, **kwargs):  # passes everything through
             marks.append(counter.total)
             return original(*args, **kwargs)
 
