@@ -199,7 +199,7 @@ def test_sweep_writes_the_table_with_parameters_of_the_trained_models(base_yaml,
 
 @pytest.mark.slow
 def test_killed_sweep_continues_where_it_stopped(base_yaml, tmp_path, capsys, monkeypatch):
-    import transformer_mt.training.trainer as train_module
+    import transformer_mt.training as train_module
 
     out = tmp_path / "sweep"
     variations = tmp_path / "rows.yaml"

@@ -1,4 +1,4 @@
-"""`tmt sweep`: Table 3's variations of a base config, trained for one budget each (transformer_mt.sweep.sweep)."""
+"""`tmt sweep`: Table 3's variations of a base config, trained for one budget each (transformer_mt.sweep)."""
 
 from __future__ import annotations
 
