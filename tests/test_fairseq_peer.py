@@ -1,4 +1,4 @@
-"""scripts/fairseq_peer.py (``benchmark.py --peer fairseq``, issue 22): the fairseq command trains the issue's
+"""scripts/benchmarking's fairseq peer (``benchmark.py --peer fairseq``): the fairseq command trains the side-by-side
 config, the JSON-log parser's tokens/s on a hand-written excerpt, the dictionary keeps sentencepiece's ids, a
 missing side environment is one line. Tests that need the side environment (scripts/fairseq_env.sh) skip without it."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
+import importlib
 import json
 import subprocess
 import sys
@@ -20,10 +20,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def load_peer():
-    spec = importlib.util.spec_from_file_location("fairseq_peer", REPO / "scripts" / "fairseq_peer.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """scripts/benchmarking, the package behind scripts/benchmark.py (found beside it, as the script finds it)."""
+    scripts = REPO / "scripts"
+    if str(scripts) not in sys.path:
+        sys.path.insert(0, str(scripts))
+    return importlib.import_module("benchmarking")
 
 
 peer = load_peer()
@@ -108,17 +109,17 @@ def parse_flags(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def test_command_trains_the_issues_config():
+def test_command_trains_the_side_by_side_config():
     argv = command()
     assert Path(argv[0]) == Path("/env/bin/fairseq-train")
     a = parse_flags(argv[1:])  # an unknown flag would fail here too
-    # issue 22: 3+3 layers, d_model 256, d_ff 1024, 4 heads, post-norm, dropout 0.1, shared embeddings, 4,096-token
+    # the side-by-side config: 3+3 layers, d_model 256, d_ff 1024, 4 heads, post-norm, dropout 0.1, shared embeddings, 4,096-token
     # batches, Adam (0.9, 0.98), inverse_sqrt warm-up 1,000 at 5e-4, label smoothing 0.1, fp32, CPU
     assert (a.encoder_layers, a.decoder_layers, a.encoder_embed_dim, a.decoder_embed_dim) == (3, 3, 256, 256)
     assert (a.encoder_ffn_embed_dim, a.decoder_ffn_embed_dim, a.encoder_attention_heads, a.decoder_attention_heads) == (1024, 1024, 4, 4)
     assert not a.encoder_normalize_before and not a.decoder_normalize_before  # post-norm is fairseq's default
     assert (a.dropout, a.attention_dropout) == (0.1, 0.0)
-    assert a.activation_dropout == 0.1  # the issue's tmt command keeps multi30k_reference.yaml's activation_dropout
+    assert a.activation_dropout == 0.1  # the peer config keeps multi30k_reference.yaml's activation_dropout
     assert a.share_all_embeddings and a.arch == "transformer" and a.activation_fn == "relu"
     assert a.max_tokens == 4096 and a.required_batch_size_multiple == 1 and a.update_freq == 1
     assert a.optimizer == "adam" and tuple(json.loads(a.adam_betas.replace("(", "[").replace(")", "]"))) == (0.9, 0.98) and a.adam_eps == 1e-9

@@ -1,0 +1,145 @@
+"""``scripts/benchmark.py``'s command line: parse, prepare the data, run the plan, write the report."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from benchmarking import peer
+from benchmarking.markdown import render_markdown
+from benchmarking.plan import cpu_plan, ctranslate2_specs, cuda_plan
+from benchmarking.report import cpu_report, cuda_report
+from benchmarking.runner import run_each, run_phase_file, run_specs
+from benchmarking.settings import FALLBACK_CONFIG, FULL, QUICK, RECIPE_CONFIG, REFERENCE_VOCAB, REPO, gpu_bf16_peak, sizes_for
+from benchmarking.specs import prepare_data
+from transformer_mt.config import Config, load_config
+
+DESCRIPTION = "Benchmark transformer_mt on this machine; writes <out>/benchmark.json and <out>/benchmark.md."
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", type=Path, default=RECIPE_CONFIG, help="recipe config (default configs/multi30k_en_de.yaml, else multi30k_small.yaml)")
+    p.add_argument("--data", type=Path, default=None, help="Multi30k directory (default ../shared/data/multi30k beside the repo, else data/multi30k)")
+    p.add_argument("--out", type=Path, default=Path("bench"), help="output directory; also holds the cached tokenizer and corpus")
+    p.add_argument("--threads", type=int, default=2, help="torch CPU threads in every phase")
+    p.add_argument("--warmup", type=int, default=None, help=f"untimed updates per training run (default {FULL.warmup}, quick {QUICK.warmup})")
+    p.add_argument("--updates", type=int, default=None, help=f"timed updates per training run (default {FULL.updates}, quick {QUICK.updates})")
+    p.add_argument("--sentences", type=int, default=None, help="test sentences translated (default all 1000, quick 20)")
+    p.add_argument("--checkpoint", type=Path, default=None, help="the trained recipe model: its translation speed is timed too")
+    p.add_argument(
+        "--reference-checkpoint",
+        type=Path,
+        default=None,
+        help="a trained 3+3/d256 model, the size of the quoted fairseq beam-5 figure (else the benchmark's barely trained one)",
+    )
+    p.add_argument("--ctranslate2", action="store_true", help="also decode each translated checkpoint with CTranslate2 (needs the export extra)")
+    p.add_argument("--quick", action="store_true", help="tiny models and sizes, seconds: checks the script, measures nothing")
+    p.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: the GPU plan (base and big at 25k-token batches, bf16 and fp32+TF32, the recipe; MFU, peak GPU memory)",
+    )
+    p.add_argument("--compile", action="store_true", help="--device cuda: also train base and big in bf16 with torch.compile")
+    p.add_argument("--peak-tflops", type=float, default=0.0, help="--device cuda: the bf16 dense peak for MFU (default: datasheet table)")
+    p.add_argument("--dry-run", action="store_true", help="print the phases as JSON and exit: nothing is trained, measured or put on a GPU")
+    peer.add_arguments(p)  # --peer, --fairseq-env, --peer-updates, --only
+    p.add_argument("--phase", type=Path, default=None, help=argparse.SUPPRESS)  # internal: run one phase's spec
+    return p
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The options with their defaults filled in (per --quick and --device); a bad combination exits with the usage line."""
+    p = build_parser()
+    args = p.parse_args(argv)
+    sizes = sizes_for(device=args.device, quick=args.quick)
+    args.warmup = sizes.warmup if args.warmup is None else args.warmup
+    args.updates = sizes.updates if args.updates is None else args.updates
+    args.sentences = sizes.sentences if args.sentences is None else args.sentences
+    if args.data is None:
+        shared = REPO.parent / "shared" / "data" / "multi30k"
+        args.data = shared if shared.is_dir() else REPO / "data" / "multi30k"
+    if args.device == "cpu" and (args.compile or args.peak_tflops):
+        p.error("--compile and --peak-tflops go with --device cuda")
+    if args.device == "cuda" and (args.ctranslate2 or args.reference_checkpoint):
+        p.error("--ctranslate2 and --reference-checkpoint are CPU comparisons; leave them out with --device cuda")
+    if args.device == "cuda" and not args.dry_run and args.phase is None and not torch.cuda.is_available():
+        p.error("--device cuda: torch sees no CUDA GPU here (--dry-run prints the plan without one)")
+    for key in ("threads", "warmup", "updates"):
+        if getattr(args, key) < 1:
+            p.error(f"--{key} must be at least 1, got {getattr(args, key)}")
+    if args.sentences < 0:
+        p.error(f"--sentences must be 0 (all) or positive, got {args.sentences}")
+    for key in ("checkpoint", "reference_checkpoint"):
+        path = getattr(args, key)
+        if path is not None and not path.is_file():
+            p.error(f"--{key.replace('_', '-')} {path}: file not found")
+    peer.check_arguments(p, args)
+    return args
+
+
+def dry_run(args: argparse.Namespace) -> list[dict]:
+    """The phases the run would take, in order, with placeholder data paths (nothing prepared or run)."""
+    recipe = load_config(args.config if args.config.is_file() else FALLBACK_CONFIG, check_files=False)
+    sizes, data = sizes_for(device=args.device, quick=args.quick), args.out / "<prepared>"
+    paths = dict(spm=data / "spm.model", src=data / "train.en", tgt=data / "train.de", test_src=args.data / "test_2016_flickr.en")
+    if args.device == "cuda":
+        return cuda_plan(args, sizes, recipe, **paths)
+    raise SystemExit("benchmark: --dry-run lists the --device cuda plan; the CPU plan is in the benchmarking package's docstring")
+
+
+def recipe_config(args: argparse.Namespace) -> tuple[Path, str, Config]:
+    """(path, note, config) of the recipe model: --config, or multi30k_small.yaml when the default recipe is absent."""
+    config, note = args.config, ""
+    if not config.is_file() and config.resolve() == RECIPE_CONFIG:
+        config, note = FALLBACK_CONFIG, f"{RECIPE_CONFIG.relative_to(REPO)} not found: recipe model from {FALLBACK_CONFIG.relative_to(REPO)}"
+        print(f"benchmark: {note}", file=sys.stderr)
+    return config, note, load_config(config, check_files=False)
+
+
+def run_all(args: argparse.Namespace) -> dict:
+    """Prepare the data, run every phase of the plan, and return the report (benchmark.json's content)."""
+    sizes = sizes_for(device=args.device, quick=args.quick)
+    config, note, recipe = recipe_config(args)
+    test_src = args.data / "test_2016_flickr.en"
+    for path in (args.data / "train.en", args.data / "train.de", test_src):
+        if not path.is_file():
+            raise SystemExit(f"benchmark: {path} not found; pass --data DIR holding Multi30k (scripts/prepare_multi30k.sh downloads it)")
+    load_start = os.getloadavg()
+    spm, src, tgt = prepare_data(args, recipe, sizes, sizes.spm_vocab or recipe.tokenizer.vocab_size)
+    where = dict(config=config, note=note, spm=spm, test_src=test_src)
+    if args.device == "cuda":
+        matmul, phases = run_specs(cuda_plan(args, sizes, recipe, spm=spm, src=src, tgt=tgt, test_src=test_src), args.out)
+        gpu = next((res["gpu"] for _, res in phases if "gpu" in res), torch.cuda.get_device_name() if torch.cuda.is_available() else "?")
+        peak = gpu_bf16_peak(gpu, matmul["bfloat16"]["gflops"], args.peak_tflops)
+        return cuda_report(args, load_start=load_start, matmul=matmul, phases=phases, gpu=gpu, peak=peak, **where)
+    ref_spm = prepare_data(args, recipe, sizes, sizes.spm_vocab or REFERENCE_VOCAB)[0]
+    matmul, phases = run_specs(cpu_plan(args, sizes, recipe, spm=spm, ref_spm=ref_spm, src=src, tgt=tgt, test_src=test_src), args.out)
+    ct2 = run_each(ctranslate2_specs(args, test_src), args.out, label="ctranslate2") if args.ctranslate2 else []
+    return cpu_report(args, load_start=load_start, matmul=matmul, phases=phases, ct2_phases=ct2, **where)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.phase is not None:
+        run_phase_file(args.phase)
+        return
+    if args.dry_run:
+        print(json.dumps(dry_run(args), indent=1, default=str))
+        return
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.out, args.data = args.out.resolve(), args.data.resolve()
+    args.checkpoint = args.checkpoint.resolve() if args.checkpoint else None
+    args.reference_checkpoint = args.reference_checkpoint.resolve() if args.reference_checkpoint else None
+    report = run_all(args)
+    (args.out / "benchmark.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    markdown = peer.render(report).lstrip() if args.only == "peer" else render_markdown(report) + peer.render(report)
+    (args.out / "benchmark.md").write_text(markdown, encoding="utf-8")
+    print(markdown)
+    print(f"benchmark: wrote {args.out / 'benchmark.json'} and {args.out / 'benchmark.md'}", file=sys.stderr)
