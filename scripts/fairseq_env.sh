@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create the fairseq side environment that `scripts/benchmark.py --peer fairseq` trains the peer in (issue 22).
+# Create the fairseq side environment that `scripts/benchmark.py --peer fairseq` trains the peer in.
 #
 #   scripts/fairseq_env.sh [DIR]        DIR default: $FAIRSEQ_ENV, else .venv-fairseq in the repo root
 #

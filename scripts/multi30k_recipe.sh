@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Multi30k recipe end to end, for any language pair (issues 6, 20): data, training (at most 60 minutes
+# The Multi30k recipe end to end, for any language pair: data, training (at most 60 minutes
 # on CPU), the decoding choices made on val only, then scores on the test sets.
 #
 #   bash scripts/multi30k_recipe.sh [--src XX --tgt YY] [--from DIR | --data DIR] [--run DIR] [--config FILE]
@@ -97,9 +97,9 @@ done
 if [ "$numbered" -ge 4 ]; then
   names+=(ens4)
   if [ "$dry" = 1 ]; then models+=("-c $run/NEWEST1.pt -c $run/NEWEST2.pt -c $run/NEWEST3.pt -c $run/NEWEST4.pt")
-  else models+=("$($py -c "from transformer_mt.checkpoint.io import last_checkpoints; print(' '.join(f'-c {p}' for p in last_checkpoints('$run', 4)))")"); fi
+  else models+=("$($py -c "from transformer_mt.checkpoint import last_checkpoints; print(' '.join(f'-c {p}' for p in last_checkpoints('$run', 4)))")"); fi
 fi
-# LAWA (issue 20): with train.keep_every=K, the average of the 4 newest checkpoints at multiples of K, a wider
+# LAWA: with train.keep_every=K, the average of the 4 newest checkpoints at multiples of K, a wider
 # window than the newest 4 or 8 (read from the run's saved config; a dry run reads --config and --set)
 # (the saved config already holds the --set values it was trained with; on a resume they are ignored, as above)
 if [ -f "$run/config.yaml" ]; then cfg_args=("$run/config.yaml")

@@ -1,20 +1,21 @@
 #!/usr/bin/env python
-"""Where a training update's time goes (issue 22): torch.profiler over `tmt train`'s own loop.
+"""Where a training update's time goes: torch.profiler over `tmt train`'s own loop.
 
     python scripts/profile_train.py [--model reference|recipe] [--warmup 20] [--updates 30] [--threads 2]
                                     [--set section.key=value ...] [--out prof] [--trace]
 
-Trains through :class:`transformer_mt.training.trainer.Trainer` (its ``on_update`` hook starts the profiler after
-``--warmup`` updates and stops it after ``--updates`` more) on the real Multi30k batches, then prints
-one table: the operators by self CPU time, grouped into what the issue asks about (matmuls, attention,
-element-wise passes, LayerNorm, dropout, softmax/loss, embedding, optimizer step, the rest), each as a
-share of the profiled wall time; "outside operators" is wall time no aten operator accounts for
-(Python, collation, the data loader, the profiler's own cost). The top operators follow.
+Trains through :class:`transformer_mt.training.Trainer` (its ``on_update`` hook starts the profiler after
+``--warmup`` updates and stops it after ``--updates`` more) on the real Multi30k batches, then prints one
+table: the operators by self CPU time, grouped by kind (matmuls, attention, element-wise passes,
+LayerNorm, dropout, softmax/loss, embedding, optimizer step, the rest), each as a share of the profiled
+wall time; "outside operators" is wall time no aten operator accounts for (Python, collation, the data
+loader, the profiler's own cost). The top operators follow.
 
-Models: ``reference`` is issue 22's side-by-side config (3+3 layers, d_model 256, d_ff 1024, 4 heads,
-post-norm, dropout 0.1, 4,096-token batches, inverse_sqrt warm-up 1,000, lr 5e-4, fp32);
-``recipe`` is configs/multi30k_en_de.yaml. ``--set`` overrides either. The profiler costs a few per cent
-of the step; compare shares before and after a change, not absolute times with the benchmark's.
+Models: ``reference`` is configs/multi30k_reference.yaml with REFERENCE below (3+3 layers, d_model 256,
+d_ff 1024, 4 heads, post-norm, dropout 0.1, no activation dropout, 4,096-token batches, inverse_sqrt
+warm-up 1,000, lr 5e-4, fp32); ``recipe`` is configs/multi30k_en_de.yaml. ``--set`` overrides either.
+The profiler costs a few per cent of the step; compare shares before and after a change, not absolute
+times with the benchmark's.
 """
 
 from __future__ import annotations
@@ -114,7 +115,7 @@ def leaf_self_times(prof) -> dict[str, float]:
     return dict(times)
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", choices=("reference", "recipe"), default="reference")
     p.add_argument("--warmup", type=int, default=20, help="untimed updates before the profiler starts")
@@ -124,34 +125,30 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, default=Path("prof"))
     p.add_argument("--trace", action="store_true", help="also write a Chrome trace (<out>/<model>.trace.json)")
     p.add_argument("--top", type=int, default=15, help="operators listed")
-    args = p.parse_args(argv)
-    total = args.warmup + args.updates
-    cfg = build_config(args.model, args.overrides, out=args.out, threads=args.threads, total=total)
+    return p.parse_args(argv)
+
+
+def profile_updates(cfg, *, warmup: int, total: int) -> tuple[profile, float, int]:
+    """(profiler, wall microseconds, target tokens) of updates warmup+1..total of ``tmt train``'s loop on ``cfg``."""
     shutil.rmtree(cfg.train.out_dir, ignore_errors=True)
     prof = profile(activities=[ProfilerActivity.CPU])
     marks, tokens = {}, []
 
     def on_update(update: int, stats: dict) -> None:
-        if update == args.warmup:
+        if update == warmup:
             marks["start"] = time.perf_counter()
             prof.start()
-        elif update > args.warmup:
+        elif update > warmup:
             tokens.append(stats["ntokens"])
             if update == total:
                 prof.stop()
                 marks["stop"] = time.perf_counter()
 
-    trainer = Trainer(cfg, resume=False, on_update=on_update)
-    trainer.run()
-    wall_us = (marks["stop"] - marks["start"]) * 1e6
-    times = leaf_self_times(prof)
-    grouped = collections.Counter()
-    for name, us in times.items():
-        grouped[group_of(name)] += us
-    accounted = sum(grouped.values())
-    # Self times of all threads add up; with intra-op threads the ops' self time is the calling thread's.
-    rows = sorted(grouped.items(), key=lambda kv: -kv[1]) + [("outside operators", max(0.0, wall_us - accounted))]
-    ntok = sum(tokens)
+    Trainer(cfg, resume=False, on_update=on_update).run()
+    return prof, (marks["stop"] - marks["start"]) * 1e6, sum(tokens)
+
+
+def print_tables(args: argparse.Namespace, rows: list[tuple[str, float]], times: dict[str, float], *, wall_us: float, ntok: int) -> None:
     print(
         f"# {args.model}: {args.updates} updates profiled after {args.warmup}, {ntok} target tokens, "
         f"{wall_us / 1e3 / args.updates:.1f} ms per update, {ntok / (wall_us / 1e6):.0f} target tokens/s (under the profiler), "
@@ -163,6 +160,21 @@ def main(argv: list[str] | None = None) -> None:
     print("\n| top operators (self CPU) | ms per update | share of wall |\n| --- | ---: | ---: |")
     for name, us in sorted(times.items(), key=lambda kv: -kv[1])[: args.top]:
         print(f"| {name} | {us / 1e3 / args.updates:.2f} | {us / wall_us:.1%} |")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    total = args.warmup + args.updates
+    cfg = build_config(args.model, args.overrides, out=args.out, threads=args.threads, total=total)
+    prof, wall_us, ntok = profile_updates(cfg, warmup=args.warmup, total=total)
+    times = leaf_self_times(prof)
+    grouped = collections.Counter()
+    for name, us in times.items():
+        grouped[group_of(name)] += us
+    accounted = sum(grouped.values())
+    # Self times of all threads add up; with intra-op threads the ops' self time is the calling thread's.
+    rows = sorted(grouped.items(), key=lambda kv: -kv[1]) + [("outside operators", max(0.0, wall_us - accounted))]
+    print_tables(args, rows, times, wall_us=wall_us, ntok=ntok)
     args.out.mkdir(parents=True, exist_ok=True)
     report = {"model": args.model, "updates": args.updates, "wall_us": wall_us, "target_tokens": ntok, "groups": dict(rows), "ops": times}
     (args.out / f"{args.model}.profile.json").write_text(json.dumps(report, indent=1))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Put a `tmt sweep` of the default Table 3 rows beside the paper's Table 3 (issue 20).
+"""Put a `tmt sweep` of the default Table 3 rows beside the paper's Table 3.
 
     python scripts/table3_vs_paper.py runs/table3/table3.json [-o docs/table3.md] [--header TEXT]
 

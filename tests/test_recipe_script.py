@@ -36,7 +36,7 @@ def dry_run(*args: str, cwd: Path = REPO) -> tuple[int, list[list[str]], str]:
 def options(cmd: list[str]) -> dict[str, list[str]]:
     """Each option of a command with its values, in order (--set values as a list)."""
     out: dict[str, list[str]] = {}
-    for flag, value in zip(cmd, cmd[1:]):
+    for flag, value in zip(cmd, cmd[1:], strict=False):
         if flag.startswith("-") and not value.startswith("-"):
             out.setdefault(flag, []).append(value)
     return out
