@@ -14,12 +14,14 @@ from transformer_mt.decoding.search import (
     search,
 )
 from transformer_mt.decoding.translator import (
+    CheckpointModel,
     TranslateError,
     TranslateStats,
     Translation,
     TranslationResult,
     Translator,
     load,
+    model_from_checkpoint,
     positions_needed,
     translate_ids,
     translate_stream,
@@ -27,6 +29,7 @@ from transformer_mt.decoding.translator import (
 
 __all__ = [
     "Candidate",
+    "CheckpointModel",
     "Hypothesis",
     "MbrError",
     "SearchCache",
@@ -44,6 +47,7 @@ __all__ = [
     "max_beam",
     "max_output_length",
     "mbr_choose",
+    "model_from_checkpoint",
     "mbr_files",
     "pool_weights",
     "positions_needed",

@@ -39,6 +39,37 @@ class TranslateError(TmtError, ValueError):
     """A translation problem worded for the user."""
 
 
+class CheckpointModel(NamedTuple):
+    """The model a checkpoint holds, rebuilt on the CPU in float32, with its config and tokenizers."""
+
+    model: Transformer
+    cfg: Config
+    src_tok: Tokenizer
+    tgt_tok: Tokenizer
+    source: str  # the checkpoint's path, for messages
+
+
+def model_from_checkpoint(path: str | os.PathLike, *, weights: str | None = None, tokenizers_of: CheckpointModel | None = None) -> CheckpointModel:
+    """Rebuild a checkpoint's model with ``weights`` "ema", "raw" or None (its EMA weights when it has them,
+    what `tmt translate` decodes with; checkpoint.model_weights). With ``tokenizers_of`` (an ensemble's first
+    member), the checkpoint must hold the same sentencepiece models, checked before the model is built, and
+    shares that member's tokenizers."""
+    state = load_checkpoint(path)
+    cfg = config_from_checkpoint(state, source=str(path))
+    protos = unpack_tokenizers(state, source=str(path))
+    if tokenizers_of is None:
+        src_tok, tgt_tok = Tokenizer(protos[0]), Tokenizer(protos[1])
+    elif protos == (tokenizers_of.src_tok.proto, tokenizers_of.tgt_tok.proto):
+        src_tok, tgt_tok = tokenizers_of.src_tok, tokenizers_of.tgt_tok
+    else:
+        raise TranslateError(
+            f"{path}: its sentencepiece models differ from those of {tokenizers_of.source}; an ensemble needs checkpoints trained with the same tokenizer"
+        )
+    model = Transformer(cfg.model, src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size)
+    model.load_state_dict(model_weights(state, weights=weights, source=str(path)))
+    return CheckpointModel(model, cfg, src_tok, tgt_tok, str(path))
+
+
 def translate_ids(
     model: Transformer | Ensemble,
     src_ids: list[list[int]],
@@ -174,27 +205,18 @@ class Translator:
         dev = runtime.pick_device(device)
         torch_dtype = runtime.check_dtype(dtype, dev)
         runtime.set_threads(threads)
-        models, cfgs, first_protos, toks = [], [], None, None
+        members: list[CheckpointModel] = []
+        models = []
         for path in paths:
-            state = load_checkpoint(path)
-            cfg = config_from_checkpoint(state, source=str(path))
-            protos = unpack_tokenizers(state, source=str(path))
-            if first_protos is None:
-                first_protos, toks = protos, (Tokenizer(protos[0]), Tokenizer(protos[1]))  # loaded once, shared
-            elif protos != first_protos:
-                raise TranslateError(
-                    f"{path}: its sentencepiece models differ from those of {paths[0]}; an ensemble needs checkpoints trained with the same tokenizer"
-                )
-            model = Transformer(cfg.model, src_vocab_size=toks[0].vocab_size, tgt_vocab_size=toks[1].vocab_size)
-            model.load_state_dict(model_weights(state, weights=weights, source=str(path)))
-            del state
+            member = model_from_checkpoint(path, weights=weights, tokenizers_of=members[0] if members else None)
             # Inference in reduced precision: cast the weights once (cheaper per step than autocast); LayerNorm
             # and the sinusoid table stay float32 (Transformer.cast_weights).
-            models.append(model.to(dev).cast_weights(torch_dtype))
-            cfgs.append(cfg)
-        max_src = min(c.model.max_positions for c in cfgs) - 1
+            models.append(member.model.to(dev).cast_weights(torch_dtype))
+            members.append(member)
+        first = members[0]  # its tokenizers serve every member (loaded once); its decode settings are the defaults
+        max_src = min(m.cfg.model.max_positions for m in members) - 1
         model = models[0] if len(models) == 1 else Ensemble(models)
-        return cls(model, *toks, cfgs[0], device=dev, max_src_tokens=max_src)
+        return cls(model, first.src_tok, first.tgt_tok, first.cfg, device=dev, max_src_tokens=max_src)
 
     def decode_defaults(self, beam: int | None = None, lenpen: float | None = None) -> tuple[int, float]:
         """``beam`` and ``lenpen``, each the checkpoint's ``decode`` setting when None."""

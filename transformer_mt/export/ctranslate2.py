@@ -43,9 +43,8 @@ import numpy as np
 import torch
 
 from transformer_mt import __version__
-from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, model_weights, unpack_tokenizers
 from transformer_mt.config import Config
-from transformer_mt.decoding import positions_needed
+from transformer_mt.decoding import model_from_checkpoint, positions_needed
 from transformer_mt.export import ExportError
 from transformer_mt.model import MultiHeadAttention, ScaleNorm, Transformer, sinusoids
 from transformer_mt.text import BOS_ID, EOS_ID, UNK_ID, Tokenizer
@@ -77,13 +76,8 @@ def export_ctranslate2(checkpoint: str | os.PathLike, out_dir: str | os.PathLike
     out = Path(out_dir)
     if out.exists() and not force:
         raise ExportError(f"{out}: already exists; choose another -o directory or pass --force to replace it")
-    state = load_checkpoint(checkpoint)
-    cfg = config_from_checkpoint(state, source=str(checkpoint))
-    src_proto, tgt_proto = unpack_tokenizers(state, source=str(checkpoint))
-    src_tok, tgt_tok = Tokenizer(src_proto), Tokenizer(tgt_proto)
-    model = Transformer(cfg.model, src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size)
-    model.load_state_dict(model_weights(state, source=str(checkpoint)))  # the EMA weights when the checkpoint has them
-    del state
+    model, cfg, src_tok, tgt_tok, _ = model_from_checkpoint(checkpoint)  # the EMA weights when the checkpoint has them
+    src_proto, tgt_proto = src_tok.proto, tgt_tok.proto
 
     class _Converter(ct2.converters.Converter):
         """CTranslate2's converter protocol: ``_load`` returns the filled spec; ``convert`` validates,

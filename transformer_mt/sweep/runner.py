@@ -109,16 +109,10 @@ def read_result(run_dir: Path) -> dict[str, Any]:
 
 def trained_parameters(checkpoint: Path) -> int:
     """sum(p.numel()) of the model rebuilt from `checkpoint` with its weights (tied matrices once)."""
-    from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, unpack_tokenizers
-    from transformer_mt.model import Transformer, count_parameters
-    from transformer_mt.text import Tokenizer
+    from transformer_mt.decoding import model_from_checkpoint
+    from transformer_mt.model import count_parameters
 
-    state = load_checkpoint(checkpoint)
-    cfg = config_from_checkpoint(state, source=str(checkpoint))
-    src, tgt = (Tokenizer(proto) for proto in unpack_tokenizers(state, source=str(checkpoint)))
-    model = Transformer(cfg.model, src_vocab_size=src.vocab_size, tgt_vocab_size=tgt.vocab_size)
-    model.load_state_dict(state["model"])
-    return count_parameters(model)
+    return count_parameters(model_from_checkpoint(checkpoint, weights="raw").model)
 
 
 # ---------------------------------------------------------------- the sweep

@@ -252,9 +252,8 @@ def inspect_report(
 def load_model(target: str | Path, overrides: list[str] | None = None) -> tuple[Transformer, Config, tuple[int, int]]:
     """A checkpoint (the weights tmt translate decodes with: EMA when present; CPU) or a YAML config (built on the meta device); vocab from the
     checkpoint's tokenizers or from ``tokenizer.vocab_size``."""
-    from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, model_weights, unpack_tokenizers
     from transformer_mt.config import load_config
-    from transformer_mt.text import Tokenizer
+    from transformer_mt.decoding import model_from_checkpoint
 
     target = Path(target)
     if target.suffix == ".pt":
@@ -262,13 +261,8 @@ def load_model(target: str | Path, overrides: list[str] | None = None) -> tuple[
             from transformer_mt.viz import VizError
 
             raise VizError(f"{target}: --set applies to a YAML config, not a checkpoint (its architecture is fixed)")
-        state = load_checkpoint(target)
-        cfg = config_from_checkpoint(state, source=str(target))
-        src_proto, tgt_proto = unpack_tokenizers(state, source=str(target))
-        vocab = (Tokenizer(src_proto).vocab_size, Tokenizer(tgt_proto).vocab_size)
-        model = Transformer(cfg.model, src_vocab_size=vocab[0], tgt_vocab_size=vocab[1])
-        model.load_state_dict(model_weights(state, source=str(target)))  # the EMA weights when present, as tmt translate decodes
-        return model, cfg, vocab
+        model, cfg, src_tok, tgt_tok, _ = model_from_checkpoint(target)  # the EMA weights when present, as tmt translate decodes
+        return model, cfg, (src_tok.vocab_size, tgt_tok.vocab_size)
     cfg = load_config(target, overrides or [], check_files=False)
     vocab = (cfg.tokenizer.vocab_size, cfg.tokenizer.vocab_size)
     with torch.device("meta"):
