@@ -1,7 +1,7 @@
 """`tmt serve`: the real server process on a loopback port, spoken to over HTTP.
 
 Expectations come from `tmt translate` (a separate process on the same checkpoint and settings), from
-the issue's list of bad requests, and from counting: 32 concurrent clients must each get exactly their
+a list of bad requests with the answer each must get, and from counting: 32 concurrent clients must each get exactly their
 own lines back and the server must have needed fewer decode batches than requests.
 """
 

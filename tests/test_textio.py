@@ -1,8 +1,8 @@
 """One way to read text (transformer_mt.text.textio) and safe output files, through every reader and command.
 
-Issue 17: item 1 (outputs written through a temporary file, an output that is an input refused),
-item 2 (a lone "\\r" does not split a line), item 11 (stdin without newlines, giant lines: bounded
-reads and chunks), item 12 (bytes decoded strictly whatever the locale, errors name FILE:N or <stdin>:N).
+Outputs written through a temporary file (an output that is an input refused); a lone "\\r" does not
+split a line; stdin without newlines and giant lines read in bounded reads and chunks; bytes decoded
+strictly whatever the locale, errors naming FILE:N or <stdin>:N.
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def test_stdin_under_c_locale_is_decoded_strictly(argv, tmp_path, spm_model):
     assert proc.stdout == b""
 
 
-# --------------------------------------------------------------------------- outputs (issue 17 item 1)
+# --------------------------------------------------------------------------- outputs
 
 
 def test_output_that_is_an_input_is_refused(tmp_path, spm_model, ckpt, corpus_slice, capsys):
@@ -211,7 +211,7 @@ def test_safe_output_writes_through_symlinks_and_devices(tmp_path):
     assert target.read_text() == "new\n" and sorted(p.name for p in tmp_path.iterdir()) == ["link.txt", "real.txt"]
 
 
-# --------------------------------------------------------------------------- stdin (issue 17 item 11)
+# --------------------------------------------------------------------------- stdin
 
 
 def _pipe(data: bytes):
@@ -245,8 +245,8 @@ def _counting_reads(monkeypatch, fd: int) -> list[int]:
 
 
 def test_stdin_without_newlines_stops_after_a_bounded_read(monkeypatch):
-    """4 MiB without a newline: the old reader buffered all of it (and re-split the buffer on each of 64
-    reads) into one line; now the read stops with an error naming the line once it passes MAX_LINE_BYTES."""
+    """4 MiB without a newline: the read stops with an error naming the line once it passes MAX_LINE_BYTES,
+    rather than buffering all of it (and re-splitting the buffer on each of 64 reads) into one line."""
     stream, thread = _pipe(b"x" * (4 << 20))
     sizes = _counting_reads(monkeypatch, stream.fileno())
     with pytest.raises(TextError, match=r"^<stdin>:1: line longer than 1,048,576 bytes"):

@@ -2,9 +2,9 @@
 
 Both score with sacreBLEU through metrics.score (default 13a tokenization, signatures).
 
-Validation (`validate`) runs on the model in memory: the label-smoothed loss, the plain NLL and
-the perplexity over the whole validation set, teacher-forced, and BLEU of greedy (or beam)
-translations of its first sentences against their raw references. Both are sums over target
+Validation runs on the model in memory: `validation_loss`, the label-smoothed loss, the plain NLL and
+the perplexity over the whole validation set, teacher-forced, and `validation_bleu`, BLEU of greedy (or
+beam) translations of its first sentences against their raw references. Both are sums over target
 tokens (pieces + EOS, padding excluded) divided once by their count, so the result does not
 depend on how the set is batched.
 
