@@ -52,5 +52,5 @@ def _os_error_line(exc: OSError) -> str:
         errno.ENOTDIR: "a part of the path is a file, not a directory; fix the path",
         errno.EEXIST: "remove it or choose another path",
         errno.ENAMETOOLONG: "use a shorter path",
-    }.get(exc.errno, "check the path and permissions")
+    }.get(exc.errno or 0, "check the path and permissions")
     return f"{where}{reason}; {hint}"

@@ -80,12 +80,14 @@ def attention(
     if (src is None) == (file is None) or (file is not None) != (line is not None):
         raise VizError('give the sentence either as --src "text" or as FILE --line N')
     layer_ids, head_ids = parse_indices(layers, "--layers"), parse_indices(heads, "--heads")
-    source = src if src is not None else read_line(file, line)
+    if src is None:
+        assert file is not None and line is not None  # checked above: FILE --line N when there is no --src
+        src = read_line(file, line)
     problem = None if beam is None else beam_problem(beam)
     if problem:
         raise VizError(f"--beam {problem.value} {problem.reason}")
     translator = Translator.from_checkpoint(checkpoint, device="cpu")
-    maps = sentence_maps(translator, source, reference=ref, beam=beam).select(layer_ids, head_ids)
+    maps = sentence_maps(translator, src, reference=ref, beam=beam).select(layer_ids, head_ids)
     typer.echo(f"source: {maps.source}\n{'reference' if maps.teacher_forced else 'translation'}: {maps.target}")
     for path in write_maps(maps, output, svg=svg):
         typer.echo(path)

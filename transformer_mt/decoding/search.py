@@ -107,7 +107,11 @@ def _refuse(problem: Problem | None) -> None:
         raise SearchError(str(problem))
 
 
-def length_penalty(length: int | float | Tensor, alpha: float) -> float | Tensor:
+@overload
+def length_penalty(length: Tensor, alpha: float) -> Tensor: ...
+@overload
+def length_penalty(length: float, alpha: float) -> float: ...
+def length_penalty(length: float | Tensor, alpha: float) -> float | Tensor:
     """GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al. 2016, eq. 14).
 
     ``length`` counts generated tokens including EOS. alpha = 0 gives 1 (plain log-prob);
@@ -323,7 +327,8 @@ def _extend(top: _Top, finished: _Finished, *, sent: Tensor, max_lens: Tensor, k
     )
     merged = finished.merge(sent, candidates, step=step)
     # Largest penalty any continuation (final length length+1 .. max_len) can receive.
-    most_lp = torch.maximum(length_penalty(torch.full((), length + 1.0, device=sent.device), lenpen), length_penalty(limit.float(), lenpen))  # (b,)
+    shortest = torch.full((), length + 1.0, device=sent.device)
+    most_lp = torch.maximum(length_penalty(shortest, lenpen), length_penalty(limit.float(), lenpen))  # (b,)
     score, valid = merged[0], merged[5]  # (b, k), best first
     hopeless = valid[:, k - 1] & (new_cum[:, 0] / most_lp <= score[:, k - 1])  # (b,)
     return _Extension(new_tok, new_cum, src_rows, merged, ~(at_max | hopeless))
@@ -381,7 +386,7 @@ class _Finished:
             cur[live] = parent[t - 1][cur[live]]
         out = []
         for s in range(self.score.size(0)):
-            hyps = []
+            hyps: list[Hypothesis] = []
             for j in range(self.k):
                 h = s * self.k + j
                 if valid[h] and len(hyps) < nbest:

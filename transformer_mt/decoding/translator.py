@@ -195,7 +195,7 @@ class Translator:
 
     @classmethod
     def from_checkpoints(
-        cls, paths: list[str | os.PathLike], *, device: str = "auto", dtype: str = "float32", threads: int = 0, weights: str | None = None
+        cls, paths: Sequence[str | os.PathLike], *, device: str = "auto", dtype: str = "float32", threads: int = 0, weights: str | None = None
     ) -> "Translator":
         """One checkpoint, or several decoded as an ensemble (mean of their probabilities at every
         step); an ensemble's members must share the tokenizers. Decoding defaults come from the first.
@@ -224,7 +224,7 @@ class Translator:
         return (d.beam if beam is None else beam), (d.lenpen if lenpen is None else lenpen)
 
     @overload
-    def translate(self, lines: str, beam: int | None = None, lenpen: float | None = None, nbest: int = 1) -> Translation: ...
+    def translate(self, lines: str, beam: int | None = None, lenpen: float | None = None, nbest: int = 1) -> Translation: ...  # type: ignore[overload-overlap] # a str is also a Sequence[str]; this overload comes first
     @overload
     def translate(self, lines: Sequence[str], beam: int | None = None, lenpen: float | None = None, nbest: int = 1) -> list[Translation]: ...
     def translate(self, lines: str | Sequence[str], beam: int | None = None, lenpen: float | None = None, nbest: int = 1) -> Translation | list[Translation]:

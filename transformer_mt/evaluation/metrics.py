@@ -121,7 +121,7 @@ def _check_refs(refs: Sequence[Sequence[str]]) -> Sequence[Sequence[str]]:
     return refs
 
 
-def _check_counts(hyps: list[str], refs: list[list[str]], hyp_name: str | None, ref_names: Sequence[str] | None) -> None:
+def _check_counts(hyps: Sequence[str], refs: Sequence[Sequence[str]], hyp_name: str | None, ref_names: Sequence[str] | None) -> None:
     for k, stream in enumerate(refs):
         if len(stream) != len(hyps):
             hyp = f"{hyp_name} has" if hyp_name else "the hypotheses have"

@@ -38,6 +38,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -79,7 +80,7 @@ def export_ctranslate2(checkpoint: str | os.PathLike, out_dir: str | os.PathLike
     model, cfg, src_tok, tgt_tok, _ = model_from_checkpoint(checkpoint)  # the EMA weights when the checkpoint has them
     src_proto, tgt_proto = src_tok.proto, tgt_tok.proto
 
-    class _Converter(ct2.converters.Converter):
+    class _Converter(ct2.converters.Converter):  # type: ignore[name-defined] # ctranslate2 is imported at run time (an optional extra)
         """CTranslate2's converter protocol: ``_load`` returns the filled spec; ``convert`` validates,
         quantizes and saves it (and refuses or replaces an existing directory)."""
 
@@ -112,7 +113,10 @@ def build_spec(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, *, co
     from ctranslate2.specs import common_spec, transformer_spec
 
     cfg = model.cfg
-    attn = model.encoder[0].self_attn if len(model.encoder) else model.decoder[0].self_attn
+    # the layers' submodules by name (EncoderLayer, DecoderLayer): typed Any, as nn.Module attributes are dynamic
+    encoder_layers: list[Any] = list(model.encoder)
+    decoder_layers: list[Any] = list(model.decoder)
+    attn: MultiHeadAttention = (encoder_layers or decoder_layers)[0].self_attn
     if attn.dk != attn.dv:
         raise ExportError(f"model.head_dim={attn.dk} differs from model.value_dim={attn.dv}; CTranslate2 needs one size per head for queries, keys and values")
     head_dim = None if attn.dk * cfg.heads == cfg.d_model else attn.dk  # only a non-default size is declared
@@ -124,14 +128,14 @@ def build_spec(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, *, co
     positions = _position_table(model, config)
     _set_stack_inputs(spec.encoder, model.src_embed, positions, embed_list=True, fix_norm=model.fix_norm)
     _set_stack_inputs(spec.decoder, model.tgt_embed, positions, embed_list=False, fix_norm=model.fix_norm)
-    for layer_spec, layer in zip(spec.encoder.layer, model.encoder):
+    for layer_spec, layer in zip(spec.encoder.layer, encoder_layers):
         _set_self_attention(layer_spec.self_attention, layer.self_attn, layer.norm1)
         _set_ffn(layer_spec.ffn, layer.ffn, layer.norm2)
-    for layer_spec, layer in zip(spec.decoder.layer, model.decoder):
+    for layer_spec, layer in zip(spec.decoder.layer, decoder_layers):
         _set_self_attention(layer_spec.self_attention, layer.self_attn, layer.norm1)
         _set_cross_attention(layer_spec.attention, layer.cross_attn, layer.norm2)
         _set_ffn(layer_spec.ffn, layer.ffn, layer.norm3)
-    if model.encoder_norm is not None:
+    if model.encoder_norm is not None and model.decoder_norm is not None:  # pre-norm: one final norm per stack
         _set_norm(spec.encoder.layer_norm, model.encoder_norm)
         _set_norm(spec.decoder.layer_norm, model.decoder_norm)
     weight = model.output_proj.weight
@@ -211,8 +215,10 @@ def _set_linear(spec, linear: torch.nn.Linear) -> None:
 def _set_norm(spec, norm: torch.nn.Module) -> None:
     if isinstance(norm, ScaleNorm):  # as the RMSNorm gain g / sqrt(d) (module docstring); RMSNorm has no beta
         spec.gamma = np.full(norm.d_model, norm.g.item() / np.sqrt(norm.d_model), dtype=np.float32)
-    else:
+    elif isinstance(norm, torch.nn.LayerNorm):
         spec.gamma, spec.beta = _np(norm.weight), _np(norm.bias)
+    else:
+        raise ExportError(f"{type(norm).__name__}: a norm CTranslate2 has no equivalent for; export supports LayerNorm and ScaleNorm")
 
 
 def _np(tensor: torch.Tensor) -> np.ndarray:

@@ -14,7 +14,7 @@ import time
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Union
+from typing import Optional, Sequence, Union
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -61,7 +61,7 @@ class ServedModel:
 
 def load_models(specs: list[str], *, device: str, threads: int, options: ServeOptions) -> list[ServedModel]:
     """``PATH`` or ``NAME=PATH`` per checkpoint; a name defaults to the file's stem and must be unique."""
-    named = []
+    named: list[tuple[str, str]] = []
     for spec in specs:
         name, sep, path = spec.partition("=")
         if not sep or Path(spec).exists():  # a path that itself holds "=" stays a path
@@ -215,7 +215,7 @@ def _measure(tr: Translator, lines: list[str]) -> tuple[int, list[str]]:
     return sum(min(len(p), tr.max_src_tokens) + 1 for p, line in zip(pieces, lines) if line.strip()), warnings
 
 
-def _describe_validation(errors: list[dict]) -> tuple[int, str]:
+def _describe_validation(errors: Sequence[dict]) -> tuple[int, str]:
     """pydantic / FastAPI validation errors -> (status, one line): 400 for a body that is not JSON, 415 for a
     body not declared as JSON, else 422."""
     if any(e.get("type") == "json_invalid" for e in errors):

@@ -120,4 +120,6 @@ def write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -
         picture = plot_bleu(rows, out / "table3.png", title=title)
     except VizError as exc:  # no matplotlib: the table is written all the same
         return files, str(exc)
-    return files + [picture] * (picture is not None), "" if picture else "no finished row with a BLEU yet"
+    if picture is None:
+        return files, "no finished row with a BLEU yet"
+    return [*files, picture], ""

@@ -24,7 +24,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from transformer_mt.config import Config, ConfigError, load_config, to_dict
 from transformer_mt.sweep.report import columns, write_outputs
@@ -138,7 +138,7 @@ def run_sweep(
     config: str | os.PathLike,
     *,
     out_dir: str | os.PathLike,
-    overrides: list[str] = (),
+    overrides: Sequence[str] = (),
     variations: list[Variation] | None = None,
     budget_updates: int | None = None,
     budget_minutes: float | None = None,
@@ -223,16 +223,17 @@ def _train_row(plan: _Row, config: str | os.PathLike, common: list[str], base: C
 
     from transformer_mt import training  # training.train looked up at call time: tests replace it
 
-    v, row, run_dir = plan.variation, plan.result, out / plan.variation.name
+    v, row, run_dir, row_cfg = plan.variation, plan.result, out / plan.variation.name, plan.cfg
+    assert row_cfg is not None, "a row to train has a valid config (_plan)"
     sets = [f"train.out_dir={json.dumps(str(run_dir))}"]
-    if not plan.cfg.data.cache_dir:
+    if not row_cfg.data.cache_dir:
         sets.append(f"data.cache_dir={json.dumps(str(out / 'cache'))}")
-    if not plan.cfg.tokenizer.model and plan.cfg.tokenizer == base.tokenizer:
+    if not row_cfg.tokenizer.model and row_cfg.tokenizer == base.tokenizer:
         shared[:] = shared or _shared_tokenizer(base, out, log)
         sets += shared
     cfg = load_config(config, [*common, *v.overrides, *sets])
     run_dir.mkdir(parents=True, exist_ok=True)
-    marker = read_marker(run_dir) or {"config": recorded(plan.cfg), "status": "started"}
+    marker = read_marker(run_dir) or {"config": recorded(row_cfg), "status": "started"}
     write_marker(run_dir, marker)  # before training: a killed row is then known as this sweep's, with this config
     resume = any(run_dir.glob("checkpoint*.pt"))
     log(f"tmt sweep: row {v.row} {v.name} ({', '.join(v.overrides) or 'the base'}): {'resuming' if resume else 'training'} in {run_dir}")

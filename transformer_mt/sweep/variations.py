@@ -83,7 +83,8 @@ def load_variations(path: str | os.PathLike) -> list[Variation]:
         raise SweepError(f"{path}: not valid YAML ({str(exc).splitlines()[0]}); fix the syntax") from None
     if not isinstance(raw, list) or not raw:
         raise SweepError(f"{path}: expected a non-empty YAML list of rows, e.g. - {{row: A, name: h1, set: [model.heads=1]}}")
-    out, counts = [], {}
+    out: list[Variation] = []
+    counts: dict[str, int] = {}
     for i, item in enumerate(raw, 1):
         where = f"{path}: item {i}"
         if not isinstance(item, dict) or "row" not in item:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Sequence
 
 from transformer_mt.viz import VizError, new_figure, save_figure
 
@@ -75,7 +76,7 @@ PANELS = (
 )
 
 
-def plot_runs(run_dirs: list[str | Path], out: str | Path, *, dpi: int = 90) -> Path:
+def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, *, dpi: int = 90) -> Path:
     """One PNG (or SVG, by suffix): a 2 x 3 grid, columns = train loss, val loss, val BLEU; rows = against
     updates and against wall-clock minutes; one colour per run, legend with the run names."""
     paths = [Path(p) for p in run_dirs]
@@ -103,7 +104,7 @@ def plot_runs(run_dirs: list[str | Path], out: str | Path, *, dpi: int = 90) -> 
             ax.grid(True, alpha=0.3)
             if row == 0:
                 ax.set_title(title, fontsize=10)
-    by_label = {}
+    by_label: dict[str, Any] = {}
     for ax in axes.flat:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             by_label.setdefault(label, handle)
