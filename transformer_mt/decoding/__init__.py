@@ -1,6 +1,13 @@
-"""Search over a model and the Translator that turns text into translations."""
+"""Search over a model and the Translator that turns text into translations.
+
+- ``search``: greedy and beam search over the ``SearchModel`` protocol;
+- ``lengths``: the length penalty, the longest output and the positions a batch needs;
+- ``translator``: ``load``, ``Translator`` (text in, translations out), ``translate_ids`` and streams;
+- ``mbr``: minimum Bayes risk choice among pooled candidate files.
+"""
 
 from transformer_mt.config import max_beam  # the rule lives with the config; kept importable beside the search it bounds
+from transformer_mt.decoding.lengths import length_penalty, max_output_length, positions_needed
 from transformer_mt.decoding.mbr import Candidate, MbrError, mbr_choose, mbr_files, pool_weights, read_candidates
 from transformer_mt.decoding.search import (
     Hypothesis,
@@ -9,8 +16,6 @@ from transformer_mt.decoding.search import (
     SearchModel,
     beam_search,
     greedy_search,
-    length_penalty,
-    max_output_length,
     search,
 )
 from transformer_mt.decoding.translator import (
@@ -22,7 +27,6 @@ from transformer_mt.decoding.translator import (
     Translator,
     load,
     model_from_checkpoint,
-    positions_needed,
     translate_ids,
     translate_stream,
 )

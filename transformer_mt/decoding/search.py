@@ -37,13 +37,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol, TypeVar, overload, runtime_checkable
+from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from transformer_mt.config import Problem, beam_problem
+from transformer_mt.decoding.lengths import length_penalty, max_output_length
 from transformer_mt.errors import TmtError
 from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID
 
@@ -105,37 +106,6 @@ def _refuse(problem: Problem | None) -> None:
     """Raise a search-settings rule's problem (transformer_mt.config.rules) as a SearchError."""
     if problem:
         raise SearchError(str(problem))
-
-
-@overload
-def length_penalty(length: Tensor, alpha: float) -> Tensor: ...
-@overload
-def length_penalty(length: float, alpha: float) -> float: ...
-def length_penalty(length: float | Tensor, alpha: float) -> float | Tensor:
-    """GNMT length penalty ((5 + length) / 6) ** alpha (Wu et al. 2016, eq. 14).
-
-    ``length`` counts generated tokens including EOS. alpha = 0 gives 1 (plain log-prob);
-    alpha > 0 divides longer hypotheses' (negative) log-probs by more, favouring them. The
-    penalty is 1 at length 1 and increases with length for alpha > 0. Works on ints, floats
-    and tensors.
-    """
-    return ((5.0 + length) / 6.0) ** alpha
-
-
-@overload
-def max_output_length(src_tokens: int, *, max_len_a: float, max_len_b: int) -> int: ...
-@overload
-def max_output_length(src_tokens: Tensor, *, max_len_a: float, max_len_b: int) -> Tensor: ...
-def max_output_length(src_tokens: int | Tensor, *, max_len_a: float, max_len_b: int) -> int | Tensor:
-    """The longest output for a source of ``src_tokens`` tokens (pieces + EOS): floor(a * n + b), at least 1.
-
-    The one formula of the rule, for an int or elementwise for a LongTensor of lengths (in float64, so it
-    floors exactly as Python does on an int): the searches limit every sentence with it, and
-    ``positions_needed`` sizes position tables with it. What a and b may be: ``config.length_problem``.
-    """
-    if isinstance(src_tokens, Tensor):
-        return torch.floor(max_len_a * src_tokens.double() + max_len_b).long().clamp(min=1)
-    return max(1, math.floor(max_len_a * src_tokens + max_len_b))
 
 
 def _sentence_limits(model: SearchModel[Any, Any], src: Tensor, *, max_len_a: float, max_len_b: int) -> Tensor:

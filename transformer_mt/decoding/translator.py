@@ -29,7 +29,8 @@ from transformer_mt import runtime
 from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, model_weights, unpack_tokenizers
 from transformer_mt.config import Config, beam_problem, length_problem, lenpen_problem
 from transformer_mt.data import source_tensor
-from transformer_mt.decoding.search import Hypothesis, SearchError, max_output_length, search
+from transformer_mt.decoding.lengths import positions_needed
+from transformer_mt.decoding.search import Hypothesis, SearchError, search
 from transformer_mt.errors import TmtError
 from transformer_mt.model import Ensemble, Transformer
 from transformer_mt.text import Tokenizer
@@ -108,13 +109,6 @@ def translate_ids(
         if was_training:
             model.train()
     return results  # type: ignore[return-value]
-
-
-def positions_needed(longest_src: int, *, max_len_a: float, max_len_b: int) -> int:
-    """Positions a batch can use: its longest source (pieces + EOS) in the encoder, and in the decoder its
-    longest allowed output, ``max_output_length(n)`` for n up to ``longest_src``."""
-    # a * n + b is linear in n: its largest value over 1..longest_src is at one of the two ends.
-    return max(longest_src, *(max_output_length(n, max_len_a=max_len_a, max_len_b=max_len_b) for n in (1, longest_src)))
 
 
 def _token_batches(order: list[int], src_ids: list[list[int]], batch_tokens: int) -> Iterator[list[int]]:
