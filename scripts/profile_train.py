@@ -24,7 +24,6 @@ import argparse
 import collections
 import json
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -109,7 +108,7 @@ def build_config(model: str, overrides: list[str], *, out: Path, threads: int, t
 
 def leaf_self_times(prof) -> dict[str, float]:
     """Self CPU microseconds per operator name, over the profiled window."""
-    times = collections.Counter()
+    times: dict[str, float] = collections.defaultdict(float)
     for evt in prof.key_averages():
         times[evt.key] += evt.self_cpu_time_total
     return dict(times)
@@ -168,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = build_config(args.model, args.overrides, out=args.out, threads=args.threads, total=total)
     prof, wall_us, ntok = profile_updates(cfg, warmup=args.warmup, total=total)
     times = leaf_self_times(prof)
-    grouped = collections.Counter()
+    grouped: dict[str, float] = collections.defaultdict(float)
     for name, us in times.items():
         grouped[group_of(name)] += us
     accounted = sum(grouped.values())
@@ -184,4 +183,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

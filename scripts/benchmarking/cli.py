@@ -13,7 +13,7 @@ import torch
 from benchmarking import peer
 from benchmarking.markdown import render_markdown
 from benchmarking.plan import cpu_plan, ctranslate2_specs, cuda_plan
-from benchmarking.report import cpu_report, cuda_report
+from benchmarking.report import Where, cpu_report, cuda_report
 from benchmarking.runner import run_each, run_phase_file, run_specs
 from benchmarking.settings import FALLBACK_CONFIG, FULL, QUICK, RECIPE_CONFIG, REFERENCE_VOCAB, REPO, gpu_bf16_peak, sizes_for
 from benchmarking.specs import prepare_data
@@ -113,16 +113,16 @@ def run_all(args: argparse.Namespace) -> dict:
             raise SystemExit(f"benchmark: {path} not found; pass --data DIR holding Multi30k (scripts/prepare_multi30k.sh downloads it)")
     load_start = os.getloadavg()
     spm, src, tgt = prepare_data(args, recipe, sizes, sizes.spm_vocab or recipe.tokenizer.vocab_size)
-    where = dict(config=config, note=note, spm=spm, test_src=test_src)
+    where = Where(config=config, note=note, spm=spm, test_src=test_src)
     if args.device == "cuda":
         matmul, phases = run_specs(cuda_plan(args, sizes, recipe, spm=spm, src=src, tgt=tgt, test_src=test_src), args.out)
         gpu = next((res["gpu"] for _, res in phases if "gpu" in res), torch.cuda.get_device_name() if torch.cuda.is_available() else "?")
         peak = gpu_bf16_peak(gpu, matmul["bfloat16"]["gflops"], args.peak_tflops)
-        return cuda_report(args, load_start=load_start, matmul=matmul, phases=phases, gpu=gpu, peak=peak, **where)
+        return cuda_report(args, where, load_start=load_start, matmul=matmul, phases=phases, gpu=gpu, peak=peak)
     ref_spm = prepare_data(args, recipe, sizes, sizes.spm_vocab or REFERENCE_VOCAB)[0]
     matmul, phases = run_specs(cpu_plan(args, sizes, recipe, spm=spm, ref_spm=ref_spm, src=src, tgt=tgt, test_src=test_src), args.out)
     ct2 = run_each(ctranslate2_specs(args, test_src), args.out, label="ctranslate2") if args.ctranslate2 else []
-    return cpu_report(args, load_start=load_start, matmul=matmul, phases=phases, ct2_phases=ct2, **where)
+    return cpu_report(args, where, load_start=load_start, matmul=matmul, phases=phases, ct2_phases=ct2)
 
 
 def main(argv: list[str] | None = None) -> None:

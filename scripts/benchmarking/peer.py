@@ -121,6 +121,7 @@ def phase_fairseq(spec: dict) -> dict:
         open(log_path, "w", encoding="utf-8") as log,
         subprocess.Popen(spec["command"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(spec["threads"])) as proc,
     ):
+        assert proc.stdout is not None  # stdout=PIPE
         for text in proc.stdout:
             lines.append((time.perf_counter(), text.rstrip("\n")))
             log.write(text)

@@ -7,6 +7,7 @@ otherwise set the peak too low (and put a phase above 100% of it); the faster of
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 
 from benchmarking import peer
@@ -38,19 +39,19 @@ def cpu_plan(args: argparse.Namespace, sizes: Sizes, recipe: Config, *, spm: Pat
     """Matmul peak; training of the reference and the recipe model in each dtype and with plain ops; greedy and
     beam-5 translation of :func:`translated_checkpoints`; the sync counts; the peer runs with --peer; the peak again.
     With ``--only peer``: the peak and the peer runs alone."""
-    data = dict(args=args, sizes=sizes, src=src, tgt=tgt)
+    train = functools.partial(train_spec, args=args, sizes=sizes, src=src, tgt=tgt)
     keep_ref = args.reference_checkpoint is None  # then the reference model's float32 run is the one translated
     matmul = {"kind": "matmul", "name": "matmul", "threads": args.threads, "n": sizes.matmul_n, "reps": sizes.matmul_reps}
     specs = [matmul]
     for model, base, model_spm in (("reference", reference_config(recipe), ref_spm), ("recipe", recipe, spm)):
         for dtype in DTYPES:
             keep = keep_ref and model == "reference" and dtype == "float32"
-            specs.append(train_spec(f"train-{model}-{dtype}", base, dtype=dtype, spm=model_spm, keep=keep, **data))
-        specs.append(train_spec(f"train-{model}-float32-plain", base, dtype="float32", spm=model_spm, keep=False, plain=True, **data))
+            specs.append(train(f"train-{model}-{dtype}", base, dtype=dtype, spm=model_spm, keep=keep))
+        specs.append(train(f"train-{model}-float32-plain", base, dtype="float32", spm=model_spm, keep=False, plain=True))
     for model, checkpoint, representative in translated_checkpoints(args):
         for search, beam in SEARCHES:
             specs.append(translate_spec(args, model=model, checkpoint=checkpoint, representative=representative, search=search, beam=beam, test_src=test_src))
-    syncs = {**train_spec("syncs-recipe-float32", recipe, dtype="float32", spm=spm, keep=False, **data), "kind": "syncs", "input": str(test_src)}
+    syncs = {**train("syncs-recipe-float32", recipe, dtype="float32", spm=spm, keep=False), "kind": "syncs", "input": str(test_src)}
     peers = peer.plan(args, sizes, spm=ref_spm, src=src, tgt=tgt) if args.peer else []
     specs = [matmul, *peers] if args.only == "peer" else [*specs, syncs, *peers]
     return [*specs, {**matmul, "name": "matmul-end"}]
@@ -65,17 +66,17 @@ def cuda_plan(args: argparse.Namespace, sizes: Sizes, recipe: Config, *, spm: Pa
         ("big", load_config(REPO / "configs" / "transformer_big.yaml", check_files=False), GPU_BATCH_TOKENS),
         ("recipe", recipe, 0),
     ]
-    data = dict(args=args, sizes=sizes, spm=spm, src=src, tgt=tgt, device="cuda")
+    train = functools.partial(train_spec, args=args, sizes=sizes, spm=spm, src=src, tgt=tgt, device="cuda")
     matmul = {"kind": "matmul", "name": "matmul", "threads": args.threads, "n": sizes.matmul_n, "reps": sizes.matmul_reps, "device": "cuda"}
     specs = [matmul]
     keep_recipe = args.checkpoint is None  # then the recipe's bf16 run is translated (not representative: barely trained)
     for model, base, batch_tokens in models:
         for dtype in ("bfloat16", "float32"):
             keep = keep_recipe and model == "recipe" and dtype == "bfloat16"
-            specs.append(train_spec(f"train-{model}-{dtype}", base, dtype=dtype, keep=keep, max_tokens=batch_tokens, **data))
+            specs.append(train(f"train-{model}-{dtype}", base, dtype=dtype, keep=keep, max_tokens=batch_tokens))
         if args.compile and model != "recipe":
             name = f"train-{model}-bfloat16-compiled"
-            specs.append(train_spec(name, base, dtype="bfloat16", keep=False, max_tokens=batch_tokens, compile_step=True, **data))
+            specs.append(train(name, base, dtype="bfloat16", keep=False, max_tokens=batch_tokens, compile_step=True))
     checkpoint = args.checkpoint or args.out / "runs" / "train-recipe-bfloat16" / "checkpoint_last.pt"
     for search, beam, dtype in (("greedy", 1, "float32"), ("beam5", 5, "float32"), ("beam5", 5, "bfloat16")):
         specs.append(
@@ -92,7 +93,7 @@ def cuda_plan(args: argparse.Namespace, sizes: Sizes, recipe: Config, *, spm: Pa
                 dtype=dtype,
             )
         )
-    specs.append({**train_spec("syncs-recipe-float32", recipe, dtype="float32", keep=False, **data), "kind": "syncs", "input": str(test_src)})
+    specs.append({**train("syncs-recipe-float32", recipe, dtype="float32", keep=False), "kind": "syncs", "input": str(test_src)})
     return [*specs, {**matmul, "name": "matmul-end"}]
 
 

@@ -12,11 +12,21 @@ import datetime
 import os
 import platform
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from benchmarking import peer
 from benchmarking.settings import BEAM5_QUOTED, BEAM5_TARGET, GPU_BATCH_TOKENS, QUOTED, REFERENCE_MODEL, REFERENCE_TRAIN, SCHEMA, TRAIN_QUOTED, TRAIN_TARGET
+
+
+class Where(NamedTuple):
+    """What the run measured on: the recipe config (and a note when it is the fallback), the tokenizer, the test input."""
+
+    config: Path
+    note: str
+    spm: Path
+    test_src: Path
 
 
 def describe(m: dict, params: int) -> str:
@@ -125,29 +135,29 @@ def _header(args: argparse.Namespace, load_start: tuple, **extra: object) -> dic
     }
 
 
-def _settings(args: argparse.Namespace, *, config: Path, note: str, spm: Path, test_src: Path, **extra: object) -> dict:
+def _settings(args: argparse.Namespace, where: Where, **extra: object) -> dict:
     return {
-        "config": str(config),
-        "config_note": note,
+        "config": str(where.config),
+        "config_note": where.note,
         "data": str(args.data),
-        "spm_model": str(spm),
+        "spm_model": str(where.spm),
         "warmup_updates": args.warmup,
         "timed_updates": args.updates,
         "sentences": args.sentences,
         "checkpoint": str(args.checkpoint or ""),
         "reference_checkpoint": str(args.reference_checkpoint or ""),
-        "test_input": str(test_src),
+        "test_input": str(where.test_src),
         **extra,
     }
 
 
-def cpu_report(args: argparse.Namespace, *, load_start: tuple, matmul: dict, phases: list, ct2_phases: list, **where: Path | str) -> dict:
-    """The CPU report; ``where``: config, note, spm and test_src, as :func:`_settings` takes them."""
+def cpu_report(args: argparse.Namespace, where: Where, *, load_start: tuple, matmul: dict, phases: list, ct2_phases: list) -> dict:
+    """The CPU report: the rows of the timed phases and of the CTranslate2 phases, and the peer section."""
     peer_phases, phases = [p for p in phases if p[0].get("peer")], [p for p in phases if not p[0].get("peer")]
     trained, translated, syncs = split_phases(phases, matmul)
     return {
         **_header(args, load_start),
-        "settings": _settings(args, **where, reference_model=REFERENCE_MODEL, reference_train=REFERENCE_TRAIN),
+        "settings": _settings(args, where, reference_model=REFERENCE_MODEL, reference_train=REFERENCE_TRAIN),
         "matmul_peak": matmul,
         "training": cpu_training(trained),
         "translation": cpu_translation(translated, quick=args.quick),
@@ -158,7 +168,7 @@ def cpu_report(args: argparse.Namespace, *, load_start: tuple, matmul: dict, pha
     }
 
 
-def cuda_report(args: argparse.Namespace, *, load_start: tuple, matmul: dict, phases: list, gpu: str, peak: tuple[float, str], **where: Path | str) -> dict:
+def cuda_report(args: argparse.Namespace, where: Where, *, load_start: tuple, matmul: dict, phases: list, gpu: str, peak: tuple[float, str]) -> dict:
     """The ``--device cuda`` report: the CPU report's schema, MFU against the GPU's bf16 dense peak
     (``peak``: FLOP/s and its source), peak GPU memory per training row."""
     trained, translated, syncs = split_phases(phases, matmul)
@@ -171,7 +181,7 @@ def cuda_report(args: argparse.Namespace, *, load_start: tuple, matmul: dict, ph
     header = _header(args, load_start, device="cuda", gpu=gpu, bf16_dense_peak_tflops=peak[0] / 1e12, peak_source=peak[1])
     return {
         **header,
-        "settings": _settings(args, **where, batch_tokens_base_big=GPU_BATCH_TOKENS, compile=args.compile),
+        "settings": _settings(args, where, batch_tokens_base_big=GPU_BATCH_TOKENS, compile=args.compile),
         "matmul_peak": matmul,
         "training": training,
         "translation": translation,
