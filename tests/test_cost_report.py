@@ -1,4 +1,4 @@
-"""Issue 18: the training cost report at the end of `tmt train` (metrics.jsonl summary + train.log) and
+"""The training cost report at the end of `tmt train` (metrics.jsonl summary + train.log) and
 TensorBoard logging of the same scalars."""
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer_mt.checkpoint.io import CheckpointError, _check_torch_is_safe, average_checkpoints, load_checkpoint, pack_tokenizers, save_checkpoint
+from transformer_mt.checkpoint import CheckpointError, average_checkpoints, load_checkpoint, pack_tokenizers, save_checkpoint
+from transformer_mt.checkpoint.io import _check_torch_is_safe
 from transformer_mt.cli import main
 from transformer_mt.config import Config, ConfigError, load_config, to_dict
 from transformer_mt.decoding import SearchError, Translator
@@ -342,7 +343,7 @@ def test_checkpoint_never_replaces_a_device_or_fifo(tmp_path):
 def test_translator_refuses_a_huge_beam_before_encoding(bad_inputs, monkeypatch):
     tr = Translator.from_checkpoint(bad_inputs["ckpt"], device="cpu")
     vocab = tr.tgt_tok.vocab_size  # 1000: ids that may follow a prefix are all but PAD and BOS, and a step ranks 2 x beam of them
-    assert len(tr.translate(["a dog ."], beam=(vocab - 2) // 2, lenpen=0.6).hypotheses[0]) == 1  # the largest beam allowed runs
+    assert len(tr.translate_batch(["a dog ."], beam=(vocab - 2) // 2, lenpen=0.6).hypotheses[0]) == 1  # the largest beam allowed runs
     monkeypatch.setattr(tr.src_tok, "encode", lambda *_: pytest.fail("encoded before refusing the beam"))
     tracemalloc.start()
     with pytest.raises(SearchError, match=f"beam=100000 needs a target vocabulary of at least 200002 ids, the model has {vocab}"):

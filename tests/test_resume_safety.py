@@ -1,7 +1,7 @@
-"""Issue 17: a run directory loses nothing. Resume from the newest complete checkpoint, no run started over
-another or beside another, validation data checked at load, signals during the final validation, resuming
-after things changed, the NaN guard's bound, metrics.jsonl without repeats, and SIGKILL at random moments.
-Each test fails on the code before its fix; data-loss tests read the files on disk."""
+"""A run directory loses nothing. Resume from the newest complete checkpoint, no run started over another
+or beside another, validation data checked at load, signals during a validation (the final one too, and
+during the EMA swap), resuming after things changed, the NaN guard's bound, metrics.jsonl without repeats,
+and SIGKILL at random moments. Data-loss tests read the files on disk."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import ConfigError
 from transformer_mt.evaluation import ValidationError
 from transformer_mt.training import MAX_NONFINITE_UPDATES, RunLock, RunLog, Trainer, TrainError, resumed_config, train
-from transformer_mt.training import trainer as train_module
+from transformer_mt.training import policy as policy_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -76,7 +76,7 @@ def resume(run: Path, *overrides: str, **kwargs):
     return train(resumed_config(run, list(overrides)), resume=True, **kwargs)
 
 
-# ---------------------------------------------------------------- item 0: a killed run resumes from its newest checkpoint
+# ---------------------------------------------------------------- a killed run resumes from its newest checkpoint
 def test_every_save_writes_checkpoint_last(pairs64, spm_model, tmp_path):
     run = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
@@ -124,7 +124,7 @@ def _one_checkpoint(pairs64, spm_model, tmp_path) -> Path:
     return out / "checkpoint_last.pt"
 
 
-# ---------------------------------------------------------------- item 3: one process per run directory
+# ---------------------------------------------------------------- one process per run directory
 def test_second_process_on_a_run_gets_the_holders_pid(pairs64, spm_model, tmp_path, capsys):
     run = tmp_path / "run"
     train(config(pairs64, spm_model, run, "train.max_updates=2"))
@@ -141,7 +141,7 @@ def test_second_process_on_a_run_gets_the_holders_pid(pairs64, spm_model, tmp_pa
     assert resume(run, "train.max_updates=3").progress.update == 3
 
 
-# ---------------------------------------------------------------- item 4: the validation set is checked when loaded
+# ---------------------------------------------------------------- the validation set is checked when loaded
 def test_empty_validation_set_is_refused_before_training(pairs64, spm_model, tmp_path):
     empty = tmp_path / "empty"
     empty.write_text("\n\n", encoding="utf-8")
@@ -175,10 +175,10 @@ def test_validation_pairs_longer_than_the_model_are_left_out_and_counted(pairs64
     assert result.progress.last_validated == 2 and "val_bleu" in result.last_validation
 
 
-# ---------------------------------------------------------------- item 5: best before last; signals in the final validation and save
+# ---------------------------------------------------------------- best before last; signals in a validation and the final save
 def test_best_is_written_before_last(pairs64, spm_model, tmp_path, monkeypatch):
     run = tmp_path / "run"
-    real_save, real_copy = train_module.save_checkpoint, getattr(train_module, "copy_checkpoint", None)
+    real_save, real_copy = policy_module.save_checkpoint, policy_module.copy_checkpoint
 
     def dies_at_last(real):
         def save(state_or_source, path):
@@ -191,8 +191,8 @@ def test_best_is_written_before_last(pairs64, spm_model, tmp_path, monkeypatch):
     def update_of_state(x):
         return x["progress"]["update"] if isinstance(x, dict) else update_of(Path(x))
 
-    monkeypatch.setattr(train_module, "save_checkpoint", dies_at_last(real_save))
-    monkeypatch.setattr(train_module, "copy_checkpoint", dies_at_last(real_copy), raising=False)
+    monkeypatch.setattr(policy_module, "save_checkpoint", dies_at_last(real_save))
+    monkeypatch.setattr(policy_module, "copy_checkpoint", dies_at_last(real_copy))
     with pytest.raises(KeyboardInterrupt):
         train(config(pairs64, spm_model, run, "train.max_updates=8", "train.validate_every=2"))
     assert update_of(run / "checkpoint_last.pt") == 2
@@ -243,7 +243,60 @@ def test_sigterm_during_the_final_validation_saves_checkpoint_last(pairs64, spm_
     assert "validation at update 5:" in (run / "train.log").read_text()
 
 
-# ---------------------------------------------------------------- item 7: resuming when things changed
+def _sigint_in_validation(trainer: Trainer, monkeypatch, *, at_update: int, where: str) -> None:
+    """Arrange a SIGINT to this process in the validation at `at_update`: right after the EMA weights are copied
+    in ("ema_swap", the moment a handler that raised would lose the raw weights), or in the first validation
+    batch's decoder pass ("batch")."""
+    armed = []
+
+    def on_update(update: int, _stats: dict) -> None:
+        if update == at_update:
+            armed.append(True)
+
+    trainer.on_update = on_update
+
+    def fire() -> None:
+        armed.clear()
+        os.kill(os.getpid(), signal.SIGINT)
+
+    if where == "ema_swap":
+        real_copy = torch._foreach_copy_
+
+        def copy(dst, src, *args, **kwargs):
+            real_copy(dst, src, *args, **kwargs)
+            if armed:  # the first copy after the update: the shadow into the parameters, at the start of the validation
+                fire()
+
+        monkeypatch.setattr(torch, "_foreach_copy_", copy)
+    else:
+        trainer.model.decoder[0].register_forward_pre_hook(lambda module, _args: fire() if armed and not module.training else None)
+
+
+@pytest.mark.parametrize("where", ["ema_swap", "batch"])
+def test_a_stop_during_a_validation_leaves_checkpoint_last_resumable_exactly(pairs64, spm_model, tmp_path, monkeypatch, where):
+    """A signal during the EMA swap or a validation batch cuts the validation short and saves; 4 + resumed 2 updates ==
+    6 straight ones, bit for bit: weights, EMA, optimizer moments, and the final validation's metrics."""
+    common = ["train.ema_decay=0.9", "model.dropout=0.1", "train.validate_every=2", "train.valid_bleu_sentences=4", "train.max_updates=6"]
+    train(config(pairs64, spm_model, tmp_path / "a", *common))
+    trainer = Trainer(config(pairs64, spm_model, tmp_path / "b", *common), resume=False)
+    _sigint_in_validation(trainer, monkeypatch, at_update=4, where=where)
+    result = trainer.run()
+    monkeypatch.undo()
+    assert result.stop_reason == "interrupted" and result.progress.update == 4 and update_of(tmp_path / "b" / "checkpoint_last.pt") == 4
+    assert "validation at update 4 cut short by the signal" in (tmp_path / "b" / "train.log").read_text()
+    assert resume(tmp_path / "b").progress.update == 6
+    a, b = (load_checkpoint(tmp_path / run / "checkpoint_last.pt") for run in ("a", "b"))
+    assert a["ema"]["updates"] == b["ema"]["updates"] == 6
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+        if key in a["ema"]["weights"]:
+            assert torch.equal(a["ema"]["weights"][key], b["ema"]["weights"][key]), key
+    for sa, sb in zip(a["optimizer"]["state"].values(), b["optimizer"]["state"].values()):
+        assert torch.equal(sa["exp_avg"], sb["exp_avg"]) and torch.equal(sa["exp_avg_sq"], sb["exp_avg_sq"])
+    assert a["metrics"] == b["metrics"] and "val_bleu" in b["metrics"]
+
+
+# ---------------------------------------------------------------- resuming when things changed
 def test_resume_from_an_averaged_checkpoint_is_one_line(pairs64, spm_model, tmp_path, capsys):
     run = tmp_path / "run"
     train(config(pairs64, spm_model, run, "train.max_updates=2", "train.save_every=1"))
@@ -300,7 +353,7 @@ def test_validation_beam_beyond_the_vocabulary_is_refused_at_start(pairs64, spm_
         )
 
 
-# ---------------------------------------------------------------- item 13: the NaN guard's bound; metrics.jsonl after a resume
+# ---------------------------------------------------------------- the NaN guard's bound; metrics.jsonl after a resume
 def test_nan_updates_stop_the_run_after_a_bounded_number(pairs64, spm_model, tmp_path, monkeypatch):
     monkeypatch.setattr(torch.nn.utils, "get_total_norm", lambda *_a, **_k: torch.tensor(float("nan")))  # the norm the NaN guard reads
     run = tmp_path / "run"
@@ -322,7 +375,7 @@ def test_metrics_jsonl_has_each_update_once_after_a_resume(pairs64, spm_model, t
     assert [r["update"] for r in records if r["kind"] == "valid"] == [4, 8]
 
 
-# ---------------------------------------------------------------- item 10: a full disk while logging names the log
+# ---------------------------------------------------------------- a full disk while logging names the log
 def test_disk_full_while_logging_names_train_log(pairs64, spm_model, tmp_path, monkeypatch, capsys):
     real_init = RunLog.__init__
 

@@ -169,7 +169,7 @@ def test_resume_keeps_the_schedule_continuous(pairs64, spm_model, tmp_path, fake
     def stop_after_14(update: int, stats: dict) -> None:  # inside the cool-down, which starts half-way
         first.append(stats["lr"])
         if update == 14:
-            interrupted.stop_requested = "interrupted"  # as a SIGINT would: save checkpoint_last.pt and stop
+            interrupted.stopping.request()  # as a SIGINT would: save checkpoint_last.pt and stop
 
     interrupted = fake_clock(
         Trainer(run_config(pairs64, spm_model, tmp_path / "b", *TINY, *WSD, *budget_options(budget)), resume=False, on_update=stop_after_14)

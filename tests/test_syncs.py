@@ -1,4 +1,4 @@
-"""Host syncs (issue 21): the counter counts what makes a host wait for a GPU, on CPU, and the hot loops
+"""Host syncs: the counter counts what makes a host wait for a GPU, on CPU, and the hot loops
 stay within their budgets: one sync per training update (the gradient norm, for the NaN guard), one per
 search step whatever the batch size and beam (the number of rows still running).
 
@@ -124,7 +124,7 @@ def test_a_skipped_update_leaves_the_weights_adam_and_the_schedule_where_they_we
 
 def test_distributed_stats_are_one_all_reduce_without_a_read(pairs64, spm_model, tmp_path):
     """Under a process group the update's statistics cost one all-reduce and no host read of their own;
-    the token count comes from the lengths on the host (it used to be an all-reduce and a read)."""
+    the token count comes from the lengths on the host (no all-reduce, no read)."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)

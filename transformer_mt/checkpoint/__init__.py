@@ -1,28 +1,26 @@
-"""Checkpoint files: atomic save, safe load, retention and averaging."""
+"""Checkpoint files: the format, atomic save and safe load (io), RNG state (rng), the numbered files of a
+run and their pruning (retention), averaging (averaging)."""
 
+from transformer_mt.checkpoint.averaging import average_checkpoints
 from transformer_mt.checkpoint.io import (
     FORMAT,
     CheckpointError,
-    average_checkpoints,
     config_from_checkpoint,
     copy_checkpoint,
-    last_checkpoints,
     load_checkpoint,
     model_weights,
-    numbered_checkpoint_path,
-    numbered_checkpoints,
     pack_tokenizers,
-    prune_checkpoints,
-    rng_state,
     save_checkpoint,
-    set_rng_state,
     unpack_tokenizers,
 )
+from transformer_mt.checkpoint.retention import checkpoint_update, last_checkpoints, numbered_checkpoint_path, numbered_checkpoints, prune_checkpoints
+from transformer_mt.checkpoint.rng import rng_state, set_rng_state
 
 __all__ = [
     "CheckpointError",
     "FORMAT",
     "average_checkpoints",
+    "checkpoint_update",
     "config_from_checkpoint",
     "copy_checkpoint",
     "last_checkpoints",

@@ -1,4 +1,4 @@
-"""Checkpoints: atomic save, safe load, retention of numbered files, and averaging.
+"""Checkpoint files: the format, atomic save, safe load, and the plain-type helpers of their entries.
 
 THE checkpoint format ("transformer_mt/1") is a dict of plain types only (tensors, dicts,
 lists, tuples, str, int, float, bool, None), so it loads with ``torch.load(weights_only=True)``
@@ -13,11 +13,11 @@ and loading a file never runs code from it:
     optimizer   ``optimizer.state_dict()``
     scheduler   ``scheduler.state_dict()``
     scaler      ``GradScaler.state_dict()`` or None when no loss scaling is used
-    rng         :func:`rng_state`: python / numpy / torch CPU / torch CUDA generator states
-    progress    {"update", "epoch", "epoch_batch" (batches consumed in the epoch), "best_metric",
-                 "bad_validations" (patience count), "elapsed" (seconds), ...}: owned by train.py
+    rng         :func:`~transformer_mt.checkpoint.rng.rng_state`: python / numpy / torch CPU / torch CUDA generator states
+    progress    ``Progress.state_dict()`` (training/state.py): "update", "epoch", "batch_in_epoch" (batches consumed
+                in the epoch), "best", "bad_validations" (patience count), "elapsed" (seconds), ...
     metrics     the last validation's results (loss, perplexity, BLEU, ...)
-    ema         only with train.ema_decay > 0: ``EMA.state_dict()`` (ema.py), {"decay", "updates", "weights":
+    ema         only with train.ema_decay > 0: ``EMA.state_dict()`` (training/ema.py), {"decay", "updates", "weights":
                 {parameter name -> fp32 tensor}}; decoding takes these weights by default (:func:`model_weights`)
 
 Sentencepiece protos are stored as uint8 tensors, not ``bytes``: torch before 2.5 refuses
@@ -27,10 +27,8 @@ Sentencepiece protos are stored as uint8 tensors, not ``bytes``: torch before 2.
 (CVE-2025-32434) and its unpickler could corrupt memory below 2.10 (CVE-2026-24747), so
 :func:`load_checkpoint` refuses to read any checkpoint under a torch older than 2.10.
 
-A run directory keeps ``checkpoint_last.pt``, ``checkpoint_best.pt`` and numbered
-``checkpoint_<update>.pt`` files (one save may write the same bytes under several of these names:
-:func:`copy_checkpoint`); :func:`prune_checkpoints` deletes the oldest numbered ones (but those at multiples of
-``train.keep_every``).
+The rest of the package: RNG state (rng.py), the numbered files of a run directory and their
+pruning (retention.py), averaging into an inference checkpoint (averaging.py).
 """
 
 from __future__ import annotations
@@ -38,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import random
 import re
 import shutil
 import uuid
@@ -52,9 +49,6 @@ from transformer_mt.config import Config, ConfigError, from_dict
 from transformer_mt.errors import TmtError
 
 FORMAT = "transformer_mt/1"
-_NUMBERED = re.compile(r"checkpoint_(\d+)\.pt")
-# The training-state keys an averaged (inference) checkpoint does not carry.
-TRAINING_KEYS = ("optimizer", "scheduler", "scaler", "rng", "progress", "metrics", "ema")
 WEIGHTS = ("ema", "raw")  # which weights of a checkpoint to decode: the moving average (train.ema_decay) or the trained ones
 
 
@@ -241,7 +235,7 @@ def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
     """Inverse of :func:`bytes_to_tensor`."""
     if tensor.dtype != torch.uint8 or tensor.dim() != 1:
         raise CheckpointError(f"expected a 1-D uint8 tensor of bytes, got {tensor.dtype} with shape {tuple(tensor.shape)}")
-    return tensor.cpu().numpy().tobytes() if _has_numpy() else bytes(tensor.tolist())
+    return tensor.cpu().numpy().tobytes()
 
 
 def pack_tokenizers(src_proto: bytes, tgt_proto: bytes | None = None) -> dict[str, torch.Tensor]:
@@ -285,192 +279,3 @@ def model_weights(state: dict[str, Any], *, weights: str | None = None, source: 
             raise CheckpointError(f"{source}: EMA weight {name!r} is not a model parameter; the checkpoint is damaged, use --weights raw")
         model[name] = tensor.to(model[name].dtype)
     return model
-
-
-def _has_numpy() -> bool:
-    try:
-        import numpy  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def rng_state() -> dict[str, Any]:
-    """Every generator a training run draws from, as plain types (resume == uninterrupted run).
-
-    Python's ``random.getstate()`` is (version, tuple of 625 ints, gauss_next); numpy's legacy
-    state holds a uint32 array, stored here as an int64 tensor (torch lacks full uint32 support).
-    """
-    version, internal, gauss_next = random.getstate()
-    out: dict[str, Any] = {"python": [version, list(internal), gauss_next], "torch": torch.get_rng_state()}
-    if _has_numpy():
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-        out["numpy"] = [str(kind), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]
-    if torch.cuda.is_available():
-        out["cuda"] = torch.cuda.get_rng_state_all()
-    return out
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore :func:`rng_state`. Generators missing here (numpy, CUDA) or there are skipped:
-    resuming a GPU run on CPU is allowed and only changes the random stream of the missing device."""
-    version, internal, gauss_next = state["python"]
-    random.setstate((int(version), tuple(int(x) for x in internal), gauss_next))
-    torch.set_rng_state(state["torch"].cpu())
-    if "numpy" in state and _has_numpy():
-        import numpy as np
-
-        kind, keys, pos, has_gauss, cached = state["numpy"]
-        np.random.set_state((kind, keys.numpy().astype(np.uint32), int(pos), int(has_gauss), float(cached)))
-    if state.get("cuda") and torch.cuda.is_available():
-        saved = state["cuda"]
-        for device in range(min(len(saved), torch.cuda.device_count())):
-            torch.cuda.set_rng_state(saved[device].cpu(), device)
-
-
-# ----------------------------------------------------------------------------- retention
-
-
-def numbered_checkpoint_path(out_dir: str | os.PathLike, update: int) -> Path:
-    """``<out_dir>/checkpoint_<update>.pt``."""
-    if update < 0:
-        raise CheckpointError(f"update {update} is negative; numbered checkpoints are named by the update count")
-    return Path(out_dir) / f"checkpoint_{update}.pt"
-
-
-def numbered_checkpoints(out_dir: str | os.PathLike) -> list[Path]:
-    """The run's ``checkpoint_<update>.pt`` files, oldest first (sorted by update, not by name)."""
-    out_dir = Path(out_dir)
-    if not out_dir.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in out_dir.iterdir() if (m := _NUMBERED.fullmatch(p.name)) and p.is_file()]
-    return [p for _, p in sorted(found)]
-
-
-def checkpoint_update(path: str | os.PathLike) -> int:
-    """The update number in a ``checkpoint_<update>.pt`` name."""
-    match = _NUMBERED.fullmatch(Path(path).name)
-    if match is None:
-        raise CheckpointError(f"{path}: not a numbered checkpoint_<update>.pt file")
-    return int(match.group(1))
-
-
-def prune_checkpoints(out_dir: str | os.PathLike, keep_last: int, *, keep_every: int = 0) -> list[Path]:
-    """Delete all but the ``keep_last`` newest numbered checkpoints (0 = keep all); returns the deleted.
-    With ``keep_every`` > 0, those whose update is a multiple of it are kept too (LAWA-style averaging
-    over a wider window: ``tmt average --every``).
-
-    ``checkpoint_best.pt``, ``checkpoint_last.pt`` and anything not named ``checkpoint_<int>.pt``
-    are never touched.
-    """
-    if keep_last < 0 or keep_every < 0:
-        raise CheckpointError(f"keep_last={keep_last}, keep_every={keep_every}: negative; use 0 (keep all / none) or a positive count")
-    found = numbered_checkpoints(out_dir)
-    doomed = found[:-keep_last] if keep_last else []
-    if keep_every:
-        doomed = [p for p in doomed if checkpoint_update(p) % keep_every]
-    for path in doomed:
-        with contextlib.suppress(FileNotFoundError):  # a concurrent prune got there first
-            path.unlink()
-    return doomed
-
-
-def last_checkpoints(run_dir: str | os.PathLike, n: int, *, every: int = 0) -> list[Path]:
-    """The ``n`` newest numbered checkpoints of a run, oldest first (so the newest is last); with ``every``
-    > 0, the newest of those whose update is a multiple of ``every``."""
-    if n < 1:
-        raise CheckpointError(f"cannot take the last {n} checkpoints; ask for at least 1")
-    if every < 0:
-        raise CheckpointError(f"--every {every} is negative; give the spacing in updates (e.g. 1000), or 0 for the newest checkpoints")
-    found = numbered_checkpoints(run_dir)
-    if every:
-        found = [p for p in found if checkpoint_update(p) % every == 0]
-        if len(found) < n:
-            updates = ", ".join(str(checkpoint_update(p)) for p in found) or "none"
-            raise CheckpointError(
-                f"{run_dir}: asked for the last {n} checkpoints at multiples of {every} updates but found {len(found)} (updates: {updates}); "
-                f"ask for fewer with --last, or train with train.keep_every={every} (and numbered saves on those updates) so pruning keeps them"
-            )
-    if len(found) < n:
-        raise CheckpointError(
-            f"{run_dir}: asked for the last {n} checkpoints but the run has {len(found)} numbered checkpoint_<update>.pt files; "
-            "ask for fewer or raise train.keep_last for the next run"
-        )
-    return found[-n:]
-
-
-# ----------------------------------------------------------------------------- averaging
-
-
-def average_checkpoints(paths: list[str | os.PathLike], *, weights: str | None = None) -> dict[str, Any]:
-    """An inference checkpoint whose weights are the element-wise mean of those in ``paths``.
-
-    Floating-point tensors are summed in float64 and cast back to their dtype; integer and
-    bool buffers (counters, masks) are taken from the last checkpoint, as are ``config`` and
-    ``tokenizers``. Optimizer, scheduler, RNG and progress are dropped. Checkpoints of
-    different architectures (model config or parameter names and shapes) are refused. `weights`: which
-    weights of each checkpoint (:func:`model_weights`): "ema", "raw", or None: the EMA weights when every
-    checkpoint holds them, else the raw ones (both are summed until a checkpoint without EMA shows up).
-    """
-    paths = [Path(p) for p in paths]
-    if not paths:
-        raise CheckpointError("no checkpoints to average; give at least one path")
-    kinds: dict[str, dict[str, torch.Tensor]] = {kind: {} for kind in ([weights] if weights else WEIGHTS)}  # kind -> float64 sums
-    first_path, first = paths[0], None
-    last: dict[str, Any] = {}
-    for path in paths:
-        last = load_checkpoint(path)
-        if not isinstance(last.get("model"), dict):
-            raise CheckpointError(f"{path}: checkpoint has no 'model' weights; give checkpoints written by `tmt train`")
-        tokenizers = unpack_tokenizers(last, source=str(path))
-        if first is None:
-            first = {"config": last.get("config"), "model": {k: (tuple(v.shape), v.dtype) for k, v in last["model"].items()}, "tokenizers": tokenizers}
-        else:
-            _check_same_architecture(first_path, first, path, last)
-            if tokenizers != first["tokenizers"]:  # equal vocabulary sizes are not enough: the ids must mean the same pieces
-                raise CheckpointError(
-                    f"cannot average {first_path} and {path}: their sentencepiece models differ; "
-                    "average checkpoints of one run (or of runs trained with the same tokenizer.model)"
-                )
-        if weights is None and not last.get("ema"):
-            kinds.pop("ema", None)
-        for kind, sums in kinds.items():
-            for name, tensor in model_weights(last, weights=kind, source=str(path)).items():
-                if tensor.is_floating_point():
-                    acc = tensor.to(torch.float64)
-                    sums[name] = acc if name not in sums else sums[name].add_(acc)
-    chosen, sums = next(iter(kinds.items()))  # WEIGHTS puts "ema" first
-    model = {}
-    for name, tensor in last["model"].items():
-        model[name] = (sums[name] / len(paths)).to(tensor.dtype) if name in sums else tensor
-    out = {k: v for k, v in last.items() if k not in TRAINING_KEYS}
-    out.update(model=model, averaged_from=[str(p) for p in paths], averaged_weights=chosen)
-    return out
-
-
-def _check_same_architecture(path_a: Path, a: dict[str, Any], path_b: Path, b: dict[str, Any]) -> None:
-    def refuse(what: str) -> None:
-        raise CheckpointError(f"cannot average {path_a} and {path_b}: {what}; average checkpoints of one run (or of identically configured runs)")
-
-    model_a = (a.get("config") or {}).get("model", {})
-    model_b = (b.get("config") or {}).get("model", {})
-    for key in sorted(model_a.keys() | model_b.keys()):
-        if model_a.get(key) != model_b.get(key):
-            refuse(f"model.{key} differs ({model_a.get(key)!r} vs {model_b.get(key)!r})")
-    shapes_a = a["model"]
-    shapes_b = {k: (tuple(v.shape), v.dtype) for k, v in b["model"].items()}
-    for name in shapes_a:
-        if name not in shapes_b:
-            refuse(f"parameter {name!r} is missing from the second")
-        if shapes_a[name] != shapes_b[name]:
-            refuse(f"parameter {name!r} differs ({_describe(shapes_a[name])} vs {_describe(shapes_b[name])})")
-    for name in shapes_b:
-        if name not in shapes_a:
-            refuse(f"parameter {name!r} is missing from the first")
-
-
-def _describe(shape_dtype: tuple[tuple[int, ...], torch.dtype]) -> str:
-    shape, dtype = shape_dtype
-    return f"shape {list(shape)} {str(dtype).removeprefix('torch.')}"

@@ -12,26 +12,39 @@ from transformer_mt.training.optim import (
     param_groups,
     wsd_lr,
 )
+from transformer_mt.training.policy import CheckpointPolicy, newest_checkpoint
 from transformer_mt.training.rundir import RunDirError, RunLock
 from transformer_mt.training.runlog import RunLog
+from transformer_mt.training.setup import TrainError, resumed_config
+from transformer_mt.training.state import Batching, Progress, TrainState
+from transformer_mt.training.step import UpdateBatches, target_tokens, update_schedule
+from transformer_mt.training.stopping import Stopping
 from transformer_mt.training.tensorboard import TensorBoardLog
-from transformer_mt.training.trainer import MAX_NONFINITE_UPDATES, Trainer, TrainError, resumed_config, target_tokens, train, train_from_cli, update_schedule
+from transformer_mt.training.trainer import MAX_NONFINITE_UPDATES, Trainer, TrainResult, train, train_from_cli
 
 __all__ = [
     "EMA",
     "MAX_NONFINITE_UPDATES",
+    "Batching",
+    "CheckpointPolicy",
+    "Progress",
     "RunDirError",
     "RunLock",
     "RunLog",
     "Scheduler",
+    "Stopping",
     "TensorBoardLog",
     "TrainError",
+    "TrainResult",
+    "TrainState",
     "Trainer",
+    "UpdateBatches",
     "budget_fraction",
     "build_optimizer",
     "build_scheduler",
     "inverse_sqrt_lr",
     "linear_lr",
+    "newest_checkpoint",
     "noam_lr",
     "param_groups",
     "resumed_config",

@@ -1,14 +1,10 @@
-"""A run directory (``train.out_dir``) as `tmt train` uses it: one writer at a time, a resume from the
-newest complete checkpoint, and no new run silently started over an old one.
+"""A run directory (``train.out_dir``) as `tmt train` uses it: one writer at a time, and no new run
+silently started over an old one (which checkpoint a resume takes: policy.py).
 
 - Lock. A training process holds an exclusive ``fcntl.flock`` on ``OUT_DIR/.lock`` (the file names its
   pid) from before it writes anything until it exits; the OS releases it when the process dies, even
   by SIGKILL. A second `tmt train` or `--resume` of the same directory gets one line naming that pid,
   instead of interleaving logs and pruning the first run's checkpoints.
-- Resume. Checkpoints are written atomically, so each file is complete or absent; a resume takes the
-  newest that loads: ``checkpoint_last.pt`` or a numbered ``checkpoint_<update>.pt`` of a later update
-  (a kill between writing the two), skipping any that does not load. A checkpoint without training
-  state (an average) cannot be resumed, and says so.
 - A new run refuses a directory that holds checkpoints, unless asked to start over (``--overwrite``),
   which removes the old run's checkpoints: numbered files of two runs would mix in pruning, in
   averaging and in finding the newest.
@@ -22,9 +18,8 @@ import errno
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable
 
-from transformer_mt.checkpoint import CheckpointError, load_checkpoint, numbered_checkpoints
+from transformer_mt.checkpoint import numbered_checkpoints
 from transformer_mt.errors import TmtError
 
 try:  # POSIX; elsewhere runs are not locked
@@ -107,53 +102,3 @@ def remove_stale_temporaries(out_dir: str | os.PathLike) -> int:
                     path.unlink()
                     removed += 1
     return removed
-
-
-def newest_checkpoint(run_dir: str | os.PathLike, *, log: Callable[[str], None] | None = None) -> tuple[Path, dict[str, Any]]:
-    """The newest complete training checkpoint of a run and its loaded state (see the module docstring).
-    ``log`` hears about each checkpoint skipped because it does not load."""
-    run_dir = Path(run_dir)
-    if run_dir.is_file():
-        raise RunDirError(f"--resume {run_dir}: give the run directory (train.out_dir), not a checkpoint file; the newest checkpoint in it is found for you")
-    if not run_dir.is_dir():
-        raise RunDirError(f"--resume {run_dir}: no such run directory; give the train.out_dir of the run to continue")
-
-    def load(path: Path) -> dict[str, Any] | None:
-        try:
-            return load_checkpoint(path)
-        except CheckpointError as exc:
-            if log is not None:
-                log(f"skipping {path.name}: {exc}")
-            return None
-
-    last_path = run_dir / "checkpoint_last.pt"
-    last = load(last_path) if last_path.is_file() else None
-    last_update = _update_of(last)
-    for path in reversed(numbered_checkpoints(run_dir)):  # newest first; those after the last one (killed in between)
-        if int(path.stem.rsplit("_", 1)[1]) <= last_update:
-            break
-        state = load(path)
-        if state is not None:
-            return path, _resumable(path, state)
-    if last is not None:
-        return last_path, _resumable(last_path, last)
-    raise RunDirError(
-        f"--resume {run_dir}: no checkpoint to resume from (no complete checkpoint_last.pt or checkpoint_<update>.pt); "
-        "check the directory, or start a new run with --config"
-    )
-
-
-def _update_of(state: dict[str, Any] | None) -> int:
-    progress = (state or {}).get("progress")
-    return int(progress.get("update", -1)) if isinstance(progress, dict) else -1
-
-
-def _resumable(path: Path, state: dict[str, Any]) -> dict[str, Any]:
-    missing = [key for key in ("optimizer", "scheduler", "rng", "progress") if state.get(key) is None]
-    if missing:
-        what = "an averaged checkpoint" if "averaged_from" in state else "a checkpoint without training state"
-        raise RunDirError(
-            f"{path}: {what} ({', '.join(missing)} missing) holds weights only, so training cannot continue from it; "
-            f"resume a run directory written by `tmt train`, or start a new run"
-        )
-    return state

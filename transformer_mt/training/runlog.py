@@ -41,7 +41,7 @@ not know (later versions may add keys, never rename or remove them). Losses are 
     target_tokens target tokens trained on over the whole run
     last_valid    the last validation's val_* values ({} when the run has no validation set)
     train_flops   training FLOPs of the whole run: 3 x the matmul FLOPs of each padded batch's forward
-                  (flops.py, the benchmark's count; all ranks)
+                  (runtime/flops.py, the benchmark's count; all ranks)
     flops_per_token  train_flops / target_tokens
     update_seconds   seconds inside updates (forward, backward, optimizer), validation and checkpoints excluded
     achieved_tflops  train_flops / update_seconds / 1e12
@@ -61,7 +61,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from transformer_mt.runtime import flops
 from transformer_mt.text import name_write_errors
+from transformer_mt.training.state import Progress
 
 KINDS = ("train", "valid", "summary")
 
@@ -141,6 +143,15 @@ class RunLog:
             **(cost or {}),
         )
 
+    def end(self, p: Progress, *, reason: str, interrupted: bool, last_valid: dict[str, float], cost: dict, out: Path) -> None:
+        """A session's end: the "summary" record, the cost line, and how to continue an interrupted run."""
+        self.summary(update=p.update, epoch=p.epoch, wall=p.elapsed, stop_reason=reason, target_tokens=p.tokens, last_valid=last_valid, cost=cost)
+        self.log(flops.format_cost(cost, tokens=p.tokens, wall_seconds=p.elapsed))
+        if interrupted:
+            self.log(f"interrupted at update {p.update}: saved {out / 'checkpoint_last.pt'}; continue with `tmt train --resume {out}`")
+        else:
+            self.log(f"stopped at update {p.update} (epoch {p.epoch}): {reason}; checkpoints in {out}")
+
     # ------------------------------------------------------------ the progress bar (a terminal only)
     def start_progress(self, *, total: int | None, initial: int) -> None:
         if self.log_file is not None and sys.stderr.isatty():
@@ -212,7 +223,7 @@ class Window:
             self.excluded += time.perf_counter() - tic
 
     def add(self, s: dict[str, float]) -> None:
-        """Count one update's stats (`Trainer._update`: loss and nll summed over its tokens, ntokens, lr, gnorm).
+        """Count one update's stats (`step.run_update`: loss and nll summed over its tokens, ntokens, lr, gnorm).
         loss and nll may be device tensors: summed there, read once per window by flush()."""
         self.loss += s["loss"]
         self.nll += s["nll"]

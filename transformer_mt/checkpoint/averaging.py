@@ -1,0 +1,87 @@
+"""Averaging checkpoints into one inference checkpoint (`tmt average`): the element-wise mean of their weights,
+of the EMA weights or the raw ones, refused across architectures or tokenizers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from transformer_mt.checkpoint.io import WEIGHTS, CheckpointError, load_checkpoint, model_weights, unpack_tokenizers
+
+# The training-state keys an averaged (inference) checkpoint does not carry.
+TRAINING_KEYS = ("optimizer", "scheduler", "scaler", "rng", "progress", "metrics", "ema")
+
+
+def average_checkpoints(paths: list[str | os.PathLike], *, weights: str | None = None) -> dict[str, Any]:
+    """An inference checkpoint whose weights are the element-wise mean of those in ``paths``.
+
+    Floating-point tensors are summed in float64 and cast back to their dtype; integer and
+    bool buffers (counters, masks) are taken from the last checkpoint, as are ``config`` and
+    ``tokenizers``. Optimizer, scheduler, RNG and progress are dropped. Checkpoints of
+    different architectures (model config or parameter names and shapes) are refused. `weights`: which
+    weights of each checkpoint (:func:`model_weights`): "ema", "raw", or None: the EMA weights when every
+    checkpoint holds them, else the raw ones (both are summed until a checkpoint without EMA shows up).
+    """
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise CheckpointError("no checkpoints to average; give at least one path")
+    kinds: dict[str, dict[str, torch.Tensor]] = {kind: {} for kind in ([weights] if weights else WEIGHTS)}  # kind -> float64 sums
+    first_path, first = paths[0], None
+    last: dict[str, Any] = {}
+    for path in paths:
+        last = load_checkpoint(path)
+        if not isinstance(last.get("model"), dict):
+            raise CheckpointError(f"{path}: checkpoint has no 'model' weights; give checkpoints written by `tmt train`")
+        tokenizers = unpack_tokenizers(last, source=str(path))
+        if first is None:
+            first = {"config": last.get("config"), "model": {k: (tuple(v.shape), v.dtype) for k, v in last["model"].items()}, "tokenizers": tokenizers}
+        else:
+            _check_same_architecture(first_path, first, path, last)
+            if tokenizers != first["tokenizers"]:  # equal vocabulary sizes are not enough: the ids must mean the same pieces
+                raise CheckpointError(
+                    f"cannot average {first_path} and {path}: their sentencepiece models differ; "
+                    "average checkpoints of one run (or of runs trained with the same tokenizer.model)"
+                )
+        if weights is None and not last.get("ema"):
+            kinds.pop("ema", None)
+        for kind, sums in kinds.items():
+            for name, tensor in model_weights(last, weights=kind, source=str(path)).items():
+                if tensor.is_floating_point():
+                    acc = tensor.to(torch.float64)
+                    sums[name] = acc if name not in sums else sums[name].add_(acc)
+    chosen, sums = next(iter(kinds.items()))  # WEIGHTS puts "ema" first
+    model = {}
+    for name, tensor in last["model"].items():
+        model[name] = (sums[name] / len(paths)).to(tensor.dtype) if name in sums else tensor
+    out = {k: v for k, v in last.items() if k not in TRAINING_KEYS}
+    out.update(model=model, averaged_from=[str(p) for p in paths], averaged_weights=chosen)
+    return out
+
+
+def _check_same_architecture(path_a: Path, a: dict[str, Any], path_b: Path, b: dict[str, Any]) -> None:
+    def refuse(what: str) -> None:
+        raise CheckpointError(f"cannot average {path_a} and {path_b}: {what}; average checkpoints of one run (or of identically configured runs)")
+
+    model_a = (a.get("config") or {}).get("model", {})
+    model_b = (b.get("config") or {}).get("model", {})
+    for key in sorted(model_a.keys() | model_b.keys()):
+        if model_a.get(key) != model_b.get(key):
+            refuse(f"model.{key} differs ({model_a.get(key)!r} vs {model_b.get(key)!r})")
+    shapes_a = a["model"]
+    shapes_b = {k: (tuple(v.shape), v.dtype) for k, v in b["model"].items()}
+    for name in shapes_a:
+        if name not in shapes_b:
+            refuse(f"parameter {name!r} is missing from the second")
+        if shapes_a[name] != shapes_b[name]:
+            refuse(f"parameter {name!r} differs ({_describe(shapes_a[name])} vs {_describe(shapes_b[name])})")
+    for name in shapes_b:
+        if name not in shapes_a:
+            refuse(f"parameter {name!r} is missing from the first")
+
+
+def _describe(shape_dtype: tuple[tuple[int, ...], torch.dtype]) -> str:
+    shape, dtype = shape_dtype
+    return f"shape {list(shape)} {str(dtype).removeprefix('torch.')}"

@@ -1,0 +1,171 @@
+"""One update: its batches, the gradient accumulation and the optimizer step, and what the loop counts on the host.
+
+One update = `update_freq` token-budget batches whose gradients are summed, normalised by the update's
+target-token count, clipped, and applied by Adam under the schedule (`run_update`).
+
+Host syncs (each stalls a GPU; tests count them): one per update, the gradient norm, which the NaN guard needs
+on the host to decide whether Adam steps and the schedule advances (it does not on an overflow or NaN).
+Labels are selected by index (`Batch.labels`), and "loss" / "nll" stay on the device as float64 sums,
+summed across ranks by one all-reduce that does not block the host under NCCL.
+
+Data parallel (torchrun, WORLD_SIZE > 1):
+- Batches. Every rank computes the same epoch batch list (a function of seed and epoch); an update consumes
+  the next world_size x update_freq batches of it, rank r taking those at positions r, r + world_size, ...
+  (`update_schedule` and `UpdateBatches.share`). So an update sees exactly the batches of one process with
+  update_freq x world_size, and `Progress.batch_in_epoch` counts these global batches: a checkpoint saved
+  under one world size resumes under any other.
+- Epoch remainder. When the last window of an epoch holds fewer batches than ranks, a rank left without one
+  runs the window's first batch with weight 0, so that it takes part in the gradient all-reduce; no batch is
+  dropped or repeated.
+- Loss. The update's target tokens are summed over ranks (`target_tokens` counts them on the host) and each
+  rank's loss is divided by that sum, times world_size because DDP averages gradients: the gradient is that
+  of one process on the whole global batch. Only the last micro-batch of an update all-reduces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import torch
+
+from transformer_mt import runtime
+from transformer_mt.config import ModelConfig, TrainConfig
+from transformer_mt.data import Batch, SampledSegmentation
+from transformer_mt.runtime import flops
+from transformer_mt.training.state import Progress, TrainState
+
+
+@dataclass(frozen=True)
+class UpdateBatches:
+    """The global batches of one update: consecutive batches of its epoch's list."""
+
+    epoch: int
+    start: int  # position of its first batch in the epoch's batch list
+    batches: list  # index arrays (ParallelData.get_batch), at most world_size x update_freq of them
+    last: bool  # it ends the epoch
+
+    def share(self, rank: int, world_size: int) -> list:
+        """Rank r's batches: positions r, r + world_size, ...; empty for a rank left without one at an epoch's end."""
+        return self.batches[rank::world_size]
+
+
+def update_schedule(data, t: TrainConfig, *, world_size: int = 1, epoch: int = 1, start: int = 0) -> Iterator[UpdateBatches]:  # noqa: ANN001 - ParallelData or SampledSegmentation
+    """Every update's batches in training order, from batch `start` of `epoch` on, until t.max_epochs
+    (0: for ever). The same on every rank, and for one process with update_freq x world_size."""
+    per_update = world_size * t.update_freq
+    while not t.max_epochs or epoch <= t.max_epochs:
+        batches = data.batches(epoch, max_tokens=t.max_tokens, seed=t.seed)
+        for i in range(start, len(batches), per_update):
+            yield UpdateBatches(epoch, i, batches[i : i + per_update], last=i + per_update >= len(batches))
+        epoch, start = epoch + 1, 0
+
+
+def target_tokens(data, batches: list) -> int:  # noqa: ANN001 - ParallelData or SampledSegmentation
+    """Target tokens (pieces + EOS) of the pairs in `batches` (index arrays), from the lengths on the host:
+    every rank knows the whole update's count without an all-reduce (it equals the sum of `Batch.ntokens`)."""
+    return sum(int(data.tgt_lengths[idx].sum()) + len(idx) for idx in batches)
+
+
+def update_flops(data, batches: list, m: ModelConfig, *, vocab: int) -> int:  # noqa: ANN001 - ParallelData or SampledSegmentation
+    """Training FLOPs of the whole update (all ranks), counted as the benchmark counts them (padded batches,
+    flops.train_flops), from the lengths on the host: padded source = longest + EOS, target = longest + BOS."""
+    return sum(
+        flops.train_flops(m, vocab=vocab, batch=len(idx), src_len=int(data.src_lengths[idx].max()) + 1, tgt_len=int(data.tgt_lengths[idx].max()) + 1)
+        for idx in batches
+    )
+
+
+def sampling_line(data: SampledSegmentation, epoch: int) -> str:
+    """The log line of an epoch's sampled segmentation (data.subword_alpha): its time and how many pieces it makes."""
+    st = data.last_stats
+    return (
+        f"epoch {epoch}: sampled segmentation in {st['seconds']:.1f} s, pieces x{st['src_piece_ratio']:.3f} (source) "
+        f"x{st['tgt_piece_ratio']:.3f} (target) of the best segmentation"
+    )
+
+
+def run_cost(p: Progress, t: TrainConfig, *, device: torch.device, world_size: int) -> dict:
+    """The training cost fields of the "summary" record (flops.cost_summary) for the run so far."""
+    peak, source = flops.peak_for(t.dtype, device=device, peak_tflops=t.peak_tflops)
+    return flops.cost_summary(
+        tokens=p.tokens,
+        train_flops=p.flops,
+        update_seconds=p.update_seconds,
+        wall_seconds=p.elapsed,
+        peak_flops_per_s=peak,
+        peak_source=source,
+        world_size=world_size,
+    )
+
+
+def run_update(
+    state: TrainState,
+    module: torch.nn.Module,
+    batches: list[Batch],
+    *,
+    filler: Batch | None,
+    ntokens: int | None,
+    dist: runtime.DistInfo,
+    device: torch.device,
+    host_stats: bool,
+    log: Callable[[str], None],
+) -> dict:
+    """One optimizer update of `state` over this rank's `batches`, run through `module` (the loss module, DDP-wrapped
+    in a data-parallel run; Trainer.update says what the arguments mean). Returns the update's stats: "loss" and
+    "nll" summed over all ranks (device tensors; floats with `host_stats`), "ntokens", "lr", "gnorm", "seconds"."""
+    module.train()
+    t, world = state.train_cfg, dist.world_size
+    if ntokens is None:
+        ntokens = int(runtime.all_reduce_sum([sum(b.ntokens for b in batches)], device)[0])
+    work = [(b, 1.0) for b in batches] or [(filler, 0.0)]
+    sums = torch.zeros(2, dtype=runtime.accumulator_dtype(device), device=device)  # loss, nll of this rank
+    tic = time.perf_counter()
+    for i, (batch, weight) in enumerate(work):
+        batch = batch.to(device, non_blocking=True)  # from pinned memory on CUDA: no wait
+        # DDP all-reduces gradients in the backward of the update's last micro-batch only
+        sync = i == len(work) - 1 or not dist.enabled
+        with contextlib.nullcontext() if sync else module.no_sync():
+            with runtime.autocast(device, t.dtype):  # projection and loss fused, only at label positions
+                loss, nll, _ = module(batch.src, batch.tgt_in, batch.tgt_out, batch.labels, src_padded=batch.src_padded)
+            # per-token mean over the whole update; x world: DDP averages the ranks' gradients
+            scaled = loss / ntokens * (weight * world)
+            (state.scaler.scale(scaled) if state.scaler is not None else scaled).backward()
+        if weight:
+            sums += torch.stack([loss.detach(), nll]).to(sums.dtype)
+    runtime.all_reduce_sum_(sums)
+    gnorm, lr = _apply_gradients(state, log=log)
+    stats = {"loss": sums[0], "nll": sums[1], "ntokens": ntokens, "lr": lr, "gnorm": gnorm, "seconds": time.perf_counter() - tic}
+    if host_stats:
+        stats["loss"], stats["nll"] = sums.tolist()
+    return stats
+
+
+def _apply_gradients(state: TrainState, *, log: Callable[[str], None]) -> tuple[float, float]:
+    """Clip and step unless the gradient norm is not finite (the NaN guard); returns the norm and the update's rate."""
+    t, optimizer, scaler = state.train_cfg, state.optimizer, state.scaler
+    if scaler is not None:
+        scaler.unscale_(optimizer)  # records the overflow for scaler.update()
+    # The norm always (the NaN guard reads it); the clipping pass over every gradient only when asked for
+    # (clip_grad_norm_ with an infinite max_norm still multiplies every gradient by 1.0).
+    norm = torch.nn.utils.get_total_norm([p.grad for p in state.model.parameters() if p.grad is not None])
+    if t.clip_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(state.model.parameters(), t.clip_norm, norm)
+    gnorm = float(norm)  # the update's one host sync
+    lr = state.scheduler.lr  # the schedule already set it for this update
+    stepped = math.isfinite(gnorm)  # non-finite: an fp16 overflow (the scaler lowers its scale) or a NaN
+    if stepped:
+        optimizer.step()  # gradients already unscaled: scaler.step would only read the overflow flag again
+        if state.ema is not None:  # a skipped update (overflow, NaN) leaves the average alone too
+            state.ema.update()
+    elif scaler is None:
+        log(f"update {state.progress.update + 1}: gradient norm is {gnorm}; update skipped (NaN guard)")
+    if scaler is not None:
+        scaler.update()
+    if stepped:  # a skipped update leaves the learning-rate schedule where it was
+        state.scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return gnorm, lr
