@@ -25,13 +25,13 @@ def average_checkpoints(paths: list[str | os.PathLike], *, weights: str | None =
     weights of each checkpoint (:func:`model_weights`): "ema", "raw", or None: the EMA weights when every
     checkpoint holds them, else the raw ones (both are summed until a checkpoint without EMA shows up).
     """
-    paths = [Path(p) for p in paths]
-    if not paths:
+    files = [Path(p) for p in paths]
+    if not files:
         raise CheckpointError("no checkpoints to average; give at least one path")
     kinds: dict[str, dict[str, torch.Tensor]] = {kind: {} for kind in ([weights] if weights else WEIGHTS)}  # kind -> float64 sums
-    first_path, first = paths[0], None
+    first_path, first = files[0], None
     last: dict[str, Any] = {}
-    for path in paths:
+    for path in files:
         last = load_checkpoint(path)
         if not isinstance(last.get("model"), dict):
             raise CheckpointError(f"{path}: checkpoint has no 'model' weights; give checkpoints written by `tmt train`")
@@ -55,9 +55,9 @@ def average_checkpoints(paths: list[str | os.PathLike], *, weights: str | None =
     chosen, sums = next(iter(kinds.items()))  # WEIGHTS puts "ema" first
     model = {}
     for name, tensor in last["model"].items():
-        model[name] = (sums[name] / len(paths)).to(tensor.dtype) if name in sums else tensor
+        model[name] = (sums[name] / len(files)).to(tensor.dtype) if name in sums else tensor
     out = {k: v for k, v in last.items() if k not in TRAINING_KEYS}
-    out.update(model=model, averaged_from=[str(p) for p in paths], averaged_weights=chosen)
+    out.update(model=model, averaged_from=[str(p) for p in files], averaged_weights=chosen)
     return out
 
 

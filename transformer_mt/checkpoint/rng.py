@@ -4,7 +4,7 @@ resumed run draws the same dropout masks as an uninterrupted one."""
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -18,7 +18,7 @@ def rng_state() -> dict[str, Any]:
     """
     version, internal, gauss_next = random.getstate()
     out: dict[str, Any] = {"python": [version, list(internal), gauss_next], "torch": torch.get_rng_state()}
-    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    kind, keys, pos, has_gauss, cached = cast(tuple, np.random.get_state(legacy=True))  # legacy=True: the tuple form
     out["numpy"] = [str(kind), torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)]
     if torch.cuda.is_available():
         out["cuda"] = torch.cuda.get_rng_state_all()

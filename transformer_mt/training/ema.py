@@ -43,7 +43,7 @@ class EMA:
             raise EMAError(f"train.ema_decay={decay} is outside [0, 1); use 0 (off) or e.g. 0.999")
         self.model, self.decay, self.updates = model, decay, 0
         # one entry per tensor (tied weights once); every name of each kept for exports
-        self.params: list[nn.Parameter] = []
+        self.params: list[torch.Tensor] = []  # the parameters themselves
         self.names: dict[str, int] = {}
         index: dict[int, int] = {}
         for name, p in model.named_parameters(remove_duplicate=False):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import nn
@@ -156,7 +156,8 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     its appearances; with tied embeddings the output projection is that table too), as in minGPT.
     """
     embedding = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters(recurse=False)}
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     for p in model.parameters():  # shared (tied) parameters appear once
         if p.requires_grad:
             (no_decay if p.ndim < 2 or id(p) in embedding else decay).append(p)
@@ -171,11 +172,12 @@ def build_optimizer(model: nn.Module, train_cfg: TrainConfig) -> torch.optim.Opt
     Uses the fused implementation where this torch has one for the parameters' device (CUDA;
     CPU from torch 2.4), else foreach. The lr given here is a placeholder: the Scheduler sets it.
     """
+    cls: type[torch.optim.Optimizer]
     if train_cfg.weight_decay > 0:
         cls, groups = torch.optim.AdamW, param_groups(model, train_cfg.weight_decay)
     else:
         cls, groups = torch.optim.Adam, [{"params": [p for p in model.parameters() if p.requires_grad]}]
-    kwargs = dict(lr=train_cfg.lr, betas=tuple(train_cfg.optimizer_betas), eps=train_cfg.optimizer_eps, weight_decay=0.0)
+    kwargs: dict[str, Any] = dict(lr=train_cfg.lr, betas=tuple(train_cfg.optimizer_betas), eps=train_cfg.optimizer_eps, weight_decay=0.0)
     try:
         return cls(groups, fused=True, **kwargs)
     except (RuntimeError, ValueError, TypeError):  # no fused kernel for this device or dtype in this torch
@@ -213,5 +215,5 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, saved: dict, *, model: n
     return changes
 
 
-def _shown(value) -> str:  # noqa: ANN001 - a float or a pair of floats
+def _shown(value: float | Sequence[float]) -> str:  # a float or a pair of floats (betas)
     return str(list(value)) if isinstance(value, (list, tuple)) else f"{value:g}"

@@ -59,7 +59,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from transformer_mt.runtime import flops
 from transformer_mt.text import name_write_errors
@@ -83,17 +83,18 @@ class RunLog:
 
                 self.tb = TensorBoardLog(Path(out_dir) / "tensorboard")
             self.log_file = open(Path(out_dir) / "train.log", "a", encoding="utf-8")
-            self.metrics_file = open(self.metrics_path, "a", encoding="utf-8")
+            self.metrics_file = open(Path(out_dir) / "metrics.jsonl", "a", encoding="utf-8")
 
     def drop_after(self, update: int) -> int:
         """Remove the metrics.jsonl records of updates after `update`, and a torn last line: a resume from the
         checkpoint of `update` trains those updates again, and their records would appear twice. Returns how
         many lines went. The file is rewritten through a temporary file renamed into place."""
-        if self.metrics_file is None or not self.metrics_path.is_file():
+        path = self.metrics_path
+        if self.metrics_file is None or path is None or not path.is_file():
             return 0
         self.metrics_file.close()
         kept, dropped = [], 0
-        for line in self.metrics_path.read_text(encoding="utf-8", errors="replace").splitlines():
+        for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
                 keep = json.loads(line).get("update", 0) <= update
             except (ValueError, AttributeError):  # torn by a kill mid-write, or not a record
@@ -103,11 +104,11 @@ class RunLog:
             else:
                 dropped += 1
         if dropped:
-            tmp = self.metrics_path.with_name(f".{self.metrics_path.name}.{os.getpid()}.tmp")
-            with name_write_errors(str(self.metrics_path)):
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            with name_write_errors(str(path)):
                 tmp.write_text("".join(f"{line}\n" for line in kept), encoding="utf-8")
-                os.replace(tmp, self.metrics_path)
-        self.metrics_file = open(self.metrics_path, "a", encoding="utf-8")
+                os.replace(tmp, path)
+        self.metrics_file = open(path, "a", encoding="utf-8")
         return dropped
 
     # ------------------------------------------------------------ the three kinds of record
@@ -214,7 +215,7 @@ class Window:
         self.excluded = 0.0  # seconds spent paused (validation, checkpoints)
 
     @contextlib.contextmanager
-    def paused(self):  # noqa: ANN201 - a context manager
+    def paused(self) -> Iterator[None]:
         """Time spent inside the block does not count towards the window's tokens/s and updates/s."""
         tic = time.perf_counter()
         try:

@@ -4,6 +4,13 @@ the train state, the data, and the checks that must fail before training rather 
 Each step is one function that `Trainer.__init__` calls in order; the order is part of the behaviour: the
 generators are seeded before the model is built (identical initial parameters on every rank, and the same
 stream a resumed run restores), and a resume's state is restored before the data is read.
+
+Data parallel (torchrun, WORLD_SIZE > 1): each process joins the job (NCCL on GPUs, one GPU per process; Gloo
+on CPU). Rank 0 alone trains the tokenizer (the others receive the model, not a path they may not see) and
+encodes the corpus cache first, the others then read it. RNG on resume: rank 0 restores the checkpoint's
+generator states; rank r > 0 reseeds with runtime.seed_for_rank(seed, r, update), as at the start of a run
+(update 0). Batch order never depends on these generators, only dropout does, so a resumed multi-process run
+with dropout differs from an uninterrupted one in the dropout masks of ranks > 0 only.
 """
 
 from __future__ import annotations
@@ -19,17 +26,19 @@ import torch
 from transformer_mt import runtime
 from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, unpack_tokenizers
 from transformer_mt.config import Config, ConfigError, TrainConfig, load_config, to_dict
-from transformer_mt.data import SampledSegmentation, load_corpora, prepare_tokenizers
+from transformer_mt.data import ParallelData, SampledSegmentation, load_corpora, prepare_tokenizers
 from transformer_mt.decoding import max_beam
 from transformer_mt.errors import TmtError
 from transformer_mt.evaluation import checked_validation_set
 from transformer_mt.model import TeacherForcedLoss, Transformer
+from transformer_mt.text import Tokenizer
 from transformer_mt.training.ema import EMA
 from transformer_mt.training.optim import build_optimizer, build_scheduler
 from transformer_mt.training.policy import newest_checkpoint
 from transformer_mt.training.rundir import RunLock, remove_stale_temporaries, start_new_run
 from transformer_mt.training.runlog import RunLog
 from transformer_mt.training.state import Batching, Progress, TrainState
+from transformer_mt.training.step import Corpus
 
 Log = Callable[[str], None]
 
@@ -118,7 +127,12 @@ def tokenizer_protos(cfg: Config, state: dict | None, *, log: Log) -> tuple[byte
     ranks get the models, not a path they may not see."""
     if state is not None:
         return unpack_tokenizers(state)
-    return runtime.on_main(lambda: tuple(tok.proto for tok in prepare_tokenizers(cfg, log=log)))
+
+    def prepare() -> tuple[bytes, bytes]:
+        src, tgt = prepare_tokenizers(cfg, log=log)
+        return src.proto, tgt.proto
+
+    return runtime.on_main(prepare)
 
 
 # ---------------------------------------------------------------- the train state
@@ -153,9 +167,12 @@ def restore(state: TrainState, saved: dict, *, source: Path, restore_rng: bool, 
 
 
 # ---------------------------------------------------------------- the data
-def load_data(cfg: Config, state: TrainState, src_tok, tgt_tok, *, resumed: bool, quiet: bool, log: Log):  # noqa: ANN001, ANN201 - tokenizers, corpora
+def load_data(
+    cfg: Config, state: TrainState, src_tok: Tokenizer, tgt_tok: Tokenizer, *, resumed: bool, quiet: bool, log: Log
+) -> tuple[Corpus, ParallelData | None]:
     """The training corpus (re-segmented every epoch with data.subword_alpha) and the checked validation set
     (None without one); with model.restrict_output, a new model's kept output pieces (a resumed one keeps its checkpoint's)."""
+    train_data: Corpus
     train_data, valid_data = runtime.main_first(lambda: load_corpora(cfg, src_tok, tgt_tok, quiet=quiet))
     log(f"training data: {train_data.summary.format()}")
     if train_data.num_pairs == 0:
@@ -181,7 +198,7 @@ def load_data(cfg: Config, state: TrainState, src_tok, tgt_tok, *, resumed: bool
     return train_data, valid_data
 
 
-def _target_pieces(data) -> torch.Tensor:  # noqa: ANN001 - ParallelData
+def _target_pieces(data: ParallelData) -> torch.Tensor:
     """Every target id of the training pairs (repeats kept): the pieces model.restrict_output keeps (model.restrict_output_to)."""
     return torch.cat([torch.from_numpy(data.pair(i)[1].astype("int64")) for i in range(data.num_pairs)])
 
@@ -208,7 +225,7 @@ def check_batching(progress: Progress, now: Batching, *, log: Log) -> None:
     progress.batching = now
 
 
-def batching_of(cfg: Config, train_data) -> Batching:  # noqa: ANN001 - ParallelData or SampledSegmentation
+def batching_of(cfg: Config, train_data: Corpus) -> Batching:
     """What this run's epoch batch lists depend on besides the epoch."""
     d, t = cfg.data, cfg.train
     return Batching.of(

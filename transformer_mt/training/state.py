@@ -4,12 +4,14 @@
 config, tokenizers, optimizer, scheduler, scaler, rng, progress, metrics, and ema when kept), and
 `load_state_dict()` puts a loaded one back into a freshly built run. `Progress` is where training stands
 (its ``state_dict()`` is the checkpoint's "progress" entry); `Batching` is what the epoch batch lists depend on,
-so that a resume knows whether `Progress.batch_in_epoch` still points at the same batch.
+so that a resume knows whether `Progress.batch_in_epoch` still points at the same batch. `TrainResult` is what
+a run reports when it stops.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -97,6 +99,16 @@ class Progress:
     @classmethod
     def from_state_dict(cls, state: dict[str, Any]) -> Progress:
         return cls(**{**state, "batching": Batching.parse(state.get("batching", ""))})
+
+
+@dataclass
+class TrainResult:
+    """What a finished (or interrupted) run reports."""
+
+    out_dir: Path
+    progress: Progress
+    stop_reason: str
+    last_validation: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass

@@ -28,15 +28,18 @@ import contextlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable, Iterator, cast
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 from transformer_mt import runtime
 from transformer_mt.config import ModelConfig, TrainConfig
-from transformer_mt.data import Batch, SampledSegmentation
+from transformer_mt.data import Batch, ParallelData, SampledSegmentation
 from transformer_mt.runtime import flops
 from transformer_mt.training.state import Progress, TrainState
+
+Corpus = ParallelData | SampledSegmentation  # a training corpus: the encoded pairs, or their re-segmentation every epoch
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ class UpdateBatches:
         return self.batches[rank::world_size]
 
 
-def update_schedule(data, t: TrainConfig, *, world_size: int = 1, epoch: int = 1, start: int = 0) -> Iterator[UpdateBatches]:  # noqa: ANN001 - ParallelData or SampledSegmentation
+def update_schedule(data: Corpus, t: TrainConfig, *, world_size: int = 1, epoch: int = 1, start: int = 0) -> Iterator[UpdateBatches]:
     """Every update's batches in training order, from batch `start` of `epoch` on, until t.max_epochs
     (0: for ever). The same on every rank, and for one process with update_freq x world_size."""
     per_update = world_size * t.update_freq
@@ -64,13 +67,13 @@ def update_schedule(data, t: TrainConfig, *, world_size: int = 1, epoch: int = 1
         epoch, start = epoch + 1, 0
 
 
-def target_tokens(data, batches: list) -> int:  # noqa: ANN001 - ParallelData or SampledSegmentation
+def target_tokens(data: Corpus, batches: list) -> int:
     """Target tokens (pieces + EOS) of the pairs in `batches` (index arrays), from the lengths on the host:
     every rank knows the whole update's count without an all-reduce (it equals the sum of `Batch.ntokens`)."""
     return sum(int(data.tgt_lengths[idx].sum()) + len(idx) for idx in batches)
 
 
-def update_flops(data, batches: list, m: ModelConfig, *, vocab: int) -> int:  # noqa: ANN001 - ParallelData or SampledSegmentation
+def update_flops(data: Corpus, batches: list, m: ModelConfig, *, vocab: int) -> int:
     """Training FLOPs of the whole update (all ranks), counted as the benchmark counts them (padded batches,
     flops.train_flops), from the lengths on the host: padded source = longest + EOS, target = longest + BOS."""
     return sum(
@@ -121,14 +124,16 @@ def run_update(
     t, world = state.train_cfg, dist.world_size
     if ntokens is None:
         ntokens = int(runtime.all_reduce_sum([sum(b.ntokens for b in batches)], device)[0])
-    work = [(b, 1.0) for b in batches] or [(filler, 0.0)]
+    if not batches and filler is None:
+        raise ValueError("an update needs this rank's batches, or a filler batch to run with weight 0")
+    work = [(b, 1.0) for b in batches] if batches else [(cast(Batch, filler), 0.0)]
     sums = torch.zeros(2, dtype=runtime.accumulator_dtype(device), device=device)  # loss, nll of this rank
     tic = time.perf_counter()
     for i, (batch, weight) in enumerate(work):
         batch = batch.to(device, non_blocking=True)  # from pinned memory on CUDA: no wait
         # DDP all-reduces gradients in the backward of the update's last micro-batch only
         sync = i == len(work) - 1 or not dist.enabled
-        with contextlib.nullcontext() if sync else module.no_sync():
+        with contextlib.nullcontext() if sync else cast(DistributedDataParallel, module).no_sync():
             with runtime.autocast(device, t.dtype):  # projection and loss fused, only at label positions
                 loss, nll, _ = module(batch.src, batch.tgt_in, batch.tgt_out, batch.labels, src_padded=batch.src_padded)
             # per-token mean over the whole update; x world: DDP averages the ranks' gradients

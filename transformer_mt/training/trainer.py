@@ -4,12 +4,9 @@ What it delegates: setting a run up (setup.py), one update and its batches (step
 checkpoint holds (state.py), which files a save writes and which checkpoint a resume takes (policy.py),
 stopping on limits and signals (stopping.py), validation (validation.py), the logs (runlog.py).
 
-Data parallel (torchrun, WORLD_SIZE > 1): each process trains a DistributedDataParallel replica. Rank 0 alone
-trains the tokenizer (the others receive it), writes train.log, metrics.jsonl, config.yaml and checkpoints,
-and validates; results and patience are shared with all ranks. RNG on resume: rank 0 restores the
-checkpoint's generator states; rank r > 0 reseeds with runtime.seed_for_rank(seed, r, update), as at the start
-of a run (update 0). Batch order never depends on these generators, only dropout does, so a resumed
-multi-process run with dropout differs from an uninterrupted one in the dropout masks of ranks > 0 only.
+Data parallel (torchrun, WORLD_SIZE > 1): each process trains a DistributedDataParallel replica; rank 0 alone
+writes train.log, metrics.jsonl, config.yaml and checkpoints, and validates, and every rank gets the results
+and the patience count. What else each rank does: setup.py (set-up, RNG), step.py (batches, loss), stopping.py.
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -30,8 +26,9 @@ from transformer_mt.model import count_parameters
 from transformer_mt.text import Tokenizer
 from transformer_mt.training import setup
 from transformer_mt.training.policy import CheckpointPolicy
+from transformer_mt.training.rundir import RunLock
 from transformer_mt.training.runlog import RunLog, Window
-from transformer_mt.training.state import Progress
+from transformer_mt.training.state import TrainResult
 from transformer_mt.training.step import UpdateBatches, run_cost, run_update, sampling_line, target_tokens, update_flops, update_schedule
 from transformer_mt.training.stopping import INTERRUPTED, Stopping, ValidationCutShort, stop_reason
 from transformer_mt.training.validation import Validator
@@ -39,16 +36,6 @@ from transformer_mt.training.validation import Validator
 # Updates in a row whose gradient norm is not finite (each skipped by the NaN guard) before the run stops:
 # one such update is a spike to step over; ten in a row is a diverged run that would skip updates for ever.
 MAX_NONFINITE_UPDATES = 10
-
-
-@dataclass
-class TrainResult:
-    """What a finished (or interrupted) run reports."""
-
-    out_dir: Path
-    progress: Progress
-    stop_reason: str
-    last_validation: dict[str, float] = field(default_factory=dict)
 
 
 def train(cfg: Config, *, resume: bool = False, overwrite: bool = False, on_update: Callable[[int, dict], None] | None = None) -> TrainResult:
@@ -70,7 +57,8 @@ class Trainer:
 
     def __init__(self, cfg: Config, *, resume: bool, overwrite: bool = False, on_update: Callable[[int, dict], None] | None = None):
         self.cfg, self.out, self.on_update = cfg, Path(cfg.train.out_dir), on_update
-        self.dist, self.lock, self.runlog = runtime.dist_info(), None, RunLog(None)  # the log is silent until rank 0 opens the run directory
+        self.dist, self.runlog = runtime.dist_info(), RunLog(None)  # the log is silent until rank 0 opens the run directory
+        self.lock: RunLock | None = None  # rank 0's, on the run directory
         self.stopping, self.policy = Stopping(), CheckpointPolicy(self.out, cfg.train)
         self.t, self.device, self._owns_group = setup.process(cfg, self.dist)  # the train config with the dtype resolved
         try:
@@ -122,7 +110,8 @@ class Trainer:
         self.runlog.close()
         # Drop DDP first: were its reducer the last holder of the Gloo group, the group's destructor
         # would wait for Gloo's threads while holding the GIL they may need (a deadlock at exit).
-        self.train_model = self.state.model if hasattr(self, "state") else None
+        if hasattr(self, "train_model"):
+            self.train_model = self.state.model
         if self._owns_group:
             runtime.shutdown_distributed()
             self._owns_group = False
