@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarking package beside this file, also when loaded by path
 
-from benchmarking import dry_run, gpu_bf16_peak, main, parse_args, phase_ctranslate2  # noqa: E402
+from benchmarking import dry_run, gpu_bf16_peak, main, parse_args, phase_ctranslate2
 
 __all__ = ["dry_run", "gpu_bf16_peak", "main", "parse_args", "phase_ctranslate2"]  # what callers load from this file
 

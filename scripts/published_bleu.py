@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from transformer_mt.errors import TmtError  # noqa: E402
-from transformer_mt.evaluation import read_lines, score  # noqa: E402
+from transformer_mt.errors import TmtError
+from transformer_mt.evaluation import read_lines, score
 
 
 def moses_pipeline(lang: str):

@@ -90,7 +90,7 @@ def _rank_main(rank: int, world: int, ports: list[int], jobs: list[dict], root: 
         overrides = job["overrides"][rank] if isinstance(job["overrides"][0], list) else job["overrides"]
         cfg = resumed_config(Path(job["resume"]), overrides) if job["resume"] else load_config(None, overrides)
         at = job.get("sigterm_rank1_at") if rank == 1 else None
-        on_update = (lambda update, _: update == at and os.kill(os.getpid(), signal.SIGTERM)) if at else None
+        on_update = (lambda update, _, at=at: update == at and os.kill(os.getpid(), signal.SIGTERM)) if at else None
         trainer = Trainer(cfg, resume=bool(job["resume"]), on_update=on_update)
         result = trainer.run()
         torch.save(trainer.model.state_dict(), Path(job["params"]) / f"rank{rank}.pt")

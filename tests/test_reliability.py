@@ -247,7 +247,7 @@ def bad_inputs(corpus_slice, spm_model, tmp_path_factory) -> dict[str, str]:
 
     root = tmp_path_factory.mktemp("bad_inputs")
     bad = root / "bad.en"
-    bad.write_bytes("Ein Hund.\n".encode() + "Zwei Kätzchen.\n".encode("latin-1"))
+    bad.write_bytes(b"Ein Hund.\n" + "Zwei Kätzchen.\n".encode("latin-1"))
     cfg = write(
         root / "c.yaml",
         f"data:\n  train_src: {corpus_slice['train.en']}\n  train_tgt: {corpus_slice['train.de']}\n"
@@ -275,7 +275,7 @@ def test_the_table_is_large_enough():
 
 
 @pytest.mark.parametrize("name, argv, names", BAD_COMMANDS, ids=[row[0] for row in BAD_COMMANDS])
-def test_bad_command_line_is_one_clear_error(name, argv, names, bad_inputs, capsys):  # noqa: ARG001 - name: the row id
+def test_bad_command_line_is_one_clear_error(name, argv, names, bad_inputs, capsys):
     Path(bad_inputs["tmp"]).mkdir(exist_ok=True)
     before = {p: Path(p).read_bytes() for p in (bad_inputs["src"], bad_inputs["ref"], bad_inputs["ckpt2"], bad_inputs["spm"])}
     code, err = run_cli([arg.format(**bad_inputs) for arg in argv.split()], capsys)

@@ -414,7 +414,7 @@ class CopyCache:
     def __init__(self, src: torch.Tensor):
         self.src, self.rows, self.length = src, torch.arange(src.size(0)), 0
 
-    def reorder(self, indices: torch.Tensor, *, group: int | None = None, kept: torch.Tensor | None = None) -> None:  # noqa: ARG002 - no use for the layout
+    def reorder(self, indices: torch.Tensor, *, group: int | None = None, kept: torch.Tensor | None = None) -> None:
         self.rows = self.rows[indices]
 
 
@@ -430,7 +430,7 @@ class CopyModel:
     def init_cache(self, enc: torch.Tensor) -> CopyCache:
         return CopyCache(enc)
 
-    def decode_step(self, tokens: torch.Tensor, cache: CopyCache) -> torch.Tensor:  # noqa: ARG002 - the rule ignores the prefix
+    def decode_step(self, tokens: torch.Tensor, cache: CopyCache) -> torch.Tensor:
         src = cache.src[cache.rows]  # (R, S)
         column = torch.full((src.size(0),), PAD_ID) if cache.length >= src.size(1) else src[:, cache.length]
         logits = torch.zeros(src.size(0), VOCAB)

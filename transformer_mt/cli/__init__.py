@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import errno
 import sys
-from typing import Optional
 
 import typer
 
@@ -22,7 +21,7 @@ from transformer_mt.errors import TmtError
 __all__ = ["app", "main"]
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the app and turns user errors into one line on stderr (exit code 2)."""
     try:
         app(args=argv, prog_name="tmt")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator, Optional
 
 from transformer_mt.config import beam_problem, lenpen_problem
 from transformer_mt.text import iter_file, iter_stream, safe_output
@@ -12,7 +12,7 @@ from transformer_mt.text import iter_file, iter_stream, safe_output
 __all__ = ["input_lines", "safe_output", "progress", "decode_args", "CKPT_HELP", "BEAM_HELP", "LENPEN_HELP", "WEIGHTS_HELP"]
 
 
-def input_lines(path: Optional[Path]) -> Iterator[str]:
+def input_lines(path: Path | None) -> Iterator[str]:
     """The lines of PATH, or of stdin for None or "-", read by textio's rules (bytes decoded as
     strict UTF-8 whatever the locale; errors name FILE:LINE or <stdin>:LINE). A missing file fails now."""
     if path is None or str(path) == "-":
@@ -20,7 +20,7 @@ def input_lines(path: Optional[Path]) -> Iterator[str]:
     return iter_file(path)
 
 
-def progress(handle, path: Optional[Path]):
+def progress(handle, path: Path | None):
     """A tqdm bar on stderr for files (by bytes would need binary reads; lines suffice)."""
     if path is None or str(path) == "-" or not sys.stderr.isatty():
         return handle
@@ -40,7 +40,7 @@ WEIGHTS_HELP = (
 )
 
 
-def decode_args(tr, beam: Optional[int], lenpen: Optional[float], nbest: int) -> tuple[int, float]:
+def decode_args(tr, beam: int | None, lenpen: float | None, nbest: int) -> tuple[int, float]:
     """--beam / --lenpen (or the checkpoint's defaults) and --nbest, checked before any input is encoded: a beam
     too large for the target vocabulary is refused here, not after allocating beam x sentences of decoder state."""
     from transformer_mt.decoding import TranslateError

@@ -7,7 +7,6 @@ only when the command runs; without them the command says in one line which extr
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -19,7 +18,7 @@ def export(
     checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="A checkpoint written by `tmt train` or `tmt average`."),
     output: Path = typer.Option(..., "--output", "-o", help="The model directory to write."),
     format: str = typer.Option("ctranslate2", "--format", help="Target engine: ctranslate2."),
-    quantization: Optional[str] = typer.Option(
+    quantization: str | None = typer.Option(
         None, "--quantization", "-q", help="Weight type: int8, int8_float32, int8_float16, int8_bfloat16, int16, float16, bfloat16 (default: float32)."
     ),
     force: bool = typer.Option(False, "--force", help="Replace the output directory if it exists."),
@@ -33,7 +32,7 @@ def export(
 
 @app.command()
 def serve(
-    checkpoints: List[str] = typer.Option(
+    checkpoints: list[str] = typer.Option(
         ..., "--checkpoint", "-c", help="A checkpoint to serve, as PATH or NAME=PATH; repeat -c to serve several models (the first is the default)."
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 = every interface)."),

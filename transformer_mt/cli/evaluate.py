@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -13,18 +12,18 @@ from transformer_mt.cli.common import BEAM_HELP, CKPT_HELP, LENPEN_HELP, WEIGHTS
 
 @app.command()
 def evaluate(
-    checkpoints: List[Path] = typer.Option(..., "--checkpoint", "-c", help=CKPT_HELP),
+    checkpoints: list[Path] = typer.Option(..., "--checkpoint", "-c", help=CKPT_HELP),
     src: Path = typer.Option(..., "--src", help="Source text file."),
-    ref: List[Path] = typer.Option(..., "--ref", help="Reference file (repeat for several references)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Where to write the hypotheses (default: SRC name + .hyp next to the checkpoint)."),
-    beam: Optional[int] = typer.Option(None, "--beam", "-b", help=BEAM_HELP),
-    lenpen: Optional[float] = typer.Option(None, "--lenpen", help=LENPEN_HELP),
-    batch_tokens: Optional[int] = typer.Option(None, "--batch-tokens", min=1, help="Source tokens per batch."),
+    ref: list[Path] = typer.Option(..., "--ref", help="Reference file (repeat for several references)."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Where to write the hypotheses (default: SRC name + .hyp next to the checkpoint)."),
+    beam: int | None = typer.Option(None, "--beam", "-b", help=BEAM_HELP),
+    lenpen: float | None = typer.Option(None, "--lenpen", help=LENPEN_HELP),
+    batch_tokens: int | None = typer.Option(None, "--batch-tokens", min=1, help="Source tokens per batch."),
     lowercase: bool = typer.Option(False, "--lowercase", "-lc", help="Case-insensitive BLEU and chrF."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
     dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16 (GPU)."),
     threads: int = typer.Option(0, "--threads", min=0, help="CPU threads (0 = torch default)."),
-    weights: Optional[str] = typer.Option(None, "--weights", help=WEIGHTS_HELP),
+    weights: str | None = typer.Option(None, "--weights", help=WEIGHTS_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
 ) -> None:
     """Translate SRC, write the hypotheses, print BLEU, chrF, sentences/s and target tokens/s."""

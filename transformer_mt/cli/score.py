@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -14,10 +13,10 @@ from transformer_mt.cli.common import safe_output
 
 @app.command()
 def bleu(
-    ref: List[Path] = typer.Option(..., "--ref", "-r", help="Reference file (repeat for several references)."),
-    hyp: Optional[Path] = typer.Argument(None, help="Hypothesis file (default: stdin)."),
+    ref: list[Path] = typer.Option(..., "--ref", "-r", help="Reference file (repeat for several references)."),
+    hyp: Path | None = typer.Argument(None, help="Hypothesis file (default: stdin)."),
     lowercase: bool = typer.Option(False, "--lowercase", "-lc", help="Case-insensitive BLEU and chrF."),
-    tokenize: Optional[str] = typer.Option(None, "--tokenize", "-tok", help="BLEU tokenizer (sacreBLEU's; default 13a)."),
+    tokenize: str | None = typer.Option(None, "--tokenize", "-tok", help="BLEU tokenizer (sacreBLEU's; default 13a)."),
     ter: bool = typer.Option(False, "--ter", help="Also compute TER."),
     json_out: bool = typer.Option(False, "--json", help="sacreBLEU's JSON output."),
     width: int = typer.Option(1, "--width", "-w", min=0, max=16, help="Decimals to print (0-16; a float has about 16)."),
@@ -45,8 +44,8 @@ def bleu(
 
 @app.command()
 def average(
-    checkpoints: List[Path] = typer.Argument(None, help="Checkpoint files to average (or give --run and --last)."),
-    run: Optional[Path] = typer.Option(None, "--run", help="Run directory: average its newest numbered checkpoints."),
+    checkpoints: list[Path] = typer.Argument(None, help="Checkpoint files to average (or give --run and --last)."),
+    run: Path | None = typer.Option(None, "--run", help="Run directory: average its newest numbered checkpoints."),
     last: int = typer.Option(5, "--last", min=1, help="With --run: how many of the newest checkpoints."),
     every: int = typer.Option(
         0,
@@ -55,7 +54,7 @@ def average(
         help="With --run: only checkpoints whose update is a multiple of K (a wider, LAWA-style window; train with train.keep_every=K to keep them).",
     ),
     output: Path = typer.Option(..., "--output", "-o", help="Where to write the averaged checkpoint."),
-    weights: Optional[str] = typer.Option(
+    weights: str | None = typer.Option(
         None,
         "--weights",
         help="ema or raw: which weights of each checkpoint to average (train.ema_decay). Default: ema when every checkpoint holds it, else raw.",

@@ -5,7 +5,6 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -15,18 +14,18 @@ from transformer_mt.cli.app import app
 @app.command()
 def sweep(
     config: Path = typer.Option(..., "--config", "-c", help="The base config (YAML); every row is one change of it."),
-    set_: List[str] = typer.Option([], "--set", "-s", help="Override one base value for every row: section.key=value (repeatable)."),
-    variations: Optional[Path] = typer.Option(
+    set_: list[str] = typer.Option([], "--set", "-s", help="Override one base value for every row: section.key=value (repeatable)."),
+    variations: Path | None = typer.Option(
         None, "--variations", help="YAML list of rows {row, name, set: [...]}; default: Table 3's rows A-E scaled to the base (see --print-variations)."
     ),
-    budget_updates: Optional[int] = typer.Option(None, "--budget-updates", min=1, help="Updates per row (replaces the base's limits)."),
-    budget_minutes: Optional[float] = typer.Option(
+    budget_updates: int | None = typer.Option(None, "--budget-updates", min=1, help="Updates per row (replaces the base's limits)."),
+    budget_minutes: float | None = typer.Option(
         None,
         "--budget-minutes",
         help="Training minutes per row, validation included (replaces the base's limits; with --budget-updates, whichever comes first).",
     ),
-    rows: Optional[str] = typer.Option(None, "--rows", help="Train only these rows: labels or names, comma-separated (e.g. base,A)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="SWEEP_DIR: one run directory per row, table3.md/.json/.png."),
+    rows: str | None = typer.Option(None, "--rows", help="Train only these rows: labels or names, comma-separated (e.g. base,A)."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="SWEEP_DIR: one run directory per row, table3.md/.json/.png."),
     print_variations: bool = typer.Option(False, "--print-variations", help="Print the variations as a YAML file and exit."),
 ) -> None:
     """Train Table 3's variations of a base config for the same budget; write the table (markdown, JSON) and a plot.

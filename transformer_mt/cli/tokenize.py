@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -13,7 +12,7 @@ from transformer_mt.cli.common import input_lines, progress, safe_output
 
 @tokenize_app.command("train")
 def tokenize_train(
-    inputs: List[Path] = typer.Option(..., "--input", "-i", help="Text file to learn from; repeat for source and target to get a joint vocabulary."),
+    inputs: list[Path] = typer.Option(..., "--input", "-i", help="Text file to learn from; repeat for source and target to get a joint vocabulary."),
     model_prefix: Path = typer.Option(..., "--model-prefix", "-o", help="Output prefix: writes PREFIX.model and PREFIX.vocab."),
     vocab_size: int = typer.Option(8000, min=8, help="Number of pieces, special symbols included."),
     model_type: str = typer.Option("unigram", help="unigram or bpe."),
@@ -37,8 +36,8 @@ def tokenize_train(
 @tokenize_app.command("encode")
 def tokenize_encode(
     model: Path = typer.Option(..., "--model", "-m", help="Sentencepiece .model file."),
-    input: Optional[Path] = typer.Argument(None, help="Text file (default: stdin)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output file (default: stdout), replaced only on success."),
+    input: Path | None = typer.Argument(None, help="Text file (default: stdin)."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Output file (default: stdout), replaced only on success."),
     ids: bool = typer.Option(False, "--ids", help="Write ids instead of pieces."),
 ) -> None:
     """Encode text into space-separated pieces (or ids), one line per input line."""
@@ -56,8 +55,8 @@ def tokenize_encode(
 @tokenize_app.command("decode")
 def tokenize_decode(
     model: Path = typer.Option(..., "--model", "-m", help="Sentencepiece .model file."),
-    input: Optional[Path] = typer.Argument(None, help="File of pieces or ids (default: stdin)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output file (default: stdout), replaced only on success."),
+    input: Path | None = typer.Argument(None, help="File of pieces or ids (default: stdin)."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Output file (default: stdout), replaced only on success."),
     ids: bool = typer.Option(False, "--ids", help="Input holds ids instead of pieces."),
 ) -> None:
     """Decode pieces (or ids) back into text, one line per input line."""

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -12,11 +11,11 @@ from transformer_mt.cli.app import app
 
 @app.command()
 def train(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML config (see configs/)."),
-    set_: List[str] = typer.Option([], "--set", "-s", help="Override one value: section.key=value (repeatable)."),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Run directory to continue exactly where it stopped (its newest complete checkpoint)."),
+    config: Path | None = typer.Option(None, "--config", "-c", help="YAML config (see configs/)."),
+    set_: list[str] = typer.Option([], "--set", "-s", help="Override one value: section.key=value (repeatable)."),
+    resume: Path | None = typer.Option(None, "--resume", help="Run directory to continue exactly where it stopped (its newest complete checkpoint)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Start a new run in a train.out_dir that holds one, deleting that run's checkpoints."),
-    device: Optional[str] = typer.Option(None, "--device", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps; same as --set train.device=..."),
+    device: str | None = typer.Option(None, "--device", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps; same as --set train.device=..."),
 ) -> None:
     """Train a model with teacher forcing (writes checkpoints, logs and metrics to train.out_dir)."""
     from transformer_mt.training import train_from_cli
@@ -30,7 +29,7 @@ def train(
 @app.command()
 def preprocess(
     config: Path = typer.Option(..., "--config", "-c", help="YAML config, the one `tmt train` will use."),
-    set_: List[str] = typer.Option([], "--set", "-s", help="Override one value: section.key=value (repeatable)."),
+    set_: list[str] = typer.Option([], "--set", "-s", help="Override one value: section.key=value (repeatable)."),
 ) -> None:
     """Encode the corpora once into the memory-mapped cache `tmt train` reads (for large corpora and multi-GPU runs)."""
     from transformer_mt.config import load_config

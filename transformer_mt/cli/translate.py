@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -14,17 +13,17 @@ from transformer_mt.cli.common import BEAM_HELP, CKPT_HELP, LENPEN_HELP, WEIGHTS
 
 @app.command()
 def translate(
-    checkpoints: List[Path] = typer.Option(..., "--checkpoint", "-c", help=CKPT_HELP),
-    input: Optional[Path] = typer.Argument(None, help="Source text file (default: stdin, translated as lines arrive)."),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output file (default: stdout)."),
-    beam: Optional[int] = typer.Option(None, "--beam", "-b", help=BEAM_HELP),
-    lenpen: Optional[float] = typer.Option(None, "--lenpen", help=LENPEN_HELP),
+    checkpoints: list[Path] = typer.Option(..., "--checkpoint", "-c", help=CKPT_HELP),
+    input: Path | None = typer.Argument(None, help="Source text file (default: stdin, translated as lines arrive)."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Output file (default: stdout)."),
+    beam: int | None = typer.Option(None, "--beam", "-b", help=BEAM_HELP),
+    lenpen: float | None = typer.Option(None, "--lenpen", help=LENPEN_HELP),
     nbest: int = typer.Option(1, "--nbest", help="Hypotheses per input; >1 prints INDEX<TAB>SCORE<TAB>TEXT lines."),
-    batch_tokens: Optional[int] = typer.Option(None, "--batch-tokens", min=1, help="Source tokens per batch. Default: decode.batch_tokens."),
+    batch_tokens: int | None = typer.Option(None, "--batch-tokens", min=1, help="Source tokens per batch. Default: decode.batch_tokens."),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
     dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16 (GPU)."),
     threads: int = typer.Option(0, "--threads", min=0, help="CPU threads (0 = torch default)."),
-    weights: Optional[str] = typer.Option(None, "--weights", help=WEIGHTS_HELP),
+    weights: str | None = typer.Option(None, "--weights", help=WEIGHTS_HELP),
 ) -> None:
     """Translate raw text with greedy or beam search: one output line per input line."""
     from transformer_mt.decoding import Translator, translate_stream
@@ -50,10 +49,10 @@ def translate(
 
 @app.command()
 def mbr(
-    candidates: List[Path] = typer.Argument(
+    candidates: list[Path] = typer.Argument(
         ..., help="Candidate files, one per system, for the same inputs: tmt translate output, plain (one line per input) or n-best (--nbest K)."
     ),
-    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Output file, one line per input (default: stdout)."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Output file, one line per input (default: stdout)."),
     weights: str = typer.Option(
         "uniform",
         "--weights",

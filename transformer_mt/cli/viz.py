@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -13,11 +12,11 @@ from transformer_mt.cli.app import app
 @app.command("inspect")
 def inspect_cmd(
     target: Path = typer.Argument(..., help="A YAML config (built without weights) or a checkpoint (.pt)."),
-    set_: List[str] = typer.Option([], "--set", "-s", help="Override one config value: section.key=value (repeatable; configs only)."),
+    set_: list[str] = typer.Option([], "--set", "-s", help="Override one config value: section.key=value (repeatable; configs only)."),
     src_len: int = typer.Option(10, "--src-len", help="Source length S of the example batch and of the FLOPs count."),
     tgt_len: int = typer.Option(8, "--tgt-len", help="Target length T (BOS + pieces) of the example batch and of the FLOPs count."),
     layers: int = typer.Option(1, "--layers", help="Layers per stack shown with their insides (the others get one line each)."),
-    pe: Optional[Path] = typer.Option(None, "--pe", help="Also draw the positional-encoding matrix to this PNG (or .svg); needs matplotlib."),
+    pe: Path | None = typer.Option(None, "--pe", help="Also draw the positional-encoding matrix to this PNG (or .svg); needs matplotlib."),
     pe_length: int = typer.Option(100, "--pe-length", help="Positions drawn by --pe."),
 ) -> None:
     """The architecture as a tree: parameters per module, tensor shapes of one example batch, FLOPs per token."""
@@ -49,7 +48,7 @@ def _draw_positions(model, cfg, out: Path, length: int) -> Path:
 
 @app.command()
 def plot(
-    runs: List[Path] = typer.Argument(..., help="Run directories (train.out_dir) whose metrics.jsonl to draw; several are overlaid."),
+    runs: list[Path] = typer.Argument(..., help="Run directories (train.out_dir) whose metrics.jsonl to draw; several are overlaid."),
     output: Path = typer.Option(Path("curves.png"), "--output", "-o", help="The picture to write (.png or .svg)."),
 ) -> None:
     """Training curves: train loss, validation loss and BLEU against updates and wall-clock, one PNG."""
@@ -61,13 +60,13 @@ def plot(
 @app.command()
 def attention(
     checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="A checkpoint written by `tmt train` or `tmt average`."),
-    file: Optional[Path] = typer.Argument(None, help="A source text file; with --line N its N-th line is drawn."),
-    src: Optional[str] = typer.Option(None, "--src", help="The source sentence (instead of FILE --line N)."),
-    line: Optional[int] = typer.Option(None, "--line", help="Line number (1-based) of FILE."),
-    ref: Optional[str] = typer.Option(None, "--ref", help="Teacher-force this target instead of drawing the model's translation."),
-    layers: Optional[str] = typer.Option(None, "--layers", help="Layers to draw, 0-based and comma-separated (e.g. 0,2); default all."),
-    heads: Optional[str] = typer.Option(None, "--heads", help="Heads to draw, 0-based and comma-separated; default all."),
-    beam: Optional[int] = typer.Option(None, "--beam", "-b", help="Beam size of the translation. Default: the checkpoint's decode.beam."),
+    file: Path | None = typer.Argument(None, help="A source text file; with --line N its N-th line is drawn."),
+    src: str | None = typer.Option(None, "--src", help="The source sentence (instead of FILE --line N)."),
+    line: int | None = typer.Option(None, "--line", help="Line number (1-based) of FILE."),
+    ref: str | None = typer.Option(None, "--ref", help="Teacher-force this target instead of drawing the model's translation."),
+    layers: str | None = typer.Option(None, "--layers", help="Layers to draw, 0-based and comma-separated (e.g. 0,2); default all."),
+    heads: str | None = typer.Option(None, "--heads", help="Heads to draw, 0-based and comma-separated; default all."),
+    beam: int | None = typer.Option(None, "--beam", "-b", help="Beam size of the translation. Default: the checkpoint's decode.beam."),
     svg: bool = typer.Option(False, "--svg", help="Also write SVG files beside the PNGs."),
     output: Path = typer.Option(Path("attention"), "--output", "-o", help="Directory for the pictures and attention.json."),
 ) -> None:

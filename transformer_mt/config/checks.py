@@ -6,8 +6,9 @@ Each section's checks are one function; :func:`validate` runs them in order and 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, NoReturn
+from typing import NoReturn
 
 from transformer_mt.config.rules import beam_problem, length_problem
 from transformer_mt.config.sections import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig

@@ -68,38 +68,51 @@ def _suggest(name: str, valid: list[str]) -> str:
     return "valid keys: " + ", ".join(valid)
 
 
+def _coerce_bool(value: Any, where: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+        return value.lower() in ("true", "yes", "1")
+    raise ConfigError(f"{where}: expected true or false, got {value!r}")
+
+
+def _coerce_int(value: Any, where: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    try:
+        as_float = float(value)
+    except ValueError:
+        raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
+    if not math.isfinite(as_float) or not as_float.is_integer():
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    return int(as_float)
+
+
+def _coerce_float(value: Any, where: str) -> float:
+    if isinstance(value, bool):
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+    if not math.isfinite(number):  # NaN passes every `<` check, and a NaN learning rate trains nothing
+        raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+    return number
+
+
+def _coerce_str(value: Any, where: str) -> str:
+    if isinstance(value, (dict, list)):
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    return "" if value is None else str(value)
+
+
+_SCALARS = {bool: _coerce_bool, int: _coerce_int, float: _coerce_float, str: _coerce_str}
+
+
 def _coerce(value: Any, typ: Any, where: str) -> Any:
     """Convert a YAML (or override) value to the field's type or raise ConfigError."""
-    if typ is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
-            return value.lower() in ("true", "yes", "1")
-        raise ConfigError(f"{where}: expected true or false, got {value!r}")
-    if typ is int:
-        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        try:
-            as_float = float(value)
-        except ValueError:
-            raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
-        if not math.isfinite(as_float) or not as_float.is_integer():
-            raise ConfigError(f"{where}: expected an integer, got {value!r}")
-        return int(as_float)
-    if typ is float:
-        if isinstance(value, bool):
-            raise ConfigError(f"{where}: expected a number, got {value!r}")
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}: expected a number, got {value!r}") from None
-        if not math.isfinite(number):  # NaN passes every `<` check, and a NaN learning rate trains nothing
-            raise ConfigError(f"{where}: expected a finite number, got {value!r}")
-        return number
-    if typ is str:
-        if isinstance(value, (dict, list)):
-            raise ConfigError(f"{where}: expected a string, got {value!r}")
-        return "" if value is None else str(value)
+    if typ in _SCALARS:
+        return _SCALARS[typ](value, where)
     if getattr(typ, "__origin__", None) is tuple:
         if isinstance(value, str):
             value = yaml.safe_load(value if value.startswith("[") else f"[{value}]")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from transformer_mt.config import Config, ConfigError
 from transformer_mt.data.corpus import ParallelData, load_parallel

@@ -27,9 +27,9 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from sacrebleu.metrics import BLEU
 from sacrebleu.metrics.helpers import extract_all_word_ngrams

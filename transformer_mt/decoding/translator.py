@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Iterator, NamedTuple, Sequence, TextIO, Union, overload
+from typing import NamedTuple, TextIO, overload
 
 import torch
 
@@ -162,7 +163,7 @@ class TranslationResult(NamedTuple):
     stats: TranslateStats  # this call's counts only
 
 
-Translation = Union[str, list[tuple[float, str]]]  # Translator.translate's result per line: the text, or with nbest > 1 its n-best (score, text)
+Translation = str | list[tuple[float, str]]  # Translator.translate's result per line: the text, or with nbest > 1 its n-best (score, text)
 
 
 class Translator:
@@ -184,13 +185,13 @@ class Translator:
     @classmethod
     def from_checkpoint(
         cls, path: str | os.PathLike, *, device: str = "auto", dtype: str = "float32", threads: int = 0, weights: str | None = None
-    ) -> "Translator":
+    ) -> Translator:
         return cls.from_checkpoints([path], device=device, dtype=dtype, threads=threads, weights=weights)
 
     @classmethod
     def from_checkpoints(
         cls, paths: Sequence[str | os.PathLike], *, device: str = "auto", dtype: str = "float32", threads: int = 0, weights: str | None = None
-    ) -> "Translator":
+    ) -> Translator:
         """One checkpoint, or several decoded as an ensemble (mean of their probabilities at every
         step); an ensemble's members must share the tokenizers. Decoding defaults come from the first.
         `weights`: "ema", "raw" or None (each checkpoint's EMA weights when it has them; checkpoint.model_weights)."""

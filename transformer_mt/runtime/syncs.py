@@ -46,8 +46,9 @@ from __future__ import annotations
 
 import collections
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence, Union
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -42,10 +42,10 @@ class TranslateRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    text: Union[str, list[str]] = Field(description="One line, or a list of lines; one translation per line, in order.")
-    model: Optional[str] = Field(None, description="A served model's name (GET /models); default: the first.")
-    beam: Optional[int] = Field(None, description="Beam size, 1 = greedy; default: the checkpoint's decode.beam.")
-    lenpen: Optional[float] = Field(None, allow_inf_nan=False, description="GNMT length penalty alpha; default: decode.lenpen.")
+    text: str | list[str] = Field(description="One line, or a list of lines; one translation per line, in order.")
+    model: str | None = Field(None, description="A served model's name (GET /models); default: the first.")
+    beam: int | None = Field(None, description="Beam size, 1 = greedy; default: the checkpoint's decode.beam.")
+    lenpen: float | None = Field(None, allow_inf_nan=False, description="GNMT length penalty alpha; default: decode.lenpen.")
     nbest: int = Field(1, description="Hypotheses per line (1..beam); > 1 returns [{text, score}, ...] per line.")
 
 

@@ -17,8 +17,8 @@ import itertools
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 # translate(lines, beam=, lenpen=, nbest=) -> one n-best list [(score, text), ...] per line, in order.
 TranslateFn = Callable[..., list]

@@ -22,9 +22,10 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from transformer_mt.config import Config, ConfigError, load_config, to_dict
 from transformer_mt.sweep.report import columns, write_outputs

@@ -36,8 +36,9 @@ import secrets
 import select
 import stat
 import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Iterator, Sequence, TextIO
+from typing import BinaryIO, TextIO
 
 from transformer_mt.errors import TmtError
 

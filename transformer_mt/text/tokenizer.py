@@ -14,8 +14,8 @@ from __future__ import annotations
 import io
 import os
 import sys
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 import sentencepiece as spm
 

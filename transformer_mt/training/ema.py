@@ -18,7 +18,8 @@ host counter: an update is one ``torch._foreach_lerp_`` over all shadows, withou
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn

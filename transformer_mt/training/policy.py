@@ -19,8 +19,9 @@ keeps, and which checkpoint a resume starts from.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from transformer_mt.checkpoint import (
     CheckpointError,

@@ -58,8 +58,9 @@ import math
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from transformer_mt.runtime import flops
 from transformer_mt.text import name_write_errors

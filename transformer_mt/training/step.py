@@ -27,8 +27,9 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator, cast
+from typing import cast
 
 import torch
 from torch.nn.parallel import DistributedDataParallel

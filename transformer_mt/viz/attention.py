@@ -54,7 +54,7 @@ class AttentionMaps:
     def labels(self, which: str) -> list[str]:
         return {"src": self.src_pieces, "tgt_in": self.tgt_in_pieces, "tgt_out": self.tgt_out_pieces}[which]
 
-    def select(self, layers: list[int] | None, heads: list[int] | None) -> "AttentionMaps":
+    def select(self, layers: list[int] | None, heads: list[int] | None) -> AttentionMaps:
         """Keep these layers (of each stack that has them) and heads; VizError naming a number out of range."""
         n_enc, n_dec, n_heads = self.encoder_self.size(0), self.cross.size(0), self.cross.size(1)
         for name, picked, n in (("--layers", layers, max(n_enc, n_dec)), ("--heads", heads, n_heads)):

@@ -10,9 +10,10 @@ is a validation, one with ``loss`` a training record.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from transformer_mt.viz import VizError, new_figure, save_figure
 

@@ -45,7 +45,7 @@ class Node:
     params: int  # parameters first seen in this subtree
     calls: list[str] = field(default_factory=list)  # "in -> out" shapes, one per call
     details: list[str] = field(default_factory=list)  # attention internals
-    children: list["Node"] = field(default_factory=list)
+    children: list[Node] = field(default_factory=list)
 
 
 def describe(module: nn.Module) -> str:
