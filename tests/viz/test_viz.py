@@ -15,7 +15,7 @@ from transformer_mt.cli import main
 from transformer_mt.config import load_config
 from transformer_mt.model import Transformer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY_YAML = """\
 data: {max_len: 60}
 tokenizer: {vocab_size: 60}

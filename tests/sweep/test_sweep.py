@@ -16,7 +16,7 @@ from tests.conftest import run_cli, run_config
 from transformer_mt.config import load_config, save_config
 from transformer_mt.sweep import SweepError, Variation, columns, load_variations, select, table3_variations, variations_yaml
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 TINY = [

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "published_bleu.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "published_bleu.py"
 
 
 def run_script(*args: str, block_sacremoses: bool = False) -> subprocess.CompletedProcess:

@@ -16,7 +16,7 @@ import pytest
 
 from transformer_mt.text import Tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def load_peer():

@@ -18,7 +18,7 @@ from transformer_mt.model import Transformer
 from transformer_mt.runtime import forward_flops
 from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "benchmark.py"
 COLUMNS = ["phase", "model", "dtype", "tokens/s", "updates/s", "sentences/s", "GFLOP/s", "% of peak", "peak RSS MiB", "vs quoted reference"]
 

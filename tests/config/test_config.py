@@ -9,7 +9,7 @@ import yaml
 
 from transformer_mt.config import Config, ConfigError, from_dict, load_config, save_config, to_dict
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def write(tmp_path: Path, text: str) -> Path:

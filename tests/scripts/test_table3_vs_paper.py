@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "table3_vs_paper.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "table3_vs_paper.py"
 
 
 def load_script():

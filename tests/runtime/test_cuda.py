@@ -1,7 +1,7 @@
 """The CUDA paths. Tests marked ``cuda`` need a CUDA GPU and are skipped without one (conftest);
 the rest check on any machine what a CPU can of those paths: the GPU benchmark's plan, ``train.dtype: auto``.
 
-On a GPU host: ``pytest -m cuda tests/test_cuda.py`` (and the whole suite passes there too: every other test
+On a GPU host: ``pytest -m cuda tests/runtime/test_cuda.py`` (and the whole suite passes there too: every other test
 pins train.device=cpu)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from transformer_mt.runtime import SyncCounter, per_call
 from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID
 from transformer_mt.training import Trainer, resumed_config, target_tokens, train, update_schedule
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TINY = [
     "model.encoder_layers=1",
     "model.decoder_layers=1",
