@@ -1,4 +1,4 @@
-"""Issue 17: nothing lost, nothing run, no tracebacks. Each test fails on the code before its fix."""
+"""Nothing lost, nothing run, no tracebacks: bad input and failing disks end in one clear error line, with every earlier file intact."""
 
 from __future__ import annotations
 
