@@ -4,6 +4,7 @@ of the EMA weights or the raw ones, refused across architectures or tokenizers."
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from transformer_mt.checkpoint.io import WEIGHTS, CheckpointError, load_checkpoi
 TRAINING_KEYS = ("optimizer", "scheduler", "scaler", "rng", "progress", "metrics", "ema")
 
 
-def average_checkpoints(paths: list[str | os.PathLike], *, weights: str | None = None) -> dict[str, Any]:
+def average_checkpoints(paths: Sequence[str | os.PathLike], *, weights: str | None = None) -> dict[str, Any]:
     """An inference checkpoint whose weights are the element-wise mean of those in ``paths``.
 
     Floating-point tensors are summed in float64 and cast back to their dtype; integer and

@@ -17,11 +17,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID
+
+Ids = Sequence[int] | np.ndarray  # token or pair ids: a list, or a 1-D integer array
 
 
 @dataclass
@@ -54,17 +57,20 @@ class Batch:
         the host neither waits for the copy nor for the GPU (a copy from pageable memory synchronises the stream)."""
         pin = non_blocking and torch.device(device).type == "cuda"
 
-        def move(t: torch.Tensor | None) -> torch.Tensor | None:
-            if t is None:
-                return None
+        def move(t: torch.Tensor) -> torch.Tensor:
             return (t.pin_memory() if pin and not t.is_pinned() else t).to(device, non_blocking=non_blocking)
 
         return dataclasses.replace(
-            self, src=move(self.src), tgt_in=move(self.tgt_in), tgt_out=move(self.tgt_out), indices=move(self.indices), labels=move(self.labels)
+            self,
+            src=move(self.src),
+            tgt_in=move(self.tgt_in),
+            tgt_out=move(self.tgt_out),
+            indices=None if self.indices is None else move(self.indices),
+            labels=None if self.labels is None else move(self.labels),
         )
 
 
-def _pad(seqs: Sequence[Sequence[int]], *, prefix: int | None = None, suffix: int | None = None) -> torch.Tensor:
+def _pad(seqs: Sequence[Ids], *, prefix: int | None = None, suffix: int | None = None) -> torch.Tensor:
     """(B, max len + extras) int64 rows of prefix + seq + suffix, right-padded with PAD_ID."""
     lengths = [len(s) for s in seqs]
     start = int(prefix is not None)
@@ -78,12 +84,12 @@ def _pad(seqs: Sequence[Sequence[int]], *, prefix: int | None = None, suffix: in
     return torch.from_numpy(out)
 
 
-def source_tensor(seqs: Sequence[Sequence[int]]) -> torch.Tensor:
+def source_tensor(seqs: Sequence[Ids]) -> torch.Tensor:
     """(B, S) long: each source's pieces + EOS, right-padded with PAD_ID (also for translation)."""
     return _pad(seqs, suffix=EOS_ID)
 
 
-def collate(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, indices: Sequence[int] | None = None) -> Batch:
+def collate(pairs: Sequence[tuple[Ids, Ids]], *, indices: Ids | None = None) -> Batch:
     """Build a :class:`Batch` from (source ids, target ids) pairs given without BOS/EOS."""
     srcs = [p[0] for p in pairs]
     tgts = [p[1] for p in pairs]
@@ -100,6 +106,17 @@ def collate(pairs: Sequence[tuple[Sequence[int], Sequence[int]]], *, indices: Se
         labels=torch.from_numpy(np.flatnonzero(np.arange(tgt_out.size(1)) < labels_per_row[:, None])),  # (B, T) -> (ntokens,)
         src_padded=bool(src_lengths.size and src_lengths.min() < src_lengths.max()),
     )
+
+
+class PairSource(Protocol):
+    """A corpus that hands out pair i's source and target piece ids (ParallelData, SampledSegmentation)."""
+
+    def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+def collate_pairs(data: PairSource, indices: Ids) -> Batch:
+    """The :class:`Batch` of the pairs ``indices`` of ``data``, in that order."""
+    return collate([data.pair(int(i)) for i in indices], indices=indices)
 
 
 # --------------------------------------------------------------------------- batching

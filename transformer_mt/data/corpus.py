@@ -23,7 +23,7 @@ import itertools
 import os
 import shutil
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +31,7 @@ import numpy as np
 from tqdm import tqdm
 
 from transformer_mt.config import DataConfig
-from transformer_mt.data.batching import Batch, collate, make_batches
+from transformer_mt.data.batching import Batch, Ids, collate_pairs, make_batches
 from transformer_mt.data.encoded import (
     CacheWriter,
     cache_directory,
@@ -145,9 +145,9 @@ class ParallelData:
             self._memo = (args, make_batches(self.src_lengths + 1, self.tgt_lengths + 1, max_tokens, seed=seed, epoch=epoch, shuffle=shuffle))
         return list(self._memo[1])  # a copy: callers may reorder or slice it
 
-    def get_batch(self, indices: Sequence[int]) -> Batch:
+    def get_batch(self, indices: Ids) -> Batch:
         """The :class:`Batch` of the pairs ``indices``, in that order."""
-        return collate([self.pair(int(i)) for i in indices], indices=indices)
+        return collate_pairs(self, indices)
 
     def subset(self, keep: np.ndarray) -> ParallelData:
         """A view of the pairs where ``keep`` (N,) bool is True, renumbered 0..kept-1 (e.g. the validation

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import sentencepiece as spm
 
-from transformer_mt.data.batching import make_batches
+from transformer_mt.data.batching import Batch, Ids, collate_pairs, make_batches
 from transformer_mt.data.corpus import ParallelData
 from transformer_mt.text import Tokenizer
 
@@ -82,4 +82,6 @@ class SampledSegmentation:
         s, t = int(self._offsets["src"][i]), int(self._offsets["tgt"][i])
         return self._tokens["src"][s : s + self.src_lengths[i]], self._tokens["tgt"][t : t + self.tgt_lengths[i]]
 
-    get_batch = ParallelData.get_batch  # the same collation, over this epoch's pairs
+    def get_batch(self, indices: Ids) -> Batch:
+        """The :class:`Batch` of the pairs ``indices`` as segmented for this epoch (ParallelData's collation)."""
+        return collate_pairs(self, indices)

@@ -52,8 +52,8 @@ class DecoderCache:
 
     def reset(self) -> None:
         """Forget the decoded prefix (self-attention K/V, length = 0); the source side stays as it is."""
-        self.self_k: list[Tensor] | None = None
-        self.self_v: list[Tensor] | None = None
+        self.self_k: list[Tensor] = []  # per layer; empty until the first update allocates them
+        self.self_v: list[Tensor] = []
         self.length = 0
 
     def update(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -61,7 +61,7 @@ class DecoderCache:
         that layer's keys (R, H, length + n, Dk) and values (R, H, length + n, Dv) (strided views, no copy).
         Every layer writes the same positions; the caller advances ``length`` once all layers are done."""
         start, end = self.length, self.length + k.size(2)
-        if self.self_k is None or end > self.self_k[0].size(0):
+        if not self.self_k or end > self.self_k[0].size(0):
             self._grow(k, v, capacity=max(16, 2 * end))
         self.self_k[layer][start:end] = k.permute(2, 0, 1, 3)  # (R, H, n, Dk) -> (n, R, H, Dk)
         self.self_v[layer][start:end] = v.permute(2, 0, 1, 3)
@@ -74,9 +74,8 @@ class DecoderCache:
         n_layers, (rows, h, _, dk), dv = self.cross_k.size(0), k.shape, v.size(-1)
         new_k = [k.new_empty(capacity, rows, h, dk) for _ in range(n_layers)]
         new_v = [v.new_empty(capacity, rows, h, dv) for _ in range(n_layers)]
-        if self.self_k is not None:
-            for new, old in zip(new_k + new_v, self.self_k + self.self_v):
-                new[: self.length] = old[: self.length]
+        for new, old in zip(new_k + new_v, self.self_k + self.self_v):  # nothing to copy before the first update
+            new[: self.length] = old[: self.length]
         self.self_k, self.self_v = new_k, new_v
 
     def reorder(self, indices: Tensor, *, group: int | None = None, kept: Tensor | None = None) -> None:
@@ -88,15 +87,14 @@ class DecoderCache:
         current group ``kept[j]`` (LongTensor (G',)); ``kept`` None: the current groups, in their order (a
         beam reshuffle, or the expansion of sentences to beams). Without ``group`` the layout is worked out
         from ``indices`` (host syncs), for any reorder."""
-        if self.self_k is not None:
-            n = self.length
-            for buffers in (self.self_k, self.self_v):
-                for i, old in enumerate(buffers):
-                    buffers[i] = old.new_empty(old.size(0), indices.size(0), *old.shape[2:])  # (capacity, R', H, D)
-                    if old.requires_grad:  # autograd has no out= form (only outside inference_mode / no_grad)
-                        buffers[i][:n] = old[:n].index_select(1, indices)
-                    else:
-                        torch.index_select(old[:n], 1, indices, out=buffers[i][:n])  # the filled prefix only
+        n = self.length
+        for buffers in (self.self_k, self.self_v):  # empty before the first update
+            for i, old in enumerate(buffers):
+                buffers[i] = old.new_empty(old.size(0), indices.size(0), *old.shape[2:])  # (capacity, R', H, D)
+                if old.requires_grad:  # autograd has no out= form (only outside inference_mode / no_grad)
+                    buffers[i][:n] = old[:n].index_select(1, indices)
+                else:
+                    torch.index_select(old[:n], 1, indices, out=buffers[i][:n])  # the filled prefix only
         row_source = self._row_source.index_select(0, indices)  # (R',) sentence of each new row
         if group is None:
             group, kept = self._layout(row_source)

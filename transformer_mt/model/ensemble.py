@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer_mt.model.cache import DecoderCache
+from transformer_mt.model.layers import TypedModuleList
 from transformer_mt.model.transformer import EncoderOut, Transformer
 
 
@@ -41,7 +42,7 @@ class Ensemble(nn.Module):
         sizes = {m.output_proj.weight.size(0) for m in models}
         if len(sizes) != 1:
             raise ValueError(f"ensemble members have different target vocabularies ({sorted(sizes)} ids); ensemble only models trained with the same tokenizer")
-        self.members = nn.ModuleList(models)
+        self.members = TypedModuleList(models)
 
     def max_output_length(self) -> int | None:
         """The shortest of the members' limits (None when no member has one)."""

@@ -7,7 +7,8 @@ Masks follow :mod:`transformer_mt.model.attention` (attention masks: True = atte
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar, overload
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -17,6 +18,24 @@ from transformer_mt.model.attention import MultiHeadAttention
 from transformer_mt.model.cache import DecoderCache
 from transformer_mt.model.kernels import dropout
 from transformer_mt.model.norms import is_pre_norm, norm_layer
+
+M = TypeVar("M", bound=nn.Module)
+
+if TYPE_CHECKING:
+
+    class TypedModuleList(nn.ModuleList, Generic[M]):
+        """An nn.ModuleList of one module type, as the type checker sees it: its items are Ms, not Modules."""
+
+        def __init__(self, modules: Iterable[M]) -> None: ...
+        def __iter__(self) -> Iterator[M]: ...
+        @overload
+        def __getitem__(self, idx: slice) -> TypedModuleList[M]: ...
+        @overload
+        def __getitem__(self, idx: int) -> M: ...
+        def __getitem__(self, idx: slice | int) -> TypedModuleList[M] | M: ...
+
+else:
+    TypedModuleList = nn.ModuleList  # at run time the plain container: the same modules, names and repr
 
 
 class LayerAttention(NamedTuple):
@@ -115,4 +134,7 @@ class DecoderLayer(_Block):
         x = self._add(x, h, self.norm2)
         h = self.norm3(x) if self.pre else x
         x = self._add(x, self.ffn(h), self.norm3)
-        return x, (LayerAttention(self_w, cross_w) if need_weights else None)
+        if not need_weights:
+            return x, None
+        assert self_w is not None and cross_w is not None  # attend returns the weights it was asked for
+        return x, LayerAttention(self_w, cross_w)

@@ -30,7 +30,7 @@ from transformer_mt.config import ConfigError, ModelConfig
 from transformer_mt.model.attention import MultiHeadAttention, allowed_mask
 from transformer_mt.model.cache import DecoderCache
 from transformer_mt.model.kernels import dropout
-from transformer_mt.model.layers import DecoderLayer, EncoderLayer
+from transformer_mt.model.layers import DecoderLayer, EncoderLayer, TypedModuleList
 from transformer_mt.model.norms import ScaleNorm, fixnorm, is_pre_norm, norm_layer
 from transformer_mt.model.output import OutputLayer
 from transformer_mt.model.positions import PositionTable
@@ -91,8 +91,8 @@ class Transformer(PositionTable, OutputLayer):
         if cfg.share_all_embeddings or cfg.share_decoder_embeddings:
             self.output_proj.weight = self.tgt_embed.weight
         self._init_positions(cfg)
-        self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
-        self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.encoder = TypedModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
+        self.decoder = TypedModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         # Pre-norm leaves the residual stream unnormalised: one final norm per stack (ScaleNorm's too).
         self.encoder_norm = norm_layer(cfg) if is_pre_norm(cfg) else None
         self.decoder_norm = norm_layer(cfg) if is_pre_norm(cfg) else None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import numpy as np
 import torch
@@ -101,11 +101,11 @@ def wrap_ddp(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
 
     from torch.nn.parallel import DistributedDataParallel
 
+    device_ids = [device.index] if device.type == "cuda" else None
     # torch 2.13 renamed the option; the older versions pyproject allows (torch >= 2.10) know only the old name
-    no_buffer_sync = (
-        {"forward_sync_buffers": False} if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters else {"broadcast_buffers": False}
-    )
-    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None, **no_buffer_sync)
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters:
+        return DistributedDataParallel(model, device_ids=device_ids, forward_sync_buffers=False)
+    return DistributedDataParallel(model, device_ids=device_ids, broadcast_buffers=False)
 
 
 def shutdown_distributed() -> None:
@@ -151,7 +151,7 @@ def on_main(fn: Callable[[], T]) -> T:
     dist.broadcast_object_list(box, src=0)
     result, error = box[0]
     _raise_shared([error], own)
-    return result
+    return cast(T, result)  # rank 0's fn() returned it: a failure raised above
 
 
 def main_first(fn: Callable[[], T]) -> T:
@@ -176,7 +176,7 @@ def main_first(fn: Callable[[], T]) -> T:
         errors: list = [None] * dist.get_world_size()
         dist.all_gather_object(errors, error)
         _raise_shared(errors, own)
-    return result  # type: ignore[return-value]
+    return cast(T, result)  # each rank ran fn() at its stage: a failure raised above
 
 
 def all_reduce_sum_(tensor: torch.Tensor) -> torch.Tensor:

@@ -48,6 +48,7 @@ import collections
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import TypeVar
 
 import torch
@@ -104,7 +105,8 @@ class SyncCounter(TorchDispatchMode):
     # ------------------------------------------------------------ the counting
     def _count(self, kind: str) -> None:
         self.counts[kind] += 1
-        frame, site = sys._getframe(1), "?"
+        frame: FrameType | None = sys._getframe(1)
+        site = "?"
         while frame is not None:
             if frame.f_code.co_filename.startswith(_PACKAGE) and not frame.f_code.co_filename.endswith("syncs.py"):
                 site = f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"

@@ -38,7 +38,7 @@ import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO, TextIO
+from typing import BinaryIO, TextIO, cast
 
 from transformer_mt.errors import TmtError
 
@@ -247,7 +247,8 @@ def _readable(fd: int) -> bool:
 
 def _byte_reader(stream: BinaryIO | TextIO) -> Callable[[int], bytes]:
     """read(n) -> bytes (b"" at EOF) for a binary stream, a text stream's buffer, or a text-only stream."""
-    binary = getattr(stream, "buffer", stream)
+    # A text stream's buffer, else the stream itself: bytes, or text only (a TextIO without a buffer is a TextIOBase).
+    binary = cast("BinaryIO | io.TextIOBase", getattr(stream, "buffer", stream))
     if isinstance(binary, io.TextIOBase):  # no bytes underneath (io.StringIO): its text, as UTF-8
         return lambda n: binary.read(n).encode("utf-8", "surrogateescape")
     return getattr(binary, "read1", binary.read)  # read1: what is available now, without waiting for n bytes

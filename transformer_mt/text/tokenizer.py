@@ -11,11 +11,11 @@ sentencepiece model is trained (sentencepiece's own defaults disable padding):
 
 from __future__ import annotations
 
-import io
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import TextIO
 
 import sentencepiece as spm
 
@@ -31,7 +31,7 @@ class TokenizerError(TmtError, ValueError):
 
 
 def train_sentencepiece(
-    inputs: list[str | os.PathLike],
+    inputs: Sequence[str | os.PathLike],
     model_prefix: str | os.PathLike,
     *,
     vocab_size: int = 8000,
@@ -53,7 +53,7 @@ def train_sentencepiece(
     prefix = Path(model_prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
     reader = _ReadErrorKept(_nonempty_lines(inputs))
-    lines: Iterator[str] = reader
+    lines: Iterable[str] = reader
     if sys.stderr.isatty():  # sentencepiece reads every line before it trains: show the reading
         from tqdm import tqdm
 
@@ -104,7 +104,8 @@ class _ReadErrorKept:
     """An iterator that remembers the TextError its source raised (sentencepiece re-raises it as a RuntimeError)."""
 
     def __init__(self, lines: Iterator[str]):
-        self.lines, self.error = lines, None
+        self.lines = lines
+        self.error: TextError | None = None
 
     def __iter__(self) -> Iterator[str]:
         return self
@@ -163,7 +164,7 @@ def _read_model(path: str | os.PathLike) -> bytes:
     return data
 
 
-def encode_stream(tok: Tokenizer, lines: Iterable[str], out: io.TextIOBase, *, as_ids: bool, batch: int = 1000) -> int:
+def encode_stream(tok: Tokenizer, lines: Iterable[str], out: TextIO, *, as_ids: bool, batch: int = 1000) -> int:
     """Encode text lines to space-separated pieces or ids; one output line per input line."""
     count = 0
     buf: list[str] = []
@@ -184,7 +185,7 @@ def encode_stream(tok: Tokenizer, lines: Iterable[str], out: io.TextIOBase, *, a
     return count
 
 
-def decode_stream(tok: Tokenizer, lines: Iterable[str], out: io.TextIOBase, *, as_ids: bool, source: str = "<stdin>") -> int:
+def decode_stream(tok: Tokenizer, lines: Iterable[str], out: TextIO, *, as_ids: bool, source: str = "<stdin>") -> int:
     """Inverse of :func:`encode_stream`."""
     count = 0
     for lineno, line in enumerate(lines, 1):

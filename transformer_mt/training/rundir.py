@@ -25,7 +25,7 @@ from transformer_mt.errors import TmtError
 try:  # POSIX; elsewhere runs are not locked
     import fcntl
 except ImportError:  # pragma: no cover - Windows
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment] # the module is absent: None marks "no locking"
 
 LOCK_NAME = ".lock"
 NAMED = ("checkpoint_last.pt", "checkpoint_best.pt")

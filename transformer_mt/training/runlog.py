@@ -60,11 +60,14 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformer_mt.runtime import flops
 from transformer_mt.text import name_write_errors
 from transformer_mt.training.state import Progress
+
+if TYPE_CHECKING:  # imported when a bar is shown: a terminal only
+    from tqdm import tqdm
 
 KINDS = ("train", "valid", "summary")
 
@@ -76,7 +79,7 @@ class RunLog:
         """Open (append to) the files in `out_dir`; None: a silent log (ranks other than 0). With `tensorboard`,
         every record's numbers also go to TensorBoard event files in `out_dir`/tensorboard."""
         self.log_file = self.metrics_file = self.tb = None
-        self.bar = None
+        self.bar: tqdm | None = None
         self.metrics_path = None if out_dir is None else Path(out_dir) / "metrics.jsonl"
         if out_dir is not None:
             if tensorboard:  # first: without the package the run stops before a file is opened
