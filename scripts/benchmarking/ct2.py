@@ -11,12 +11,11 @@ and with float32 weights give the same output.
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from pathlib import Path
 
 from benchmarking.phases import read_input
-from transformer_mt.decoding import Translator
+from transformer_mt.decoding import Translator, max_output_length
 from transformer_mt.model import count_parameters
 
 
@@ -45,8 +44,9 @@ def phase_ctranslate2(spec: dict) -> dict:
 
     def decode(ct) -> list[list[str]]:
         hyps: list[list[str]] = [[] for _ in lines]
-        for n, idx in by_length.items():  # one call per source length: tmt's maximum output, floor(a * (n + EOS) + b)
-            out = ct.translate_batch([pieces[i] for i in idx], max_decoding_length=math.floor(d.max_len_a * (n + 1) + d.max_len_b), **options)
+        for n, idx in by_length.items():  # one call per source length: tmt's maximum output for n pieces + EOS
+            longest = max_output_length(n + 1, max_len_a=d.max_len_a, max_len_b=d.max_len_b)
+            out = ct.translate_batch([pieces[i] for i in idx], max_decoding_length=longest, **options)
             for i, r in zip(idx, out, strict=True):
                 hyps[i] = r.hypotheses[0]
         return hyps

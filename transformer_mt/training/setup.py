@@ -25,9 +25,8 @@ import torch
 
 from transformer_mt import runtime
 from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, unpack_tokenizers
-from transformer_mt.config import Config, ConfigError, TrainConfig, load_config, to_dict
+from transformer_mt.config import Config, ConfigError, TrainConfig, beam_problem, load_config, max_beam, to_dict
 from transformer_mt.data import ParallelData, SampledSegmentation, load_corpora, prepare_tokenizers
-from transformer_mt.decoding import max_beam
 from transformer_mt.errors import TmtError
 from transformer_mt.evaluation import checked_validation_set
 from transformer_mt.model import TeacherForcedLoss, Transformer
@@ -204,8 +203,11 @@ def _target_pieces(data: ParallelData) -> torch.Tensor:
 
 
 def check_valid_beam(t: TrainConfig, *, validates_bleu: bool, tgt_vocab_size: int) -> None:
-    """The validation beam against the target vocabulary now, not at the first validation hours later."""
-    if validates_bleu and t.valid_bleu_sentences >= 0 and t.valid_beam > max_beam(tgt_vocab_size):
+    """The validation beam against the target vocabulary now, not at the first validation hours later (the
+    config's own checks refused a beam below 1, so a problem here is the vocabulary's bound)."""
+    if not validates_bleu or t.valid_bleu_sentences < 0:
+        return
+    if beam_problem(t.valid_beam, tgt_vocab_size=tgt_vocab_size) is not None:
         raise ConfigError(
             f"train.valid_beam={t.valid_beam}: the target vocabulary has {tgt_vocab_size} ids, enough for a beam "
             f"of at most {max_beam(tgt_vocab_size)}; lower train.valid_beam (1 = greedy)"
