@@ -18,9 +18,9 @@ from transformer_mt.training.runlog import RunLog
 from transformer_mt.training.setup import TrainError, resumed_config
 from transformer_mt.training.state import Batching, Progress, TrainResult, TrainState
 from transformer_mt.training.step import UpdateBatches, target_tokens, update_schedule
-from transformer_mt.training.stopping import Stopping
+from transformer_mt.training.stopping import MAX_NONFINITE_UPDATES, Stopping
 from transformer_mt.training.tensorboard import TensorBoardLog
-from transformer_mt.training.trainer import MAX_NONFINITE_UPDATES, Trainer, train, train_from_cli
+from transformer_mt.training.trainer import Trainer, train, train_from_cli
 
 __all__ = [
     "EMA",

@@ -83,6 +83,14 @@ class Progress:
     update_seconds: float = 0.0  # seconds inside updates (validation and checkpoints excluded)
     batching: Batching | None = None  # what batch_in_epoch refers to; a resume checks it before using batch_in_epoch
 
+    def count_update(self, *, epoch: int, batch_in_epoch: int, tokens: int, flops: float, seconds: float) -> None:
+        """One more update done: where it leaves the epoch's batch list, and what it adds to the run's totals."""
+        self.epoch, self.batch_in_epoch = epoch, batch_in_epoch
+        self.update += 1
+        self.tokens += tokens
+        self.flops += flops
+        self.update_seconds += seconds
+
     def validated(self, metric: float, *, improved: bool) -> None:
         """Count a validation at this update: a new best, or one more without improvement."""
         self.last_validated = self.update

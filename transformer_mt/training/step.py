@@ -56,6 +56,11 @@ class UpdateBatches:
         """Rank r's batches: positions r, r + world_size, ...; empty for a rank left without one at an epoch's end."""
         return self.batches[rank::world_size]
 
+    def rank_batches(self, data: Corpus, rank: int, world_size: int) -> tuple[list[Batch], Batch | None]:
+        """Rank r's Batches of this update (its share), and with none the filler it runs with weight 0: the update's first batch."""
+        mine = self.share(rank, world_size)
+        return [data.get_batch(idx) for idx in mine], None if mine else data.get_batch(self.batches[0])
+
 
 def update_schedule(data: Corpus, t: TrainConfig, *, world_size: int = 1, epoch: int = 1, start: int = 0) -> Iterator[UpdateBatches]:
     """Every update's batches in training order, from batch `start` of `epoch` on, until t.max_epochs
@@ -119,8 +124,10 @@ def run_update(
     log: Callable[[str], None],
 ) -> dict:
     """One optimizer update of `state` over this rank's `batches`, run through `module` (the loss module, DDP-wrapped
-    in a data-parallel run; Trainer.update says what the arguments mean). Returns the update's stats: "loss" and
-    "nll" summed over all ranks (device tensors; floats with `host_stats`), "ntokens", "lr", "gnorm", "seconds"."""
+    in a data-parallel run). `filler`: what a rank without a batch runs, with weight 0; `ntokens`: the whole
+    update's target tokens (`target_tokens`), None: summed across ranks here; `host_stats`: "loss" and "nll" as
+    floats (for an `on_update` hook). Returns the update's stats: "loss" and "nll" summed over all ranks (device
+    tensors; floats with `host_stats`), "ntokens", "lr", "gnorm", "seconds"."""
     module.train()
     t, world = state.train_cfg, dist.world_size
     if ntokens is None:

@@ -16,6 +16,7 @@ are summed across ranks once per update, so all ranks stop after the same update
 from __future__ import annotations
 
 import contextlib
+import math
 import signal
 from collections.abc import Iterator
 
@@ -26,6 +27,10 @@ from transformer_mt.config import TrainConfig
 from transformer_mt.training.runlog import echo
 
 INTERRUPTED = "interrupted"
+
+# Updates in a row whose gradient norm is not finite (each skipped by the NaN guard) before the run stops:
+# one such update is a spike to step over; ten in a row is a diverged run that would skip updates for ever.
+MAX_NONFINITE_UPDATES = 10
 
 
 class ValidationCutShort(BaseException):
@@ -96,3 +101,28 @@ def stop_reason(stopping: Stopping, t: TrainConfig, *, update: int, elapsed: flo
     if interrupted:
         return INTERRUPTED
     return (reason or f"max_time={t.max_time:g} minutes reached on another rank") if limited else ""
+
+
+class Divergence:
+    """The updates in a row that the NaN guard skipped (with fp16 loss scaling a non-finite norm is an overflow
+    that the scaler handles, never counted). The gradient norm is the same on every rank (after the all-reduce),
+    so every rank counts alike and stops after the same update."""
+
+    def __init__(self) -> None:
+        self.in_a_row = 0
+
+    def add(self, gnorm: float, *, scaled: bool) -> None:
+        self.in_a_row = self.in_a_row + 1 if not scaled and not math.isfinite(gnorm) else 0
+
+    @property
+    def diverged(self) -> bool:
+        return self.in_a_row >= MAX_NONFINITE_UPDATES
+
+    def reason(self) -> str:
+        """Why to stop ("" = go on): MAX_NONFINITE_UPDATES skipped updates in a row."""
+        if not self.diverged:
+            return ""
+        return (
+            f"diverged: the last {self.in_a_row} updates all had a non-finite gradient norm and were skipped (NaN guard); "
+            "the model is saved as it was before them; lower train.lr, raise train.warmup_updates or check the data"
+        )

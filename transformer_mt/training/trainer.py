@@ -2,7 +2,7 @@
 
 What it delegates: setting a run up (setup.py), one update and its batches (step.py), the train state a
 checkpoint holds (state.py), which files a save writes and which checkpoint a resume takes (policy.py),
-stopping on limits and signals (stopping.py), validation (validation.py), the logs (runlog.py).
+stopping on limits, signals and divergence (stopping.py), validation (validation.py), the logs (runlog.py).
 
 Data parallel (torchrun, WORLD_SIZE > 1): each process trains a DistributedDataParallel replica; rank 0 alone
 writes train.log, metrics.jsonl, config.yaml and checkpoints, and validates, and every rank gets the results
@@ -11,7 +11,6 @@ and the patience count. What else each rank does: setup.py (set-up, RNG), step.p
 
 from __future__ import annotations
 
-import math
 import sys
 import time
 from collections.abc import Callable
@@ -30,12 +29,8 @@ from transformer_mt.training.rundir import RunLock
 from transformer_mt.training.runlog import RunLog, Window
 from transformer_mt.training.state import TrainResult
 from transformer_mt.training.step import UpdateBatches, run_cost, run_update, sampling_line, target_tokens, update_flops, update_schedule
-from transformer_mt.training.stopping import INTERRUPTED, Stopping, ValidationCutShort, stop_reason
+from transformer_mt.training.stopping import INTERRUPTED, Divergence, Stopping, ValidationCutShort, stop_reason
 from transformer_mt.training.validation import Validator
-
-# Updates in a row whose gradient norm is not finite (each skipped by the NaN guard) before the run stops:
-# one such update is a spike to step over; ten in a row is a diverged run that would skip updates for ever.
-MAX_NONFINITE_UPDATES = 10
 
 
 def train(cfg: Config, *, resume: bool = False, overwrite: bool = False, on_update: Callable[[int, dict], None] | None = None) -> TrainResult:
@@ -135,12 +130,12 @@ class Trainer:
         self.clock = lambda: p.elapsed + (time.monotonic() - start)  # training seconds of the whole run, host time (no device sync)
         self.scheduler.clock = self.clock  # wsd cools down over the end of max_time on this clock
         self.runlog.start_progress(total=t.max_updates or None, initial=p.update)
-        window, nonfinite = Window(), 0  # nonfinite: updates in a row skipped by the NaN guard
+        window, divergence = Window(), Divergence()
         reason = self._stop_reason()  # a resumed run may already be at its limits: then it trains no further
         try:
             for u in () if reason else update_schedule(self.train_data, t, world_size=self.dist.world_size, epoch=p.epoch, start=p.batch_in_epoch):
                 stats = self._run_update(u)
-                nonfinite = nonfinite + 1 if self.scaler is None and not math.isfinite(stats["gnorm"]) else 0
+                divergence.add(stats["gnorm"], scaled=self.scaler is not None)
                 window.add(stats)
                 self.runlog.advance()
                 if self.on_update is not None:
@@ -155,11 +150,7 @@ class Trainer:
                 elif paths := self.policy.between_validations(p.update):  # a numbered checkpoint between validations
                     with window.paused():
                         self._save_on_main(paths)
-                if nonfinite >= MAX_NONFINITE_UPDATES:  # the gradient norm is the same on every rank (after the all-reduce)
-                    reason = (
-                        f"diverged: the last {nonfinite} updates all had a non-finite gradient norm and were skipped (NaN guard); "
-                        "the model is saved as it was before them; lower train.lr, raise train.warmup_updates or check the data"
-                    )
+                reason = divergence.reason() or reason  # diverged: that is the reason, patience or not
                 reason = reason or self._stop_reason()
                 if u.last:
                     p.epoch, p.batch_in_epoch = u.epoch + 1, 0
@@ -171,21 +162,17 @@ class Trainer:
                     reason = f"max_epochs={t.max_epochs} reached"
         finally:
             self.runlog.end_progress()
-        return self._end(reason, diverged=nonfinite >= MAX_NONFINITE_UPDATES)
+        return self._end(reason, diverged=divergence.diverged)
 
     def _run_update(self, u: UpdateBatches) -> dict:
         """This rank's share of `u` trained as one update, and the progress counted."""
         data, p = self.train_data, self.progress
         if isinstance(data, SampledSegmentation) and u.start == 0:
             self.log(sampling_line(data, u.epoch))
-        mine = u.share(self.dist.rank, self.dist.world_size)
-        filler = None if mine else data.get_batch(u.batches[0])
-        stats = self.update([data.get_batch(idx) for idx in mine], filler=filler, ntokens=target_tokens(data, u.batches))
-        p.epoch, p.batch_in_epoch = u.epoch, u.start + len(u.batches)
-        p.update += 1
-        p.tokens += stats["ntokens"]
-        p.flops += update_flops(data, u.batches, self.cfg.model, vocab=self.model.output_size)
-        p.update_seconds += stats["seconds"]
+        mine, filler = u.rank_batches(data, self.dist.rank, self.dist.world_size)
+        stats = self.update(mine, filler=filler, ntokens=target_tokens(data, u.batches))
+        flops = update_flops(data, u.batches, self.cfg.model, vocab=self.model.output_size)
+        p.count_update(epoch=u.epoch, batch_in_epoch=u.start + len(u.batches), tokens=stats["ntokens"], flops=flops, seconds=stats["seconds"])
         return stats
 
     def _should_log(self) -> bool:
@@ -219,19 +206,10 @@ class Trainer:
 
     # ------------------------------------------------------------ one update
     def update(self, batches: list[Batch], *, filler: Batch | None = None, ntokens: int | None = None) -> dict:
-        """One optimizer update over this rank's `batches` (step.run_update); returns the stats summed over all ranks.
-        `filler`: what a rank without a batch runs, with weight 0; `ntokens`: the whole update's target tokens
-        (`target_tokens`), None: summed across ranks here. An `on_update` hook gets "loss" and "nll" as floats."""
+        """One optimizer update over this rank's `batches` (step.run_update says what the arguments mean); the stats summed over all ranks."""
+        host_stats = self.on_update is not None
         return run_update(
-            self.state,
-            self.train_model,
-            batches,
-            filler=filler,
-            ntokens=ntokens,
-            dist=self.dist,
-            device=self.device,
-            host_stats=self.on_update is not None,
-            log=self.log,
+            self.state, self.train_model, batches, filler=filler, ntokens=ntokens, dist=self.dist, device=self.device, host_stats=host_stats, log=self.log
         )
 
     # ------------------------------------------------------------ validation and saves
@@ -243,12 +221,9 @@ class Trainer:
     def _validate_everywhere(self) -> dict[str, float]:
         """Validate and save on rank 0; every rank gets the results and the patience bookkeeping."""
         p, wall = self.progress, self.clock()
-
-        def on_rank0() -> tuple:
-            val = self._validate_and_save(wall)
-            return val, p.best, p.bad_validations, p.last_validated
-
-        self.state.metrics, p.best, p.bad_validations, p.last_validated = runtime.on_main(on_rank0)
+        # a tuple is built left to right: the bookkeeping is read after rank 0's validation and save updated it
+        shared = runtime.on_main(lambda: (self._validate_and_save(wall), p.best, p.bad_validations, p.last_validated))
+        self.state.metrics, p.best, p.bad_validations, p.last_validated = shared
         return self.state.metrics
 
     def _validate_and_save(self, wall: float) -> dict[str, float]:
