@@ -80,6 +80,23 @@ def test_bad_choice(tmp_path):
         load_config(write(tmp_path, "model:\n  norm: middle\n"))
 
 
+def test_model_options_for_converted_checkpoints(tmp_path):
+    """model.activation swish, model.position_layout and model.output_bias: defaults as before, bad values in one line."""
+    default = load_config(None, check_files=False).model
+    assert (default.activation, default.position_layout, default.output_bias) == ("relu", "interleaved", False)
+    cfg = load_config(write(tmp_path, "model:\n  activation: swish\n  position_layout: halves\n  output_bias: true\n"))
+    assert (cfg.model.activation, cfg.model.position_layout, cfg.model.output_bias) == ("swish", "halves", True)
+    for text, message in (
+        ("model:\n  activation: silu\n", r"model\.activation: 'silu' is not one of relu, gelu, swish$"),
+        ("model:\n  position_layout: split\n", r"model\.position_layout: 'split' is not one of interleaved, halves$"),
+        ("model:\n  output_bias: maybe\n", r"model\.output_bias: .*'maybe'"),
+        ("model:\n  positions: learned\n  position_layout: halves\n", r"model\.position_layout: 'halves' orders sinusoids only; .*sinusoidal$"),
+    ):
+        with pytest.raises(ConfigError, match=message) as err:
+            load_config(write(tmp_path, text))
+        assert "\n" not in str(err.value)
+
+
 def test_keep_every_must_fall_on_numbered_checkpoints(tmp_path):
     # numbered checkpoints come every save_every updates (every validate_every when save_every is 0); a keep_every
     # between them would keep only the common multiples, so it is refused

@@ -212,3 +212,33 @@ def test_benchmark_ctranslate2_phase(tiny_checkpoint, multi30k, tmp_path):
         assert e["tokens_per_s"] == pytest.approx(e["target_tokens"] / e["seconds"]) and e["target_tokens"] >= 30
     # One call per source length gives CTranslate2 tmt's maximum output per sentence: float32 output is tmt's.
     assert res["engines"]["float32"]["same_as_tmt"] == 1.0 and res["engines"]["float32"]["target_tokens"] == res["engines"]["tmt"]["target_tokens"]
+
+
+@pytest.mark.parametrize("restrict", [False, True])
+def test_swish_halves_and_output_bias_teacher_forced(restrict, separate_tokenizers, corpus_slice, tmp_path):
+    """The options of a converted MarianMT model, swish, the halves position layout and a (random, non-zero) output
+    bias, with and without model.restrict_output: CTranslate2's per-token log-probabilities of reference translations
+    equal tmt's teacher-forced ones."""
+    src_tok, tgt_tok = separate_tokenizers
+    ckpt = tmp_path / "rand.pt"
+    options = ["model.activation=swish", "model.position_layout=halves", "model.output_bias=true", f"model.restrict_output={str(restrict).lower()}"]
+    sizes = ["model.encoder_layers=2", "model.decoder_layers=2", "model.d_model=32", "model.heads=4", "model.d_ff=48", "model.norm=pre"]
+    _random_checkpoint(ckpt, src_tok, tgt_tok, *sizes, *options, "model.share_all_embeddings=false")
+    src_lines, tgt_lines = head(corpus_slice["val.en"], 20), head(corpus_slice["val.de"], 20)
+    src_pieces, tgt_pieces = src_tok.encode_pieces(src_lines), tgt_tok.encode_pieces(tgt_lines)
+    tgt_ids = [tgt_tok.sp.piece_to_id(p) for p in tgt_pieces]
+    state = load_checkpoint(ckpt)
+    state["model"]["output_proj.bias"] = torch.randn(600, generator=torch.Generator().manual_seed(1))
+    if restrict:  # the references' pieces and a few others kept: the softmax of both sides runs over them only
+        state["model"]["output_ids"] = torch.unique(torch.tensor([PAD_ID, UNK_ID, BOS_ID, EOS_ID, *range(100, 140), *(i for t in tgt_ids for i in t)]))
+    save_checkpoint(state, ckpt)
+    model = Transformer(config_from_checkpoint(state).model, src_vocab_size=500, tgt_vocab_size=600).eval()
+    model.load_state_dict(state["model"])
+    assert model.output_size < 600 if restrict else model.output_ids is None
+    out = export(ckpt, tmp_path / "ct2")
+    ct = ctranslate2.Translator(str(out), device="cpu", compute_type="float32")
+    for sp, tgt, res in zip(src_pieces, tgt_ids, ct.score_batch(src_pieces, tgt_pieces)):
+        with torch.inference_mode():
+            lprobs = torch.log_softmax(model.decode(torch.tensor([[BOS_ID] + tgt]), model.encode(source_tensor([src_tok.sp.piece_to_id(sp)]))), dim=-1)[0]
+        ours = lprobs[torch.arange(len(tgt) + 1), torch.tensor(tgt + [EOS_ID])]
+        assert torch.tensor(res.log_probs) == pytest.approx(ours, abs=1e-4)

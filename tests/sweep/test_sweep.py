@@ -89,6 +89,14 @@ def test_default_rows_at_the_papers_base_are_table_3():
     assert [c["positions"] for c in by_row["E"]] == ["learned"]
 
 
+def test_learned_positions_row_of_a_halves_base_resets_the_layout():
+    """model.position_layout orders sinusoids only: row E of a base with the halves layout asks for both keys."""
+    path = REPO / "configs" / "transformer_base.yaml"
+    (row,) = [v for v in table3_variations(load_config(path, ["model.position_layout=halves"], check_files=False)) if v.row == "E"]
+    assert row.overrides == ["model.positions=learned", "model.position_layout=interleaved"]
+    assert load_config(path, ["model.position_layout=halves", *row.overrides], check_files=False).model.positions == "learned"
+
+
 def test_configs_table3_is_valid_on_the_recipe():
     rows = load_variations(REPO / "configs" / "sweeps" / "table3.yaml")
     assert [v.row for v in rows][:1] == ["base"] and {v.row for v in rows} == {"base", "A", "B", "C", "D", "E"}

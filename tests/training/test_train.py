@@ -345,3 +345,36 @@ def test_gradients_reach_adam_clipped_only_when_clip_norm_is_set(corpus_slice, s
     for before, after in zip(norms, seen):
         assert before > 0.05, "the test needs raw norms above the clip value"
         assert after == pytest.approx(min(before, clip) if clip else before, rel=1e-4)
+
+
+def test_marian_options_train_and_resume(pairs64, spm_model, tmp_path):
+    """swish, the halves position layout and an output bias (with restrict_output): a few updates, then a resume
+    that gives the losses and parameters of the uninterrupted run; the bias is learned and checkpointed."""
+    common = [
+        "model.activation=swish",
+        "model.position_layout=halves",
+        "model.output_bias=true",
+        "model.restrict_output=true",
+        "train.max_tokens=300",
+        "train.validate_every=3",
+        "train.valid_bleu_sentences=-1",
+        "train.lr_schedule=inverse_sqrt",
+        "train.lr=0.002",
+        "train.warmup_updates=3",
+    ]
+    straight, first, second = [], [], []
+    train(tiny_config(pairs64, spm_model, tmp_path / "a", *common, "train.max_updates=6"), on_update=lambda u, s: straight.append(s["loss"]))
+    train(tiny_config(pairs64, spm_model, tmp_path / "b", *common, "train.max_updates=3"), on_update=lambda u, s: first.append(s["loss"]))
+    from transformer_mt.training import resumed_config
+
+    cfg = resumed_config(tmp_path / "b", ["train.max_updates=6"])
+    assert (cfg.model.activation, cfg.model.position_layout, cfg.model.output_bias) == ("swish", "halves", True)
+    train(cfg, resume=True, on_update=lambda u, s: second.append(s["loss"]))
+    assert first + second == pytest.approx(straight, rel=1e-6, abs=1e-6) and len(straight) == 6
+    a = load_checkpoint(tmp_path / "a" / "checkpoint_last.pt")["model"]
+    b = load_checkpoint(tmp_path / "b" / "checkpoint_last.pt")["model"]
+    assert a.keys() == b.keys() and "output_proj.bias" in a
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=1e-6)
+    kept = a["output_ids"]
+    assert a["output_proj.bias"][kept].abs().sum() > 0  # learned on the kept pieces

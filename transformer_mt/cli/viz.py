@@ -40,10 +40,11 @@ def _draw_positions(model, cfg, out: Path, length: int) -> Path:
     if next(model.parameters()).device.type != "meta":
         table, title = position_table(model, length), f"{cfg.model.positions} positions (checkpoint)"
     elif cfg.model.positions == "sinusoidal":
-        table, title = sinusoids(length, cfg.model.d_model), "sinusoidal positional encoding"
+        table, title = sinusoids(length, cfg.model.d_model, layout=cfg.model.position_layout), "sinusoidal positional encoding"
     else:
         raise VizError("model.positions=learned: a config has no learned values to draw; give a trained checkpoint (.pt) instead")
-    return plot_positions(table, out, sinusoidal=cfg.model.positions == "sinusoidal", title=title)
+    interleaved = cfg.model.positions == "sinusoidal" and cfg.model.position_layout == "interleaved"  # the labels' sin-at-2i periods
+    return plot_positions(table, out, sinusoidal=interleaved, title=title)
 
 
 @app.command()

@@ -23,9 +23,10 @@ Fail = Callable[[str, str], NoReturn]  # fail(dotted key, message): raises Confi
 
 CHOICES = {
     "tokenizer.model_type": ("unigram", "bpe"),
-    "model.activation": ("relu", "gelu"),
+    "model.activation": ("relu", "gelu", "swish"),
     "model.norm": ("post", "pre", "scale"),
     "model.positions": ("sinusoidal", "learned"),
+    "model.position_layout": ("interleaved", "halves"),
     "train.dtype": ("float32", "bfloat16", "float16", "auto"),
     "train.lr_schedule": ("noam", "inverse_sqrt", "linear", "wsd"),
     "train.best_metric": ("bleu", "loss"),
@@ -72,6 +73,8 @@ def _check_model(m: ModelConfig, fail: Fail) -> None:
     for key in ("dropout", "attention_dropout", "activation_dropout"):
         if not 0.0 <= getattr(m, key) < 1.0:
             fail(f"model.{key}", f"{getattr(m, key)} is outside [0, 1); use e.g. 0.1")
+    if m.positions == "learned" and m.position_layout != "interleaved":
+        fail("model.position_layout", f"{m.position_layout!r} orders sinusoids only; remove it or set model.positions: sinusoidal")
 
 
 def _check_tokenizer(tok: TokenizerConfig, m: ModelConfig, fail: Fail) -> None:

@@ -54,13 +54,15 @@ class ModelConfig:
     dropout: float = 0.1  # P_drop on sublayer outputs and on embeddings + positions
     attention_dropout: float = 0.0  # dropout on attention weights (0 in the paper)
     activation_dropout: float = 0.0  # dropout after the FFN activation (0 in the paper)
-    activation: str = "relu"  # FFN activation: relu or gelu
+    activation: str = "relu"  # FFN activation: relu, gelu or swish (SiLU, x * sigmoid(x))
     norm: str = "post"  # post = LayerNorm(x + sublayer(x)) (paper); pre = x + sublayer(LayerNorm(x));
     # scale = pre placement with ScaleNorm g * x / ||x|| and FixNorm embeddings (Nguyen & Salazar 2019)
     positions: str = "sinusoidal"  # sinusoidal (paper) or learned (Table 3 row E)
+    position_layout: str = "interleaved"  # sinusoid order: interleaved (paper: sin even dims, cos odd) or halves (all sines, then cosines)
     max_positions: int = 1024  # longest sequence the model accepts (size of the learned table)
     share_all_embeddings: bool = True  # one matrix for source, target and output (needs a joint vocabulary)
     share_decoder_embeddings: bool = True  # tie target embedding and output projection
+    output_bias: bool = False  # a bias vector (zero at start) added to the output layer's logits
     restrict_output: bool = False  # output layer over the pieces seen on the training target side only (faster with a joint vocabulary)
 
 

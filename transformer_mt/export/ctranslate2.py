@@ -11,10 +11,12 @@ result token for token against tmt's own search):
   whether it applies before the sublayer or after the residual add, as ``model.norm`` does here.
   Pre-norm's final norm per stack is the stack's ``layer_norm``.
 - Embeddings are multiplied by sqrt(d_model) (section 3.4: ``scale_embeddings``); the positions are
-  written explicitly: CTranslate2's built-in sinusoids put all sines before all cosines, the paper's
-  (section 3.5) interleave them. Learned positions are their table.
+  written explicitly, as tmt's table in either ``model.position_layout``: CTranslate2's built-in sinusoids
+  put all sines before all cosines but with fairseq's frequencies 10000^(-i/(d/2 - 1)), neither the paper's
+  (section 3.5, interleaved) nor MarianMT's (halves, 10000^(-2i/d)). Learned positions are their table.
+- The FFN activation maps by name: relu to RELU, gelu (torch's exact erf GELU) to GELU, swish (SiLU) to SWISH.
 - ``output_proj`` is the decoder's ``projection``; when it is tied to the embedding, CTranslate2's
-  optimiser stores the one array once (it aliases equal variables).
+  optimiser stores the one array once (it aliases equal variables). ``model.output_bias`` is its bias.
 - Vocabularies are the sentencepiece pieces in id order, so a CTranslate2 id is the tmt id; the
   config's unk / bos / eos tokens are the pieces at UNK_ID / BOS_ID / EOS_ID; ``decoder_start_token``
   is the BOS piece (tmt's decoder input starts with BOS); ``add_source_eos`` appends EOS to the source
@@ -25,8 +27,8 @@ result token for token against tmt's own search):
   g / sqrt(d), with epsilon 1e-12 (RMSNorm adds it to mean(x^2); the two differ only for vectors near 0).
   FixNorm's unit-length rows are constants at inference: the normalised embedding and output matrices are written.
 - ``model.restrict_output``: the output layer is written over the full vocabulary (every row of the matrix, which
-  a tied embedding holds anyway) with a bias of 0 on the kept pieces and -1e9 on the others, which makes their
-  probability exactly 0 in float32 softmax, as tmt's -inf logits do.
+  a tied embedding holds anyway) with a bias of -1e9 on the pieces not kept (the output bias, or 0, on the
+  others), which makes their probability exactly 0 in float32 softmax, as tmt's -inf logits do.
 
 ``ctranslate2`` is imported only inside the functions here; without it, the user is told which
 extra to install.
@@ -140,8 +142,11 @@ def build_spec(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, *, co
         _set_norm(spec.decoder.layer_norm, model.decoder_norm)
     weight = model.output_proj.weight
     spec.decoder.projection.weight = _np(torch.nn.functional.normalize(weight, dim=-1) if model.fix_norm else weight)  # (V, D)
+    bias: torch.Tensor | None = model.output_proj.bias  # (V,) with model.output_bias, else None
     if model.output_ids is not None:  # restrict_output: the pieces not kept can never be produced
-        bias = torch.full((weight.size(0),), -1e9).index_fill_(0, model.output_ids.cpu(), 0.0)  # (V,)
+        kept = torch.zeros(weight.size(0)) if bias is None else bias.detach().float().cpu()
+        bias = torch.full((weight.size(0),), -1e9).index_copy_(0, model.output_ids.cpu(), kept[model.output_ids.cpu()])  # (V,)
+    if bias is not None:
         spec.decoder.projection.bias = _np(bias)
 
     spec.register_source_vocabulary(_pieces(src_tok))
@@ -163,7 +168,7 @@ def build_spec(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, *, co
 
 def _activation(common_spec, name: str):
     # torch's F.gelu is the exact (erf) GELU, CTranslate2's Activation.GELU; not GELUTanh.
-    return {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU}[name]
+    return {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU, "swish": common_spec.Activation.SWISH}[name]
 
 
 def _position_table(model: Transformer, cfg: Config) -> np.ndarray:
@@ -176,7 +181,7 @@ def _position_table(model: Transformer, cfg: Config) -> np.ndarray:
     if model.learned_positions:
         return _np(model.pos_embed.weight)
     rows = positions_needed(cfg.model.max_positions, max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b)
-    return sinusoids(rows, cfg.model.d_model).numpy()
+    return sinusoids(rows, cfg.model.d_model, layout=cfg.model.position_layout).numpy()
 
 
 def _set_stack_inputs(stack_spec, embed: torch.nn.Embedding, positions: np.ndarray, *, embed_list: bool, fix_norm: bool) -> None:

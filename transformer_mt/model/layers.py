@@ -7,7 +7,7 @@ Masks follow :mod:`transformer_mt.model.attention` (attention masks: True = atte
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar, overload
 
 import torch.nn.functional as F
@@ -45,6 +45,10 @@ class LayerAttention(NamedTuple):
     cross_attn: Tensor  # (B, H, T, S), exactly 0 on source padding
 
 
+# model.activation: relu (section 3.3), gelu (exact, erf), swish = SiLU x * sigmoid(x) (MarianMT's "swish")
+ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {"relu": F.relu, "gelu": F.gelu, "swish": F.silu}
+
+
 class FeedForward(nn.Module):
     """Section 3.3: FFN(x) = act(x W1 + b1) W2 + b2, inner size d_ff; activation dropout after act."""
 
@@ -52,7 +56,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
         self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
-        self.act = F.relu if cfg.activation == "relu" else F.gelu
+        self.act = ACTIVATIONS[cfg.activation]
         self.dropout = cfg.activation_dropout
 
     def forward(self, x: Tensor) -> Tensor:  # (B, T, D) -> (B, T, D)

@@ -85,24 +85,33 @@ def perplexity(nll_sum: float | torch.Tensor, ntokens: int) -> float:
         return math.inf
 
 
-def projected_label_smoothed_loss(h: Tensor, weight: Tensor, target: Tensor, *, epsilon: float, ignore_index: int = PAD_ID) -> tuple[Tensor, Tensor, int]:
-    """``label_smoothed_nll_loss(h @ weight.T, target)`` without materialising the (N, V) logits at once.
+def projected_label_smoothed_loss(
+    h: Tensor, weight: Tensor, target: Tensor, *, epsilon: float, bias: Tensor | None = None, ignore_index: int = PAD_ID
+) -> tuple[Tensor, Tensor, int]:
+    """``label_smoothed_nll_loss(h @ weight.T + bias, target)`` without materialising the (N, V) logits at once.
 
-    h: (N, D) decoder states at the label positions; weight: (V, D) output projection (no bias);
+    h: (N, D) decoder states at the label positions; weight: (V, D) output projection; bias: (V,) or None;
     target: (N,). Same returns and same numbers (float32 loss) as :func:`label_smoothed_nll_loss`.
     Runs the fused kernel :func:`~transformer_mt.model.kernels.fused_projected_label_smoothed_loss`, or,
     under :func:`~transformer_mt.model.kernels.use_reference_ops`, its plain equivalent: the logits, then
     :func:`label_smoothed_nll_loss`.
     """
-    loss, nll = projected_label_smoothed_sums(h, weight, target, epsilon=epsilon, ignore_index=ignore_index)
+    loss, nll = projected_label_smoothed_sums(h, weight, target, epsilon=epsilon, bias=bias, ignore_index=ignore_index)
     return loss, nll, int(target.ne(ignore_index).sum())
 
 
-def projected_label_smoothed_sums(h: Tensor, weight: Tensor, target: Tensor, *, epsilon: float, ignore_index: int = PAD_ID) -> tuple[Tensor, Tensor]:
+def projected_label_smoothed_sums(
+    h: Tensor, weight: Tensor, target: Tensor, *, epsilon: float, bias: Tensor | None = None, ignore_index: int = PAD_ID
+) -> tuple[Tensor, Tensor]:
     """:func:`projected_label_smoothed_loss` without the token count, so without a host sync: (loss_sum, nll_sum)."""
     _check_epsilon(epsilon, weight.size(0))
     if kernels.reference_ops():
-        return _label_smoothed_sums(F.linear(h, weight), target, epsilon=epsilon, ignore_index=ignore_index)  # (N, V) logits
+        return _label_smoothed_sums(F.linear(h, weight, bias), target, epsilon=epsilon, ignore_index=ignore_index)  # (N, V) logits
+    if bias is not None:
+        # The bias as one more input feature: h @ W.T + b = [h, 1] @ [W, b].T, so the fused kernel needs no bias
+        # of its own, and autograd carries the bias's gradient back through the concatenation.
+        h = torch.cat([h, h.new_ones(h.size(0), 1)], dim=1)  # (N, D) -> (N, D + 1)
+        weight = torch.cat([weight, bias.to(weight.dtype)[:, None]], dim=1)  # (V, D) -> (V, D + 1)
     return kernels.fused_projected_label_smoothed_loss(h, weight, target, epsilon=epsilon, ignore_index=ignore_index)
 
 
@@ -137,5 +146,6 @@ class TeacherForcedLoss(nn.Module):
         h = h.reshape(-1, h.size(-1)).index_select(0, labels)  # (B*T, D) -> (N, D): only positions with a label
         # output_weight(): (V, D), or (K, D) with model.restrict_output (targets then remapped, smoothing over the K kept pieces)
         target = self.model.output_targets(tgt_out.reshape(-1).index_select(0, labels))  # (N,)
-        loss, nll = projected_label_smoothed_sums(h, self.model.output_weight(), target, epsilon=self.label_smoothing)
+        model = self.model
+        loss, nll = projected_label_smoothed_sums(h, model.output_weight(), target, epsilon=self.label_smoothing, bias=model.output_bias())
         return loss, nll, labels.numel()

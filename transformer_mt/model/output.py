@@ -28,9 +28,10 @@ class OutputLayer(nn.Module):
     """The output layer of :class:`~transformer_mt.model.transformer.Transformer`, mixed into it (not a
     submodule) so that its tensors keep their checkpoint names ``output_proj.weight`` and ``output_ids``.
 
-    The model builds ``output_proj``, a bias-free (D -> V) Linear, beside its embeddings (it may be tied to
-    the target embedding) and sets ``fix_norm`` (FixNorm scores with unit-length rows). :meth:`_init_output`
-    sets ``tgt_vocab_size`` V and the buffers ``output_ids`` (K,) ascending, the kept pieces (all V until
+    The model builds ``output_proj``, a (D -> V) Linear, beside its embeddings (its weight may be tied to
+    the target embedding; its bias, ``output_proj.bias``, exists only with ``model.output_bias``) and sets
+    ``fix_norm`` (FixNorm scores with unit-length rows). :meth:`_init_output` sets ``tgt_vocab_size`` V and
+    the buffers ``output_ids`` (K,) ascending, the kept pieces (all V until
     :meth:`restrict_output_to` sets them; a checkpoint's replace them on load, at their size), and
     ``output_index`` (V,), which maps a full id to its kept index (UNK's for a piece not kept); both None
     without ``model.restrict_output``.
@@ -88,6 +89,14 @@ class OutputLayer(nn.Module):
             w = w.index_select(0, self.output_ids)  # (V, D) -> (K, D); backward scatters into the (tied) matrix
         return fixnorm(w) if self.fix_norm else w
 
+    def output_bias(self) -> Tensor | None:
+        """The bias added to the logits of :meth:`output_weight`'s rows, (K or V,): the kept entries of
+        ``output_proj.bias`` (all V without ``restrict_output``); None without ``model.output_bias``."""
+        b = self.output_proj.bias
+        if b is None or self.output_ids is None:
+            return b
+        return b.index_select(0, self.output_ids)  # (V,) -> (K,)
+
     def output_targets(self, target: Tensor) -> Tensor:
         """Target ids (...) -> their rows of :meth:`output_weight`: the kept index with ``restrict_output`` (a piece
         not kept, e.g. in a validation set, is scored as UNK, the piece the model emits for what it cannot spell);
@@ -99,7 +108,7 @@ class OutputLayer(nn.Module):
         the pieces not kept get -inf (the matmul runs over the K kept rows, then one scatter)."""
         if self.output_ids is None and not self.fix_norm:
             return self.output_proj(x)  # the module call: forward hooks (tmt inspect) see the output layer
-        logits = F.linear(x, self.output_weight())  # (..., K)
+        logits = F.linear(x, self.output_weight(), self.output_bias())  # (..., K)
         if self.output_ids is None:
             return logits
         full = logits.new_full((*logits.shape[:-1], self.tgt_vocab_size), float("-inf"))  # (..., V)

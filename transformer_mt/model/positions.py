@@ -1,5 +1,10 @@
 """Positions (``model.positions``): the sinusoid table of section 3.5, or learned position embeddings
-(Table 3 row (E)), and the model's look-up into either.
+(Table 3 row (E)), and the model's look-up into either. The first token of a sequence (the source's
+first piece, the decoder's BOS) is position 0, as in MarianMT.
+
+``model.position_layout`` orders a sinusoid vector: ``interleaved`` (section 3.5: sin at even dimensions,
+cos at odd) or ``halves`` (the sines of every frequency, then the cosines, as MarianMT's
+``MarianSinusoidalPositionalEmbedding`` writes it; the same frequencies 10000^(-2i/d) in both).
 
 Sinusoids are a function of the config: the table is a non-persistent buffer (never checkpointed),
 recomputed when a model is built and grown, once, by :meth:`PositionTable.reserve_positions` before a
@@ -15,15 +20,23 @@ from torch import Tensor, nn
 from transformer_mt.config import ModelConfig
 
 
-def sinusoids(length: int, d_model: int, *, device: torch.device | str | None = None) -> Tensor:
-    """Section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same); returns (length, d_model) float32."""
+def sinusoids(length: int, d_model: int, *, layout: str = "interleaved", device: torch.device | str | None = None) -> Tensor:
+    """Section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same); returns (length, d_model) float32.
+
+    ``layout="halves"``: PE(pos, i) = sin(pos / 10000^(2i/d)) for i < ceil(d/2), then PE(pos, ceil(d/2) + i) =
+    cos(same) for i < floor(d/2) (MarianMT's table)."""
+    if layout not in ("interleaved", "halves"):
+        raise ValueError(f"layout={layout!r} is not one of interleaved, halves (model.position_layout)")
     # float64 for the angles: pos * 10000^(-2i/d) in float32 is off by ~1e-4 rad at pos ~ 1000.
     pos = torch.arange(length, dtype=torch.float64, device=device)[:, None]  # (length, 1)
     inv_freq = 10000.0 ** (-torch.arange(0, d_model, 2, dtype=torch.float64, device=device) / d_model)  # (ceil(d/2),)
     angles = pos * inv_freq  # (length, ceil(d/2))
+    sin, cos = angles.sin(), angles.cos()[:, : d_model // 2]  # odd d_model has one sine more than cosines
+    if layout == "halves":
+        return torch.cat([sin, cos], dim=1).float()  # (length, ceil(d/2) + floor(d/2))
     pe = torch.empty(length, d_model, dtype=torch.float64, device=device)
-    pe[:, 0::2] = angles.sin()
-    pe[:, 1::2] = angles.cos()[:, : d_model // 2]  # odd d_model has one sine more than cosines
+    pe[:, 0::2] = sin
+    pe[:, 1::2] = cos
     return pe.float()
 
 
@@ -45,7 +58,7 @@ class PositionTable(nn.Module):
         if self.learned_positions:  # Table 3 row (E)
             self.pos_embed = nn.Embedding(cfg.max_positions, cfg.d_model)
         else:  # not persistent: a function of the config, recomputed (and grown) rather than checkpointed
-            self.register_buffer("pe", sinusoids(cfg.max_positions, cfg.d_model), persistent=False)
+            self.register_buffer("pe", sinusoids(cfg.max_positions, cfg.d_model, layout=cfg.position_layout), persistent=False)
 
     def _positions(self, start: int, n: int) -> Tensor:
         """Position vectors for positions [start, start + n): (n, D)."""
@@ -74,7 +87,7 @@ class PositionTable(nn.Module):
         # A normal tensor even when called under inference_mode, so that training can use the table later.
         # Training itself never needs more (config keeps data.max_len + 2 <= max_positions): DDP ranks see one size.
         with torch.inference_mode(False):
-            self.pe = sinusoids(n, self.cfg.d_model, device=self.pe.device).to(self.pe.dtype)
+            self.pe = sinusoids(n, self.cfg.d_model, layout=self.cfg.position_layout, device=self.pe.device).to(self.pe.dtype)
 
     def max_output_length(self) -> int | None:
         """Longest output the decoder can produce: BOS plus the first L-1 outputs occupy positions

@@ -57,9 +57,17 @@ class AttentionWeights(NamedTuple):
 
 
 def _check(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
-    for key, allowed in (("norm", ("post", "pre", "scale")), ("activation", ("relu", "gelu")), ("positions", ("sinusoidal", "learned"))):
+    choices = (
+        ("norm", ("post", "pre", "scale")),
+        ("activation", ("relu", "gelu", "swish")),
+        ("positions", ("sinusoidal", "learned")),
+        ("position_layout", ("interleaved", "halves")),
+    )
+    for key, allowed in choices:
         if getattr(cfg, key) not in allowed:
             raise ConfigError(f"model.{key}={getattr(cfg, key)!r} is not one of {', '.join(allowed)}")
+    if cfg.positions == "learned" and cfg.position_layout != "interleaved":
+        raise ConfigError(f"model.position_layout={cfg.position_layout!r} orders sinusoids only; remove it or set model.positions: sinusoidal")
     if (not cfg.head_dim or not cfg.value_dim) and cfg.d_model % cfg.heads:
         raise ConfigError(
             f"model.d_model={cfg.d_model} is not divisible by model.heads={cfg.heads}; "
@@ -87,7 +95,8 @@ class Transformer(PositionTable, OutputLayer):
         # Section 3.4: one matrix for both embeddings and the pre-softmax layer (joint vocabulary); with
         # separate vocabularies only the target embedding and the output layer can share.
         self.tgt_embed = self.src_embed if cfg.share_all_embeddings else nn.Embedding(tgt_vocab_size, d, padding_idx=PAD_ID)
-        self.output_proj = nn.Linear(d, tgt_vocab_size, bias=False)
+        # model.output_bias: a (V,) bias on the logits (MarianMT's final_logits_bias), its own even when the weight is tied
+        self.output_proj = nn.Linear(d, tgt_vocab_size, bias=cfg.output_bias)
         if cfg.share_all_embeddings or cfg.share_decoder_embeddings:
             self.output_proj.weight = self.tgt_embed.weight
         self._init_positions(cfg)
@@ -118,6 +127,8 @@ class Transformer(PositionTable, OutputLayer):
                     nn.init.zeros_(module.weight[module.padding_idx])
         if self.output_proj.weight is not self.tgt_embed.weight:
             nn.init.normal_(self.output_proj.weight, mean=0.0, std=std)
+        if self.output_proj.bias is not None:  # model.output_bias starts at zero: the logits start as without it
+            nn.init.zeros_(self.output_proj.bias)
 
     def cast_weights(self, dtype: torch.dtype) -> Transformer:
         """Inference in reduced precision (``tmt translate --dtype bfloat16/float16``): every matmul weight
@@ -203,7 +214,7 @@ class Transformer(PositionTable, OutputLayer):
     def decoder_output(self, tgt_in: Tensor, enc: EncoderOut) -> Tensor:
         """Teacher forcing up to the vocabulary projection: tgt_in (B, T) -> the top decoder states (B, T, D)
         (after the final norm). :class:`~transformer_mt.model.loss.TeacherForcedLoss` fuses the projection
-        (:meth:`output_weight`) with the loss, so the (N, V) logits are never built in one piece."""
+        (:meth:`output_weight`, :meth:`output_bias`) with the loss, so the (N, V) logits are never built in one piece."""
         return self._decoder_states(tgt_in, enc)[0]
 
     def forward(self, src: Tensor, tgt_in: Tensor, *, keep: Tensor | None = None) -> Tensor:

@@ -68,7 +68,8 @@ def table3_variations(cfg: Config) -> list[Variation]:
         values = (0.0, round(min(2 * base, base + 0.2), 2)) if base > 0 else (0.1, 0.2)
         out += [Variation("D", f"D-{name}{_num(v)}", [f"{key}={_num(v)}"]) for v in values if v != base and v < 1.0]
     other = "learned" if m.positions == "sinusoidal" else "sinusoidal"
-    out.append(Variation("E", f"E-{other}", [f"model.positions={other}"]))
+    layout = ["model.position_layout=interleaved"] if other == "learned" and m.position_layout != "interleaved" else []  # sinusoids only
+    out.append(Variation("E", f"E-{other}", [f"model.positions={other}", *layout]))
     return out
 
 
