@@ -2,12 +2,14 @@
 silently started over an old one (which checkpoint a resume takes: policy.py).
 
 - Lock. A training process holds an exclusive ``fcntl.flock`` on ``OUT_DIR/.lock`` (the file names its
-  pid) from before it writes anything until it exits; the OS releases it when the process dies, even
-  by SIGKILL. A second `tmt train` or `--resume` of the same directory gets one line naming that pid,
+  pid; a symlink there, or a file holding anything but a pid, is refused, never followed or truncated)
+  from before it writes anything until it exits; the OS releases it when the process dies, even by
+  SIGKILL. A second `tmt train` or `--resume` of the same directory gets one line naming that pid,
   instead of interleaving logs and pruning the first run's checkpoints.
 - A new run refuses a directory that holds checkpoints, unless asked to start over (``--overwrite``),
-  which removes the old run's checkpoints: numbered files of two runs would mix in pruning, in
-  averaging and in finding the newest.
+  which removes the old run's checkpoints once the new run has passed every check (a refused run
+  leaves the old one whole): numbered files of two runs would mix in pruning, in averaging and in
+  finding the newest.
 - Leftovers. Temporary files of checkpoints (and of metrics.jsonl) whose writer was killed are removed under the lock.
 """
 
@@ -17,6 +19,7 @@ import contextlib
 import errno
 import os
 import re
+import stat
 from pathlib import Path
 
 from transformer_mt.checkpoint import numbered_checkpoints
@@ -30,6 +33,7 @@ except ImportError:  # pragma: no cover - Windows
 LOCK_NAME = ".lock"
 NAMED = ("checkpoint_last.pt", "checkpoint_best.pt")
 # the temporaries of save_checkpoint / copy_checkpoint, and of RunLog.drop_after
+_PID_LINE = re.compile(rb"(\d+\n?)?")  # what RunLock writes (empty when just created)
 _TEMPORARY = re.compile(r"\.(checkpoint_(last|best|\d+)\.pt|metrics\.jsonl)\..+\.tmp")
 
 
@@ -45,7 +49,7 @@ class RunLock:
         self._fd: int | None = None
         if fcntl is None:
             return
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = _open_lock_file(self.path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -57,6 +61,10 @@ class RunLock:
                 f"{Path(out_dir)}: another tmt train (pid {holder}) is using this run directory; wait for it to end "
                 f"or stop it, or set train.out_dir to another directory"
             ) from None
+        content = os.pread(fd, 64, 0)
+        if not _PID_LINE.fullmatch(content):  # never truncate what another program wrote under this name
+            os.close(fd)
+            raise RunDirError(f"{self.path}: exists and is not a tmt lock file (a pid line); move it away, or set train.out_dir to another directory")
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
@@ -68,26 +76,47 @@ class RunLock:
             self._fd = None
 
 
+def _open_lock_file(path: Path) -> int:
+    """The lock file's descriptor; a symlink (which would lock and truncate its target) or anything but a
+    regular file is refused."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise
+        fd = -1
+    if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
+        if fd >= 0:
+            os.close(fd)
+        raise RunDirError(f"{path}: is not a regular file (a symlink, directory or device); remove it, or set train.out_dir to another directory")
+    return fd
+
+
 def run_checkpoints(out_dir: str | os.PathLike) -> list[Path]:
     """The checkpoints a run wrote into ``out_dir``: last, best and numbered ones (other .pt files are not the run's)."""
     out_dir = Path(out_dir)
     return [out_dir / name for name in NAMED if (out_dir / name).is_file()] + numbered_checkpoints(out_dir)
 
 
-def start_new_run(out_dir: str | os.PathLike, *, overwrite: bool) -> int:
-    """Before a new run writes into ``out_dir`` (under its lock): refuse one that holds a run, or with
-    ``overwrite`` remove that run's checkpoints; returns how many were removed."""
+def check_new_run(out_dir: str | os.PathLike, *, overwrite: bool) -> list[Path]:
+    """Before a new run writes into ``out_dir`` (under its lock): refuse one that holds a run unless
+    ``overwrite``; returns that run's checkpoints, which :func:`remove_old_run` deletes once the new run has
+    passed every check (a refused new run leaves the old one whole)."""
     found = run_checkpoints(out_dir)
-    if not found:
-        return 0
-    if not overwrite:
+    if found and not overwrite:
         names = ", ".join(p.name for p in found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
         raise RunDirError(
             f"{out_dir} already holds a run ({names}); continue it with `tmt train --resume {out_dir}`, "
             "start it over with --overwrite, or set train.out_dir to a new directory"
         )
+    return found
+
+
+def remove_old_run(found: list[Path]) -> int:
+    """Delete the old run's checkpoints :func:`check_new_run` found; returns how many were there."""
     for path in found:
-        path.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
     return len(found)
 
 

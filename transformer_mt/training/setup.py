@@ -34,7 +34,7 @@ from transformer_mt.text import Tokenizer
 from transformer_mt.training.ema import EMA
 from transformer_mt.training.optim import build_optimizer, build_scheduler
 from transformer_mt.training.policy import newest_checkpoint
-from transformer_mt.training.rundir import RunLock, remove_stale_temporaries, start_new_run
+from transformer_mt.training.rundir import RunLock, check_new_run, remove_old_run, remove_stale_temporaries
 from transformer_mt.training.runlog import RunLog
 from transformer_mt.training.state import Batching, Progress, TrainState
 from transformer_mt.training.step import Corpus
@@ -88,25 +88,32 @@ def process(cfg: Config, dist: runtime.DistInfo) -> tuple[TrainConfig, torch.dev
     return t, device, owns_group
 
 
-def open_run_dir(out: Path, t: TrainConfig, *, resume: bool, overwrite: bool) -> tuple[RunLock, RunLog]:
-    """Rank 0: create and lock the directory, refuse (or with `overwrite` clear) a run already there, open the run log."""
+def open_run_dir(out: Path, t: TrainConfig, *, resume: bool, overwrite: bool) -> tuple[RunLock, RunLog, list[Path]]:
+    """Rank 0: create and lock the directory, refuse a run already there unless `overwrite`, open the run log;
+    returns the old run's checkpoints, which :func:`start_over` removes after every check of the new run."""
     out.mkdir(parents=True, exist_ok=True)
     lock = RunLock(out)  # before anything is written; the holder's pid names a second process
     runlog: RunLog | None = None
     try:
         remove_stale_temporaries(out)
-        removed = 0 if resume else start_new_run(out, overwrite=overwrite)
+        old_run = [] if resume else check_new_run(out, overwrite=overwrite)
         runlog = RunLog(out, tensorboard=t.tensorboard)
-        if removed:
-            runlog.log(f"--overwrite: removed the previous run's {removed} checkpoints from {out}")
-        if not resume:
-            runlog.drop_after(0)  # records of an earlier start that left no checkpoint (a new run's own come after)
     except BaseException:
         if runlog is not None:
             runlog.close()
         lock.release()
         raise
-    return lock, runlog
+    return lock, runlog, old_run
+
+
+def start_over(out: Path, old_run: list[Path], runlog: RunLog, *, resume: bool) -> None:
+    """Rank 0, once a new run has passed every check: remove the old run (`--overwrite`) and its records."""
+    if resume:
+        return
+    removed = remove_old_run(old_run)
+    if removed:
+        runlog.log(f"--overwrite: removed the previous run's {removed} checkpoints from {out}")
+    runlog.drop_after(0)  # records of an earlier start that left no checkpoint (a new run's own come after)
 
 
 def resume_point(out: Path, *, log: Log) -> tuple[Path, dict]:

@@ -54,6 +54,7 @@ class Trainer:
         self.cfg, self.out, self.on_update = cfg, Path(cfg.train.out_dir), on_update
         self.dist, self.runlog = runtime.dist_info(), RunLog(None)  # the log is silent until rank 0 opens the run directory
         self.lock: RunLock | None = None  # rank 0's, on the run directory
+        self._old_run: list[Path] = []  # rank 0's: the checkpoints --overwrite removes once the new run passed its checks
         self.stopping, self.policy = Stopping(), CheckpointPolicy(self.out, cfg.train)
         self.t, self.device, self._owns_group = setup.process(cfg, self.dist)  # the train config with the dtype resolved
         try:
@@ -77,17 +78,19 @@ class Trainer:
             setup.restore(self.state, saved, source=self.resumed_from, restore_rng=main, runlog=self.runlog)
         if self.dist.rank > 0:  # its own dropout masks; rank 0 keeps the single-process stream
             runtime.seed_everything(runtime.seed_for_rank(t.seed, self.dist.rank, self.progress.update))
-        runtime.on_main(lambda: save_config(cfg, self.out / "config.yaml"))
         quiet = not sys.stderr.isatty() or not main
         self.train_data, self.valid_data = setup.load_data(cfg, self.state, self.src_tok, self.tgt_tok, resumed=saved is not None, quiet=quiet, log=self.log)
         setup.check_valid_beam(t, validates_bleu=self.valid_data is not None, tgt_vocab_size=self.tgt_tok.vocab_size)
         self.validator = None if self.valid_data is None else Validator(cfg, self.valid_data, (self.src_tok, self.tgt_tok), device=self.device, log=self.log)
         setup.check_batching(self.progress, setup.batching_of(cfg, self.train_data), log=self.log)
         self.train_model, where = setup.training_module(self.model, t, dist=self.dist, device=self.device)
+        # every check has passed: only now is an old run removed (--overwrite) and its config replaced
+        runtime.on_main(lambda: setup.start_over(self.out, self._old_run, self.runlog, resume=resume))
+        runtime.on_main(lambda: save_config(cfg, self.out / "config.yaml"))
         self.log(f"model: {count_parameters(self.model):,} parameters; device {self.device}, dtype {t.dtype}, {torch.get_num_threads()} threads{where}")
 
     def _open_run_dir(self, resume: bool, overwrite: bool) -> None:
-        self.lock, self.runlog = setup.open_run_dir(self.out, self.t, resume=resume, overwrite=overwrite)
+        self.lock, self.runlog, self._old_run = setup.open_run_dir(self.out, self.t, resume=resume, overwrite=overwrite)
 
     def log(self, msg: str) -> None:
         self.runlog.log(msg)
