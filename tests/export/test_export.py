@@ -242,3 +242,31 @@ def test_swish_halves_and_output_bias_teacher_forced(restrict, separate_tokenize
             lprobs = torch.log_softmax(model.decode(torch.tensor([[BOS_ID] + tgt]), model.encode(source_tensor([src_tok.sp.piece_to_id(sp)]))), dim=-1)[0]
         ours = lprobs[torch.arange(len(tgt) + 1), torch.tensor(tgt + [EOS_ID])]
         assert torch.tensor(res.log_probs) == pytest.approx(ours, abs=1e-4)
+
+
+def test_force_replaces_only_an_earlier_export(tiny_checkpoint, tmp_path, capsys):
+    import transformer_mt.cli.deploy  # noqa: F401 - registers the command
+    from transformer_mt.cli import main
+
+    run = tmp_path / "run"  # a run directory: --force must never delete it
+    run.mkdir()
+    (run / "checkpoint_best.pt").write_bytes(tiny_checkpoint.read_bytes())
+    (run / "notes.txt").write_bytes(b"mine\n")
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    with pytest.raises(ExportError, match=rf"{run}: .*not a directory tmt export wrote"):
+        export(tiny_checkpoint, run, force=True)
+    with pytest.raises(SystemExit) as exit_:
+        main(["export", "-c", str(tiny_checkpoint), "-o", str(run), "--force"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and str(run) in err
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]  # no temporary left beside it
+    (tmp_path / "file").write_bytes(b"x")
+    with pytest.raises(ExportError, match="not a directory tmt export wrote"):
+        export(tiny_checkpoint, tmp_path / "file", force=True)
+    assert (tmp_path / "file").read_bytes() == b"x"
+    out = export(tiny_checkpoint, tmp_path / "ct2")
+    first = (out / "model.bin").read_bytes()
+    export(tiny_checkpoint, out, force=True, quantization="int8")  # an earlier export is replaced whole
+    assert (out / "model.bin").read_bytes() != first and json.loads((out / "tmt_export.json").read_text())["quantization"] == "int8"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "file", "run"]

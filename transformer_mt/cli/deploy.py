@@ -21,7 +21,7 @@ def export(
     quantization: str | None = typer.Option(
         None, "--quantization", "-q", help="Weight type: int8, int8_float32, int8_float16, int8_bfloat16, int16, float16, bfloat16 (default: float32)."
     ),
-    force: bool = typer.Option(False, "--force", help="Replace the output directory if it exists."),
+    force: bool = typer.Option(False, "--force", help="Replace the output directory if an earlier tmt export wrote it (never any other directory)."),
 ) -> None:
     """Convert a checkpoint for an inference engine (CTranslate2): weights, vocabularies, sentencepiece model."""
     from transformer_mt.export import export as export_model
