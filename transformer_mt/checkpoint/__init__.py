@@ -1,7 +1,7 @@
 """Checkpoint files: the format, atomic save and safe load (io), RNG state (rng), the numbered files of a
 run and their pruning (retention), averaging (averaging)."""
 
-from transformer_mt.checkpoint.averaging import average_checkpoints
+from transformer_mt.checkpoint.averaging import average_checkpoints, check_average_output
 from transformer_mt.checkpoint.io import (
     FORMAT,
     CheckpointError,
@@ -20,6 +20,7 @@ __all__ = [
     "CheckpointError",
     "FORMAT",
     "average_checkpoints",
+    "check_average_output",
     "checkpoint_update",
     "config_from_checkpoint",
     "copy_checkpoint",

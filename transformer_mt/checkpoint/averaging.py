@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from transformer_mt.checkpoint.io import WEIGHTS, CheckpointError, load_checkpoint, model_weights, unpack_tokenizers
+from transformer_mt.checkpoint.retention import is_numbered_checkpoint
 
 # The training-state keys an averaged (inference) checkpoint does not carry.
 TRAINING_KEYS = ("optimizer", "scheduler", "scaler", "rng", "progress", "metrics", "ema")
@@ -60,6 +61,40 @@ def average_checkpoints(paths: Sequence[str | os.PathLike], *, weights: str | No
     out = {k: v for k, v in last.items() if k not in TRAINING_KEYS}
     out.update(model=model, averaged_from=[str(p) for p in files], averaged_weights=chosen)
     return out
+
+
+def check_average_output(output: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, force: bool = False) -> None:
+    """Refuse an output the average must not replace: one of its inputs, a directory, a numbered checkpoint
+    name in a run directory (the run's resume and pruning would take the average for a training checkpoint),
+    or an existing file that is not an earlier average, unless ``force``."""
+    out = Path(output)
+    if out.is_dir() or (out.exists() and not out.is_file()):
+        raise CheckpointError(f"{out}: exists and is not a regular file; give a file path for the averaged checkpoint")
+    if is_numbered_checkpoint(out) and _is_run_dir(out.parent):
+        raise CheckpointError(
+            f"{out}: a numbered checkpoint name in a run directory, which `tmt train --resume` would take for a training checkpoint; "
+            "give another name (e.g. average.pt)"
+        )
+    if not out.exists():
+        return
+    for path in inputs:  # a checkpoint replaced by the average loses its training state
+        if Path(path).exists() and os.path.samefile(out, path):
+            raise CheckpointError(f"{out}: the output is the input checkpoint {path}; writing it would destroy that checkpoint, so give another -o")
+    if not force and not _is_average(out):
+        raise CheckpointError(f"{out}: exists and is not an averaged checkpoint; give another -o, or pass --force to replace it")
+
+
+def _is_run_dir(directory: Path) -> bool:
+    """Whether ``directory`` holds a training run (its config, lock or checkpoints)."""
+    names = ("config.yaml", ".lock", "checkpoint_last.pt", "checkpoint_best.pt")
+    return directory.is_dir() and (any((directory / n).exists() for n in names) or any(is_numbered_checkpoint(p) for p in directory.iterdir()))
+
+
+def _is_average(path: Path) -> bool:
+    try:
+        return "averaged_from" in load_checkpoint(path)
+    except (CheckpointError, OSError):
+        return False
 
 
 def _check_same_architecture(path_a: Path, a: dict[str, Any], path_b: Path, b: dict[str, Any]) -> None:

@@ -26,6 +26,11 @@ def numbered_checkpoint_path(out_dir: str | os.PathLike, update: int) -> Path:
     return Path(out_dir) / f"checkpoint_{update}.pt"
 
 
+def is_numbered_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is named as a run's ``checkpoint_<update>.pt``."""
+    return _NUMBERED.fullmatch(Path(path).name) is not None
+
+
 def numbered_checkpoints(out_dir: str | os.PathLike) -> list[Path]:
     """The run's ``checkpoint_<update>.pt`` files, oldest first (sorted by update, not by name)."""
     out_dir = Path(out_dir)

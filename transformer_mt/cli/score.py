@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import typer
@@ -59,9 +58,10 @@ def average(
         "--weights",
         help="ema or raw: which weights of each checkpoint to average (train.ema_decay). Default: ema when every checkpoint holds it, else raw.",
     ),
+    force: bool = typer.Option(False, "--force", help="Replace an existing output file that is not an earlier average (never a directory)."),
 ) -> None:
     """Average model parameters of several checkpoints (the paper averages the last 5 or 20)."""
-    from transformer_mt.checkpoint import CheckpointError, average_checkpoints, last_checkpoints, save_checkpoint
+    from transformer_mt.checkpoint import CheckpointError, average_checkpoints, check_average_output, last_checkpoints, save_checkpoint
 
     paths = list(checkpoints or [])
     if every and run is None:
@@ -70,9 +70,7 @@ def average(
         paths += last_checkpoints(run, last, every=every)
     if len(paths) < 2:
         raise CheckpointError("give at least two checkpoints, or --run RUN_DIR --last N")
-    for path in paths:  # a checkpoint replaced by the average loses its training state: refuse, as for text outputs
-        if output.exists() and path.exists() and os.path.samefile(output, path):
-            raise CheckpointError(f"{output}: the output is the input checkpoint {path}; writing it would destroy that checkpoint, so give another -o")
+    check_average_output(output, paths, force=force)
     averaged = average_checkpoints(paths, weights=weights)
     save_checkpoint(averaged, output)
     typer.echo(f"averaged the {averaged['averaged_weights']} weights of {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {output}", err=True)
