@@ -15,7 +15,7 @@ A corpus is encoded once (by :func:`transformer_mt.data.corpus.load_parallel`, i
 Everything is raw little-endian arrays (``np.fromfile`` / ``np.memmap`` read them), written into
 a temporary directory that is renamed into place after meta.json, so a crash never leaves a
 directory that looks valid. The key is a sha256 of: the format version; per text file its
-resolved path, size, mtime_ns and a hash of its first and last 64 KiB (O(1) however large the
+resolved path, size, mtime_ns, inode, ctime_ns and a hash of its first and last 64 KiB (O(1) however large the
 corpus: a full content hash of a corpus of millions of pairs would cost seconds on every start); the
 sha256 of each sentencepiece model; the sentencepiece version; max_len, max_len_ratio,
 min_len_for_ratio and filter_long. Change any of them and the corpus is re-encoded; stale
@@ -71,7 +71,10 @@ def _fingerprint(path: Path) -> dict:
         if stat.st_size > _FINGERPRINT_BYTES:
             handle.seek(max(_FINGERPRINT_BYTES, stat.st_size - _FINGERPRINT_BYTES))
             digest.update(handle.read())
-    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "head_tail_sha256": digest.hexdigest()}
+    # inode and ctime: a write between the head and the tail changes ctime, which no tool can set back as
+    # `cp -p`, `touch -r`, `rsync -t` and tar set back mtime; a file replaced by another gets a new inode
+    identity = {"inode": stat.st_ino, "ctime_ns": stat.st_ctime_ns}
+    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, **identity, "head_tail_sha256": digest.hexdigest()}
 
 
 def cache_directory(cache_dir: str | os.PathLike, src_path: Path, tgt_path: Path, key: str) -> Path:

@@ -44,7 +44,7 @@ def prepare_tokenizers(cfg: Config, *, log: Callable[[str], None]) -> tuple[Toke
 
 
 def _train_spm(cfg: Config, inputs: list[str], prefix: Path, log: Callable[[str], None]) -> Tokenizer:
-    """Train PREFIX.model, recording its inputs (path, size, mtime) and settings in PREFIX.json, or
+    """Train PREFIX.model, recording its inputs (path, size, mtime, inode, ctime) and settings in PREFIX.json, or
     reuse PREFIX.model when PREFIX.json records the same ones."""
     tok_cfg = cfg.tokenizer
     model, recipe_path = prefix.parent / f"{prefix.name}.model", prefix.parent / f"{prefix.name}.json"
@@ -72,7 +72,8 @@ def _train_spm(cfg: Config, inputs: list[str], prefix: Path, log: Callable[[str]
 
 def _file_identity(path: str) -> dict:
     stat = os.stat(path)
-    return {"path": str(Path(path).resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    # ctime and inode too: an edit whose mtime was set back (`cp -p`, `touch -r`) still changes ctime
+    return {"path": str(Path(path).resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "inode": stat.st_ino, "ctime_ns": stat.st_ctime_ns}
 
 
 def load_corpora(cfg: Config, src_tok: Tokenizer, tgt_tok: Tokenizer, *, quiet: bool) -> tuple[ParallelData, ParallelData | None]:
