@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import io
+import math
 import os
 import re
 import stat
@@ -353,3 +354,53 @@ def test_translator_refuses_a_huge_beam_before_encoding(bad_inputs, monkeypatch)
     assert peak < 2**20
     with pytest.raises(SearchError, match="use a beam of at most 499"):
         tr.translate(["a dog ."], beam=vocab // 2, lenpen=0.6)
+
+
+# ---------------------------------------------------------------- no traceback from extreme settings or damaged files
+@pytest.mark.parametrize("lenpen", ["1e308", "1000", "-1e308"])
+def test_extreme_lenpen_is_one_line(bad_inputs, capsys, lenpen):
+    code, err = run_cli(["translate", "-c", bad_inputs["ckpt"], "--lenpen", lenpen, bad_inputs["src"]], capsys)
+    assert code == 2 and err.startswith(f"tmt: error: --lenpen {float(lenpen)} is out of range; use -10 to 10") and err.count("\n") == 1
+
+
+def test_length_penalty_never_overflows():
+    from transformer_mt.config import lenpen_problem
+    from transformer_mt.decoding import length_penalty
+
+    assert length_penalty(1000, 1e308) == math.inf and length_penalty(2, 0.6) == (7 / 6) ** 0.6  # normal values: the same float
+    assert lenpen_problem(10.0) is None and lenpen_problem(-10.0) is None and lenpen_problem(10.5) is not None
+
+
+@pytest.mark.parametrize(("args", "words"), [(["--port", "99999"], "--port 99999: must be 0 to 65535"), (["--log-level", "nope"], "--log-level nope: choose")])
+def test_serve_bad_port_or_log_level_is_one_line(capsys, args, words):
+    pytest.importorskip("uvicorn")
+    code, err = run_cli(["serve", "-c", "no-such.pt", *args], capsys)
+    assert code == 2 and err.startswith(f"tmt: error: {words}") and err.count("\n") == 1
+
+
+def test_mbr_superscript_index_is_one_line(tmp_path, capsys):
+    nbest = write(tmp_path / "nbest.txt", "0\t-1.0\tein Hund\n\u00b2\t-2.0\tzwei Hunde\n")
+    code, err = run_cli(["mbr", str(nbest)], capsys)
+    assert code == 2 and err.startswith(f"tmt: error: {nbest}:2: expected INDEX<TAB>SCORE<TAB>TEXT") and err.count("\n") == 1
+
+
+def _damaged(bad_inputs, path: Path, damage) -> str:
+    state = load_checkpoint(bad_inputs["ckpt"])
+    damage(state)
+    save_checkpoint(state, path)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [
+        (lambda s: s["config"]["model"].update(d_model=64), "the weights do not fit its config"),
+        (lambda s: s["tokenizers"].update(src=torch.tensor([1, 2, 3], dtype=torch.uint8)), "sentencepiece model 'src' is corrupt"),
+        (lambda s: s.pop("model"), "holds no 'model' weights"),
+    ],
+    ids=["config-weights", "tokenizer-blob", "no-model"],
+)
+def test_damaged_checkpoint_is_one_line(bad_inputs, tmp_path, capsys, damage, words):
+    ckpt = _damaged(bad_inputs, tmp_path / "damaged.pt", damage)
+    code, err = run_cli(["translate", "-c", ckpt, bad_inputs["src"]], capsys)
+    assert code == 2 and err.startswith(f"tmt: error: {ckpt}: ") and words in err and err.count("\n") == 1, err

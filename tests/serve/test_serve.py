@@ -158,6 +158,8 @@ BAD = [  # (body or raw bytes, content type, status, words the error must contai
     ({"text": "a", "beam": 17}, None, 422, "beam: 17 is out of range; use 1 (greedy) to 16"),
     ({"text": "a", "beam": 0}, None, 422, "beam: 0 is out of range"),
     ({"text": "a", "beam": 2, "nbest": 3}, None, 422, "nbest: 3 is out of range; use 1 to the beam size (2)"),
+    ({"text": "a", "lenpen": 1e308}, None, 422, "lenpen: 1e+308 is out of range; use -10 to 10"),
+    (b'{"text": "\\ud800"}', "application/json", 422, "is not valid Unicode (a lone surrogate \\ud800 at character 0)"),
 ]
 
 

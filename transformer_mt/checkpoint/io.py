@@ -271,6 +271,8 @@ def model_weights(state: dict[str, Any], *, weights: str | None = None, source: 
     ema = state.get("ema")
     if weights == "ema" and not ema:
         raise CheckpointError(f"{source}: --weights ema, but the checkpoint holds no EMA weights (train.ema_decay was 0); use --weights raw")
+    if not isinstance(state.get("model"), dict):
+        raise CheckpointError(f"{source}: checkpoint holds no 'model' weights; give a checkpoint written by `tmt train` or `tmt average`")
     if weights == "raw" or not ema:
         return state["model"]
     model = dict(state["model"])

@@ -50,10 +50,17 @@ def beam_problem(beam: int, nbest: int = 1, *, tgt_vocab_size: int | None = None
     return None
 
 
+MAX_LENPEN = 10.0  # |alpha| beyond this only makes ((5 + len) / 6) ** alpha overflow or vanish; 0.6 to 1.5 is usual
+
+
 def lenpen_problem(lenpen: float) -> Problem | None:
-    """The length penalty's alpha must be a finite number (NaN would make every score NaN)."""
+    """The length penalty's alpha must be a finite number (NaN would make every score NaN) of at most
+    :data:`MAX_LENPEN` either way: a larger one makes every penalty of a long output infinite (or zero),
+    so that all hypotheses score alike and the search only reports noise."""
     if not math.isfinite(lenpen):
         return Problem("lenpen", lenpen, "must be a finite number; the usual range is 0.6 to 1.5")
+    if abs(lenpen) > MAX_LENPEN:
+        return Problem("lenpen", lenpen, f"is out of range; use -{MAX_LENPEN:g} to {MAX_LENPEN:g} (the usual range is 0.6 to 1.5)")
     return None
 
 

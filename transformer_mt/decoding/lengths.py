@@ -24,9 +24,12 @@ def length_penalty(length: float | Tensor, alpha: float) -> float | Tensor:
     ``length`` counts generated tokens including EOS. alpha = 0 gives 1 (plain log-prob);
     alpha > 0 divides longer hypotheses' (negative) log-probs by more, favouring them. The
     penalty is 1 at length 1 and increases with length for alpha > 0. Works on ints, floats
-    and tensors.
+    and tensors. A float result too large for a double is ``inf`` (as a tensor's is), never an OverflowError.
     """
-    return ((5.0 + length) / 6.0) ** alpha
+    try:
+        return ((5.0 + length) / 6.0) ** alpha
+    except OverflowError:  # only floats raise; the penalty is positive, so its limit is +inf
+        return math.inf
 
 
 @overload

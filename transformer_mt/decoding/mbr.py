@@ -88,7 +88,8 @@ def read_candidates(path: str | os.PathLike) -> list[list[Candidate]]:
 
 def _is_nbest(line: str) -> bool:
     parts = line.split("\t", 2)
-    if len(parts) != 3 or not parts[0].isdigit():
+    # ASCII digits only: str.isdigit also accepts "²", which int() then refuses
+    if len(parts) != 3 or not (parts[0].isascii() and parts[0].isdigit()):
         return False
     try:
         return math.isfinite(float(parts[1]))

@@ -60,16 +60,31 @@ def model_from_checkpoint(path: str | os.PathLike, *, weights: str | None = None
     cfg = config_from_checkpoint(state, source=str(path))
     protos = unpack_tokenizers(state, source=str(path))
     if tokenizers_of is None:
-        src_tok, tgt_tok = Tokenizer(protos[0]), Tokenizer(protos[1])
+        src_tok, tgt_tok = _tokenizer(protos[0], "src", path), _tokenizer(protos[1], "tgt", path)
     elif protos == (tokenizers_of.src_tok.proto, tokenizers_of.tgt_tok.proto):
         src_tok, tgt_tok = tokenizers_of.src_tok, tokenizers_of.tgt_tok
     else:
         raise TranslateError(
             f"{path}: its sentencepiece models differ from those of {tokenizers_of.source}; an ensemble needs checkpoints trained with the same tokenizer"
         )
+    weights_dict = model_weights(state, weights=weights, source=str(path))
     model = Transformer(cfg.model, src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size)
-    model.load_state_dict(model_weights(state, weights=weights, source=str(path)))
+    try:
+        model.load_state_dict(weights_dict)
+    except RuntimeError as exc:  # missing, unexpected or differently shaped tensors: torch lists them all, one per line
+        first = next((line.strip() for line in str(exc).splitlines()[1:] if line.strip()), str(exc).strip())
+        raise TranslateError(
+            f"{path}: the weights do not fit its config ({first.rstrip('.')}); the checkpoint was damaged or edited, use one written by `tmt train`"
+        ) from None
     return CheckpointModel(model, cfg, src_tok, tgt_tok, str(path))
+
+
+def _tokenizer(proto: bytes, side: str, path: str | os.PathLike) -> Tokenizer:
+    """A checkpoint's sentencepiece model, or a one-line error naming the checkpoint when its bytes do not parse."""
+    try:
+        return Tokenizer(proto)
+    except RuntimeError:  # sentencepiece: "INTERNAL: ... ParseFromArray ..."
+        raise TranslateError(f"{path}: its sentencepiece model {side!r} is corrupt (it does not parse); use another checkpoint of the run") from None
 
 
 def translate_ids(

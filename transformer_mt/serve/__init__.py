@@ -82,6 +82,10 @@ def serve(
     options.check()
     require_serving()
     import uvicorn
+    from uvicorn.config import LOG_LEVELS
+
+    if log_level not in LOG_LEVELS:
+        raise ServeError(f"--log-level {log_level}: choose one of {', '.join(LOG_LEVELS)}")
 
     from transformer_mt.serve.app import build_app, load_models
 
@@ -95,6 +99,8 @@ def serve(
 
 def _check_address(host: str, port: int) -> None:
     """Refuse at once an address this process cannot listen on (in use, not local), as uvicorn would after loading."""
+    if not 0 <= port <= 65535:  # the socket calls would raise OverflowError, not OSError
+        raise ServeError(f"--port {port}: must be 0 to 65535 (a TCP port); choose a free one, e.g. 8000")
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         with socket.socket(family, kind, proto) as probe:

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from transformer_mt.config import beam_problem, to_dict
+from transformer_mt.config import beam_problem, lenpen_problem, to_dict
 from transformer_mt.decoding import Translator
 from transformer_mt.errors import TmtError
 from transformer_mt.serve import ServeError, ServeOptions
@@ -183,9 +183,9 @@ def _pick_model(by_name: dict[str, ServedModel], name: str | None, *, default: S
 
 def _decode_settings(tr: Translator, req: TranslateRequest, options: ServeOptions) -> tuple[int, float]:
     """The request's beam and lenpen (the checkpoint's when absent), checked before the request is queued:
-    beam within --max-beam and the target vocabulary, 1 <= nbest <= beam (lenpen is finite by the schema)."""
+    beam within --max-beam and the target vocabulary, 1 <= nbest <= beam, lenpen within config.lenpen_problem's bound."""
     beam, lenpen = tr.decode_defaults(req.beam, req.lenpen)
-    problem = beam_problem(beam, req.nbest, tgt_vocab_size=tr.tgt_tok.vocab_size, limit=options.max_beam)
+    problem = beam_problem(beam, req.nbest, tgt_vocab_size=tr.tgt_tok.vocab_size, limit=options.max_beam) or lenpen_problem(lenpen)
     if problem:
         raise ApiError(422, f"{problem.key}: {problem.value} {problem.reason}")
     return beam, lenpen
@@ -201,6 +201,13 @@ def _check_lines(lines: list[str], options: ServeOptions) -> None:
             raise ApiError(422, f"text[{i}]: contains a line break; send one line per list item")
         if len(line) > options.max_chars:
             raise ApiError(413, f"text[{i}]: {len(line)} characters, more than --max-chars {options.max_chars}; split the line")
+        if not line.isascii():
+            try:
+                line.encode("utf-8")
+            except UnicodeEncodeError as exc:  # JSON's "\ud800": a lone surrogate, which no tokenizer can encode
+                raise ApiError(
+                    422, f"text[{i}]: is not valid Unicode (a lone surrogate \\u{ord(line[exc.start]):04x} at character {exc.start}); send whole characters"
+                ) from None
 
 
 def _measure(tr: Translator, lines: list[str]) -> tuple[int, list[str]]:
