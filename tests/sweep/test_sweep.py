@@ -266,3 +266,31 @@ def test_rows_share_one_tokenizer_unless_they_change_it(corpus_slice, spm_model,
     assert Tokenizer(packed["base"]).vocab_size == 300 and Tokenizer(packed["X-v200"]).vocab_size == 200
     assert (out / "X-v200" / "spm.model").is_file() and not (out / "base" / "spm.model").exists()
     assert [r["status"] for r in json.loads((out / "table3.json").read_text())["rows"]] == ["done"] * 3
+
+
+def test_sweep_writes_its_table_only_when_a_row_has_finished(base_yaml, tmp_path, capsys, monkeypatch):
+    import transformer_mt.training as train_module
+
+    out = tmp_path / "sweep"
+    out.mkdir()
+    names = ("table3.json", "table3.md", "table3.png")
+    for name in names:  # an earlier table (or anything by these names) stays until a row has something new to say
+        (out / name).write_bytes(b"earlier " + name.encode())
+    variations = tmp_path / "rows.yaml"
+    variations.write_text("- {row: base, name: base}\n")
+    seen = []
+
+    def failing_train(cfg, **kwargs):
+        seen.append({name: (out / name).read_bytes() for name in names})
+        raise train_module.TrainError("diverged")
+
+    monkeypatch.setattr(train_module, "train", failing_train)
+    argv = ["sweep", "--config", base_yaml, "--variations", variations, "--budget-updates", 2, "-o", out]
+    code, _, stderr = run_cli(argv, capsys)
+    assert code == 0, stderr
+    assert seen == [{name: b"earlier " + name.encode() for name in names}]  # untouched while the row trained
+    assert [r["status"] for r in json.loads((out / "table3.json").read_text())["rows"]] == ["failed"]
+    stamps = {name: (out / name).stat()[1:9:7] for name in names[:2]}  # (inode, mtime)
+    assert run_cli(argv, capsys)[0] == 0 and len(seen) == 1  # nothing to train, nothing new: the table is not rewritten
+    assert {name: (out / name).stat()[1:9:7] for name in names[:2]} == stamps
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp") or ".tmp." in p.name]

@@ -104,22 +104,38 @@ def plot_bleu(rows: list[dict[str, Any]], path: Path, *, title: str) -> Path | N
     return save_figure(fig, path)
 
 
-def write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any]) -> tuple[list[Path], str]:
-    """OUT/table3.json, table3.md and (with matplotlib) table3.png; returns the files and why there is no picture."""
+def write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any], *, unless_unchanged: bool = False) -> tuple[list[Path], str]:
+    """OUT/table3.json, table3.md and (with matplotlib) table3.png, each written atomically; returns the files and
+    why there is no picture. ``unless_unchanged``: leave the files as they are when table3.json already says this."""
     from transformer_mt.viz import VizError
 
     files = [out / "table3.json", out / "table3.md"]
-    for path, text in zip(files, (json.dumps({**meta, "rows": rows}, indent=1) + "\n", markdown(rows, meta))):
+    table = {**meta, "rows": rows}
+    if unless_unchanged and all(f.is_file() for f in files) and _read_json(files[0]) == json.loads(json.dumps(table)):
+        picture = out / "table3.png"
+        return ([*files, picture], "") if picture.is_file() else (files, "the table is unchanged and has no picture")
+    for path, text in zip(files, (json.dumps(table, indent=1) + "\n", markdown(rows, meta))):
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
     b = meta["budget"]
     budget = f"{b['updates']} updates" if b["updates"] else f"{b['minutes']:g} min" if b["minutes"] else f"{b['epochs']} epochs"
     title = f"{Path(meta['base_config']).name}: val BLEU after {budget}"
+    tmp_png = out / f".table3.{os.getpid()}.tmp.png"  # the suffix names the format for matplotlib
     try:
-        picture = plot_bleu(rows, out / "table3.png", title=title)
+        picture = plot_bleu(rows, tmp_png, title=title)
+        if picture is None:
+            return files, "no finished row with a BLEU yet"
+        os.replace(tmp_png, out / "table3.png")
     except VizError as exc:  # no matplotlib: the table is written all the same
         return files, str(exc)
-    if picture is None:
-        return files, "no finished row with a BLEU yet"
-    return [*files, picture], ""
+    finally:
+        tmp_png.unlink(missing_ok=True)
+    return [*files, out / "table3.png"], ""
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None

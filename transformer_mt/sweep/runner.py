@@ -148,7 +148,8 @@ def run_sweep(
     log: Callable[[str], None] | None = None,
 ) -> SweepReport:
     """Train every selected variation of `config` for the same budget into OUT_DIR/<name> (continuing what an
-    earlier sweep left unfinished) and write OUT_DIR/table3.{md,json,png} after each row; see the module docstring."""
+    earlier sweep left unfinished) and write OUT_DIR/table3.{md,json,png} after each row (with nothing to train,
+    only when they would change); see the module docstring."""
     log = log or (lambda msg: print(msg, file=sys.stderr, flush=True))
     out = Path(out_dir).resolve()
     common = [*overrides, *budget_overrides(budget_updates, budget_minutes)]
@@ -169,12 +170,15 @@ def run_sweep(
         "bleu": {"metric": "sacreBLEU cased 13a", "beam": t.valid_beam, "lenpen": base.decode.lenpen, "sentences": t.valid_bleu_sentences},
     }
     shared: list[str] = []  # the shared tokenizer's overrides, made at the first row that needs them
-    interrupted = False
-    files, note = write_outputs(out, [p.result for p in plans], meta)
+    interrupted, trained = False, False
+    files: list[Path] = []
+    note = ""
     for plan in plans:
         if plan.todo and not interrupted:
-            interrupted = _train_row(plan, config, common, base, out, shared, log)
+            interrupted, trained = _train_row(plan, config, common, base, out, shared, log), True
             files, note = write_outputs(out, [p.result for p in plans], meta)  # a partial table after each row
+    if not trained:  # rows read back: the table is written only when it would change (never before any training)
+        files, note = write_outputs(out, [p.result for p in plans], meta, unless_unchanged=True)
     return SweepReport([p.result for p in plans], files, interrupted, note)
 
 
