@@ -112,8 +112,8 @@ def write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any], *
     files = [out / "table3.json", out / "table3.md"]
     table = {**meta, "rows": rows}
     if unless_unchanged and all(f.is_file() for f in files) and _read_json(files[0]) == json.loads(json.dumps(table)):
-        picture = out / "table3.png"
-        return ([*files, picture], "") if picture.is_file() else (files, "the table is unchanged and has no picture")
+        drawn = out / "table3.png"
+        return ([*files, drawn], "") if drawn.is_file() else (files, "the table is unchanged and has no picture")
     for path, text in zip(files, (json.dumps(table, indent=1) + "\n", markdown(rows, meta))):
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(text, encoding="utf-8")
