@@ -404,3 +404,50 @@ def test_damaged_checkpoint_is_one_line(bad_inputs, tmp_path, capsys, damage, wo
     ckpt = _damaged(bad_inputs, tmp_path / "damaged.pt", damage)
     code, err = run_cli(["translate", "-c", ckpt, bad_inputs["src"]], capsys)
     assert code == 2 and err.startswith(f"tmt: error: {ckpt}: ") and words in err and err.count("\n") == 1, err
+
+
+def test_position_table_too_large_is_refused_before_allocating(bad_inputs, tmp_path, capsys, monkeypatch):
+    def damage(state):
+        state["config"]["model"].update(max_positions=2**20, positions="sinusoidal")
+        state["config"]["decode"].update(max_len_a=64, max_len_b=2**20)
+        state["model"] = {k: v for k, v in state["model"].items() if "pos" not in k}
+
+    ckpt = _damaged(bad_inputs, tmp_path / "huge.pt", damage)
+    from transformer_mt.model import positions as positions_module
+
+    built = []
+    sinusoids = positions_module.sinusoids
+    monkeypatch.setattr(positions_module, "sinusoids", lambda n, *a, **k: built.append(n) or sinusoids(min(n, 2**21), *a, **k))
+    code, err = run_cli(["translate", "-c", ckpt, bad_inputs["src"]], capsys)
+    assert code == 2 and "model.max_positions" in err and "decode.max_len_a" in err and "decode.max_len_b" in err and err.count("\n") == 1, err
+    assert max(built, default=0) <= 2**20  # the model's own table (model.max_positions), never the 68M rows decoding would need
+
+
+def test_pipes_fifos_and_devices_are_inputs(bad_inputs, tmp_path, capsys):
+    src = Path(bad_inputs["src"])
+    lines = src.read_text(encoding="utf-8").count("\n")
+    code, err = run_cli(["translate", "-c", bad_inputs["ckpt"], "/dev/null"], capsys)
+    assert code == 0 and err == ""
+    fifo = tmp_path / "in.fifo"
+    os.mkfifo(fifo)
+
+    def feed() -> None:
+        with open(fifo, "wb") as w:
+            w.write(src.read_bytes())
+
+    import threading
+
+    writer = threading.Thread(target=feed)
+    writer.start()
+    out = tmp_path / "out.txt"
+    code, err = run_cli(["translate", "-c", bad_inputs["ckpt"], str(fifo), "-o", str(out)], capsys)
+    writer.join()
+    assert code == 0 and out.read_text(encoding="utf-8").count("\n") == lines, err
+    tmt = Path(sys.executable).with_name("tmt")
+    shell = f"{tmt} bleu --ref <(cat {bad_inputs['ref']}) <(cat {bad_inputs['ref']})"
+    done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True)
+    assert done.returncode == 0 and "100.0" in done.stdout, done.stderr
+    done = subprocess.run(["bash", "-c", f"{tmt} translate -c {bad_inputs['ckpt']} <(cat {src})"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.count("\n") == lines, done.stderr
+    code, err = run_cli(["translate", "-c", bad_inputs["ckpt"], str(tmp_path)], capsys)
+    assert code == 2 and err == f"tmt: error: {tmp_path}: is a directory, not a text file\n"

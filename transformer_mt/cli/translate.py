@@ -33,7 +33,7 @@ def translate(
     tr = Translator.from_checkpoints(checkpoints, device=device, dtype=dtype, threads=threads, weights=weights)
     beam, lenpen = decode_args(tr, beam, lenpen, nbest)
     bar = None
-    if input is not None and str(input) != "-" and sys.stderr.isatty():
+    if input is not None and str(input) != "-" and input.is_file() and sys.stderr.isatty():  # counting a pipe would consume it
         from tqdm import tqdm
 
         bar = tqdm(total=count_lines(input), unit=" lines", desc="translate", leave=False)

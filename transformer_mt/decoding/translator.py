@@ -181,6 +181,23 @@ class TranslationResult(NamedTuple):
 Translation = str | list[tuple[float, str]]  # Translator.translate's result per line: the text, or with nbest > 1 its n-best (score, text)
 
 
+MAX_POSITION_TABLE_BYTES = 1 << 30  # a sinusoid table of 1 GiB: 500k positions at d_model 512, far past any sentence
+
+
+def _check_position_table(cfg: Config, positions: int) -> None:
+    """Refuse, before allocating it, a sinusoid table (positions x d_model float32) over
+    :data:`MAX_POSITION_TABLE_BYTES`: each of model.max_positions, decode.max_len_a and decode.max_len_b
+    may be within its bound while together they ask for tens of GB."""
+    size = positions * cfg.model.d_model * 4
+    if cfg.model.positions == "sinusoidal" and size > MAX_POSITION_TABLE_BYTES:
+        m, d = cfg.model, cfg.decode
+        raise TranslateError(
+            f"model.max_positions={m.max_positions} with decode.max_len_a={d.max_len_a:g} and decode.max_len_b={d.max_len_b} "
+            f"need a position table of {positions:,} x {m.d_model} ({size / (1 << 30):.1f} GiB, more than {MAX_POSITION_TABLE_BYTES >> 30} GiB); "
+            "lower them in the checkpoint's config (the longest output is max_len_a x source length + max_len_b)"
+        )
+
+
 class Translator:
     """A model (or an ensemble of models sharing one tokenizer), its tokenizers and decoding
     settings, ready to translate text. Read-only after construction, so threads may share one."""
@@ -195,6 +212,7 @@ class Translator:
         # Size the sinusoid table now for the longest source accepted and the longest output the decode
         # settings allow, so that no translate call (in any thread) ever has to grow it.
         self.positions = positions_needed(self.max_src_tokens + 1, max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b)
+        _check_position_table(cfg, self.positions)
         self.model.reserve_positions(self.positions)
 
     @classmethod

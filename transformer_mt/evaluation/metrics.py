@@ -42,7 +42,7 @@ def read_lines(path: str | os.PathLike) -> list[str]:
     """
     if str(path) == "-":
         return [line.rstrip() for line in iter_stream()]
-    if not Path(path).is_file():
+    if not Path(path).exists():  # not is_file: a pipe (the shell's <(...)) or a FIFO is read as it streams
         raise MetricsError(f"{path}: file not found; check the path")
     return [line.rstrip() for line in iter_file(path)]
 

@@ -149,11 +149,21 @@ class LineSplitter:
 
 
 def check_input(path: PathLike) -> Path:
-    """``path`` as a Path, or a :class:`TextError` when it is not an existing regular file."""
+    """``path`` as a Path, or a :class:`TextError` when it is missing or cannot be read as a stream of text.
+
+    A regular file, and also a pipe or FIFO (the shell's ``<(zcat corpus.gz)`` is ``/dev/fd/63``) or a
+    character device (``/dev/null``, ``/dev/stdin``): those are read once, as they stream, so a caller
+    that needs two passes (:func:`count_lines`, then the lines) must check ``Path.is_file`` first.
+    Nothing is opened here: opening a FIFO waits for its writer."""
     path = Path(path)
-    if not path.is_file():
-        what = "is a directory, not a text file" if path.is_dir() else "file not found; check the path"
-        raise TextError(f"{path}: {what}")
+    try:
+        mode = path.stat().st_mode
+    except OSError:  # missing, a dangling link, or a directory on the way that cannot be searched
+        raise TextError(f"{path}: file not found; check the path") from None
+    if stat.S_ISDIR(mode):
+        raise TextError(f"{path}: is a directory, not a text file")
+    if not (stat.S_ISREG(mode) or stat.S_ISFIFO(mode) or stat.S_ISCHR(mode)):
+        raise TextError(f"{path}: not a text file, pipe or character device; give a file")
     return path
 
 
@@ -187,7 +197,8 @@ def iter_stream(stream: BinaryIO | TextIO | None = None, *, name: str = STDIN, m
 
 
 def count_lines(path: PathLike) -> int:
-    """Lines in a file as the readers see them: the ``"\\n"`` count, plus 1 for a last line without one."""
+    """Lines in a file as the readers see them: the ``"\\n"`` count, plus 1 for a last line without one.
+    On a pipe or FIFO this reads, and so consumes, its lines: count only a regular file (``Path.is_file``)."""
     count, last = 0, b"\n"
     with open(check_input(path), "rb") as handle:
         while block := handle.read(FILE_READ_BYTES):
