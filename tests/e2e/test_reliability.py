@@ -451,3 +451,9 @@ def test_pipes_fifos_and_devices_are_inputs(bad_inputs, tmp_path, capsys):
     assert done.returncode == 0 and done.stdout.count("\n") == lines, done.stderr
     code, err = run_cli(["translate", "-c", bad_inputs["ckpt"], str(tmp_path)], capsys)
     assert code == 2 and err == f"tmt: error: {tmp_path}: is a directory, not a text file\n"
+
+
+def test_config_refuses_an_extreme_lenpen():
+    with pytest.raises(ConfigError, match=r"decode.lenpen: 1e\+308 is out of range; use -10 to 10"):
+        load_config(None, ["decode.lenpen=1e308"])
+    assert load_config(None, ["decode.lenpen=1.5"]).decode.lenpen == 1.5

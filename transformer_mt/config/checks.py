@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from transformer_mt.config.rules import beam_problem, length_problem
+from transformer_mt.config.rules import beam_problem, length_problem, lenpen_problem
 from transformer_mt.config.sections import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig
 from transformer_mt.errors import TmtError
 
@@ -132,7 +132,7 @@ def _check_schedule(t: TrainConfig, fail: Fail) -> None:
 
 
 def _check_decode(d: DecodeConfig, fail: Fail) -> None:
-    problem = beam_problem(d.beam, d.nbest) or length_problem(d.max_len_a, d.max_len_b)
+    problem = beam_problem(d.beam, d.nbest) or lenpen_problem(d.lenpen) or length_problem(d.max_len_a, d.max_len_b)
     if problem:
         fail(f"decode.{problem.key}", f"{problem.value} {problem.reason}")
     if d.batch_tokens < 1:
