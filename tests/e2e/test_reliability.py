@@ -457,3 +457,9 @@ def test_config_refuses_an_extreme_lenpen():
     with pytest.raises(ConfigError, match=r"decode.lenpen: 1e\+308 is out of range; use -10 to 10"):
         load_config(None, ["decode.lenpen=1e308"])
     assert load_config(None, ["decode.lenpen=1.5"]).decode.lenpen == 1.5
+
+
+def test_mbr_reads_process_substitution(tmp_path):
+    tmt = Path(sys.executable).with_name("tmt")
+    done = subprocess.run(["bash", "-c", f"{tmt} mbr <(printf 'ein Hund\\nzwei\\n') <(printf 'ein Hund\\ndrei\\n')"], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.split("\n")[0] == "ein Hund" and done.stdout.count("\n") == 2, done.stderr

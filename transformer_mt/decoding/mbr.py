@@ -61,7 +61,7 @@ def read_candidates(path: str | os.PathLike) -> list[list[Candidate]]:
     with no gap) gives each input its list; any other file is a plain translation file, one candidate
     per line. The format is decided by the first line.
     """
-    if not Path(path).is_file():
+    if not Path(path).exists():  # not is_file: a pipe (the shell's <(...)) or a FIFO is read once, as it streams
         raise MbrError(f"{path}: file not found; give the output of tmt translate (plain, or --nbest K)")
     lines = [line.rstrip("\n") for line in iter_file(path)]
     if not lines or not _is_nbest(lines[0]):
