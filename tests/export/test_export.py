@@ -270,3 +270,4 @@ def test_force_replaces_only_an_earlier_export(tiny_checkpoint, tmp_path, capsys
     export(tiny_checkpoint, out, force=True, quantization="int8")  # an earlier export is replaced whole
     assert (out / "model.bin").read_bytes() != first and json.loads((out / "tmt_export.json").read_text())["quantization"] == "int8"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "file", "run"]
+    assert (export(tiny_checkpoint, tmp_path / "new" / "dir") / "model.bin").is_file()  # missing parents are made

@@ -108,6 +108,7 @@ def export_ctranslate2(checkpoint: str | os.PathLike, out_dir: str | os.PathLike
 
     # Written beside `out` and renamed into place: a failed export leaves `out` as it was, and the
     # converter's own force (which deletes whatever directory it is given) only ever meets our temporary.
+    out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
     try:
         with tempfile.TemporaryDirectory() as spm_dir:
