@@ -1,6 +1,6 @@
 """The one way tmt reads text, and the one way it writes an output file.
 
-Every reader goes through here: training data (``data.py``), ``tmt tokenize train / encode /
+Every reader goes through here: training data (``transformer_mt.data``), ``tmt tokenize train / encode /
 decode``, ``tmt translate`` (files and stdin), ``tmt bleu`` and ``tmt evaluate``. The rules:
 
 - Bytes are read and decoded as strict UTF-8, never through the locale's text mode: invalid UTF-8
