@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -327,3 +328,19 @@ def test_attention_options(tmp_path, capsys, tiny_checkpoint, tiny_model):
         assert code == 2 and needle in err and err.count("\n") == 1, err
     code, _, err = run_cli(capsys, "attention", "-c", str(tiny_checkpoint), "--src", "x", str(src), "--line", "1", "-o", str(tmp_path / "b"))
     assert code == 2 and "either" in err
+
+
+@pytest.mark.parametrize("layout", ["interleaved", "halves"])
+@pytest.mark.parametrize("d", [128, 7])
+def test_drawn_dimensions_are_sines_of_the_labelled_period(layout, d):
+    from transformer_mt.model import sinusoids
+    from transformer_mt.viz.positions import drawn_dimensions
+
+    table = sinusoids(200, d, layout=layout)  # (200, d)
+    pos = torch.arange(200, dtype=torch.float64)
+    picks = drawn_dimensions(d, layout)
+    assert len(picks) >= 3 and len({i for i, _ in picks}) == len(picks)
+    for i, period in picks:
+        assert period is not None
+        torch.testing.assert_close(table[:, i].double(), torch.sin(2 * math.pi * pos / period), atol=1e-5, rtol=0)
+    assert all(period is None for _, period in drawn_dimensions(d, None))

@@ -37,14 +37,15 @@ def _draw_positions(model, cfg, out: Path, length: int) -> Path:
     from transformer_mt.viz import VizError
     from transformer_mt.viz.positions import plot_positions, position_table
 
+    layout = cfg.model.position_layout if cfg.model.positions == "sinusoidal" else None
+    name = f"sinusoids ({layout})" if layout else "learned positions"
     if next(model.parameters()).device.type != "meta":
-        table, title = position_table(model, length), f"{cfg.model.positions} positions (checkpoint)"
-    elif cfg.model.positions == "sinusoidal":
-        table, title = sinusoids(length, cfg.model.d_model, layout=cfg.model.position_layout), "sinusoidal positional encoding"
+        table, title = position_table(model, length), name  # the model's own table (learned: its trained values)
+    elif layout:
+        table, title = sinusoids(length, cfg.model.d_model, layout=layout), name
     else:
         raise VizError("model.positions=learned: a config has no learned values to draw; give a trained checkpoint (.pt) instead")
-    interleaved = cfg.model.positions == "sinusoidal" and cfg.model.position_layout == "interleaved"  # the labels' sin-at-2i periods
-    return plot_positions(table, out, sinusoidal=interleaved, title=title)
+    return plot_positions(table, out, layout=layout, title=title)
 
 
 @app.command()

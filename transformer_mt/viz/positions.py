@@ -22,18 +22,33 @@ def position_table(model, length: int) -> torch.Tensor:
         return model._positions(0, length).detach().float().cpu()
 
 
-def plot_positions(table: torch.Tensor, out: str | Path, *, sinusoidal: bool = True, title: str = "sinusoidal positional encoding", dpi: int = 72) -> Path:
-    """Draw ``table`` (L positions, D dims) to ``out`` (PNG or SVG by suffix)."""
+def drawn_dimensions(d: int, layout: str | None) -> list[tuple[int, float | None]]:
+    """Five dimensions spread over the frequencies, each with its sine's period in positions (None without a
+    sinusoid layout). Frequency k has period 2 pi 10000^(2k/d), from ~10 to ~600 positions; its sine sits at
+    dimension 2k (interleaved) or k (halves: all sines first)."""
+    fractions = (0.05, 0.15, 0.25, 0.35, 0.5)
+    if layout == "halves":
+        ks = sorted({min(round(d * f / 2), (d + 1) // 2 - 1) for f in fractions})
+        dims = ks
+    else:
+        dims = sorted({min(2 * round(d * f / 2), d - 2) for f in fractions} - {-2})
+        ks = [i // 2 for i in dims]
+    return [(i, 2 * math.pi * 10000 ** (2 * k / d) if layout else None) for i, k in zip(dims, ks)]
+
+
+def plot_positions(
+    table: torch.Tensor, out: str | Path, *, layout: str | None = "interleaved", title: str = "sinusoidal positional encoding", dpi: int = 72
+) -> Path:
+    """Draw ``table`` (L positions, D dims) to ``out`` (PNG or SVG by suffix). ``layout``: the sinusoid layout
+    (``model.position_layout``) that names each drawn dimension's sine and period; None for learned positions."""
     length, d = table.shape
     fig = new_figure(14, 4.6)
     ax_mat, ax_dims, ax_sim = fig.subplots(1, 3, width_ratios=[1.5, 1.2, 1])
     im = ax_mat.imshow(table.numpy(), aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1, interpolation="nearest")
     ax_mat.set(xlabel="dimension i", ylabel="position", title=f"{title}: {length} positions x d_model {d}")
     fig.colorbar(im, ax=ax_mat, shrink=0.8)
-    # Sine dimensions 2i spread over the frequencies: period 2 pi 10000^(2i/d) from ~10 to ~600 positions.
-    picks = sorted({min(2 * round(d * f / 2), d - 2) for f in (0.05, 0.15, 0.25, 0.35, 0.5)} - {-2})
-    for i in picks:
-        label = f"dim {i} (sin, period {2 * math.pi * 10000 ** (i / d):.0f})" if sinusoidal else f"dim {i}"
+    for i, period in drawn_dimensions(d, layout):
+        label = f"dim {i} (sin, period {period:.0f})" if period else f"dim {i}"
         ax_dims.plot(range(length), table[:, i].numpy(), linewidth=1.2, label=label)
     ax_dims.set(xlabel="position", ylabel="value", title="a few dimensions against position")
     ax_dims.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncols=2)
