@@ -7,7 +7,6 @@ own lines back and the server must have needed fewer decode batches than request
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import socket
 import subprocess
@@ -20,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, head
-from transformer_mt.serve.batching import Batcher, Job, QueueFull, Stopped
 
 httpx = pytest.importorskip("httpx")
 pytest.importorskip("fastapi")
@@ -179,9 +177,12 @@ def test_unknown_path_huge_body_overlong_line_and_openapi(served):
     r = httpx.get(f"{served}/translations")
     assert r.status_code == 404 and "POST /translate" in r.json()["error"]
     assert "/translate" in httpx.get(f"{served}/openapi.json").json()["paths"]
-    # 64 lines x 3000 characters at most: a bigger body is refused from its Content-Length, before parsing.
-    r = httpx.post(f"{served}/translate", json={"text": ["a" * 2999] * 400})
+    # 64 lines x 3000 characters at most, 12 bytes each in the longest JSON escape: a bigger body is refused
+    # as it arrives, before parsing.
+    r = httpx.post(f"{served}/translate", json={"text": ["a" * 2999] * 800})
     assert r.status_code == 413 and "more than this server's limits allow" in r.json()["error"]
+    r = httpx.post(f"{served}/translate", json={"text": ["a" * 2999] * 400})  # under the byte cap: the line limit speaks
+    assert r.status_code == 413 and "400 lines, more than --max-lines 64" in r.json()["error"]
     # Over the model's 1023 pieces (max_positions 1024, EOS included) but under --max-chars: truncated, with a warning.
     r = httpx.post(f"{served}/translate", json={"text": ["A man.", "a " * 1100], "beam": 1}, timeout=60).json()
     assert len(r["translations"]) == 2 and len(r["warnings"]) == 1
@@ -249,7 +250,7 @@ def test_missing_extra_names_the_install_command(tiny_checkpoint, capsys, monkey
     with pytest.raises(SystemExit) as exit_:
         main(["serve", "-c", str(tiny_checkpoint)])
     assert exit_.value.code == 2
-    assert capsys.readouterr().err.strip() == 'tmt: error: fastapi and uvicorn are not installed; run: pip install -e ".[serve]"'
+    assert capsys.readouterr().err.strip() == 'tmt: error: fastapi, uvicorn or prometheus-client is not installed; run: pip install -e ".[serve]"'
 
 
 def test_port_in_use_is_one_line_before_loading(capsys):
@@ -271,69 +272,3 @@ def test_duplicate_model_names_are_refused_before_loading():
 
     with pytest.raises(ServeError, match="'a' is already served; name them apart with -c NAME=PATH"):
         load_models(["a=missing1.pt", "x/a.pt"], device="cpu", threads=0, options=ServeOptions())
-
-
-# ------------------------------------------------------------------ the batch queue alone, no HTTP
-
-
-def test_batcher_groups_by_settings_keeps_order_and_refuses_when_full():
-    """Jobs queued while the worker is busy are decoded together per decode settings; each gets its own
-    lines back in order; a full queue refuses at once; stop() drains what was accepted."""
-    calls, release = [], threading.Event()
-
-    def translate(lines, *, beam, **_settings):
-        calls.append((tuple(lines), beam))
-        release.wait(10)
-        return [[(0.0, f"{line}|{beam}")] for line in lines]
-
-    async def scenario():
-        loop = asyncio.get_running_loop()
-        b = Batcher(translate, name="m", max_queue=4, batch_tokens=10_000, wait_s=0.0)
-
-        def job(lines, beam):
-            return Job(lines, len(lines), (beam, 0.0, 1), loop.create_future(), loop)
-
-        first = job(["x"], 1)
-        b.submit(first)
-        while not calls:  # the worker holds `first` and waits for `release`
-            await asyncio.sleep(0.01)
-        queued = [job(["a", "b"], 1), job(["c"], 4), job(["d", "e", "f"], 1), job(["g"], 4)]
-        for j in queued:
-            b.submit(j)
-        with pytest.raises(QueueFull):
-            b.submit(job(["h"], 1))
-        release.set()
-        results = [await j.future for j in [first, *queued]]
-        await asyncio.to_thread(b.stop)
-        with pytest.raises(Stopped):
-            b.submit(job(["i"], 1))
-        return b, results
-
-    b, results = asyncio.run(scenario())
-    assert [[nb[0][1] for nb in r] for r in results] == [["x|1"], ["a|1", "b|1"], ["c|4"], ["d|1", "e|1", "f|1"], ["g|4"]]
-    assert calls == [(("x",), 1), (("a", "b", "d", "e", "f"), 1), (("c", "g"), 4)]
-    assert (b.requests, b.batches, b.lines, b.rejected) == (5, 3, 8, 1)
-
-
-def test_batcher_error_reaches_every_caller_and_worker_lives_on():
-    def translate(lines, **_settings):
-        if "boom" in lines:
-            raise ValueError("boom")
-        return [[(0.0, line.upper())] for line in lines]
-
-    async def scenario():
-        loop = asyncio.get_running_loop()
-        b = Batcher(translate, name="m", max_queue=8, batch_tokens=10_000, wait_s=0.05)
-        jobs = [Job(lines, 1, (1, 0.0, 1), loop.create_future(), loop) for lines in (["a"], ["boom"])]
-        for j in jobs:
-            b.submit(j)
-        outcomes = await asyncio.gather(*(j.future for j in jobs), return_exceptions=True)
-        later = Job(["c"], 1, (1, 0.0, 1), loop.create_future(), loop)
-        b.submit(later)
-        outcomes.append(await later.future)
-        await asyncio.to_thread(b.stop)
-        return outcomes
-
-    a, boom, c = asyncio.run(scenario())
-    assert isinstance(a, ValueError) and isinstance(boom, ValueError)  # decoded together, failed together
-    assert c == [[(0.0, "C")]]

@@ -17,13 +17,22 @@ from transformer_mt.cli.app import app
 def export(
     checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="A checkpoint written by `tmt train` or `tmt average`."),
     output: Path = typer.Option(..., "--output", "-o", help="The model directory to write."),
-    format: str = typer.Option("ctranslate2", "--format", help="Target engine: ctranslate2."),
+    format: str = typer.Option("ctranslate2", "--format", help="Target: ctranslate2 (CTranslate2) or marian-hf (Hugging Face MarianMT, transformers)."),
     quantization: str | None = typer.Option(
         None, "--quantization", "-q", help="Weight type: int8, int8_float32, int8_float16, int8_bfloat16, int16, float16, bfloat16 (default: float32)."
     ),
     force: bool = typer.Option(False, "--force", help="Replace the output directory if an earlier tmt export wrote it (never any other directory)."),
 ) -> None:
-    """Convert a checkpoint for an inference engine (CTranslate2): weights, vocabularies, sentencepiece model."""
+    """Convert a checkpoint for an inference engine or toolkit (CTranslate2, MarianMT): weights, vocabularies, sentencepiece models."""
+    if format == "marian-hf":  # the Hugging Face leaf (transformer_mt.hf); the two leaves are independent
+        from transformer_mt.errors import TmtError
+        from transformer_mt.hf import export_marian
+
+        if quantization is not None:
+            raise TmtError("--quantization applies to --format ctranslate2 only; marian-hf writes float32 weights")
+        out = export_marian(checkpoint, output, force=force)
+        typer.echo(f"wrote {out} (marian-hf); load it with MarianMTModel.from_pretrained and MarianTokenizer.from_pretrained")
+        return
     from transformer_mt.export import export as export_model
 
     out = export_model(checkpoint, output, format=format, quantization=quantization, force=force)
@@ -45,12 +54,40 @@ def serve(
     ),
     max_beam: int = typer.Option(16, "--max-beam", help="Largest beam a request may ask for (more: 422)."),
     max_queue: int = typer.Option(256, "--max-queue", help="Requests waiting per model; when full, new requests get 503."),
-    batch_wait_ms: float = typer.Option(5.0, "--batch-wait-ms", help="How long the first request of a batch waits for others to join it."),
+    batch_wait_ms: float = typer.Option(5.0, "--batch-wait-ms", help="How long a batch waits for the rest of a wave of concurrent requests."),
+    batch_tokens: int = typer.Option(
+        0, "--batch-tokens", help="Source tokens per decode call; a larger request is decoded in chunks (0 = decode.batch_tokens)."
+    ),
+    timeout: float = typer.Option(60.0, "--timeout", help="Seconds from a request's headers to its answer; then 504 and its decoding stops (0 = none)."),
+    max_output_tokens: int = typer.Option(
+        512, "--max-output-tokens", help="Longest output per line, whatever decode.max_len_a / max_len_b allow (0 = no cap)."
+    ),
+    header_timeout: float = typer.Option(10.0, "--header-timeout", help="Seconds for a request's headers to arrive; then the connection is closed."),
+    keep_alive_timeout: int = typer.Option(5, "--keep-alive-timeout", help="Seconds an idle keep-alive connection stays open."),
+    max_connections: int = typer.Option(1024, "--max-connections", help="Connections and requests at once; more get 503."),
+    shutdown_timeout: int = typer.Option(30, "--shutdown-timeout", help="Seconds SIGTERM waits for requests in flight (0 = no bound)."),
+    api_key_file: Path | None = typer.Option(
+        None, "--api-key-file", help="API keys, one a line: every path but /health and /ready then needs 'Authorization: Bearer KEY' or 'X-API-Key: KEY'."
+    ),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level: critical, error, warning, info, debug."),
 ) -> None:
-    """Serve translations over HTTP (FastAPI + uvicorn): POST /translate, GET /health, GET /models, /docs."""
-    from transformer_mt.serve import ServeOptions
+    """Serve translations over HTTP (FastAPI + uvicorn): POST /translate, GET /health, /ready, /models, /metrics, /docs."""
+    from transformer_mt.serve import ServeOptions, load_api_keys
     from transformer_mt.serve import serve as run_server
 
-    opts = ServeOptions(max_lines=max_lines, max_chars=max_chars, max_beam=max_beam, max_queue=max_queue, batch_wait_ms=batch_wait_ms)
+    opts = ServeOptions(
+        max_lines=max_lines,
+        max_chars=max_chars,
+        max_beam=max_beam,
+        max_queue=max_queue,
+        batch_wait_ms=batch_wait_ms,
+        batch_tokens=batch_tokens,
+        timeout=timeout,
+        max_output_tokens=max_output_tokens,
+        header_timeout=header_timeout,
+        keep_alive_timeout=keep_alive_timeout,
+        max_connections=max_connections,
+        shutdown_timeout=shutdown_timeout,
+        api_keys=load_api_keys(api_key_file) if api_key_file else (),
+    )
     run_server(checkpoints, host=host, port=port, device=device, threads=threads, options=opts, log_level=log_level)

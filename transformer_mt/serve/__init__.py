@@ -1,6 +1,6 @@
 """`tmt serve`: translations over HTTP, batched across requests (FastAPI + uvicorn, the `serve` extra).
 
-API (the OpenAPI page is at /docs):
+API (the OpenAPI page is at /docs; docs/deploying.md is the operator's guide):
 
 - ``POST /translate`` ``{"text": "..." | ["...", ...], "model": NAME, "beam": 5, "lenpen": 1.0, "nbest": 1}``
   -> ``{"translations": [...], "model": NAME, "time_ms": ..., "warnings": [...]}``: one translation per
@@ -8,29 +8,35 @@ API (the OpenAPI page is at /docs):
   required; the others default to the first model and that checkpoint's decode settings. Text rules
   are ``tmt translate``'s: an empty line gives an empty translation; a line longer than the model's
   ``max_positions - 1`` pieces is truncated and named in ``warnings``.
-- ``GET /health``: status and counters (requests, batches, lines, rejected, waiting); batches < requests
-  means requests were decoded together.
-- ``GET /models``: per model its checkpoint, architecture, parameters, tokenizer, default decode
-  settings, limits and counters.
+- ``GET /health``: liveness (the process answers) and counters; ``GET /ready``: 200 while every model's
+  worker runs and its queue has room, else 503; ``GET /metrics``: Prometheus text format.
+- ``GET /models``: per model its name (never a file path), architecture, parameters, tokenizer, default
+  decode settings, limits and counters.
 
-Errors are JSON ``{"error": "one line naming the field and the fix"}``: 400 malformed JSON; 415 a body
-not sent as ``Content-Type: application/json``; 422 wrong types, unknown fields, an empty list, a line
-break inside a line, beam/nbest out of range; 413 more than --max-lines lines or a line over
---max-chars characters; 404 unknown model or path; 503 when the model's queue is full (with
-Retry-After) or the server is stopping. SIGTERM (or Ctrl-C) stops
-accepting connections, finishes the requests in flight, then exits.
+Errors are JSON ``{"error": "one line naming the field and the fix"}``: 400 malformed JSON; 401 no valid API
+key (with --api-key-file; /health and /ready stay open); 408 a body or request head that did not arrive in
+time; 413 a body over the byte cap, more than --max-lines lines or a line over --max-chars characters;
+415 a body not sent as ``Content-Type: application/json``; 422 wrong types, unknown fields, an empty list,
+a line break inside a line, beam/nbest/lenpen out of range; 404 unknown model or path; 503 when the
+model's queue is full (with Retry-After) or the server is stopping; 504 no answer within --timeout.
+SIGTERM (or Ctrl-C) stops accepting connections, finishes the requests in flight for at most
+--shutdown-timeout seconds, then exits.
 
-A leaf: the core never imports it; fastapi and uvicorn are imported only when a server is built.
+A leaf: the core never imports it; fastapi, uvicorn and prometheus_client are imported only when a server is built.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import socket
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from transformer_mt.errors import TmtError
 
-INSTALL_HINT = 'fastapi and uvicorn are not installed; run: pip install -e ".[serve]"'
+INSTALL_HINT = 'fastapi, uvicorn or prometheus-client is not installed; run: pip install -e ".[serve]"'
+MIN_KEY_CHARS = 16  # shorter keys can be guessed; `python -c "import secrets; print(secrets.token_urlsafe(32))"` makes one
 
 
 class ServeError(TmtError, ValueError):
@@ -39,29 +45,70 @@ class ServeError(TmtError, ValueError):
 
 @dataclass
 class ServeOptions:
-    """Limits and batching of the service (see the module docstring for what answers what)."""
+    """Limits, deadlines, keys and batching of the service (see the module docstring for what answers what)."""
 
     max_lines: int = 256  # lines in one request; more -> 413
     max_chars: int = 10_000  # characters in one line; more -> 413 (model-length overflow is truncated instead)
     max_beam: int = 16  # largest beam a request may ask for; more -> 422
     max_queue: int = 256  # requests waiting per model; more -> 503
-    batch_wait_ms: float = 5.0  # how long a batch's first request waits for others to join it
-    batch_tokens: int = 0  # source tokens that close a batch early; 0 = the checkpoint's decode.batch_tokens
+    batch_wait_ms: float = 5.0  # how long a batch waits for the rest of a wave of concurrent requests
+    batch_tokens: int = 0  # source tokens per decode call (a large request is split into chunks); 0 = the checkpoint's decode.batch_tokens
+    timeout: float = 60.0  # seconds from a request's headers to its answer; then 504 (0 = no deadline)
+    max_output_tokens: int = 512  # longest output per line, whatever the checkpoint's max_len_a / max_len_b allow (0 = no cap)
+    header_timeout: float = 10.0  # seconds for a request head (headers) to arrive; then the connection is closed
+    keep_alive_timeout: int = 5  # seconds an idle keep-alive connection stays open
+    max_connections: int = 1024  # connections and requests at once; more get 503 from uvicorn
+    shutdown_timeout: int = 30  # seconds SIGTERM waits for requests in flight before it closes them (0 = no bound)
+    api_keys: tuple[str, ...] = ()  # when set, every path but /health and /ready needs one (401)
 
     def check(self) -> None:
-        for key in ("max_lines", "max_chars", "max_beam", "max_queue"):
+        for key in ("max_lines", "max_chars", "max_beam", "max_queue", "keep_alive_timeout", "max_connections"):
             if getattr(self, key) < 1:
                 raise ServeError(f"--{key.replace('_', '-')} {getattr(self, key)}: must be at least 1")
-        if self.batch_wait_ms < 0:
-            raise ServeError(f"--batch-wait-ms {self.batch_wait_ms}: must be >= 0")
+        for key in ("batch_wait_ms", "timeout", "max_output_tokens", "shutdown_timeout"):
+            if not getattr(self, key) >= 0:  # NaN fails too
+                raise ServeError(f"--{key.replace('_', '-')} {getattr(self, key)}: must be >= 0 (0 = none)")
+        if not self.header_timeout > 0:
+            raise ServeError(f"--header-timeout {self.header_timeout}: must be > 0 seconds")
         if self.batch_tokens < 0:
             raise ServeError(f"batch_tokens={self.batch_tokens}: must be >= 0 (0 = the checkpoint's decode.batch_tokens)")
 
+    @property
+    def max_body_bytes(self) -> int:
+        """The raw body cap: the largest JSON the text limits allow, every character written in the longest
+        encoding JSON has (a surrogate pair of ``\\uXXXX`` escapes, 12 bytes), so text within --max-lines and
+        --max-chars is never refused for its encoding; the limits on the decoded text then apply exactly."""
+        return self.max_lines * (12 * self.max_chars + 4) + 4096
+
+
+def load_api_keys(path: str | Path) -> tuple[str, ...]:
+    """The keys of ``path``: one a line; blank lines and lines starting with # are skipped."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ServeError(f"--api-key-file {path}: cannot read it ({getattr(exc, 'strerror', None) or exc}); give a UTF-8 file of keys, one a line") from None
+    keys = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        key = raw.strip()
+        if not key or key.startswith("#"):
+            continue
+        if not key.isascii() or not key.isprintable() or " " in key or len(key) < MIN_KEY_CHARS:
+            raise ServeError(
+                f"--api-key-file {path}, line {number}: a key must be at least {MIN_KEY_CHARS} printable ASCII characters without spaces; "
+                'make one with: python -c "import secrets; print(secrets.token_urlsafe(32))"'
+            )
+        keys.append(key)
+    if not keys:
+        raise ServeError(f"--api-key-file {path}: holds no key; write one key per line")
+    return tuple(keys)
+
 
 def require_serving() -> None:
-    """Raise ServeError naming the install command when fastapi or uvicorn is missing."""
+    """Raise ServeError naming the install command when fastapi, uvicorn or prometheus_client is missing."""
     try:
         import fastapi  # noqa: F401
+        import prometheus_client  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError:
         raise ServeError(INSTALL_HINT) from None
@@ -81,20 +128,37 @@ def serve(
     options = options or ServeOptions()
     options.check()
     require_serving()
-    import uvicorn
     from uvicorn.config import LOG_LEVELS
 
     if log_level not in LOG_LEVELS:
         raise ServeError(f"--log-level {log_level}: choose one of {', '.join(LOG_LEVELS)}")
 
     from transformer_mt.serve.app import build_app, load_models
+    from transformer_mt.serve.server import build_server
 
     _check_address(host, port)  # before the (slow) model loading
+    if not options.api_keys and not _is_loopback(host):
+        print(
+            f"tmt: warning: --host {host} accepts connections from other machines and no --api-key-file is set: anyone who reaches it can translate",
+            file=sys.stderr,
+        )
     models = load_models(checkpoints, device=device, threads=threads, options=options)
-    app = build_app(models, options)
-    # uvicorn's own SIGTERM/SIGINT handling: stop listening, let in-flight requests finish, then run the
-    # app's shutdown (which drains the batch queues).
-    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level)).run()
+    # uvicorn's own SIGTERM/SIGINT handling: stop listening, let in-flight requests finish (at most
+    # --shutdown-timeout seconds), then run the app's shutdown (which drains the batch queues).
+    build_server(build_app(models, options), options, host=host, port=port, log_level=log_level).run()
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: loopback only if every address it has is
+        try:
+            infos = socket.getaddrinfo(host, None)
+        except OSError:
+            return False
+        return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
 
 
 def _check_address(host: str, port: int) -> None:

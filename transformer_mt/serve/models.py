@@ -1,0 +1,97 @@
+"""The served models: each a Translator, the calls its worker makes (:class:`Runner`) and its Batcher.
+
+The Runner is what runs on the worker thread, never on the event loop: measuring a request (tokenizing
+it, for batch sizes and the truncation warnings) and translating a batch under the server's output cap.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformer_mt.decoding import Translator, max_output_length
+from transformer_mt.serve import ServeError, ServeOptions
+from transformer_mt.serve.batching import Batcher, BatchEvents, TranslateFn
+
+
+class Runner:
+    """One Translator's work for the batcher: ``prepare`` and ``translate`` (see batching.PrepareFn, TranslateFn)."""
+
+    def __init__(self, tr: Translator, *, max_output_tokens: int = 0):
+        self.tr, self.cap = tr, max_output_tokens
+        self.events = BatchEvents()  # the app's metrics replace it: target tokens are counted here
+
+    def prepare(self, lines: list[str]) -> tuple[list[int], list[str]]:
+        """Source tokens per line (pieces + EOS, 0 for a blank line, as the Translator counts after truncation)
+        and one warning per line the Translator will truncate (as `tmt translate` does)."""
+        limit = self.tr.max_src_tokens
+        tokens, warnings = [], []
+        for i, (pieces, line) in enumerate(zip(self.tr.src_tok.encode(lines), lines)):
+            if not line.strip():
+                tokens.append(0)
+                continue
+            if len(pieces) > limit:
+                warnings.append(f"text[{i}]: {len(pieces)} pieces, truncated to {limit} (model.max_positions={limit + 1})")
+            tokens.append(min(len(pieces), limit) + 1)
+        return tokens, warnings
+
+    def translate(self, lines: list[str], *, beam: int, lenpen: float, nbest: int) -> list:
+        """n-best lists, one per line, in order. With ``max_output_tokens``, a line whose checkpoint limit
+        (decode.max_len_a x source + max_len_b) is longer is decoded with the cap instead (max_len_a 0,
+        max_len_b the cap); the other lines keep the checkpoint's limit, so their translations are the
+        Translator's own."""
+        d = self.tr.cfg.decode
+        capped: list[int] = []
+        if self.cap:
+            lengths = [min(len(p), self.tr.max_src_tokens) + 1 for p in self.tr.src_tok.encode(lines)]
+            capped = [i for i, n in enumerate(lengths) if lines[i].strip() and max_output_length(n, max_len_a=d.max_len_a, max_len_b=d.max_len_b) > self.cap]
+        rest = [i for i in range(len(lines)) if i not in set(capped)] if capped else list(range(len(lines)))
+        out: list = [None] * len(lines)
+        for rows, max_len_b in ((rest, None), (capped, self.cap)):
+            if not rows:
+                continue
+            result = self.tr.translate_batch(
+                [lines[i] for i in rows], beam=beam, lenpen=lenpen, nbest=nbest, max_len_a=None if max_len_b is None else 0.0, max_len_b=max_len_b
+            )
+            self.events.generated(result.stats.tgt_tokens)
+            for i, nb in zip(rows, result.hypotheses):
+                out[i] = nb
+        return out
+
+
+@dataclass
+class ServedModel:
+    """One checkpoint being served: its name, where it came from (never shown to clients), translator and batch queue."""
+
+    name: str
+    path: str
+    translator: Translator
+    batcher: Batcher
+    runner: Runner | None = None
+
+
+def serve_model(name: str, translator: Translator, options: ServeOptions, *, path: str = "", translate: TranslateFn | None = None) -> ServedModel:
+    """A ServedModel with its batcher started; ``translate`` replaces the Runner's (tests instrument it)."""
+    runner = Runner(translator, max_output_tokens=options.max_output_tokens)
+    batcher = Batcher(
+        translate or runner.translate,
+        name=name,
+        max_queue=options.max_queue,
+        batch_tokens=options.batch_tokens or translator.cfg.decode.batch_tokens,
+        wait_s=options.batch_wait_ms / 1000,
+        prepare=runner.prepare,
+    )
+    return ServedModel(name, path, translator, batcher, runner)
+
+
+def load_models(specs: list[str], *, device: str, threads: int, options: ServeOptions) -> list[ServedModel]:
+    """``PATH`` or ``NAME=PATH`` per checkpoint; a name defaults to the file's stem and must be unique."""
+    named: list[tuple[str, str]] = []
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or Path(spec).exists():  # a path that itself holds "=" stays a path
+            name, path = Path(spec).stem, spec
+        if name in (n for n, _ in named):
+            raise ServeError(f"-c {spec}: a model named {name!r} is already served; name them apart with -c NAME=PATH")
+        named.append((name, path))
+    return [serve_model(name, Translator.from_checkpoint(path, device=device, threads=threads), options, path=path) for name, path in named]
