@@ -25,8 +25,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from transformer_mt.config import to_dict
 from transformer_mt.errors import TmtError
 from transformer_mt.serve import ServeOptions
-from transformer_mt.serve.batching import Batcher, Job, QueueFull, Stopped
-from transformer_mt.serve.guard import Guard, deadline_of, on_disconnect
+from transformer_mt.serve.batching import Arrivals, Batcher, Job, QueueFull, Stopped
+from transformer_mt.serve.guard import Guard, arrived, deadline_of, on_disconnect
 from transformer_mt.serve.metrics import CONTENT_TYPE, ServeMetrics
 from transformer_mt.serve.models import ServedModel, load_models, serve_model
 from transformer_mt.serve.schema import ApiError, TranslateRequest, check_lines, decode_settings, describe_validation
@@ -45,7 +45,9 @@ def build_app(models: list[ServedModel], options: ServeOptions) -> FastAPI:
     by_name = {m.name: m for m in models}
     started = time.time()
     metrics = ServeMetrics()
+    arrivals = Arrivals()  # shared: a request's model is known only once its body is parsed
     for m in models:
+        m.batcher.arrivals = arrivals
         events = metrics.for_model(m.name, depth=_gauge(m.batcher, "waiting"), alive=_gauge(m.batcher, "alive"))
         m.batcher.events = events
         if m.runner is not None:
@@ -62,7 +64,9 @@ def build_app(models: list[ServedModel], options: ServeOptions) -> FastAPI:
         await asyncio.gather(*(asyncio.to_thread(m.batcher.stop, options.shutdown_timeout or None) for m in models))
 
     app = FastAPI(title="transformer_mt", summary="Transformer machine translation, batched across requests.", lifespan=lifespan)
-    app.add_middleware(Guard, max_body=options.max_body_bytes, timeout=options.timeout, keys=options.api_keys, open_paths=OPEN_PATHS, metrics=metrics)
+    app.add_middleware(
+        Guard, max_body=options.max_body_bytes, timeout=options.timeout, keys=options.api_keys, open_paths=OPEN_PATHS, metrics=metrics, arrivals=arrivals
+    )
     _error_answers(app)
 
     @app.post("/translate")
@@ -82,6 +86,8 @@ def build_app(models: list[ServedModel], options: ServeOptions) -> FastAPI:
             raise ApiError(503, str(exc), headers={"Retry-After": "1"}) from None
         except Stopped as exc:
             raise ApiError(503, str(exc)) from None
+        finally:
+            arrived(request.scope, arrivals)
         results = await _outcome(job, options)
         if req.nbest == 1:
             translations: list = [nb[0][1] for nb in results]

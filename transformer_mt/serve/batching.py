@@ -53,6 +53,16 @@ def count_words(lines: list[str]) -> tuple[list[int], list[str]]:
     return [len(line.split()) + 1 if line.strip() else 0 for line in lines], []
 
 
+class Arrivals:
+    """Requests the server has begun to read but not yet submitted (their body is arriving or being parsed).
+
+    Changed on the event loop only, read by the workers: while it is above zero, an idle worker waits (up to
+    ``wait_s``) for those requests to join the batch it is about to start."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
 class BatchEvents:
     """What the worker reports as it goes (the server's metrics implement it); every method is a no-op here."""
 
@@ -126,16 +136,20 @@ class Batcher:
         wait_s: float,
         prepare: PrepareFn = count_words,
         events: BatchEvents | None = None,
+        arrivals: Arrivals | None = None,
     ):
         self.translate, self.prepare, self.name = translate, prepare, name
         self.max_queue, self.batch_tokens, self.wait_s = max_queue, batch_tokens, wait_s
         self.events = events or BatchEvents()
+        self.arrivals = arrivals or Arrivals()
         self._cond = threading.Condition()
         self._inbox: deque[Job] = deque()
         self._active: list[Job] = []  # taken by the worker, not finished (worker thread only)
         self._pending = 0  # jobs accepted and not finished: inbox + active
         self._in_batch = 0  # jobs in the translate call running now
-        self._last_batch_jobs = 0  # how many requests the last batch held: a hint that more will come at once
+        # The sizes of the last two batches and when the last ended: hints that a wave of requests is coming.
+        self._last_batch_jobs = self._previous_batch_jobs = 0
+        self._last_batch_end = 0.0
         self._stopping = False
         self._abandon = False
         # Counters for /health and /models (ints, each written under the lock or by the worker alone).
@@ -203,12 +217,8 @@ class Batcher:
                 if self._stopping:
                     return False
                 self._cond.wait()
-            if not self._active and self._last_batch_jobs > 1:
-                # Requests came in together last time: let the rest of this wave arrive (up to wait_s) so they
-                # share one call, instead of decoding the first alone and the others one batch later.
-                until = self._inbox[0].queued_at + self.wait_s
-                while len(self._inbox) < self._last_batch_jobs and not self._stopping and (left := until - time.monotonic()) > 0:
-                    self._cond.wait(left)
+            if not self._active:
+                self._await_wave()
             arrived = list(self._inbox)
             self._inbox.clear()
         for job in arrived:
@@ -226,6 +236,19 @@ class Batcher:
                 self.events.dropped(reason)
                 self._finish(job)  # its handler has answered already (504) or nobody listens
         return True
+
+    def _await_wave(self) -> None:
+        """Before an idle worker starts a batch, let the rest of a wave of concurrent requests join it, for up
+        to ``wait_s`` after the later of the first waiting request and the end of the last batch: while
+        requests are still being read, or until as many have come as the last two batches held (clients
+        whose answers just went out come back at once; two half-waves that alternate merge into one).
+        A lone client (nothing arriving, a last batch of one) never waits. Called holding the lock."""
+        target = self._last_batch_jobs + (self._previous_batch_jobs if self._last_batch_jobs > 1 else 0)
+        until = max(self._inbox[0].queued_at, self._last_batch_end) + self.wait_s
+        while not self._stopping and (left := until - time.monotonic()) > 0:
+            if self.arrivals.count <= 0 and len(self._inbox) >= max(target, 1):
+                return
+            self._cond.wait(min(left, 0.001) if self.arrivals.count > 0 else left)  # arrivals change without a notify
 
     def _next_batch(self) -> list[Part]:
         """The next chunks to decode together: the least-served job's settings group, least-served first."""
@@ -289,7 +312,8 @@ class Batcher:
         """Bookkeeping after a translate call; ``seconds`` is None when it raised (nothing to report)."""
         self.busy = False
         self.batches += 1
-        self._last_batch_jobs = len(parts)
+        self._previous_batch_jobs, self._last_batch_jobs = self._last_batch_jobs, len(parts)
+        self._last_batch_end = time.monotonic()
         with self._cond:
             self._in_batch = 0
         if seconds is None:

@@ -17,6 +17,7 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from transformer_mt.serve.batching import Arrivals
 from transformer_mt.serve.metrics import ServeMetrics
 
 Scope = MutableMapping[str, Any]
@@ -27,6 +28,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 DEADLINE = "tmt.deadline"  # scope key: time.monotonic() by which the answer is due (inf: no --timeout)
 DISCONNECT = "tmt.on_disconnect"  # scope key: callbacks to run when the client goes away
+ARRIVING = "tmt.arriving"  # scope key: True while this request counts in Arrivals
 # After the limit is passed, read (and discard) up to this much more before answering, so a client that
 # sent a little too much is still reading when the 413 comes, rather than meeting a reset connection.
 DRAIN_BYTES = 1 << 20
@@ -34,6 +36,13 @@ DRAIN_BYTES = 1 << 20
 
 def deadline_of(scope: Scope) -> float:
     return scope.get(DEADLINE, math.inf)
+
+
+def arrived(scope: Scope, arrivals: Arrivals) -> None:
+    """This request was submitted (or refused): it no longer counts as arriving."""
+    if scope.get(ARRIVING):
+        scope[ARRIVING] = False
+        arrivals.count -= 1
 
 
 def on_disconnect(scope: Scope, callback: Callable[[], None]) -> None:
@@ -52,8 +61,18 @@ async def send_json(send: Send, status: int, body: dict, headers: dict[str, str]
 class Guard:
     """Wraps the app: API keys (401), the raw body cap (413) and its arrival deadline (408), metrics."""
 
-    def __init__(self, app: ASGIApp, *, max_body: int, timeout: float, keys: tuple[str, ...], open_paths: tuple[str, ...], metrics: ServeMetrics):
-        self.app, self.max_body, self.timeout = app, max_body, timeout
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_body: int,
+        timeout: float,
+        keys: tuple[str, ...],
+        open_paths: tuple[str, ...],
+        metrics: ServeMetrics,
+        arrivals: Arrivals,
+    ):
+        self.app, self.max_body, self.timeout, self.arrivals = app, max_body, timeout, arrivals
         self.keys = [k.encode() for k in keys]
         self.open_paths, self.metrics = open_paths, metrics
 
@@ -70,9 +89,13 @@ class Guard:
                 status = message["status"]
             await send(message)
 
+        if scope.get("method") == "POST":  # a translation on its way: idle workers wait for it to join their batch
+            scope[ARRIVING] = True
+            self.arrivals.count += 1
         try:
             await self._handle(scope, receive, counted)
         finally:
+            arrived(scope, self.arrivals)
             if status:  # 0: the client left before any answer
                 self.metrics.request(scope.get("path", ""), status, time.perf_counter() - tic)
 
