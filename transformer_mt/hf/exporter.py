@@ -1,0 +1,135 @@
+"""``tmt export --format marian-hf -o DIR``: a tmt checkpoint as a MarianMT directory.
+
+``transformers.MarianMTModel.from_pretrained(DIR)`` and ``MarianTokenizer.from_pretrained(DIR)`` load it with no
+custom code: ``config.json`` (:func:`~transformer_mt.hf.marian_config.marian_config`), ``generation_config.json``,
+``model.safetensors`` (:func:`~transformer_mt.hf.weights.marian_state`), ``source.spm`` / ``target.spm``,
+``vocab.json`` (and ``target_vocab.json`` when the two sides have different vocabularies),
+``tokenizer_config.json``, and ``tmt_export.json``, the marker that lets ``--force`` replace an earlier export.
+
+``generation_config.json`` asks ``generate`` for tmt's search where the two can agree: PAD, BOS and the decoder's
+start are never generated (``bad_words_ids``; tmt's search masks them too, without renormalising), no forced EOS at
+the length limit, the checkpoint's beam, and ``length_penalty`` 0 when ``decode.lenpen`` is 0. transformers divides
+a hypothesis' log-prob by len**length_penalty, tmt by GNMT's ((5 + len) / 6)**lenpen: both are the plain sum at 0
+and differ otherwise, so another lenpen is left to transformers' default and noted in tmt_export.json.
+
+Refused, in one line saying why (:func:`~transformer_mt.hf.marian_config.marian_refusal`): pre-norm and ScaleNorm
+models, learned positions, heads of another width than d_model / heads. The directory is written beside ``DIR``
+and renamed into place, as ``tmt export --format ctranslate2`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from transformer_mt import __version__
+from transformer_mt.config import ModelConfig
+from transformer_mt.decoding import model_from_checkpoint
+from transformer_mt.hf import HfError, require_safetensors
+from transformer_mt.hf.marian_config import marian_config, marian_refusal
+from transformer_mt.hf.vocab import SOURCE_SPM, TARGET_SPM, TARGET_VOCAB, TOKENIZER_CONFIG, VOCAB, tokenizer_config, vocab_json
+from transformer_mt.hf.weights import SAFETENSORS, marian_state
+from transformer_mt.text import NO_ID
+
+MARKER = "tmt_export.json"
+GENERATION_CONFIG = "generation_config.json"
+# Every file an export writes: a directory holding anything else is not an export, and --force never replaces it.
+EXPORT_FILES = frozenset({"config.json", GENERATION_CONFIG, SAFETENSORS, SOURCE_SPM, TARGET_SPM, VOCAB, TARGET_VOCAB, TOKENIZER_CONFIG, MARKER})
+
+
+def export_marian(checkpoint: str | os.PathLike, output: str | os.PathLike, *, force: bool = False) -> Path:
+    """Write ``checkpoint`` (its EMA weights when it has them, as ``tmt translate`` decodes) as the MarianMT
+    directory ``output``; returns it. An existing ``output`` is replaced only with ``force``, and only if an
+    earlier export wrote it."""
+    out = Path(output)
+    if out.exists() or out.is_symlink():
+        if not force:
+            raise HfError(f"{out}: already exists; choose another -o directory or pass --force to replace it")
+        check_replaceable(out)
+    model, cfg, src_tok, tgt_tok, _ = model_from_checkpoint(checkpoint)
+    refusal = marian_refusal(cfg.model)
+    if refusal:
+        raise HfError(f"{checkpoint}: cannot export to marian-hf: {refusal}")
+    st = require_safetensors()
+    separate = src_tok.pieces() != tgt_tok.pieces()
+    files = {
+        "config.json": marian_config(cfg.model, src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size),
+        GENERATION_CONFIG: generation_config(cfg.model, beam=cfg.decode.beam, lenpen=cfg.decode.lenpen),
+        VOCAB: vocab_json(src_tok),
+        TOKENIZER_CONFIG: tokenizer_config(src_tok, tgt_tok, separate=separate, max_length=cfg.model.max_positions),
+        MARKER: {
+            "exported_by": f"transformer_mt {__version__}",
+            "checkpoint": str(checkpoint),
+            "format": "marian-hf",
+            "tmt_decode": {"beam": cfg.decode.beam, "lenpen": cfg.decode.lenpen, "max_len_a": cfg.decode.max_len_a, "max_len_b": cfg.decode.max_len_b},
+            "note": (
+                "tmt's lenpen is GNMT ((5+len)/6)^alpha, transformers' length_penalty divides by len^alpha: the two agree only at 0; "
+                "tmt's longest output is floor(a * (pieces + 1) + b) per line, generate's max_new_tokens one number per call"
+            ),
+        },
+    }
+    if separate:
+        files[TARGET_VOCAB] = vocab_json(tgt_tok)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    try:
+        for name, content in files.items():
+            (staging / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        (staging / SOURCE_SPM).write_bytes(src_tok.proto)
+        (staging / TARGET_SPM).write_bytes(tgt_tok.proto)
+        st.save_file(marian_state(model), str(staging / SAFETENSORS), metadata={"format": "pt"})  # "pt": what from_pretrained expects
+        _move_into_place(staging, out)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out
+
+
+def generation_config(model_cfg: ModelConfig, *, beam: int, lenpen: float) -> dict:
+    """``generation_config.json``: the search settings of tmt's that ``generate`` can follow (module docstring)."""
+    never = sorted({i for i in (model_cfg.pad_id, model_cfg.bos_id, model_cfg.start_id) if i != NO_ID})
+    out = {
+        "decoder_start_token_id": model_cfg.start_id,
+        "eos_token_id": model_cfg.eos_id,
+        "pad_token_id": model_cfg.pad_id,
+        "bad_words_ids": [[i] for i in never],
+        "forced_eos_token_id": None,
+        "num_beams": beam,
+        "max_length": 512,
+        "renormalize_logits": False,
+    }
+    if lenpen == 0:
+        out["length_penalty"] = 0.0
+    return out
+
+
+def check_replaceable(out: Path) -> None:
+    """Refuse to replace ``out`` unless an earlier marian-hf export wrote it: its marker and nothing but export files."""
+    entries = sorted(p.name for p in out.iterdir()) if out.is_dir() and not out.is_symlink() else None
+    ours = entries is not None and MARKER in entries and set(entries) <= EXPORT_FILES
+    if ours:
+        try:
+            ours = str(json.loads((out / MARKER).read_text(encoding="utf-8")).get("exported_by", "")).startswith("transformer_mt")
+        except (OSError, ValueError, AttributeError):
+            ours = False
+    if not ours:
+        held = "it is not a directory" if entries is None else f"it holds {', '.join(entries[:3]) or 'nothing'}" + (", ..." if len(entries) > 3 else "")
+        raise HfError(f"{out}: not a directory tmt export wrote ({held}); --force replaces only an earlier export: choose a new -o directory")
+
+
+def _move_into_place(staging: Path, out: Path) -> None:
+    """Rename the finished export to ``out``; an earlier export there (checked) is set aside first, then deleted."""
+    if not (out.exists() or out.is_symlink()):
+        os.rename(staging, out)
+        return
+    old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
+    os.rename(out, old / out.name)
+    try:
+        os.rename(staging, out)
+    except BaseException:
+        os.rename(old / out.name, out)  # put the earlier export back
+        old.rmdir()
+        raise
+    shutil.rmtree(old, ignore_errors=True)
