@@ -1,0 +1,94 @@
+"""Starting `tmt explore`: check the options and the address, load the checkpoints, serve the page until Ctrl-C."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from transformer_mt.explore import INSTALL_HINT, ExploreError
+from transformer_mt.explore.session import Explorer, Limits, load_explorer
+
+
+def require_fastapi() -> None:
+    """Raise ExploreError naming the install command when fastapi or uvicorn is missing."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError:
+        raise ExploreError(INSTALL_HINT) from None
+
+
+def check_address(host: str, port: int) -> None:
+    """Refuse at once an address this process cannot listen on, before the (slow) model loading."""
+    if not 0 <= port <= 65535:
+        raise ExploreError(f"--port {port}: must be 0 to 65535 (a TCP port); choose a free one, e.g. 8000")
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port in TIME_WAIT is free
+            probe.bind(addr)
+    except OSError as exc:
+        raise ExploreError(
+            f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc}); choose another --port or stop the program using it"
+        ) from None
+
+
+def build(checkpoints: list[str], *, examples: str | Path | None = None, device: str = "cpu", threads: int = 0, limits: Limits | None = None):
+    """The FastAPI app over freshly loaded checkpoints (tests and notebooks serve it themselves), and its Explorer."""
+    require_fastapi()
+    from transformer_mt.explore.app import build_app
+
+    explorer: Explorer = load_explorer(checkpoints, examples=examples, device=device, threads=threads, limits=limits)
+    return build_app(explorer), explorer
+
+
+def explore(
+    checkpoints: list[str],
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    examples: str | Path | None = None,
+    device: str = "cpu",
+    threads: int = 0,
+    limits: Limits | None = None,
+    log_level: str = "warning",
+    on_ready=None,
+) -> None:
+    """Load the checkpoints (``PATH`` or ``NAME=PATH``), then serve the page on host:port until Ctrl-C.
+    ``on_ready(url)`` is called once the server listens."""
+    require_fastapi()
+    import uvicorn
+
+    check_address(host, port)
+    app, _ = build(checkpoints, examples=examples, device=device, threads=threads, limits=limits)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
+    if on_ready is not None:
+        url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
+        app.router.on_startup.append(lambda: on_ready(url))
+    server.run()
+
+
+class Background:
+    """An app served by uvicorn in a thread of this process (tests, notebooks, the screenshot script): ``url``, ``stop()``."""
+
+    def __init__(self, app, *, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0):
+        import threading
+        import time
+
+        import uvicorn
+
+        sock = socket.socket()
+        sock.bind((host, port))  # port 0: the system picks a free one, bound here so nothing can take it first
+        self.url = f"http://{host}:{sock.getsockname()[1]}/"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + timeout
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise ExploreError(f"the explorer did not start on {self.url} within {timeout:g} s")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)

@@ -1,0 +1,142 @@
+"""What one `tmt explore` process holds: its checkpoints by name, the example sentences, and the request checks.
+
+Checkpoints are shown by name only (``NAME=PATH`` on the command line, or the file's stem), never by their
+filesystem path: the page may be opened by someone who should not learn the server's directory layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformer_mt.config import beam_problem, lenpen_problem
+from transformer_mt.decoding import Translator
+from transformer_mt.explore import ExploreError
+from transformer_mt.model import Transformer
+from transformer_mt.text import iter_file
+
+MAX_EXAMPLES = 500  # lines of the examples file offered in the page's menu
+
+
+class RequestError(ExploreError):
+    """A request the explorer refuses: the HTTP status and one line naming the field and the fix."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class Limits:
+    """What one request may ask for (more: a 4xx answer naming the limit)."""
+
+    max_chars: int = 1000  # characters of the source or reference sentence; more -> 413
+    max_beam: int = 16  # largest beam; more -> 422 (the trace lists every hypothesis of every step)
+    topk: int = 5  # alternatives shown per target piece, at most
+
+    def check(self) -> None:
+        for key in ("max_chars", "max_beam", "topk"):
+            if getattr(self, key) < 1:
+                raise ExploreError(f"--{key.replace('_', '-')} {getattr(self, key)}: must be at least 1")
+
+
+@dataclass
+class Explorer:
+    """The loaded checkpoints (first = default), the example sentences and the limits."""
+
+    translators: dict[str, Translator]
+    examples: list[str] = field(default_factory=list)
+    examples_name: str = ""  # the examples file's name (no directory), for the page's menu
+    limits: Limits = field(default_factory=Limits)
+
+    @property
+    def default(self) -> str:
+        return next(iter(self.translators))
+
+    def translator(self, name: str | None) -> Translator:
+        """The checkpoint called ``name`` (None: the first); 404 naming the choices otherwise."""
+        if name is None:
+            return self.translators[self.default]
+        if name not in self.translators:
+            raise RequestError(404, f"checkpoint: {name!r} is not loaded; choose one of {', '.join(map(repr, self.translators))} (GET /api/checkpoints)")
+        return self.translators[name]
+
+    def settings(self, tr: Translator, beam: int | None, lenpen: float | None) -> tuple[int, float]:
+        """The request's beam and lenpen (the checkpoint's decode settings when None), checked by the rules
+        `tmt translate` and `tmt serve` apply; 422 naming the field otherwise."""
+        beam, lenpen = tr.decode_defaults(beam, lenpen)
+        problem = beam_problem(beam, 1, tgt_vocab_size=tr.tgt_tok.vocab_size, limit=self.limits.max_beam) or lenpen_problem(lenpen)
+        if problem:
+            raise RequestError(422, f"{problem.key}: {problem.value} {problem.reason}")
+        return beam, lenpen
+
+    def sentence(self, tr: Translator, text: str, *, field_name: str = "text") -> list[int]:
+        """The pieces of one sentence, refused when empty (422), a line break or over the limits (413): the page
+        shows one sentence whole, so a sentence the model would truncate is refused rather than cut."""
+        if not text.strip():
+            raise RequestError(422, f"{field_name}: empty; type a sentence or pick an example")
+        if "\n" in text or "\r" in text:
+            raise RequestError(422, f"{field_name}: contains a line break; give one sentence")
+        if len(text) > self.limits.max_chars:
+            raise RequestError(413, f"{field_name}: {len(text)} characters, more than --max-chars {self.limits.max_chars}; give a shorter sentence")
+        tok = tr.tgt_tok if field_name == "reference" else tr.src_tok
+        ids = tok.encode([text])[0]
+        if len(ids) > tr.max_src_tokens:
+            raise RequestError(
+                413, f"{field_name}: {len(ids)} pieces, more than this model's {tr.max_src_tokens} (model.max_positions - 1); give a shorter sentence"
+            )
+        return ids
+
+
+def single_model(tr: Translator) -> Transformer:
+    """The Translator's model; the explorer loads each -c on its own, never as an ensemble."""
+    if not isinstance(tr.model, Transformer):
+        raise ExploreError("tmt explore shows one model at a time; give each checkpoint its own -c")
+    return tr.model
+
+
+def name_checkpoints(specs: list[str]) -> list[tuple[str, str]]:
+    """``PATH`` or ``NAME=PATH`` per -c -> (name, path); a name defaults to the file's stem and must be unique."""
+    named: list[tuple[str, str]] = []
+    for spec in specs:
+        name, sep, path = spec.partition("=")
+        if not sep or Path(spec).exists():  # a path that itself holds "=" stays a path
+            name, path = Path(spec).stem, spec
+        if not name:
+            raise ExploreError(f"-c {spec}: the name before '=' is empty; write -c NAME=PATH")
+        if name in (n for n, _ in named):
+            raise ExploreError(f"-c {spec}: a checkpoint named {name!r} is already loaded; name them apart with -c NAME=PATH")
+        named.append((name, path))
+    return named
+
+
+def read_examples(path: str | Path | None, *, limit: int = MAX_EXAMPLES) -> list[str]:
+    """The first ``limit`` non-empty lines of ``path`` (None: none), read as every tmt command reads text."""
+    if path is None:
+        return []
+    lines = []
+    for line in iter_file(path):
+        if line.strip():
+            lines.append(line)
+            if len(lines) == limit:
+                break
+    return lines
+
+
+def default_examples(tr: Translator) -> Path | None:
+    """The checkpoint's validation source (``data.valid_src``) when that file is here, else None."""
+    valid = tr.cfg.data.valid_src
+    return Path(valid) if valid and Path(valid).is_file() else None
+
+
+def load_explorer(specs: list[str], *, examples: str | Path | None = None, device: str = "cpu", threads: int = 0, limits: Limits | None = None) -> Explorer:
+    """Load every checkpoint (``PATH`` or ``NAME=PATH``) and the example sentences (``examples``, else the first
+    checkpoint's validation source when present, else none)."""
+    limits = limits or Limits()
+    limits.check()
+    if not specs:
+        raise ExploreError("give at least one checkpoint (-c FILE)")
+    translators = {name: Translator.from_checkpoint(path, device=device, threads=threads) for name, path in name_checkpoints(specs)}
+    first = next(iter(translators.values()))
+    source = Path(examples) if examples is not None else default_examples(first)
+    return Explorer(translators, read_examples(source), source.name if source is not None else "", limits)
