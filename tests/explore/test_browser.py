@@ -88,6 +88,7 @@ def test_heatmap_is_drawn_and_its_hover_value_is_tmt_attentions(page, translated
     weights = maps.cross[1, 2]  # (T, S) of layer 1, head 2
     assert (geometry["rows"], geometry["cols"]) == tuple(weights.shape)
     q, k = divmod(int(weights.argmax()), weights.size(1))
+    canvas.scroll_into_view_if_needed()
     box = canvas.bounding_box()
     scale = box["width"] / canvas.evaluate("c => c.width")
     page.mouse.move(box["x"] + (geometry["x0"] + (k + 0.5) * geometry["cell"]) * scale, box["y"] + (geometry["y0"] + (q + 0.5) * geometry["cell"]) * scale)
