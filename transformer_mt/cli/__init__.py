@@ -14,7 +14,7 @@ import sys
 
 import typer
 
-from transformer_mt.cli import convert, deploy, evaluate, score, sweep, tokenize, train, translate, viz  # noqa: F401 - register the commands
+from transformer_mt.cli import convert, deploy, evaluate, explore, score, sweep, tokenize, train, translate, viz  # noqa: F401 - register the commands
 from transformer_mt.cli.app import app
 from transformer_mt.errors import TmtError
 
