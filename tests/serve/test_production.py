@@ -216,3 +216,18 @@ def test_the_output_cap_limits_long_outputs_only(translator):
     capped = translator.translate_batch([line], beam=1, lenpen=translator.cfg.decode.lenpen, max_len_a=0.0, max_len_b=3).hypotheses[0][0][1]
     assert r.json()["translations"] == [capped, ""]
     assert len(translator.tgt_tok.encode([capped])[0]) <= 3
+
+
+def test_options_out_of_range_and_the_exposed_host_warning(capsys):
+    from transformer_mt.serve import ServeError, serve
+
+    for changes, words in (({"timeout": -1.0}, "--timeout -1.0: must be >= 0"), ({"header_timeout": 0.0}, "--header-timeout 0.0: must be > 0")):
+        with pytest.raises(ServeError, match=words):
+            ServeOptions(**changes).check()
+    assert "secret" not in repr(ServeOptions(api_keys=("secret-key-0123456789",)))
+    with pytest.raises(Exception, match="no-such.pt"):  # the warning comes before the models load (and fail here)
+        serve(["no-such.pt"], host="0.0.0.0", port=0, device="cpu")
+    assert "tmt: warning: --host 0.0.0.0 accepts connections from other machines and no --api-key-file is set" in capsys.readouterr().err
+    with pytest.raises(Exception, match="no-such.pt"):
+        serve(["no-such.pt"], host="127.0.0.1", port=0, device="cpu")
+    assert "warning" not in capsys.readouterr().err

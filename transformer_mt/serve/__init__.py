@@ -30,7 +30,7 @@ from __future__ import annotations
 import ipaddress
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformer_mt.errors import TmtError
@@ -59,7 +59,7 @@ class ServeOptions:
     keep_alive_timeout: int = 5  # seconds an idle keep-alive connection stays open
     max_connections: int = 1024  # connections and requests at once; more get 503 from uvicorn
     shutdown_timeout: int = 30  # seconds SIGTERM waits for requests in flight before it closes them (0 = no bound)
-    api_keys: tuple[str, ...] = ()  # when set, every path but /health and /ready needs one (401)
+    api_keys: tuple[str, ...] = field(default=(), repr=False)  # when set, every path but /health and /ready needs one (401); never printed
 
     def check(self) -> None:
         for key in ("max_lines", "max_chars", "max_beam", "max_queue", "keep_alive_timeout", "max_connections"):

@@ -105,6 +105,9 @@ class Guard:
             message = "missing or unknown API key; send the header 'Authorization: Bearer KEY' or 'X-API-Key: KEY'"
             await send_json(send, 401, {"error": message}, {"WWW-Authenticate": "Bearer"})
             return
+        if scope.get("method") != "POST":  # the API reads no other body: nothing to count, nothing to wait for
+            await self.app(scope, receive, send)
+            return
         body = await self._read_body(scope, receive, send)
         if body is None:  # answered already (413, 408) or the client left
             return
