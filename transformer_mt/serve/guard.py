@@ -28,6 +28,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 DEADLINE = "tmt.deadline"  # scope key: time.monotonic() by which the answer is due (inf: no --timeout)
 DISCONNECT = "tmt.on_disconnect"  # scope key: callbacks to run when the client goes away
+GONE = "tmt.gone"  # scope key: True once the client has disconnected
 ARRIVING = "tmt.arriving"  # scope key: True while this request counts in Arrivals
 # After the limit is passed, read (and discard) up to this much more before answering, so a client that
 # sent a little too much is still reading when the 413 comes, rather than meeting a reset connection.
@@ -46,7 +47,10 @@ def arrived(scope: Scope, arrivals: Arrivals) -> None:
 
 
 def on_disconnect(scope: Scope, callback: Callable[[], None]) -> None:
-    """Run ``callback`` if the client disconnects before the answer is sent."""
+    """Run ``callback`` if the client disconnects before the answer is sent (at once if it already has)."""
+    if scope.get(GONE):
+        callback()
+        return
     scope.setdefault(DISCONNECT, []).append(callback)
 
 
@@ -175,5 +179,6 @@ class Guard:
         message = await receive()
         if message["type"] == "http.disconnect":
             gone.set()
+            scope[GONE] = True
             for callback in scope.get(DISCONNECT, ()):
                 callback()
