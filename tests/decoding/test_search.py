@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from tests.conftest import tiny_model, tiny_model_config
 from transformer_mt.decoding import SearchCache, SearchError, SearchModel, beam_search, greedy_search, length_penalty, search
 from transformer_mt.model import Transformer
-from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.text import BOS_ID, DEFAULT, EOS_ID, PAD_ID
 
 VOCAB = 16  # 4 specials + 12 symbols
 
@@ -423,6 +423,7 @@ class CopyModel:
     on the source's t-th token (EOS last), so every search must return the source itself."""
 
     training = False
+    specials = DEFAULT  # tmt's ids: rows start from BOS, end at EOS, pad with PAD
 
     def encode(self, src: torch.Tensor) -> torch.Tensor:
         return src

@@ -207,7 +207,7 @@ def test_a_tie_at_the_beam_cut_off_costs_one_more_sync():
     class Rounded(torch.nn.Module):
         def __init__(self, inner):
             super().__init__()
-            self.inner, self.training = inner, False
+            self.inner, self.training, self.specials = inner, False, inner.specials
 
         def encode(self, src):
             return self.inner.encode(src)

@@ -9,9 +9,12 @@ from transformer_mt.checkpoint.io import (
     copy_checkpoint,
     load_checkpoint,
     model_weights,
+    pack_tokenizer_pair,
     pack_tokenizers,
     save_checkpoint,
+    tokenizers_from_checkpoint,
     unpack_tokenizers,
+    unpack_vocabularies,
 )
 from transformer_mt.checkpoint.retention import checkpoint_update, last_checkpoints, numbered_checkpoint_path, numbered_checkpoints, prune_checkpoints
 from transformer_mt.checkpoint.rng import rng_state, set_rng_state
@@ -29,10 +32,13 @@ __all__ = [
     "model_weights",
     "numbered_checkpoint_path",
     "numbered_checkpoints",
+    "pack_tokenizer_pair",
     "pack_tokenizers",
     "prune_checkpoints",
     "rng_state",
     "save_checkpoint",
     "set_rng_state",
+    "tokenizers_from_checkpoint",
     "unpack_tokenizers",
+    "unpack_vocabularies",
 ]

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from transformer_mt.checkpoint.io import WEIGHTS, CheckpointError, load_checkpoint, model_weights, unpack_tokenizers
+from transformer_mt.checkpoint.io import WEIGHTS, CheckpointError, load_checkpoint, model_weights, unpack_tokenizers, unpack_vocabularies
 from transformer_mt.checkpoint.retention import is_numbered_checkpoint
 
 # The training-state keys an averaged (inference) checkpoint does not carry.
@@ -32,19 +32,22 @@ def average_checkpoints(paths: Sequence[str | os.PathLike], *, weights: str | No
         raise CheckpointError("no checkpoints to average; give at least one path")
     kinds: dict[str, dict[str, torch.Tensor]] = {kind: {} for kind in ([weights] if weights else WEIGHTS)}  # kind -> float64 sums
     first_path, first = files[0], None
+    first_tokenizers: tuple = ()
     last: dict[str, Any] = {}
     for path in files:
         last = load_checkpoint(path)
         if not isinstance(last.get("model"), dict):
             raise CheckpointError(f"{path}: checkpoint has no 'model' weights; give checkpoints written by `tmt train`")
-        tokenizers = unpack_tokenizers(last, source=str(path))
+        tokenizers = (unpack_tokenizers(last, source=str(path)), unpack_vocabularies(last, source=str(path)))
         if first is None:
-            first = {"config": last.get("config"), "model": {k: (tuple(v.shape), v.dtype) for k, v in last["model"].items()}, "tokenizers": tokenizers}
+            first = {"config": last.get("config"), "model": {k: (tuple(v.shape), v.dtype) for k, v in last["model"].items()}}
+            first_tokenizers = tokenizers
         else:
             _check_same_architecture(first_path, first, path, last)
-            if tokenizers != first["tokenizers"]:  # equal vocabulary sizes are not enough: the ids must mean the same pieces
+            if tokenizers != first_tokenizers:  # equal vocabulary sizes are not enough: the ids must mean the same pieces
+                what = "sentencepiece models" if tokenizers[0] != first_tokenizers[0] else "vocabularies"
                 raise CheckpointError(
-                    f"cannot average {first_path} and {path}: their sentencepiece models differ; "
+                    f"cannot average {first_path} and {path}: their {what} differ; "
                     "average checkpoints of one run (or of runs trained with the same tokenizer.model)"
                 )
         if weights is None and not last.get("ema"):

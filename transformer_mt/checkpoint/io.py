@@ -8,7 +8,8 @@ and loading a file never runs code from it:
     model       the model's ``state_dict()`` (parameter name -> tensor)
     config      ``config.to_dict(cfg)``: the whole resolved experiment configuration
     tokenizers  {"src": uint8 tensor, "tgt": uint8 tensor}: the sentencepiece model protos
-                (the same proto twice for a joint vocabulary); see :func:`pack_tokenizers`
+                (the same proto twice for a joint vocabulary), and for an imported vocabulary
+                "src_vocab" / "tgt_vocab": the piece of each id (list of str); see :func:`pack_tokenizers`
     # training state; absent (or None) in inference checkpoints such as averages
     optimizer   ``optimizer.state_dict()``
     scheduler   ``scheduler.state_dict()``
@@ -47,6 +48,7 @@ import torch
 
 from transformer_mt.config import Config, ConfigError, from_dict
 from transformer_mt.errors import TmtError
+from transformer_mt.text import SpecialIds, Tokenizer, TokenizerError
 
 FORMAT = "transformer_mt/1"
 WEIGHTS = ("ema", "raw")  # which weights of a checkpoint to decode: the moving average (train.ema_decay) or the trained ones
@@ -238,9 +240,21 @@ def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
     return tensor.cpu().numpy().tobytes()
 
 
-def pack_tokenizers(src_proto: bytes, tgt_proto: bytes | None = None) -> dict[str, torch.Tensor]:
-    """The ``tokenizers`` entry: sentencepiece protos as tensors (joint vocabulary: tgt = src)."""
-    return {"src": bytes_to_tensor(src_proto), "tgt": bytes_to_tensor(src_proto if tgt_proto is None else tgt_proto)}
+def pack_tokenizers(
+    src_proto: bytes, tgt_proto: bytes | None = None, *, src_vocab: list[str] | None = None, tgt_vocab: list[str] | None = None
+) -> dict[str, Any]:
+    """The ``tokenizers`` entry: sentencepiece protos as tensors (joint vocabulary: tgt = src), and the vocabularies
+    of a tokenizer whose ids come from a vocabulary file (:class:`~transformer_mt.text.Tokenizer` with ``vocab``)."""
+    entry: dict[str, Any] = {"src": bytes_to_tensor(src_proto), "tgt": bytes_to_tensor(src_proto if tgt_proto is None else tgt_proto)}
+    for side, vocab in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab)):
+        if vocab is not None:
+            entry[side] = list(vocab)
+    return entry
+
+
+def pack_tokenizer_pair(src: Tokenizer, tgt: Tokenizer) -> dict[str, Any]:
+    """:func:`pack_tokenizers` of two tokenizers: what a checkpoint stores of them."""
+    return pack_tokenizers(src.proto, tgt.proto, src_vocab=src.vocab, tgt_vocab=tgt.vocab)
 
 
 def unpack_tokenizers(state: dict[str, Any], *, source: str = "checkpoint") -> tuple[bytes, bytes]:
@@ -251,6 +265,39 @@ def unpack_tokenizers(state: dict[str, Any], *, source: str = "checkpoint") -> t
             f"{source}: checkpoint holds no sentencepiece models ('tokenizers' with 'src' and 'tgt'); give a checkpoint written by `tmt train`"
         )
     return tensor_to_bytes(toks["src"]), tensor_to_bytes(toks["tgt"])
+
+
+def unpack_vocabularies(state: dict[str, Any], *, source: str = "checkpoint") -> tuple[list[str] | None, list[str] | None]:
+    """(src_vocab, tgt_vocab) of a loaded checkpoint: the piece of each id for a tokenizer whose ids come from a
+    vocabulary file, None for a side whose ids are sentencepiece's own."""
+    toks = state.get("tokenizers") or {}
+    vocabs = []
+    for side in ("src_vocab", "tgt_vocab"):
+        vocab = toks.get(side)
+        if vocab is not None and not (isinstance(vocab, list) and all(isinstance(p, str) for p in vocab)):
+            raise CheckpointError(f"{source}: its tokenizers' {side!r} is not a list of pieces; the checkpoint is damaged, use another one")
+        vocabs.append(vocab)
+    return vocabs[0], vocabs[1]
+
+
+def tokenizers_from_checkpoint(state: dict[str, Any], cfg: Config, *, source: str = "checkpoint") -> tuple[Tokenizer, Tokenizer]:
+    """The (source, target) tokenizers a loaded checkpoint holds, with the special ids of its ``cfg.model``.
+    A joint vocabulary gives one Tokenizer twice. A model that does not parse, or whose ids do not fit the
+    config, is a CheckpointError naming the checkpoint."""
+    protos, vocabs = unpack_tokenizers(state, source=source), unpack_vocabularies(state, source=source)
+    specials = SpecialIds.of(cfg.model)
+    made: list[Tokenizer] = []
+    for side, proto, vocab in zip(("src", "tgt"), protos, vocabs):
+        if made and proto == made[0].proto and vocab == made[0].vocab:
+            made.append(made[0])
+            continue
+        try:
+            made.append(Tokenizer(proto, vocab=vocab, specials=specials))
+        except RuntimeError:  # sentencepiece: "INTERNAL: ... ParseFromArray ..."
+            raise CheckpointError(f"{source}: its sentencepiece model {side!r} is corrupt (it does not parse); use another checkpoint of the run") from None
+        except TokenizerError as exc:
+            raise CheckpointError(f"{source}: {side} tokenizer: {exc}") from None
+    return made[0], made[1]
 
 
 def config_from_checkpoint(state: dict[str, Any], *, source: str = "checkpoint") -> Config:

@@ -13,8 +13,8 @@ and what to change. Dotted overrides (``model.encoder_layers=3``) go through the
 """
 
 from transformer_mt.config.checks import CHOICES, LIMITS, MAX_PARAMETERS, PATH_KEYS, ConfigError, validate
-from transformer_mt.config.loading import from_dict, load_config, save_config, to_dict
-from transformer_mt.config.rules import Problem, beam_problem, length_problem, lenpen_problem, max_beam
+from transformer_mt.config.loading import from_dict, load_config, save_config, stated_keys, to_dict
+from transformer_mt.config.rules import Problem, beam_problem, length_problem, lenpen_problem, max_beam, specials_problem
 from transformer_mt.config.sections import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig
 
 __all__ = [
@@ -36,6 +36,8 @@ __all__ = [
     "lenpen_problem",
     "load_config",
     "max_beam",
+    "specials_problem",
+    "stated_keys",
     "save_config",
     "to_dict",
     "validate",

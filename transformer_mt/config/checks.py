@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
-from transformer_mt.config.rules import beam_problem, length_problem, lenpen_problem
+from transformer_mt.config.rules import beam_problem, length_problem, lenpen_problem, specials_problem
 from transformer_mt.config.sections import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig
 from transformer_mt.errors import TmtError
 
@@ -31,7 +31,7 @@ CHOICES = {
     "train.lr_schedule": ("noam", "inverse_sqrt", "linear", "wsd"),
     "train.best_metric": ("bleu", "loss"),
 }
-PATH_KEYS = ("data.train_src", "data.train_tgt", "data.valid_src", "data.valid_tgt", "tokenizer.model", "tokenizer.tgt_model")
+PATH_KEYS = ("data.train_src", "data.train_tgt", "data.valid_src", "data.valid_tgt", "tokenizer.model", "tokenizer.tgt_model", "train.init_from")
 
 
 def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -> None:
@@ -75,6 +75,9 @@ def _check_model(m: ModelConfig, fail: Fail) -> None:
             fail(f"model.{key}", f"{getattr(m, key)} is outside [0, 1); use e.g. 0.1")
     if m.positions == "learned" and m.position_layout != "interleaved":
         fail("model.position_layout", f"{m.position_layout!r} orders sinusoids only; remove it or set model.positions: sinusoidal")
+    problem = specials_problem(m)
+    if problem:
+        fail(problem.key, f"{problem.value} {problem.reason}")
 
 
 def _check_tokenizer(tok: TokenizerConfig, m: ModelConfig, fail: Fail) -> None:

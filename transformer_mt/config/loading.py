@@ -169,6 +169,20 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
     return cfg
 
 
+def stated_keys(path: str | os.PathLike | None, overrides: list[str] | None = None) -> dict[str, str]:
+    """The ``section.key`` names a config file and its overrides state, each with where (the file, or ``--set``):
+    what the user asked for, as opposed to the defaults (the file was read by :func:`load_config` already)."""
+    stated: dict[str, str] = {}
+    raw = _read_yaml(Path(path)) if path is not None else None
+    for section, values in (raw or {}).items():
+        for key in values or {}:
+            stated[f"{section}.{key}"] = str(path)
+    for item in overrides or []:
+        dotted = item.split("=", 1)[0].strip()
+        stated[dotted] = f"--set {dotted}"
+    return stated
+
+
 def to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
     """Plain nested dict (tuples as lists) for YAML files and checkpoints."""
     out = dataclasses.asdict(cfg)

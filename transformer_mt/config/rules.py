@@ -13,7 +13,10 @@ are (``transformer_mt.decoding.max_output_length``); here is what its two settin
 from __future__ import annotations
 
 import math
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    from transformer_mt.config.sections import ModelConfig
 
 
 class Problem(NamedTuple):
@@ -70,4 +73,25 @@ def length_problem(max_len_a: float, max_len_b: int) -> Problem | None:
     for key, value in (("max_len_a", max_len_a), ("max_len_b", max_len_b)):
         if value < 0:
             return Problem(key, value, "must be 0 or positive (the longest output is max_len_a * source length + max_len_b)")
+    return None
+
+
+def specials_problem(cfg: ModelConfig, vocab_size: int | None = None) -> Problem | None:
+    """The special ids (``model.pad_id`` ... ``model.decoder_start_id``): within the vocabulary (when its size is
+    known; -1 allowed for bos and the start, meaning none and bos), a start id when there is no BOS, pad, unk and
+    eos distinct, and the start not EOS (a decoder starting from EOS would read its first input as the end)."""
+    named = {"pad_id": cfg.pad_id, "unk_id": cfg.unk_id, "eos_id": cfg.eos_id, "bos_id": cfg.bos_id, "decoder_start_id": cfg.decoder_start_id}
+    for key, value in named.items():
+        lowest = -1 if key in ("bos_id", "decoder_start_id") else 0
+        if value < lowest:
+            return Problem(f"model.{key}", value, "is out of range; give the id of the piece in the vocabulary" + (" or -1 (none)" if lowest else ""))
+        if vocab_size is not None and value >= vocab_size:
+            return Problem(f"model.{key}", value, f"is outside the vocabulary of {vocab_size} pieces; give an id below {vocab_size}")
+    if cfg.start_id == -1:
+        return Problem("model.decoder_start_id", -1, "means model.bos_id, which is -1 (no BOS); give the id the decoder starts from")
+    for a, b in (("pad_id", "eos_id"), ("pad_id", "unk_id"), ("unk_id", "eos_id")):
+        if named[a] == named[b]:
+            return Problem(f"model.{a}", named[a], f"is also model.{b}; the two ids must differ")
+    if cfg.start_id == cfg.eos_id:
+        return Problem("model.decoder_start_id", cfg.start_id, "is model.eos_id; the decoder must not start from the end of sentence")
     return None

@@ -64,6 +64,18 @@ class ModelConfig:
     share_decoder_embeddings: bool = True  # tie target embedding and output projection
     output_bias: bool = False  # a bias vector (zero at start) added to the output layer's logits
     restrict_output: bool = False  # output layer over the pieces seen on the training target side only (faster with a joint vocabulary)
+    # the special ids of the vocabulary (text.specials); tmt's own sentencepiece models use the defaults,
+    # an imported vocabulary its own (MarianMT: eos 0, unk 1, pad last, no bos, the decoder starting from pad)
+    pad_id: int = 0  # fills batches; masked out of attention and the loss
+    unk_id: int = 1  # pieces outside the vocabulary
+    bos_id: int = 2  # beginning of sentence; -1 = the vocabulary has none
+    eos_id: int = 3  # ends every source and target sequence
+    decoder_start_id: int = -1  # the decoder's first input; -1 = bos_id
+
+    @property
+    def start_id(self) -> int:
+        """The id the decoder starts from: decoder_start_id, or bos_id when that is -1."""
+        return self.bos_id if self.decoder_start_id == -1 else self.decoder_start_id
 
 
 @dataclass
@@ -71,6 +83,9 @@ class TrainConfig:
     """The optimisation loop, its schedule, checkpoints and stopping rules."""
 
     out_dir: str = "runs/default"  # checkpoints, logs, metrics and the resolved config go here
+    # fine-tuning: a checkpoint (tmt's or imported) whose weights, architecture (model.*) and tokenizer the run starts
+    # from, with a fresh optimizer and schedule; empty = a model initialised from train.seed
+    init_from: str = ""
     seed: int = 1  # seeds parameters, dropout and batch order
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps
     threads: int = 0  # CPU threads for torch; 0 = torch's default

@@ -1,8 +1,9 @@
 """Batches: the :class:`Batch` that builds teacher forcing in one place, token-budget batching and sharding.
 
 Conventions (fairseq's, section 5 of the paper): a source is its pieces + EOS; the decoder input
-``tgt_in`` is BOS + target pieces; the labels ``tgt_out`` are target pieces + EOS. Sequences are
-right-padded with PAD_ID. :func:`collate` is the only code that adds them.
+``tgt_in`` is the decoder's start id (BOS for the models tmt trains) + target pieces; the labels
+``tgt_out`` are target pieces + EOS. Sequences are right-padded with the pad id. The ids are the
+model's :class:`~transformer_mt.text.SpecialIds`; :func:`collate` is the only code that adds them.
 
 Batching. Pairs are sorted by (target length, source length) with a seeded random tie-break and
 cut greedily into batches whose padded size, max(len) x count on each side, stays within
@@ -22,7 +23,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.text import DEFAULT, SpecialIds
 
 Ids = Sequence[int] | np.ndarray  # token or pair ids: a list, or a 1-D integer array
 
@@ -31,9 +32,9 @@ Ids = Sequence[int] | np.ndarray  # token or pair ids: a list, or a 1-D integer 
 class Batch:
     """One batch of sentence pairs; teacher forcing is built here and nowhere else.
 
-    src:      (B, S) long, source pieces + EOS, right-padded with PAD_ID
-    tgt_in:   (B, T) long, BOS + target pieces (decoder input, the target shifted right), padded
-    tgt_out:  (B, T) long, target pieces + EOS (labels), padded; the loss ignores PAD_ID
+    src:      (B, S) long, source pieces + EOS, right-padded with the pad id
+    tgt_in:   (B, T) long, start + target pieces (decoder input, the target shifted right), padded
+    tgt_out:  (B, T) long, target pieces + EOS (labels), padded; the loss ignores padding
     ntokens:  non-pad tokens of tgt_out (target pieces + 1 per sentence), the loss normaliser
     nsentences: B
     indices:  (B,) long or None, pair indices in the ParallelData (its ``line_numbers`` map them to lines)
@@ -70,11 +71,11 @@ class Batch:
         )
 
 
-def _pad(seqs: Sequence[Ids], *, prefix: int | None = None, suffix: int | None = None) -> torch.Tensor:
-    """(B, max len + extras) int64 rows of prefix + seq + suffix, right-padded with PAD_ID."""
+def _pad(seqs: Sequence[Ids], *, pad: int, prefix: int | None = None, suffix: int | None = None) -> torch.Tensor:
+    """(B, max len + extras) int64 rows of prefix + seq + suffix, right-padded with ``pad``."""
     lengths = [len(s) for s in seqs]
     start = int(prefix is not None)
-    out = np.full((len(seqs), max(lengths, default=0) + start + int(suffix is not None)), PAD_ID, dtype=np.int64)
+    out = np.full((len(seqs), max(lengths, default=0) + start + int(suffix is not None)), pad, dtype=np.int64)
     for row, (seq, n) in enumerate(zip(seqs, lengths)):
         if prefix is not None:
             out[row, 0] = prefix
@@ -84,21 +85,21 @@ def _pad(seqs: Sequence[Ids], *, prefix: int | None = None, suffix: int | None =
     return torch.from_numpy(out)
 
 
-def source_tensor(seqs: Sequence[Ids]) -> torch.Tensor:
-    """(B, S) long: each source's pieces + EOS, right-padded with PAD_ID (also for translation)."""
-    return _pad(seqs, suffix=EOS_ID)
+def source_tensor(seqs: Sequence[Ids], *, specials: SpecialIds = DEFAULT) -> torch.Tensor:
+    """(B, S) long: each source's pieces + EOS, right-padded with the pad id (also for translation)."""
+    return _pad(seqs, pad=specials.pad, suffix=specials.eos)
 
 
-def collate(pairs: Sequence[tuple[Ids, Ids]], *, indices: Ids | None = None) -> Batch:
-    """Build a :class:`Batch` from (source ids, target ids) pairs given without BOS/EOS."""
+def collate(pairs: Sequence[tuple[Ids, Ids]], *, indices: Ids | None = None, specials: SpecialIds = DEFAULT) -> Batch:
+    """Build a :class:`Batch` from (source ids, target ids) pairs given without start/EOS, with the model's ``specials``."""
     srcs = [p[0] for p in pairs]
     tgts = [p[1] for p in pairs]
     src_lengths = np.fromiter(map(len, srcs), np.int64, count=len(srcs))
     labels_per_row = np.fromiter(map(len, tgts), np.int64, count=len(tgts)) + 1  # pieces + EOS
-    tgt_out = _pad(tgts, suffix=EOS_ID)  # (B, T)
+    tgt_out = _pad(tgts, pad=specials.pad, suffix=specials.eos)  # (B, T)
     return Batch(
-        src=source_tensor(srcs),
-        tgt_in=_pad(tgts, prefix=BOS_ID),  # section 5: the decoder input is the target shifted right
+        src=source_tensor(srcs, specials=specials),
+        tgt_in=_pad(tgts, pad=specials.pad, prefix=specials.start),  # section 5: the decoder input is the target shifted right
         tgt_out=tgt_out,
         ntokens=int(labels_per_row.sum()),
         nsentences=len(pairs),
@@ -109,14 +110,17 @@ def collate(pairs: Sequence[tuple[Ids, Ids]], *, indices: Ids | None = None) -> 
 
 
 class PairSource(Protocol):
-    """A corpus that hands out pair i's source and target piece ids (ParallelData, SampledSegmentation)."""
+    """A corpus that hands out pair i's source and target piece ids (ParallelData, SampledSegmentation), and the
+    special ids its batches are built with (its target tokenizer's)."""
+
+    specials: SpecialIds
 
     def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]: ...
 
 
 def collate_pairs(data: PairSource, indices: Ids) -> Batch:
     """The :class:`Batch` of the pairs ``indices`` of ``data``, in that order."""
-    return collate([data.pair(int(i)) for i in indices], indices=indices)
+    return collate([data.pair(int(i)) for i in indices], indices=indices, specials=data.specials)
 
 
 # --------------------------------------------------------------------------- batching

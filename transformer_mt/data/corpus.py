@@ -44,7 +44,7 @@ from transformer_mt.data.encoded import (
     write_meta,
 )
 from transformer_mt.errors import TmtError
-from transformer_mt.text import Tokenizer, count_lines, iter_file
+from transformer_mt.text import DEFAULT, SpecialIds, Tokenizer, count_lines, iter_file
 
 CHUNK_LINES = 10_000  # lines encoded at a time: bounds memory whatever the corpus size
 
@@ -115,8 +115,9 @@ class ParallelData:
     ``line_numbers`` (N,) int64 are 0-based lines of the text files the pairs came from.
     """
 
-    def __init__(self, directory: Path, meta: dict, src_path: Path, tgt_path: Path, *, from_cache: bool):
+    def __init__(self, directory: Path, meta: dict, src_path: Path, tgt_path: Path, *, from_cache: bool, specials: SpecialIds = DEFAULT):
         self.directory = directory
+        self.specials = specials  # the ids collation adds: the target tokenizer's
         # the paths as given now: the cache may have been written from another working directory
         stored = {**meta["summary"], "src_path": str(src_path), "tgt_path": str(tgt_path)}
         self.summary = CorpusSummary(**stored, cache=str(directory), from_cache=from_cache)
@@ -198,7 +199,7 @@ def load_parallel(
     directory = cache_directory(cache_dir, src_path, tgt_path, key)
     meta = read_meta(directory, key)
     if meta is not None:
-        return ParallelData(directory, meta, src_path, tgt_path, from_cache=True)
+        return ParallelData(directory, meta, src_path, tgt_path, from_cache=True, specials=tgt_tok.specials)
     try:
         _encode_corpus(src_path, tgt_path, src_tok, tgt_tok, data_cfg, directory, key, inputs, filter_long=filter_long, quiet=quiet)
     except OSError as exc:
@@ -213,7 +214,7 @@ def load_parallel(
     meta = read_meta(directory, key)
     if meta is None:
         raise DataError(f"{directory}: the cache just written does not read back; check the disk (space, permissions) and delete the directory")
-    return ParallelData(directory, meta, src_path, tgt_path, from_cache=False)
+    return ParallelData(directory, meta, src_path, tgt_path, from_cache=False, specials=tgt_tok.specials)
 
 
 # --------------------------------------------------------------------------- reading and encoding
@@ -247,7 +248,7 @@ def _encode_corpus(src_path, tgt_path, src_tok, tgt_tok, cfg: DataConfig, direct
     dtypes = {"src": token_dtype(src_tok), "tgt": token_dtype(tgt_tok)}
     tmp = temporary_directory(directory)
     try:
-        writer = CacheWriter(tmp, dtypes)
+        writer = CacheWriter(tmp, dtypes, unk={"src": src_tok.specials.unk, "tgt": tgt_tok.specials.unk})
         bar = tqdm(total=n_src, unit=" lines", desc=f"encoding {src_path.name}-{tgt_path.name}", leave=False, disable=quiet or not sys.stderr.isatty())
         try:
             for numbers, srcs, tgts, n_read, n_empty in _aligned_chunks(src_path, tgt_path):

@@ -36,7 +36,7 @@ import numpy as np
 import sentencepiece as spm
 
 from transformer_mt.config import DataConfig
-from transformer_mt.text import UNK_ID, Tokenizer
+from transformer_mt.text import Tokenizer
 
 FORMAT_VERSION = 1
 _FINGERPRINT_BYTES = 1 << 16  # head and tail hashed into the cache key
@@ -52,8 +52,8 @@ def cache_key(src_path: Path, tgt_path: Path, src_tok: Tokenizer, tgt_tok: Token
         "format": FORMAT_VERSION,
         "src": _fingerprint(src_path),
         "tgt": _fingerprint(tgt_path),
-        "src_model": hashlib.sha256(src_tok.proto).hexdigest(),
-        "tgt_model": hashlib.sha256(tgt_tok.proto).hexdigest(),
+        "src_model": src_tok.fingerprint,  # the sentencepiece model's sha256 (and its vocabulary's, when it has one)
+        "tgt_model": tgt_tok.fingerprint,
         "sentencepiece": spm.__version__,
         "max_len": cfg.max_len,
         "max_len_ratio": cfg.max_len_ratio,
@@ -138,8 +138,8 @@ def temporary_directory(directory: Path) -> Path:
 class CacheWriter:
     """Appends kept pairs, chunk by chunk, to the array files of a (temporary) cache directory."""
 
-    def __init__(self, directory: Path, dtypes: dict[str, np.dtype]):
-        self.dtypes = dtypes
+    def __init__(self, directory: Path, dtypes: dict[str, np.dtype], *, unk: dict[str, int]):
+        self.dtypes, self.unk = dtypes, unk  # per side: the dtype of its ids, its unknown-piece id
         names = ["lines"] + [f"{side}.{name}" for side in dtypes for name in ("tokens", *_INDEX_FILES)]
         self.files = {name: open(directory / name, "wb") for name in names}
         self.stats = {side: {"tokens": 0, "unk": 0, "max": 0} for side in dtypes}
@@ -154,7 +154,7 @@ class CacheWriter:
             (stats["tokens"] + np.cumsum(kept) - kept).astype(np.int64).tofile(self.files[f"{side}.offsets"])
             kept.astype(np.int32).tofile(self.files[f"{side}.lengths"])
             stats["tokens"] += flat.size
-            stats["unk"] += int(np.count_nonzero(flat == UNK_ID))
+            stats["unk"] += int(np.count_nonzero(flat == self.unk[side]))
             stats["max"] = max(stats["max"], int(kept.max(initial=0)))
 
     def sync(self) -> None:

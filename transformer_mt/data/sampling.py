@@ -34,6 +34,7 @@ class SampledSegmentation:
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"alpha={alpha} must be in (0, 1]")
         self.base, self.summary, self.num_pairs, self.line_numbers = base, base.summary, base.num_pairs, base.line_numbers
+        self.specials = base.specials
         self.alpha, self.nbest, self.seed, self.max_len = alpha, nbest, seed, max_len
         self._toks = {"src": src_tok, "tgt": tgt_tok}
         self._texts = {side: base.texts(side) for side in ("src", "tgt")}
@@ -58,7 +59,7 @@ class SampledSegmentation:
         for k, side in enumerate(("src", "tgt")):
             best = getattr(self.base, f"{side}_lengths")
             spm.set_random_generator_seed(int(np.random.SeedSequence([self.seed & 0xFFFF_FFFF, epoch & 0xFFFF_FFFF, k]).generate_state(1)[0]))
-            seqs = self._toks[side].sp.encode(self._texts[side], out_type=int, enable_sampling=True, alpha=self.alpha, nbest_size=self.nbest, num_threads=1)
+            seqs = self._toks[side].encode(self._texts[side], alpha=self.alpha, nbest=self.nbest)
             lengths = np.fromiter(map(len, seqs), np.int32, count=len(seqs))
             for i in np.flatnonzero(lengths > self.max_len).tolist():  # too long this epoch: the best one
                 seqs[i] = self.base.pair(i)[k].tolist()

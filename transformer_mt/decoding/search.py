@@ -10,16 +10,18 @@ several searches at once (threads).
 
 Conventions shared by both searches (and by :class:`Hypothesis`):
 
-- ``tokens``: the generated ids, without BOS and without EOS.
+- Special ids are the model's (``model.specials``, :class:`~transformer_mt.text.SpecialIds`): every row starts
+  from ``start`` (BOS for the models tmt trains), ``eos`` ends a hypothesis, ``pad`` pads the source.
+- ``tokens``: the generated ids, without the start id and without EOS.
 - length: the number of generated tokens *including* EOS when the hypothesis has one. A
   hypothesis that reaches the maximum length without EOS is finished as is: its length is the
   maximum length and its log-prob contains no EOS term.
 - ``logprob``: the sum of the log-probabilities of the generated tokens, EOS included.
 - ``score``: ``logprob / length_penalty(length, alpha)``, the GNMT normalisation.
-- Log-softmax runs in float32 even under bf16/fp16 autocast; PAD and BOS are never generated.
+- Log-softmax runs in float32 even under bf16/fp16 autocast; pad, the start id and BOS are never generated.
 - Maximum output length per sentence: ``floor(a * n + b)`` with ``n`` the source's non-pad
   tokens (its EOS included), at least 1, and at most ``model.max_output_length()`` (the position table's size
-  when the model has learned positions: BOS plus the first L-1 outputs occupy positions 0..L-1).
+  when the model has learned positions: the start plus the first L-1 outputs occupy positions 0..L-1).
 - Ties between equal scores go to the lower token id (lower flat beam-major index in beam
   search), so beam size 1 with ``lenpen=0`` reproduces greedy search token for token. Between finished
   hypotheses of equal score, the one that finished first (earlier step, then better rank) is kept and
@@ -46,7 +48,7 @@ from torch import Tensor
 from transformer_mt.config import Problem, beam_problem
 from transformer_mt.decoding.lengths import length_penalty, max_output_length
 from transformer_mt.errors import TmtError
-from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.text import SpecialIds
 
 
 @runtime_checkable
@@ -70,9 +72,10 @@ class SearchModel(Protocol[EncT, CacheT]):
     """What greedy and beam search need from a model (``Transformer``, ``Ensemble``), nothing more."""
 
     training: bool  # searching refuses a model in training mode (dropout on)
+    specials: SpecialIds  # the ids rows start from, end with and are padded with
 
     def encode(self, src: Tensor) -> EncT:
-        """src (B, S) token ids, PAD-padded, each row ending in EOS -> the encoder's output for the batch."""
+        """src (B, S) token ids, right-padded, each row ending in EOS -> the encoder's output for the batch."""
         ...
 
     def init_cache(self, enc: EncT) -> CacheT:
@@ -80,7 +83,7 @@ class SearchModel(Protocol[EncT, CacheT]):
         ...
 
     def decode_step(self, tokens: Tensor, cache: CacheT) -> Tensor:
-        """tokens (R,): the newest token of each cache row (BOS first) -> (R, V) logits (or log-probs) of
+        """tokens (R,): the newest token of each cache row (the start id first) -> (R, V) logits (or log-probs) of
         the next token; the cache advances by one position."""
         ...
 
@@ -93,7 +96,7 @@ class SearchModel(Protocol[EncT, CacheT]):
 class Hypothesis:
     """One finished translation of one source sentence."""
 
-    tokens: list[int]  # generated ids, without BOS and EOS
+    tokens: list[int]  # generated ids, without the start id and EOS
     score: float  # logprob / length_penalty(length, alpha); length counts EOS when present
     logprob: float  # sum of token log-probs, EOS included when present
 
@@ -110,7 +113,7 @@ def _refuse(problem: Problem | None) -> None:
 
 def _sentence_limits(model: SearchModel[Any, Any], src: Tensor, *, max_len_a: float, max_len_b: int) -> Tensor:
     """(B,) long: each sentence's longest output (its non-pad tokens), at most the model's own limit."""
-    lens = max_output_length((src != PAD_ID).sum(dim=1), max_len_a=max_len_a, max_len_b=max_len_b)
+    lens = max_output_length((src != model.specials.pad).sum(dim=1), max_len_a=max_len_a, max_len_b=max_len_b)
     limit = model.max_output_length()
     return lens if limit is None else lens.clamp(max=limit)
 
@@ -136,25 +139,25 @@ def greedy_search(model: SearchModel[Any, Any], src: Tensor, *, max_len_a: float
     (``cache.reorder`` with the rows still running). ``lenpen`` only changes the reported score.
     """
     _check_inputs(model, src)
-    batch, device = src.size(0), src.device
+    batch, device, sp = src.size(0), src.device, model.specials
     if batch == 0:
         return []
     max_lens = _sentence_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b)  # (B,)
     cache = model.init_cache(model.encode(src))
     alive = torch.arange(batch, device=device)  # (b,) original sentence of each cache row
-    tokens = torch.full((batch,), BOS_ID, dtype=torch.long, device=device)  # (b,) newest token per row
-    out = torch.full((batch, int(max_lens.max())), PAD_ID, dtype=torch.long, device=device)  # (B, L)
+    tokens = torch.full((batch,), sp.start, dtype=torch.long, device=device)  # (b,) newest token per row
+    out = torch.full((batch, int(max_lens.max())), sp.pad, dtype=torch.long, device=device)  # (B, L)
     cum = torch.zeros(batch, dtype=torch.float32, device=device)  # (B,) summed log-probs
     lengths = torch.zeros(batch, dtype=torch.long, device=device)  # (B,) generated tokens incl. EOS
     alive_max = max_lens
     for step in range(out.size(1)):
-        lprobs = _log_probs(model.decode_step(tokens, cache))  # (b, V)
+        lprobs = _log_probs(model.decode_step(tokens, cache), never=sp.never_generated)  # (b, V)
         # Rank cum + lprobs rather than lprobs alone: the same float32 sums beam search ranks,
         # so beam 1 breaks near-ties exactly as greedy does. max() returns the lowest tied id.
         best, tok = lprobs.add_(cum[alive].unsqueeze(1)).max(dim=1)  # (b,), (b,)
         out[alive, step] = tok
         cum[alive] = best
-        running = (tok != EOS_ID) & (alive_max > step + 1)  # (b,)
+        running = (tok != sp.eos) & (alive_max > step + 1)  # (b,)
         lengths[alive] = torch.where(running, lengths[alive], step + 1)
         n = int(running.sum())  # the step's one host sync: the rows still running
         if n == 0:
@@ -169,7 +172,7 @@ def greedy_search(model: SearchModel[Any, Any], src: Tensor, *, max_len_a: float
     hyps = []
     for (n, *row), (score, logprob) in zip(ids_read, torch.stack([scores, cum], dim=1).tolist()):  # ... with their scores
         ids = row[:n]
-        if ids and ids[-1] == EOS_ID:
+        if ids and ids[-1] == sp.eos:
             ids = ids[:-1]
         hyps.append(Hypothesis(tokens=ids, score=score, logprob=logprob))
     return hyps
@@ -185,7 +188,7 @@ def beam_search(
     the best ``beam`` finished ones, set aside (:class:`_Finished`, on the device). Each step:
 
     1. scores every one-token extension, cum + log p, over beam * V (only beam 0 at step 0,
-       where all beams hold the same BOS prefix), and takes the top 2 * beam;
+       where all beams hold the same start prefix), and takes the top 2 * beam;
     2. EOS extensions ranked within the top ``beam`` finish (fairseq's rule): there are at most
        ``beam`` EOS among the 2 * beam, so ``beam`` non-EOS candidates always remain to be the
        next open beams. Finished hypotheses leave the beam and never grow;
@@ -207,7 +210,7 @@ def beam_search(
     """
     _check_inputs(model, src)
     _refuse(beam_problem(beam, nbest))
-    batch, device, k = src.size(0), src.device, beam
+    batch, device, k, sp = src.size(0), src.device, beam, model.specials
     if batch == 0:
         return []
     max_lens = _sentence_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b)  # (B,)
@@ -215,27 +218,27 @@ def beam_search(
     cache.reorder(torch.arange(batch, device=device).repeat_interleave(k), group=k)  # B -> B*k rows, sentence-major
     sent = torch.arange(batch, device=device)  # (b,) original sentence of each active sentence
     cum = torch.zeros(batch, k, dtype=torch.float32, device=device)  # (b, k) log-prob of each open beam
-    tokens = torch.full((batch * k,), BOS_ID, dtype=torch.long, device=device)  # (b*k,) newest token
+    tokens = torch.full((batch * k,), sp.start, dtype=torch.long, device=device)  # (b*k,) newest token
     finished = _Finished(batch, k, device=device)
     parents: list[Tensor] = []  # per step s >= 1: (rows of step s,) the row of step s - 1 each extends
     appended: list[Tensor] = []  # per step s >= 1: (rows of step s,) the token each appended
     rank = torch.arange(2 * k, device=device)  # (2k,)
     for step in range(int(max_lens.max())):
         b = sent.numel()
-        lprobs = _log_probs(model.decode_step(tokens, cache))  # (b*k, V)
+        lprobs = _log_probs(model.decode_step(tokens, cache), never=sp.never_generated)  # (b*k, V)
         vocab = lprobs.size(1)
         if step == 0:
             _refuse(beam_problem(beam, nbest, tgt_vocab_size=vocab))
         cand = lprobs.add_(cum.view(b * k, 1)).view(b, k, vocab)  # cum + log p: (b*k, V) -> (b, k, V)
         if step == 0:
-            cand = cand[:, :1]  # (b, 1, V): the k beams are identical copies of BOS
+            cand = cand[:, :1]  # (b, 1, V): the k beams are identical copies of the start
         scores = cand.reshape(b, -1)  # (b, k*V) flat beam-major
         top = _top_candidates(scores, 2 * k)
-        ext = _extend(top, finished, sent=sent, max_lens=max_lens, k=k, vocab=vocab, step=step, lenpen=lenpen, rank=rank)
+        ext = _extend(top, finished, sent=sent, max_lens=max_lens, k=k, vocab=vocab, step=step, lenpen=lenpen, rank=rank, eos=sp.eos)
         n_keep, n_tied = torch.stack([ext.keep.sum(), top.tied.sum()]).tolist()  # the step's one host sync
         if n_tied:  # rare: the cut-off of the top 2k fell among equal scores; settle it by index and redo the step
             top = _top_candidates(scores, 2 * k, n_tied=n_tied)
-            ext = _extend(top, finished, sent=sent, max_lens=max_lens, k=k, vocab=vocab, step=step, lenpen=lenpen, rank=rank)
+            ext = _extend(top, finished, sent=sent, max_lens=max_lens, k=k, vocab=vocab, step=step, lenpen=lenpen, rank=rank, eos=sp.eos)
             n_keep = int(ext.keep.sum())
         finished.store(sent, ext.merged)
         if n_keep == 0:
@@ -270,12 +273,14 @@ class _Extension(NamedTuple):
     keep: Tensor  # (b,) bool: sentences still searching
 
 
-def _extend(top: _Top, finished: _Finished, *, sent: Tensor, max_lens: Tensor, k: int, vocab: int, step: int, lenpen: float, rank: Tensor) -> _Extension:
+def _extend(
+    top: _Top, finished: _Finished, *, sent: Tensor, max_lens: Tensor, k: int, vocab: int, step: int, lenpen: float, rank: Tensor, eos: int
+) -> _Extension:
     """Steps 2-4 of :func:`beam_search` on the device: next open beams, newly finished hypotheses merged
     into the kept ones, and which sentences go on. Pure: nothing is changed, so a step can be redone."""
     b, length = sent.numel(), step + 1  # length of every hypothesis extended at this step
     top_beam, top_tok = top.flat // vocab, top.flat % vocab  # (b, 2k) source beam, new token
-    is_eos = top_tok == EOS_ID  # (b, 2k)
+    is_eos = top_tok == eos  # (b, 2k)
     # Open continuations: the first k non-EOS candidates, in rank order.
     open_pos = (is_eos.long() * 2 * k + rank).argsort(dim=1)[:, :k]  # (b, k), keys distinct
     new_beam, new_tok = top_beam.gather(1, open_pos), top_tok.gather(1, open_pos)  # (b, k)
@@ -348,7 +353,7 @@ class _Finished:
         parent, tok = history[: len(sizes)], history[len(sizes) :]
         # Walk every hypothesis back from its step to step 1: at step t its row appended tok[t - 1][row].
         longest = int(step.max(initial=0))
-        ids = np.full((n, longest), PAD_ID, dtype=np.int64)
+        ids = np.zeros((n, longest), dtype=np.int64)  # every entry read below is written first
         cur = row.copy()
         for t in range(longest, 0, -1):
             live = step >= t
@@ -391,12 +396,12 @@ def _top_candidates(scores: Tensor, n: int, *, n_tied: int = 0) -> _Top:
     return _Top(values, indices.gather(1, order), tied)
 
 
-def _log_probs(logits: Tensor) -> Tensor:
-    """Float32 log-softmax of (rows, V) logits, with PAD and BOS made impossible to generate."""
+def _log_probs(logits: Tensor, *, never: tuple[int, ...]) -> Tensor:
+    """Float32 log-softmax of (rows, V) logits, with the ids ``never`` (pad, start, BOS) made impossible to generate."""
     with torch.autocast(device_type=logits.device.type, enabled=False):  # autocast must not lower it
         lprobs = torch.log_softmax(logits.float(), dim=-1)  # (rows, V) float32
-    lprobs[:, PAD_ID] = -math.inf  # the probability mass stays in the sum: no renormalisation
-    lprobs[:, BOS_ID] = -math.inf
+    for i in never:
+        lprobs[:, i] = -math.inf  # the probability mass stays in the sum: no renormalisation
     return lprobs
 
 

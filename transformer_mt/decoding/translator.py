@@ -27,14 +27,14 @@ from typing import NamedTuple, TextIO, overload
 import torch
 
 from transformer_mt import runtime
-from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, model_weights, unpack_tokenizers
+from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, model_weights, tokenizers_from_checkpoint, unpack_tokenizers, unpack_vocabularies
 from transformer_mt.config import Config, beam_problem, length_problem, lenpen_problem
 from transformer_mt.data import source_tensor
 from transformer_mt.decoding.lengths import positions_needed
 from transformer_mt.decoding.search import Hypothesis, SearchError, search
 from transformer_mt.errors import TmtError
 from transformer_mt.model import Ensemble, Transformer
-from transformer_mt.text import Tokenizer
+from transformer_mt.text import SpecialIds, Tokenizer
 
 
 class TranslateError(TmtError, ValueError):
@@ -54,19 +54,27 @@ class CheckpointModel(NamedTuple):
 def model_from_checkpoint(path: str | os.PathLike, *, weights: str | None = None, tokenizers_of: CheckpointModel | None = None) -> CheckpointModel:
     """Rebuild a checkpoint's model with ``weights`` "ema", "raw" or None (its EMA weights when it has them,
     what `tmt translate` decodes with; checkpoint.model_weights). With ``tokenizers_of`` (an ensemble's first
-    member), the checkpoint must hold the same sentencepiece models, checked before the model is built, and
-    shares that member's tokenizers."""
+    member), the checkpoint must hold the same tokenizers, checked before the model is built, and shares that
+    member's."""
     state = load_checkpoint(path)
     cfg = config_from_checkpoint(state, source=str(path))
-    protos = unpack_tokenizers(state, source=str(path))
     if tokenizers_of is None:
-        src_tok, tgt_tok = _tokenizer(protos[0], "src", path), _tokenizer(protos[1], "tgt", path)
-    elif protos == (tokenizers_of.src_tok.proto, tokenizers_of.tgt_tok.proto):
-        src_tok, tgt_tok = tokenizers_of.src_tok, tokenizers_of.tgt_tok
+        src_tok, tgt_tok = tokenizers_from_checkpoint(state, cfg, source=str(path))
     else:
-        raise TranslateError(
-            f"{path}: its sentencepiece models differ from those of {tokenizers_of.source}; an ensemble needs checkpoints trained with the same tokenizer"
-        )
+        src_tok, tgt_tok = tokenizers_of.src_tok, tokenizers_of.tgt_tok
+        differ = [
+            what
+            for what, mine, theirs in (
+                ("sentencepiece models", unpack_tokenizers(state, source=str(path)), (src_tok.proto, tgt_tok.proto)),
+                ("vocabularies", unpack_vocabularies(state, source=str(path)), (src_tok.vocab, tgt_tok.vocab)),
+                ("special ids (model.*_id)", SpecialIds.of(cfg.model), tokenizers_of.model.specials),
+            )
+            if mine != theirs
+        ]
+        if differ:
+            raise TranslateError(
+                f"{path}: its {differ[0]} differ from those of {tokenizers_of.source}; an ensemble needs checkpoints trained with the same tokenizer"
+            )
     weights_dict = model_weights(state, weights=weights, source=str(path))
     model = Transformer(cfg.model, src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size)
     try:
@@ -77,14 +85,6 @@ def model_from_checkpoint(path: str | os.PathLike, *, weights: str | None = None
             f"{path}: the weights do not fit its config ({first.rstrip('.')}); the checkpoint was damaged or edited, use one written by `tmt train`"
         ) from None
     return CheckpointModel(model, cfg, src_tok, tgt_tok, str(path))
-
-
-def _tokenizer(proto: bytes, side: str, path: str | os.PathLike) -> Tokenizer:
-    """A checkpoint's sentencepiece model, or a one-line error naming the checkpoint when its bytes do not parse."""
-    try:
-        return Tokenizer(proto)
-    except RuntimeError:  # sentencepiece: "INTERNAL: ... ParseFromArray ..."
-        raise TranslateError(f"{path}: its sentencepiece model {side!r} is corrupt (it does not parse); use another checkpoint of the run") from None
 
 
 def translate_ids(
@@ -117,7 +117,7 @@ def translate_ids(
     try:
         with torch.inference_mode(), runtime.autocast(device, dtype):
             for chunk in _token_batches(order, src_ids, batch_tokens):
-                src = source_tensor([src_ids[i] for i in chunk])  # (B, S): pieces + EOS, PAD-padded
+                src = source_tensor([src_ids[i] for i in chunk], specials=model.specials)  # (B, S): pieces + EOS, right-padded
                 hyps = search(model, src.to(device), beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, nbest=nbest)
                 for i, nbest_list in zip(chunk, hyps):
                     results[i] = nbest_list

@@ -17,9 +17,9 @@ result token for token against tmt's own search):
 - The FFN activation maps by name: relu to RELU, gelu (torch's exact erf GELU) to GELU, swish (SiLU) to SWISH.
 - ``output_proj`` is the decoder's ``projection``; when it is tied to the embedding, CTranslate2's
   optimiser stores the one array once (it aliases equal variables). ``model.output_bias`` is its bias.
-- Vocabularies are the sentencepiece pieces in id order, so a CTranslate2 id is the tmt id; the
-  config's unk / bos / eos tokens are the pieces at UNK_ID / BOS_ID / EOS_ID; ``decoder_start_token``
-  is the BOS piece (tmt's decoder input starts with BOS); ``add_source_eos`` appends EOS to the source
+- Vocabularies are the pieces in id order (the tokenizer's), so a CTranslate2 id is the tmt id; the
+  config's unk / bos / eos tokens are the pieces at the model's special ids; ``decoder_start_token``
+  is the piece the decoder starts from (BOS for tmt's own models); ``add_source_eos`` appends EOS to the source
   (tmt's source is pieces + EOS); decoding stops at EOS. A joint vocabulary is saved once.
 - LayerNorm epsilon is torch's 1e-5, written into the config.
 - ``model.norm: scale`` (ScaleNorm + FixNorm): CTranslate2 has no ScaleNorm but has RMSNorm (``rms_norm``), and
@@ -51,7 +51,7 @@ from transformer_mt.config import Config
 from transformer_mt.decoding import model_from_checkpoint, positions_needed
 from transformer_mt.export import ExportError
 from transformer_mt.model import MultiHeadAttention, ScaleNorm, Transformer, sinusoids
-from transformer_mt.text import BOS_ID, EOS_ID, UNK_ID, Tokenizer
+from transformer_mt.text import NO_ID, Tokenizer
 
 INSTALL_HINT = 'ctranslate2 is not installed; run: pip install -e ".[export]"'
 # Which sentencepiece model(s) go into the directory, for tokenizing before and detokenizing after.
@@ -199,16 +199,18 @@ def build_spec(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, *, co
 
     spec.register_source_vocabulary(_pieces(src_tok))
     spec.register_target_vocabulary(_pieces(tgt_tok))
-    piece = tgt_tok.sp.id_to_piece
-    spec.config.unk_token, spec.config.bos_token, spec.config.eos_token = piece(UNK_ID), piece(BOS_ID), piece(EOS_ID)
-    spec.config.decoder_start_token = piece(BOS_ID)  # tmt's decoder input is BOS + target (data.collate)
+    piece, ids = tgt_tok.id_to_piece, model.specials
+    spec.config.unk_token, spec.config.eos_token = piece(ids.unk), piece(ids.eos)
+    if ids.bos != NO_ID:
+        spec.config.bos_token = piece(ids.bos)
+    spec.config.decoder_start_token = piece(ids.start)  # tmt's decoder input is start + target (data.collate)
     spec.config.add_source_eos = True  # tmt's source is pieces + EOS (data.source_tensor)
     spec.config.add_source_bos = False
     # torch.nn.LayerNorm's default, which tmt trains with; RMSNorm standing for ScaleNorm: next to nothing (module docstring)
     spec.config.layer_norm_epsilon = 1e-12 if cfg.norm == "scale" else 1e-5
-    if src_tok.sp.id_to_piece(EOS_ID) != piece(EOS_ID):
+    if src_tok.id_to_piece(ids.eos) != piece(ids.eos):
         raise ExportError(
-            f"source EOS piece {src_tok.sp.id_to_piece(EOS_ID)!r} differs from target EOS piece {piece(EOS_ID)!r}; "
+            f"source EOS piece {src_tok.id_to_piece(ids.eos)!r} differs from target EOS piece {piece(ids.eos)!r}; "
             "CTranslate2 has one eos_token for both: retrain the tokenizers with `tmt tokenize train`"
         )
     return spec
@@ -279,7 +281,7 @@ def _np(tensor: torch.Tensor) -> np.ndarray:
 
 
 def _pieces(tok: Tokenizer) -> list[str]:
-    return [tok.sp.id_to_piece(i) for i in range(tok.vocab_size)]
+    return tok.pieces()
 
 
 def describe(cfg: Config, *, checkpoint: str, quantization: str | None, joint: bool) -> dict:

@@ -5,7 +5,7 @@ size per head, Dv value size per head.
 
 Mask convention (one for the whole model):
   * padding masks (``src_pad``, ``tgt_pad``) are bool, **True = padding position**; they are what
-    callers see (``EncoderOut.src_pad``, ``DecoderCache.src_pad``), built from ``PAD_ID``.
+    callers see (``EncoderOut.src_pad``, ``DecoderCache.src_pad``), built from the model's pad id.
   * attention masks (``allowed``) are bool, **True = this query may attend to this key**, the convention
     of ``F.scaled_dot_product_attention``; they broadcast as (B, 1, 1, S) for key padding or
     (B, 1, T, T) for causal + key padding, and are built only by :func:`allowed_mask` from padding masks.
@@ -13,7 +13,7 @@ Mask convention (one for the whole model):
     NaN values leak through later layers even under zero weights): such a row may attend everywhere.
   * no mask at all where none is needed, so that SDPA may pick its fastest kernel (flash attention takes
     ``is_causal`` but no explicit mask on GPUs): the teacher-forced decoder's self-attention is causal
-    only (``is_causal=True``): ``tgt_in`` is right-padded (BOS + target, ``data.collate``), so a real
+    only (``is_causal=True``): ``tgt_in`` is right-padded (start + target, ``data.collate``), so a real
     position's past holds no padding, and padded positions, whose outputs nothing reads, may see padding;
     a source without padding (``encode(src, padded=False)``, stated by a caller that knows it from the
     collated lengths) gets no key mask. Both give the masked path's numbers bit for bit on CPU (tests).

@@ -135,17 +135,19 @@ class TeacherForcedLoss(nn.Module):
         self.label_smoothing = label_smoothing
 
     def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, labels: Tensor | None = None, *, src_padded: bool = True) -> tuple[Tensor, Tensor, int]:
-        """src (B, S), tgt_in (B, T) = BOS + y, tgt_out (B, T) = y + EOS, all right-padded with PAD -> the sums of
+        """src (B, S), tgt_in (B, T) = start + y, tgt_out (B, T) = y + EOS, all right-padded -> the sums of
         :func:`label_smoothed_nll_loss` over the non-pad labels: loss_sum, nll_sum (float32 scalars), ntokens.
         ``labels`` (N,): flat positions of the non-pad labels in (B, T) (``Batch.labels``; None: found here,
         a host sync); ``src_padded`` False: no source row has padding (``Batch.src_padded``)."""
         enc = self.model.encode(src, padded=src_padded)
         h = self.model.decoder_output(tgt_in, enc)  # (B, T, D)
         if labels is None:
-            labels = tgt_out.reshape(-1).ne(PAD_ID).nonzero().squeeze(1)  # (N,)
+            labels = tgt_out.reshape(-1).ne(self.model.specials.pad).nonzero().squeeze(1)  # (N,)
         h = h.reshape(-1, h.size(-1)).index_select(0, labels)  # (B*T, D) -> (N, D): only positions with a label
         # output_weight(): (V, D), or (K, D) with model.restrict_output (targets then remapped, smoothing over the K kept pieces)
         target = self.model.output_targets(tgt_out.reshape(-1).index_select(0, labels))  # (N,)
         model = self.model
-        loss, nll = projected_label_smoothed_sums(h, model.output_weight(), target, epsilon=self.label_smoothing, bias=model.output_bias())
+        # ignore_index -1: the labels were selected above, so no target is padding (and an id such as MarianMT's EOS 0
+        # must not be taken for it)
+        loss, nll = projected_label_smoothed_sums(h, model.output_weight(), target, epsilon=self.label_smoothing, bias=model.output_bias(), ignore_index=-1)
         return loss, nll, labels.numel()

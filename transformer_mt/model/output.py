@@ -2,8 +2,7 @@
 with unit-length rows, and optionally restricted to the pieces the training data can produce.
 
 Restriction (``model.restrict_output``): the logits of the pieces in the ``output_ids`` buffer only (the
-target side of the training data plus PAD, UNK, BOS and EOS, ids ascending, so the four special ids keep
-their index; set by :meth:`OutputLayer.restrict_output_to`, saved in the state dict). The training loss
+target side of the training data plus the special ids, ascending; set by :meth:`OutputLayer.restrict_output_to`, saved in the state dict). The training loss
 (``TeacherForcedLoss``) works in the K kept pieces (:meth:`OutputLayer.output_weight`,
 :meth:`OutputLayer.output_targets`); every entry point that returns logits (``decode``, ``decode_step``,
 ``attention``) returns them over the full vocabulary with -inf at the pieces that are not kept, so search,
@@ -21,7 +20,7 @@ from torch import Tensor, nn
 
 from transformer_mt.config import ModelConfig
 from transformer_mt.model.norms import fixnorm
-from transformer_mt.text import EOS_ID, UNK_ID
+from transformer_mt.text import SpecialIds
 
 
 class OutputLayer(nn.Module):
@@ -38,6 +37,7 @@ class OutputLayer(nn.Module):
     """
 
     output_proj: nn.Linear
+    specials: SpecialIds
     tgt_vocab_size: int
     output_ids: Tensor | None
     output_index: Tensor | None
@@ -51,11 +51,10 @@ class OutputLayer(nn.Module):
 
     def restrict_output_to(self, ids: Tensor) -> None:
         """Score only the target pieces ``ids`` (any order, repeats allowed; e.g. every target id of the training
-        data) and PAD, UNK, BOS, EOS, which are always kept (with ids ascending they keep their index, so the loss's
-        ignore_index PAD and search's PAD/BOS masking need no mapping). Needs ``model.restrict_output``."""
+        data) and the special ids, which are always kept. Needs ``model.restrict_output``."""
         if self.output_ids is None:
             raise ValueError("restrict_output_to() needs a model built with model.restrict_output: true")
-        specials = torch.arange(EOS_ID + 1)  # PAD, UNK, BOS, EOS = 0..3
+        specials = torch.tensor(self.specials.kept_ids, dtype=torch.long)
         kept = torch.unique(torch.cat([specials, ids.detach().long().flatten().cpu()]))  # (K,) ascending
         if kept[-1] >= self.tgt_vocab_size:
             raise ValueError(f"target id {int(kept[-1])} is outside the target vocabulary of {self.tgt_vocab_size}")
@@ -64,7 +63,8 @@ class OutputLayer(nn.Module):
 
     def _index_outputs(self) -> None:
         assert self.output_ids is not None
-        index = torch.full((self.tgt_vocab_size,), UNK_ID, dtype=torch.long, device=self.output_ids.device)  # (V,)
+        unk = torch.searchsorted(self.output_ids, self.specials.unk)  # UNK's kept index: what a piece not kept maps to
+        index = unk.expand(self.tgt_vocab_size).clone()  # (V,)
         self.output_index = index.index_copy_(0, self.output_ids, torch.arange(self.output_ids.numel(), device=index.device))
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:  # torch's hook signature

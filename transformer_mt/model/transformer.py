@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from transformer_mt.config import ConfigError, ModelConfig
+from transformer_mt.config import ConfigError, ModelConfig, specials_problem
 from transformer_mt.model.attention import MultiHeadAttention, allowed_mask
 from transformer_mt.model.cache import DecoderCache
 from transformer_mt.model.kernels import dropout
@@ -34,7 +34,7 @@ from transformer_mt.model.layers import DecoderLayer, EncoderLayer, TypedModuleL
 from transformer_mt.model.norms import ScaleNorm, fixnorm, is_pre_norm, norm_layer
 from transformer_mt.model.output import OutputLayer
 from transformer_mt.model.positions import PositionTable
-from transformer_mt.text import PAD_ID
+from transformer_mt.text import SpecialIds
 
 
 class EncoderOut(NamedTuple):
@@ -73,6 +73,9 @@ def _check(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
             f"model.d_model={cfg.d_model} is not divisible by model.heads={cfg.heads}; "
             "choose d_model as a multiple of heads or set model.head_dim and model.value_dim"
         )
+    problem = specials_problem(cfg, min(src_vocab_size, tgt_vocab_size))
+    if problem:
+        raise ConfigError(str(problem))
     if cfg.share_all_embeddings and src_vocab_size != tgt_vocab_size:
         raise ConfigError(
             f"model.share_all_embeddings needs one vocabulary, but src_vocab_size={src_vocab_size} != tgt_vocab_size={tgt_vocab_size}; "
@@ -81,20 +84,22 @@ def _check(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
 
 
 class Transformer(PositionTable, OutputLayer):
-    """Encoder-decoder Transformer (section 3). Token ids are padded with ``PAD_ID``; masks follow
-    :mod:`~transformer_mt.model.attention` (padding masks True = pad; attention masks True = attend)."""
+    """Encoder-decoder Transformer (section 3). Token ids are padded with ``specials.pad`` (the ``model.*_id`` keys);
+    masks follow :mod:`~transformer_mt.model.attention` (padding masks True = pad; attention masks True = attend)."""
 
     def __init__(self, cfg: ModelConfig, *, src_vocab_size: int, tgt_vocab_size: int):
         super().__init__()
         _check(cfg, src_vocab_size, tgt_vocab_size)
         d = cfg.d_model
         self.cfg = cfg
+        self.specials = SpecialIds.of(cfg)
+        pad = self.specials.pad
         self.embed_scale = math.sqrt(d)  # section 3.4: embeddings multiplied by sqrt(d_model)
         self.dropout = cfg.dropout
-        self.src_embed = nn.Embedding(src_vocab_size, d, padding_idx=PAD_ID)
+        self.src_embed = nn.Embedding(src_vocab_size, d, padding_idx=pad)
         # Section 3.4: one matrix for both embeddings and the pre-softmax layer (joint vocabulary); with
         # separate vocabularies only the target embedding and the output layer can share.
-        self.tgt_embed = self.src_embed if cfg.share_all_embeddings else nn.Embedding(tgt_vocab_size, d, padding_idx=PAD_ID)
+        self.tgt_embed = self.src_embed if cfg.share_all_embeddings else nn.Embedding(tgt_vocab_size, d, padding_idx=pad)
         # model.output_bias: a (V,) bias on the logits (MarianMT's final_logits_bias), its own even when the weight is tied
         self.output_proj = nn.Linear(d, tgt_vocab_size, bias=cfg.output_bias)
         if cfg.share_all_embeddings or cfg.share_decoder_embeddings:
@@ -150,7 +155,7 @@ class Transformer(PositionTable, OutputLayer):
         return dropout(x, self.dropout, self.training)  # section 5.4: dropout on embeddings + positions
 
     def encode(self, src: Tensor, *, padded: bool = True) -> EncoderOut:
-        """src (B, S) ids padded with PAD_ID -> EncoderOut(memory (B, S, D), src_pad (B, S) True = pad, allowed).
+        """src (B, S) ids padded with the pad id -> EncoderOut(memory (B, S, D), src_pad (B, S) True = pad, allowed).
 
         ``padded=False`` states that no row of ``src`` holds padding (the trainer knows it from the collated
         lengths, without asking the device): attention over the source then runs without a key mask."""
@@ -158,7 +163,7 @@ class Transformer(PositionTable, OutputLayer):
 
     def _encode(self, src: Tensor, *, padded: bool = True, need_weights: bool = False) -> tuple[EncoderOut, list]:
         """:meth:`encode`, plus each encoder layer's self-attention weights (B, H, S, S) if asked (else Nones)."""
-        src_pad = src.eq(PAD_ID)
+        src_pad = src.eq(self.specials.pad)
         allowed = allowed_mask(src_pad) if padded else None  # (B, 1, 1, S)
         x = self._embed(self.src_embed, src)
         weights = []
@@ -170,7 +175,7 @@ class Transformer(PositionTable, OutputLayer):
         return EncoderOut(x, src_pad, allowed), weights
 
     def decode(self, tgt_in: Tensor, enc: EncoderOut, *, keep: Tensor | None = None) -> Tensor:
-        """Teacher forcing: tgt_in (B, T) = BOS + target, right-padded with PAD_ID -> logits (B, T, V_tgt).
+        """Teacher forcing: tgt_in (B, T) = start + target, right-padded with the pad id -> logits (B, T, V_tgt).
 
         A real position t sees target positions <= t (causal; right padding puts no pad among them) and
         non-pad source positions; the logits at padded positions are of no use (they may see padding).
@@ -200,7 +205,7 @@ class Transformer(PositionTable, OutputLayer):
 
         Self-attention is causal only (SDPA's ``is_causal``, no mask tensor; see :mod:`~transformer_mt.model.attention`) unless the
         weights are asked for: those are exactly 0 on padding keys too, so they get the full mask."""
-        self_allowed = allowed_mask(tgt_in.eq(PAD_ID), causal=True) if need_weights else None  # (B, 1, T, T)
+        self_allowed = allowed_mask(self._target_padding(tgt_in), causal=True) if need_weights else None  # (B, 1, T, T)
         x = self._embed(self.tgt_embed, tgt_in)
         weights = []
         for layer in self.decoder:
@@ -210,6 +215,13 @@ class Transformer(PositionTable, OutputLayer):
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         return x, weights
+
+    def _target_padding(self, tgt_in: Tensor) -> Tensor:
+        """(B, T) bool, True at the padding of a decoder input. Position 0 holds the start id, never padding, even
+        where the start is the pad id (MarianMT's decoder starts from it)."""
+        pad = tgt_in.eq(self.specials.pad)
+        pad[:, 0] = False
+        return pad
 
     def decoder_output(self, tgt_in: Tensor, enc: EncoderOut) -> Tensor:
         """Teacher forcing up to the vocabulary projection: tgt_in (B, T) -> the top decoder states (B, T, D)
@@ -230,7 +242,7 @@ class Transformer(PositionTable, OutputLayer):
         return DecoderCache(torch.stack(ks), torch.stack(vs), enc.src_pad, enc.allowed)  # (L, B, H, S, Dk|Dv)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
-        """tokens (B,): the newest token of each row (BOS first), at position ``cache.length``
+        """tokens (B,): the newest token of each row (the start id first), at position ``cache.length``
         -> logits (B, V_tgt) for the next token. Only the new position is computed; its self-attention
         K/V are appended to ``cache``, which then advances by one."""
         x = self._embed(self.tgt_embed, tokens[:, None], start=cache.length)  # (B,) -> (B, 1, D)

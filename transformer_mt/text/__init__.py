@@ -1,5 +1,6 @@
 """Reading and writing text, the tokenizers and the special ids."""
 
+from transformer_mt.text.specials import BOS_ID, DEFAULT, EOS_ID, NO_ID, PAD_ID, UNK_ID, SpecialIds
 from transformer_mt.text.textio import (
     MAX_LINE_BYTES,
     READ_BYTES,
@@ -12,14 +13,17 @@ from transformer_mt.text.textio import (
     safe_output,
     stdin_chunks,
 )
-from transformer_mt.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, TokenizerError, decode_stream, encode_stream, train_sentencepiece
+from transformer_mt.text.tokenizer import Tokenizer, TokenizerError, decode_stream, encode_stream, train_sentencepiece
 
 __all__ = [
     "BOS_ID",
+    "DEFAULT",
     "EOS_ID",
     "MAX_LINE_BYTES",
+    "NO_ID",
     "PAD_ID",
     "READ_BYTES",
+    "SpecialIds",
     "TextError",
     "Tokenizer",
     "TokenizerError",

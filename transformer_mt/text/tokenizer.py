@@ -1,28 +1,32 @@
-"""Sentencepiece training, encoding and decoding, and the toolkit's fixed special ids.
+"""Sentencepiece training, encoding and decoding.
 
-The special ids are the same in every model this toolkit trains, set explicitly when the
-sentencepiece model is trained (sentencepiece's own defaults disable padding):
+The models tmt trains have the same special ids, set explicitly when the sentencepiece model is
+trained (sentencepiece's own defaults disable padding):
 
     PAD_ID = 0   "<pad>"  fills batches; masked out of attention and the loss
     UNK_ID = 1   "<unk>"  characters outside the vocabulary
     BOS_ID = 2   "<s>"    first decoder input (teacher forcing shifts the target right by it)
     EOS_ID = 3   "</s>"   ends every target sequence and every source sequence
+
+An imported model brings its own ids and a vocabulary file (:class:`Tokenizer` with ``vocab``);
+:mod:`~transformer_mt.text.specials` holds the ids each model uses.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 import sentencepiece as spm
 
 from transformer_mt.errors import TmtError
+from transformer_mt.text.specials import BOS_ID, DEFAULT, EOS_ID, PAD_ID, UNK_ID, SpecialIds
 from transformer_mt.text.textio import TextError, iter_file
 
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
 
 
@@ -119,37 +123,93 @@ class _ReadErrorKept:
 
 
 class Tokenizer:
-    """One sentencepiece model, with the toolkit's special ids checked on load."""
+    """One sentencepiece model, and the ids of its pieces.
 
-    def __init__(self, model: str | os.PathLike | bytes):
+    Without ``vocab`` the ids are sentencepiece's own, and its special ids must be ``specials``' (tmt trains
+    its models with :data:`~transformer_mt.text.specials.DEFAULT`). With ``vocab`` (the piece of each id, as
+    MarianMT's vocab.json lists them) sentencepiece only segments: each piece's id is its index in ``vocab``,
+    a piece not in it gets ``specials.unk``, and a leading language tag such as ``>>fra<<`` is one piece, as
+    ``transformers.MarianTokenizer`` encodes it.
+    """
+
+    def __init__(self, model: str | os.PathLike | bytes, *, vocab: Sequence[str] | None = None, specials: SpecialIds | None = None):
         self.proto = model if isinstance(model, bytes) else _read_model(model)
         self.sp = spm.SentencePieceProcessor(model_proto=self.proto)
-        ids = (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id())
-        if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
-            where = model if not isinstance(model, bytes) else "sentencepiece model"
-            raise TokenizerError(
-                f"{where}: special ids (pad, unk, bos, eos) are {ids}, expected {(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; "
-                "train it with `tmt tokenize train` so the ids match"
-            )
+        self.specials = specials or DEFAULT
+        self.vocab = None if vocab is None else list(vocab)
+        where = model if not isinstance(model, bytes) else "sentencepiece model"
+        if self.vocab is None:
+            ids = (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id())
+            want = (self.specials.pad, self.specials.unk, self.specials.bos, self.specials.eos)
+            if ids != want:
+                raise TokenizerError(
+                    f"{where}: special ids (pad, unk, bos, eos) are {ids}, expected {want}; train it with `tmt tokenize train` so the ids match"
+                )
+            self._index: dict[str, int] = {}
+        else:
+            self._index = {piece: i for i, piece in enumerate(self.vocab)}
+            if len(self._index) != len(self.vocab):
+                raise TokenizerError(f"{where}: its vocabulary lists a piece twice; give a vocabulary with one id per piece")
+            bad = [i for i in self.specials.kept_ids if i >= len(self.vocab)]
+            if bad:
+                raise TokenizerError(f"{where}: special id {bad[0]} is outside its vocabulary of {len(self.vocab)} pieces; check the model.*_id keys")
 
     @property
     def vocab_size(self) -> int:
-        return self.sp.get_piece_size()
+        return self.sp.get_piece_size() if self.vocab is None else len(self.vocab)
 
-    def encode(self, lines: list[str]) -> list[list[int]]:
-        """Ids without BOS/EOS; the data and search code add them where they belong."""
-        return self.sp.encode(lines, out_type=int)
+    @property
+    def fingerprint(self) -> str:
+        """sha256 of what decides the ids: the sentencepiece model, and the vocabulary when there is one."""
+        digest = hashlib.sha256(self.proto)
+        if self.vocab is not None:
+            digest.update(b"\0vocab\0" + "\n".join(self.vocab).encode("utf-8"))
+        return digest.hexdigest()
 
-    def encode_pieces(self, lines: list[str]) -> list[list[str]]:
-        return self.sp.encode(lines, out_type=str)
+    def __eq__(self, other: object) -> bool:
+        """Two tokenizers are equal when they give every text the same ids."""
+        return isinstance(other, Tokenizer) and (self.proto, self.vocab, self.specials) == (other.proto, other.vocab, other.specials)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable fields: equal tokenizers need not hash alike
+
+    def id_to_piece(self, i: int) -> str:
+        return self.sp.id_to_piece(i) if self.vocab is None else self.vocab[i]
+
+    def pieces(self) -> list[str]:
+        """The piece of every id, in id order."""
+        return [self.sp.id_to_piece(i) for i in range(self.vocab_size)] if self.vocab is None else list(self.vocab)
+
+    def encode(self, lines: list[str], *, alpha: float = 0.0, nbest: int = -1) -> list[list[int]]:
+        """Ids without BOS/EOS; the data and search code add them where they belong. ``alpha`` > 0 samples a
+        segmentation (subword regularisation: unigram smoothing, or the BPE-dropout rate) among ``nbest``."""
+        sample: dict[str, Any] = {"enable_sampling": True, "alpha": alpha, "nbest_size": nbest, "num_threads": 1} if alpha > 0 else {}
+        if self.vocab is None:
+            return self.sp.encode(lines, out_type=int, **sample)
+        unk, index = self.specials.unk, self._index
+        return [[index.get(piece, unk) for piece in seq] for seq in self.encode_pieces(lines, **sample)]
+
+    def encode_pieces(self, lines: list[str], **sample: Any) -> list[list[str]]:
+        if self.vocab is None:
+            return self.sp.encode(lines, out_type=str, **sample)
+        tags, texts = zip(*map(_split_language_tag, lines)) if lines else ((), ())
+        return [tag + pieces for tag, pieces in zip(tags, self.sp.encode(list(texts), out_type=str, **sample))]
 
     def decode(self, ids: list[list[int]]) -> list[str]:
-        """Detokenized text; PAD/BOS/EOS are dropped."""
-        specials = (PAD_ID, BOS_ID, EOS_ID)
-        return self.sp.decode([[i for i in seq if i not in specials] for seq in ids])
+        """Detokenized text; padding, BOS, EOS and the decoder's start are dropped."""
+        drop = self.specials.not_text
+        if self.vocab is None:
+            return self.sp.decode([[i for i in seq if i not in drop] for seq in ids])
+        return self.sp.decode_pieces([[self.vocab[i] for i in seq if i not in drop] for seq in ids])
 
     def decode_pieces(self, pieces: list[list[str]]) -> list[str]:
-        return self.sp.decode(pieces)
+        return self.sp.decode_pieces(pieces)
+
+
+def _split_language_tag(line: str) -> tuple[list[str], str]:
+    """MarianTokenizer's language tag: a line opening with a target-language token such as >>fra<< (up to the first
+    "<<") has it as one piece, and sentencepiece segments the rest (tokenization_marian.remove_language_code)."""
+    end = line.find("<<") if line.startswith(">>") else -1
+    return ([line[: end + 2]], line[end + 2 :]) if end != -1 else ([], line)
 
 
 def _read_model(path: str | os.PathLike) -> bytes:

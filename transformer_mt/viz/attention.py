@@ -103,7 +103,7 @@ def _pick(w: torch.Tensor, layers: list[int] | None, heads: list[int] | None) ->
 def batch_attention(model, src_ids: list[list[int]], tgt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Teacher-forced weights of a padded batch (ids without BOS/EOS): encoder (B, L, H, S, S), decoder
     (B, L, H, T, T), cross (B, L, H, T, S), and the batch's src (B, S) and tgt_in (B, T)."""
-    batch = collate(list(zip(src_ids, tgt_ids)))
+    batch = collate(list(zip(src_ids, tgt_ids)), specials=model.specials)
     device = next(model.parameters()).device
     model.reserve_positions(max(batch.src.size(1), batch.tgt_in.size(1)))
     was_training = model.training
@@ -143,7 +143,7 @@ def sentence_maps(translator, source: str, *, reference: str | None = None, beam
         )
         tgt_ids = hyp[0][0].tokens
     enc, dec, cross, _, _ = batch_attention(translator.model, [src_ids], [tgt_ids])
-    piece = lambda tok, ids: [tok.sp.id_to_piece(i) for i in ids]  # noqa: E731
+    piece = lambda tok, ids: [tok.id_to_piece(i) for i in ids]  # noqa: E731
     return AttentionMaps(
         source=source,
         target=reference if reference is not None else tgt_tok.decode([tgt_ids])[0],

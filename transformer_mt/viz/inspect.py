@@ -25,7 +25,7 @@ from torch import nn
 from transformer_mt.config import Config, ModelConfig
 from transformer_mt.model import MultiHeadAttention, Transformer
 from transformer_mt.runtime import flops
-from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID
+from transformer_mt.text import DEFAULT, SpecialIds
 
 # Table 3 of the paper (PAPER.md): sizes and parameter counts (37k shared BPE vocabulary);
 # Table 2: training cost, estimated there as GPU time x sustained GPU speed, not counted.
@@ -177,13 +177,15 @@ def render_tree(root: Node, *, full_layers: int = 1) -> list[str]:
     return out
 
 
-def example_batch(src_len: int, tgt_len: int, *, vocab: int, device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
+def example_batch(src_len: int, tgt_len: int, *, vocab: int, device: torch.device | str, specials: SpecialIds = DEFAULT) -> tuple[torch.Tensor, torch.Tensor]:
     """Two sentences: the first fills (S, T), the second is shorter, so the masks hold padding. src (2, S), tgt_in (2, T)."""
     gen = torch.Generator().manual_seed(0)
-    ids = lambda n: torch.randint(4, max(vocab, 5), (n,), generator=gen).tolist()  # noqa: E731 - no special ids
+    words = torch.tensor([i for i in range(max(vocab, 5)) if i not in specials.kept_ids])  # no special ids
+    ids = lambda n: words[torch.randint(len(words), (n,), generator=gen)].tolist()  # noqa: E731
+    pad, eos, start = specials.pad, specials.eos, specials.start
     short_s, short_t = max(1, src_len - 3), max(1, tgt_len - 2)
-    src = [ids(src_len - 1) + [EOS_ID], ids(short_s - 1) + [EOS_ID] + [PAD_ID] * (src_len - short_s)]
-    tgt = [[BOS_ID] + ids(tgt_len - 1), [BOS_ID] + ids(short_t - 1) + [PAD_ID] * (tgt_len - short_t)]
+    src = [ids(src_len - 1) + [eos], ids(short_s - 1) + [eos] + [pad] * (src_len - short_s)]
+    tgt = [[start] + ids(tgt_len - 1), [start] + ids(short_t - 1) + [pad] * (tgt_len - short_t)]
     return torch.tensor(src, device=device), torch.tensor(tgt, device=device)
 
 
@@ -209,7 +211,7 @@ def inspect_report(
     """The report's lines, and its numbers (``total_params``, ``tree_params``, ``flops_per_token``)."""
     m = cfg.model
     device = next(model.parameters()).device
-    src, tgt_in = example_batch(src_len, tgt_len, vocab=vocab[0], device=device)
+    src, tgt_in = example_batch(src_len, tgt_len, vocab=vocab[0], device=device, specials=model.specials)
     model.eval()
     with traced(model) as (calls, details), torch.no_grad():
         model.decode(tgt_in, model.encode(src))
