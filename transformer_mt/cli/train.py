@@ -16,12 +16,18 @@ def train(
     resume: Path | None = typer.Option(None, "--resume", help="Run directory to continue exactly where it stopped (its newest complete checkpoint)."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Start a new run in a train.out_dir that holds one, deleting that run's checkpoints."),
     device: str | None = typer.Option(None, "--device", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps; same as --set train.device=..."),
+    init_from: Path | None = typer.Option(
+        None,
+        "--init-from",
+        help="Fine-tune: start from this checkpoint's weights, architecture and tokenizer (tmt's or `tmt import`'s), "
+        "with a fresh optimizer; same as --set train.init_from=...",
+    ),
 ) -> None:
     """Train a model with teacher forcing (writes checkpoints, logs and metrics to train.out_dir)."""
     from transformer_mt.training import train_from_cli
 
     overrides = list(set_) + ([f"train.device={device}"] if device else [])
-    result = train_from_cli(config=config, overrides=overrides, resume=resume, overwrite=overwrite)
+    result = train_from_cli(config=config, overrides=overrides, resume=resume, overwrite=overwrite, init_from=init_from)
     if result.stop_reason == "interrupted":  # saved and resumable, but not finished: 128 + SIGINT, as shells report it
         raise typer.Exit(130)
 

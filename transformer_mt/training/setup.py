@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from transformer_mt import runtime
-from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, unpack_tokenizers
-from transformer_mt.config import Config, ConfigError, TrainConfig, beam_problem, load_config, max_beam, to_dict
+from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, model_weights, pack_tokenizer_pair, tokenizers_from_checkpoint
+from transformer_mt.config import Config, ConfigError, TrainConfig, beam_problem, load_config, max_beam, stated_keys, to_dict, validate
 from transformer_mt.data import ParallelData, SampledSegmentation, load_corpora, prepare_tokenizers
 from transformer_mt.errors import TmtError
 from transformer_mt.evaluation import checked_validation_set
@@ -47,17 +47,48 @@ class TrainError(TmtError, RuntimeError):
 
 
 # ---------------------------------------------------------------- the config
-def train_config_from_cli(*, config: Path | None, overrides: list[str], resume: Path | None, overwrite: bool) -> Config:
-    """The config of `tmt train`: from --config, or from the run being resumed (--resume)."""
+def train_config_from_cli(*, config: Path | None, overrides: list[str], resume: Path | None, overwrite: bool, init_from: Path | None = None) -> Config:
+    """The config of `tmt train`: from --config (with --init-from, the checkpoint's architecture and tokenizer),
+    or from the run being resumed (--resume)."""
     if resume is not None and overwrite:
         raise ConfigError(f"--overwrite starts a new run, --resume {resume} continues one; give one of them")
+    if resume is not None and init_from is not None:
+        raise ConfigError(f"--init-from starts a new run from a checkpoint's weights, --resume {resume} continues one; give one of them")
     if resume is None:
         if config is None:
             raise ConfigError("tmt train needs --config FILE (see configs/) or --resume RUN_DIR")
-        return load_config(config, overrides)
+        overrides = list(overrides) + ([f"train.init_from={json.dumps(str(init_from))}"] if init_from is not None else [])
+        cfg = load_config(config, overrides)
+        return initialized_config(cfg, stated_keys(config, overrides)) if cfg.train.init_from else cfg
     if config is not None and runtime.dist_info().is_main:
         print(f"tmt train: resuming {resume}: its saved config is used, --config {config} is ignored (use --set to change values)", file=sys.stderr)
     return resumed_config(resume, overrides)
+
+
+# Model keys a fine-tuning run may set for itself: regularisation, not architecture.
+FINE_TUNING_KEYS = ("model.dropout", "model.attention_dropout", "model.activation_dropout")
+
+
+def initialized_config(cfg: Config, stated: dict[str, str]) -> Config:
+    """``cfg`` with ``train.init_from``'s model and tokenizer sections: the weights fit only the architecture and
+    vocabulary they were trained with. A key the config states (``stated``: key -> file or --set) that contradicts
+    the checkpoint is refused, naming both, except the dropout rates (:data:`FINE_TUNING_KEYS`), which stay the config's."""
+    path = cfg.train.init_from
+    saved = config_from_checkpoint(load_checkpoint(path), source=path)
+    for section in ("model", "tokenizer"):
+        mine, theirs = to_dict(cfg)[section], to_dict(saved)[section]
+        for key, value in theirs.items():
+            dotted = f"{section}.{key}"
+            if dotted in stated and dotted in FINE_TUNING_KEYS:
+                continue
+            if dotted in stated and mine[key] != value:
+                raise ConfigError(
+                    f"{stated[dotted]}: {dotted}={mine[key]!r} contradicts --init-from {path}, whose {dotted} is {value!r}; "
+                    f"remove it (the architecture and tokenizer come from the checkpoint; only {', '.join(FINE_TUNING_KEYS)} may change)"
+                )
+            setattr(getattr(cfg, section), key, getattr(getattr(saved, section), key))
+    validate(cfg, source=f"--init-from {path}", check_files=False)
+    return cfg
 
 
 def resumed_config(run_dir: Path, overrides: list[str]) -> Config:
@@ -128,29 +159,37 @@ def resume_point(out: Path, *, log: Log) -> tuple[Path, dict]:
     return path, chosen.get("state") or load_checkpoint(path, map_location="cpu")
 
 
-def tokenizer_protos(cfg: Config, state: dict | None, *, log: Log) -> tuple[bytes, bytes]:
-    """The sentencepiece models: a resumed run's own; for a new run rank 0 trains or reads them, and the other
-    ranks get the models, not a path they may not see."""
-    if state is not None:
-        return unpack_tokenizers(state)
+def init_point(cfg: Config, *, log: Log) -> tuple[Path, dict] | None:
+    """The checkpoint a fine-tuning run starts from (``train.init_from``) and its state, or None for a new model."""
+    if not cfg.train.init_from:
+        return None
+    path = Path(cfg.train.init_from)
+    log(f"starting from the weights, architecture and tokenizer of {path} (train.init_from), with a fresh optimizer and schedule")
+    return path, load_checkpoint(path, map_location="cpu")
 
-    def prepare() -> tuple[bytes, bytes]:
-        src, tgt = prepare_tokenizers(cfg, log=log)
-        return src.proto, tgt.proto
 
-    return runtime.on_main(prepare)
+def tokenizers(cfg: Config, state: dict | None, *, source: str, log: Log) -> tuple[Tokenizer, Tokenizer]:
+    """The tokenizers: a resumed run's own, or the checkpoint's a fine-tuning run starts from (``state``); for a new
+    run rank 0 trains or reads them, and the other ranks get the models, not a path they may not see."""
+    if state is None:
+
+        def prepare() -> dict:
+            return pack_tokenizer_pair(*prepare_tokenizers(cfg, log=log))
+
+        state = {"tokenizers": runtime.on_main(prepare)}
+    return tokenizers_from_checkpoint(state, cfg, source=source)
 
 
 # ---------------------------------------------------------------- the train state
-def build_state(cfg: Config, t: TrainConfig, protos: tuple[bytes, bytes], *, vocab: tuple[int, int], device: torch.device, keeps_ema: bool) -> TrainState:
+def build_state(cfg: Config, t: TrainConfig, toks: tuple[Tokenizer, Tokenizer], *, device: torch.device, keeps_ema: bool) -> TrainState:
     """A new run's model, optimizer, schedule, fp16 scaler and EMA. `keeps_ema`: this rank validates and saves,
     so it alone keeps the moving average (of the unwrapped model)."""
-    model = Transformer(cfg.model, src_vocab_size=vocab[0], tgt_vocab_size=vocab[1]).to(device)
+    model = Transformer(cfg.model, src_vocab_size=toks[0].vocab_size, tgt_vocab_size=toks[1].vocab_size).to(device)
     optimizer = build_optimizer(model, t)
     return TrainState(
         cfg=cfg,
         train_cfg=t,
-        tokenizers=protos,
+        tokenizers=toks,
         model=model,
         optimizer=optimizer,
         scheduler=build_scheduler(optimizer, t, d_model=cfg.model.d_model),
@@ -158,6 +197,18 @@ def build_state(cfg: Config, t: TrainConfig, protos: tuple[bytes, bytes], *, voc
         ema=EMA(model, decay=t.ema_decay) if t.ema_decay > 0 and keeps_ema else None,
         progress=Progress(),
     )
+
+
+def initialize(state: TrainState, init: dict, *, source: Path) -> None:
+    """A fine-tuning run's first weights: the checkpoint's (its EMA weights when it has them, as decoding takes them),
+    and the moving average restarted from them. Optimizer, schedule and progress stay fresh."""
+    try:
+        state.model.load_state_dict(model_weights(init, source=str(source)))
+    except RuntimeError as exc:  # missing, unexpected or differently shaped tensors: torch lists them, one per line
+        first = next((line.strip() for line in str(exc).splitlines()[1:] if line.strip()), str(exc).strip())
+        raise TrainError(f"--init-from {source}: the weights do not fit its config ({first.rstrip('.')}); the checkpoint was damaged or edited") from None
+    if state.ema is not None:
+        state.ema.reset()
 
 
 def restore(state: TrainState, saved: dict, *, source: Path, restore_rng: bool, runlog: RunLog) -> None:

@@ -17,9 +17,10 @@ from typing import Any
 
 import torch
 
-from transformer_mt.checkpoint import CheckpointError, config_from_checkpoint, pack_tokenizers, rng_state, set_rng_state
+from transformer_mt.checkpoint import CheckpointError, config_from_checkpoint, pack_tokenizer_pair, rng_state, set_rng_state
 from transformer_mt.config import Config, TrainConfig, to_dict
 from transformer_mt.model import Transformer
+from transformer_mt.text import Tokenizer
 from transformer_mt.training.ema import EMA
 from transformer_mt.training.optim import Scheduler, restore_optimizer
 
@@ -126,7 +127,7 @@ class TrainState:
 
     cfg: Config  # saved as given (train.dtype "auto" stays "auto")
     train_cfg: TrainConfig  # what this process trains with (the dtype resolved): the optimizer is built from it
-    tokenizers: tuple[bytes, bytes]  # the sentencepiece protos (src, tgt)
+    tokenizers: tuple[Tokenizer, Tokenizer]  # (src, tgt), saved in every checkpoint
     model: Transformer
     optimizer: torch.optim.Optimizer
     scheduler: Scheduler
@@ -143,7 +144,7 @@ class TrainState:
         state = {
             "model": self.model.state_dict(),
             "config": to_dict(self.cfg),
-            "tokenizers": pack_tokenizers(*self.tokenizers),
+            "tokenizers": pack_tokenizer_pair(*self.tokenizers),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,

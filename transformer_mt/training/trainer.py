@@ -22,7 +22,6 @@ from transformer_mt import runtime
 from transformer_mt.config import Config, save_config
 from transformer_mt.data import Batch, SampledSegmentation
 from transformer_mt.model import count_parameters
-from transformer_mt.text import Tokenizer
 from transformer_mt.training import setup
 from transformer_mt.training.policy import CheckpointPolicy
 from transformer_mt.training.rundir import RunLock
@@ -40,10 +39,11 @@ def train(cfg: Config, *, resume: bool = False, overwrite: bool = False, on_upda
     return Trainer(cfg, resume=resume, overwrite=overwrite, on_update=on_update).run()
 
 
-def train_from_cli(*, config: Path | None, overrides: list[str], resume: Path | None, overwrite: bool = False) -> TrainResult:
-    """`tmt train`: the config from --config or from the run being resumed, then train. An interrupted run
-    returns normally with stop_reason "interrupted" (the command line exits 130 on it)."""
-    cfg = setup.train_config_from_cli(config=config, overrides=overrides, resume=resume, overwrite=overwrite)
+def train_from_cli(*, config: Path | None, overrides: list[str], resume: Path | None, overwrite: bool = False, init_from: Path | None = None) -> TrainResult:
+    """`tmt train`: the config from --config (fine-tuning: with --init-from's architecture and tokenizer) or from the
+    run being resumed, then train. An interrupted run returns normally with stop_reason "interrupted" (the command
+    line exits 130 on it)."""
+    cfg = setup.train_config_from_cli(config=config, overrides=overrides, resume=resume, overwrite=overwrite, init_from=init_from)
     return train(cfg, resume=resume is not None, overwrite=overwrite)
 
 
@@ -67,15 +67,18 @@ class Trainer:
         cfg, t, main = self.cfg, self.t, self.dist.is_main
         runtime.on_main(lambda: self._open_run_dir(resume, overwrite))
         runtime.seed_everything(t.seed)  # the same on every rank: identical initial parameters
-        saved = None
+        saved, init = None, None
         if resume:
             self.resumed_from, saved = setup.resume_point(self.out, log=self.log)
-        protos = setup.tokenizer_protos(cfg, saved, log=self.log)
-        self.src_tok, self.tgt_tok = Tokenizer(protos[0]), Tokenizer(protos[1])
-        vocab = (self.src_tok.vocab_size, self.tgt_tok.vocab_size)
-        self.state = setup.build_state(cfg, t, protos, vocab=vocab, device=self.device, keeps_ema=main)
+        else:
+            init = setup.init_point(cfg, log=self.log)
+        source = saved or (init[1] if init else None)
+        self.src_tok, self.tgt_tok = setup.tokenizers(cfg, source, source=str(self.resumed_from if saved else cfg.train.init_from), log=self.log)
+        self.state = setup.build_state(cfg, t, (self.src_tok, self.tgt_tok), device=self.device, keeps_ema=main)
         if saved is not None:  # rank r > 0 reseeds below instead of restoring the generators
             setup.restore(self.state, saved, source=self.resumed_from, restore_rng=main, runlog=self.runlog)
+        elif init is not None:
+            setup.initialize(self.state, init[1], source=init[0])
         if self.dist.rank > 0:  # its own dropout masks; rank 0 keeps the single-process stream
             runtime.seed_everything(runtime.seed_for_rank(t.seed, self.dist.rank, self.progress.update))
         quiet = not sys.stderr.isatty() or not main
