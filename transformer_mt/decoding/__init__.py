@@ -10,6 +10,7 @@ from transformer_mt.config import max_beam  # the rule lives with the config; ke
 from transformer_mt.decoding.lengths import length_penalty, max_output_length, positions_needed
 from transformer_mt.decoding.mbr import Candidate, MbrError, mbr_choose, mbr_files, pool_weights, read_candidates
 from transformer_mt.decoding.search import (
+    BeamStep,
     Hypothesis,
     SearchCache,
     SearchError,
@@ -32,6 +33,7 @@ from transformer_mt.decoding.translator import (
 )
 
 __all__ = [
+    "BeamStep",
     "Candidate",
     "CheckpointModel",
     "Hypothesis",

@@ -38,6 +38,7 @@ the end, from per-step back-pointers. A beam step whose top-2k cut-off falls amo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar, runtime_checkable
 
@@ -119,16 +120,24 @@ def _sentence_limits(model: SearchModel[Any, Any], src: Tensor, *, max_len_a: fl
 
 
 def search(
-    model: SearchModel[Any, Any], src: Tensor, *, beam: int = 4, lenpen: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50, nbest: int = 1
+    model: SearchModel[Any, Any],
+    src: Tensor,
+    *,
+    beam: int = 4,
+    lenpen: float = 0.6,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    nbest: int = 1,
+    observer: Callable[[BeamStep], None] | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate a padded batch ``src`` (B, S): beam 1 runs greedy search, larger beams beam search.
 
-    Returns, per sentence in input order, ``nbest`` hypotheses, best score first.
+    Returns, per sentence in input order, ``nbest`` hypotheses, best score first. ``observer`` sees each beam-search step (beam > 1; see :func:`beam_search`).
     """
     _refuse(beam_problem(beam, nbest))
     if beam == 1:
         return [[hyp] for hyp in greedy_search(model, src, max_len_a=max_len_a, max_len_b=max_len_b, lenpen=lenpen)]
-    return beam_search(model, src, beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, nbest=nbest)
+    return beam_search(model, src, beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, nbest=nbest, observer=observer)
 
 
 @torch.inference_mode()
@@ -180,7 +189,15 @@ def greedy_search(model: SearchModel[Any, Any], src: Tensor, *, max_len_a: float
 
 @torch.inference_mode()
 def beam_search(
-    model: SearchModel[Any, Any], src: Tensor, *, beam: int = 4, lenpen: float = 0.6, max_len_a: float = 1.0, max_len_b: int = 50, nbest: int = 1
+    model: SearchModel[Any, Any],
+    src: Tensor,
+    *,
+    beam: int = 4,
+    lenpen: float = 0.6,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    nbest: int = 1,
+    observer: Callable[[BeamStep], None] | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search over a padded batch ``src`` (B, S); per sentence ``nbest`` hypotheses, best first.
 
@@ -207,6 +224,9 @@ def beam_search(
     Tokens are never copied per step: each step records, for every open row, the row it extends and
     the token it appends (back-pointers), and a finished hypothesis is (step, row, appended token or
     none); the token lists are rebuilt once, on the host, at the end.
+
+    ``observer`` (None: nothing is done for it) is called with every settled step's :class:`BeamStep`, the
+    tensors the step already holds, to show the search at work (`tmt explore`); it must not change them.
     """
     _check_inputs(model, src)
     _refuse(beam_problem(beam, nbest))
@@ -240,6 +260,8 @@ def beam_search(
             top = _top_candidates(scores, 2 * k, n_tied=n_tied)
             ext = _extend(top, finished, sent=sent, max_lens=max_lens, k=k, vocab=vocab, step=step, lenpen=lenpen, rank=rank, eos=sp.eos)
             n_keep = int(ext.keep.sum())
+        if observer is not None:
+            observer(BeamStep(step, sent, ext.src_rows, ext.new_tok, ext.new_cum, ext.merged, max_lens[sent], ext.keep))
         finished.store(sent, ext.merged)
         if n_keep == 0:
             break
@@ -261,6 +283,20 @@ class _Top(NamedTuple):
     score: Tensor  # (b, 2k) cum + log p
     flat: Tensor  # (b, 2k) flat index beam * V + token
     tied: Tensor  # (b,) bool: the cut-off fell among equal scores (settled only when n_tied was given)
+
+
+class BeamStep(NamedTuple):
+    """One settled step of :func:`beam_search`, for an observer; b active sentences, k beams. Rows of a step are
+    numbered ``slot * k + beam`` over the active sentences of that step (slot: the position in ``sent``)."""
+
+    step: int  # 0-based; the hypotheses extended here hold step + 1 tokens
+    sent: Tensor  # (b,) the original sentence of each active sentence
+    rows: Tensor  # (b, k) the row (of this step) each next open beam extends
+    tokens: Tensor  # (b, k) the token each appends
+    logprob: Tensor  # (b, k) their log-probs, best first
+    finished: tuple[Tensor, ...]  # (b, k) each: score, log-prob, step, row, token (-1 after EOS), valid: the best k finished so far
+    limit: Tensor  # (b,) each sentence's longest output
+    going_on: Tensor  # (b,) bool: the sentence is searched further
 
 
 class _Extension(NamedTuple):
