@@ -17,19 +17,18 @@ from transformer_mt.data import collate
 from transformer_mt.decoding import Translator
 from transformer_mt.explore.session import single_model
 from transformer_mt.model import MultiHeadAttention, allowed_mask
-from transformer_mt.text import PAD_ID
 
 
 def anatomy_view(tr: Translator, pairs: list[tuple[list[int], list[int]]], *, positions: int | None = None) -> dict:
     """Masks, shapes and positions of the batch ``pairs`` (source ids, target ids; without BOS / EOS)."""
     from transformer_mt.viz.inspect import describe, traced
 
-    batch = collate(pairs)  # src (B, S), tgt_in (B, T)
     model, device = single_model(tr), tr.device
+    batch = collate(pairs, specials=model.specials)  # src (B, S), tgt_in (B, T)
     src, tgt_in = batch.src.to(device), batch.tgt_in.to(device)
     with traced(model) as (calls, details), torch.inference_mode():
         model.decode(tgt_in, model.encode(src))
-    src_pad, tgt_pad = src.eq(PAD_ID), tgt_in.eq(PAD_ID)  # (B, S), (B, T) True = padding
+    src_pad, tgt_pad = src.eq(model.specials.pad), tgt_in.eq(model.specials.pad)  # (B, S), (B, T) True = padding
     modules = [
         {"name": name, "type": describe(module), "shapes": calls.get(name, []), "details": details.get(name, [])}
         for name, module in model.named_modules()

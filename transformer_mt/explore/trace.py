@@ -17,13 +17,9 @@ Each step lists:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from transformer_mt.decoding import Hypothesis, Translator, length_penalty
+from transformer_mt.decoding import BeamStep, Hypothesis, Translator, length_penalty
 from transformer_mt.explore.analysis import output_limit, run_search
-
-if TYPE_CHECKING:
-    from transformer_mt.decoding import BeamStep
 
 
 class BeamTrace:
