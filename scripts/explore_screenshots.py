@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-c", "--checkpoint", action="append", required=True, help="PATH or NAME=PATH; repeat for a second checkpoint")
     parser.add_argument("--sentence", default="A man in a blue shirt is standing on a ladder.")
     parser.add_argument("--reference", default=None, help="teacher-force this target (the loss view) instead of the translation")
+    parser.add_argument("--batch-with", default="Two dogs play.", help="a second sentence in the masks' batch, so one is padded ('' for none)")
     parser.add_argument("--head", default="mean", help="attention head drawn large: a number or 'mean'")
     parser.add_argument("-o", "--output", type=Path, default=Path("docs/img"))
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
             page.fill("#source", args.sentence)
             if args.reference:
                 page.fill("#reference", args.reference)
+            page.fill("#batch-with", args.batch_with)
             tic = time.perf_counter()
             page.press("#source", "Enter")
             page.wait_for_function("document.getElementById('status').textContent.startsWith('done') || !document.getElementById('error').hidden")
