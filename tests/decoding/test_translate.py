@@ -205,3 +205,21 @@ def test_average_cli_is_the_elementwise_mean(spm_model, tmp_path, capsys):
     code, _, err = run_cli(["average", str(a), str(other), "-o", str(tmp_path / "bad.pt")], capsys)
     assert code == 2 and "d_model" in err and not (tmp_path / "bad.pt").exists()
     assert os.path.getsize(tmp_path / "avg.pt") > 0
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_max_output_tokens_caps_each_line_only_where_its_own_limit_is_longer(ckpt, multi30k, beam):
+    """A cap of k tokens gives what the search gives with each line's limit at min(a x n + b, k): a line whose own
+    limit is shorter decodes as without the cap."""
+    tr = Translator.from_checkpoint(ckpt, device="cpu")
+    lines = ["A dog.", "Two men.", *head(multi30k / "val.en", 5)]
+    cap = 6
+    got = tr.translate_batch(lines, beam=beam, lenpen=0.6, max_output_tokens=cap, max_len_a=1.0, max_len_b=0).hypotheses
+    own = [len(ids) + 1 for ids in tr.src_tok.encode(lines)]  # max_len_a 1 x (pieces + EOS) + 0
+    assert min(own) < cap < max(own)  # both kinds of line are here
+    for line, limit, nbest in zip(lines, own, got):
+        want = tr.translate_batch([line], beam=beam, lenpen=0.6, max_len_a=0.0, max_len_b=min(limit, cap)).hypotheses[0]
+        assert [text for _, text in nbest] == [text for _, text in want]  # scores: equal up to the batch's float rounding
+        assert [score for score, _ in nbest] == pytest.approx([score for score, _ in want], abs=1e-4)
+    with pytest.raises(TranslateError, match="max_output_tokens=0 must be at least 1"):
+        tr.translate_batch(lines, beam=beam, lenpen=0.6, max_output_tokens=0)

@@ -112,11 +112,11 @@ def _refuse(problem: Problem | None) -> None:
         raise SearchError(str(problem))
 
 
-def _sentence_limits(model: SearchModel[Any, Any], src: Tensor, *, max_len_a: float, max_len_b: int) -> Tensor:
-    """(B,) long: each sentence's longest output (its non-pad tokens), at most the model's own limit."""
+def _sentence_limits(model: SearchModel[Any, Any], src: Tensor, *, max_len_a: float, max_len_b: int, max_output: int | None = None) -> Tensor:
+    """(B,) long: each sentence's longest output (its non-pad tokens), at most the model's own limit and ``max_output``."""
     lens = max_output_length((src != model.specials.pad).sum(dim=1), max_len_a=max_len_a, max_len_b=max_len_b)
-    limit = model.max_output_length()
-    return lens if limit is None else lens.clamp(max=limit)
+    limits = [cap for cap in (model.max_output_length(), max_output) if cap is not None]
+    return lens.clamp(max=min(limits)) if limits else lens
 
 
 def search(
@@ -128,20 +128,26 @@ def search(
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     nbest: int = 1,
+    max_output: int | None = None,
     observer: Callable[[BeamStep], None] | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate a padded batch ``src`` (B, S): beam 1 runs greedy search, larger beams beam search.
 
-    Returns, per sentence in input order, ``nbest`` hypotheses, best score first. ``observer`` sees each beam-search step (beam > 1; see :func:`beam_search`).
+    Returns, per sentence in input order, ``nbest`` hypotheses, best score first. ``max_output`` caps every
+    sentence's longest output below ``max_len_a`` x n + ``max_len_b`` (a server's limit). ``observer`` sees each
+    beam-search step (beam > 1; see :func:`beam_search`).
     """
     _refuse(beam_problem(beam, nbest))
+    lengths = {"max_len_a": max_len_a, "max_len_b": max_len_b, "max_output": max_output}
     if beam == 1:
-        return [[hyp] for hyp in greedy_search(model, src, max_len_a=max_len_a, max_len_b=max_len_b, lenpen=lenpen)]
-    return beam_search(model, src, beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, nbest=nbest, observer=observer)
+        return [[hyp] for hyp in greedy_search(model, src, lenpen=lenpen, **lengths)]
+    return beam_search(model, src, beam=beam, lenpen=lenpen, nbest=nbest, observer=observer, **lengths)
 
 
 @torch.inference_mode()
-def greedy_search(model: SearchModel[Any, Any], src: Tensor, *, max_len_a: float = 1.0, max_len_b: int = 50, lenpen: float = 0.0) -> list[Hypothesis]:
+def greedy_search(
+    model: SearchModel[Any, Any], src: Tensor, *, max_len_a: float = 1.0, max_len_b: int = 50, lenpen: float = 0.0, max_output: int | None = None
+) -> list[Hypothesis]:
     """Pick the most probable token at every step; one hypothesis per sentence of ``src`` (B, S).
 
     A sentence stops at its first EOS or at its maximum length; its row then leaves the batch
@@ -151,7 +157,7 @@ def greedy_search(model: SearchModel[Any, Any], src: Tensor, *, max_len_a: float
     batch, device, sp = src.size(0), src.device, model.specials
     if batch == 0:
         return []
-    max_lens = _sentence_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b)  # (B,)
+    max_lens = _sentence_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output)  # (B,)
     cache = model.init_cache(model.encode(src))
     alive = torch.arange(batch, device=device)  # (b,) original sentence of each cache row
     tokens = torch.full((batch,), sp.start, dtype=torch.long, device=device)  # (b,) newest token per row
@@ -197,6 +203,7 @@ def beam_search(
     max_len_a: float = 1.0,
     max_len_b: int = 50,
     nbest: int = 1,
+    max_output: int | None = None,
     observer: Callable[[BeamStep], None] | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search over a padded batch ``src`` (B, S); per sentence ``nbest`` hypotheses, best first.
@@ -233,7 +240,7 @@ def beam_search(
     batch, device, k, sp = src.size(0), src.device, beam, model.specials
     if batch == 0:
         return []
-    max_lens = _sentence_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b)  # (B,)
+    max_lens = _sentence_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output)  # (B,)
     cache = model.init_cache(model.encode(src))
     cache.reorder(torch.arange(batch, device=device).repeat_interleave(k), group=k)  # B -> B*k rows, sentence-major
     sent = torch.arange(batch, device=device)  # (b,) original sentence of each active sentence

@@ -99,6 +99,7 @@ def translate_ids(
     batch_tokens: int = 4096,
     device: torch.device | str = "cpu",
     dtype: str = "float32",
+    max_output: int | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate id sequences (without EOS; it is appended here) and return n-best lists in input order.
 
@@ -118,7 +119,7 @@ def translate_ids(
         with torch.inference_mode(), runtime.autocast(device, dtype):
             for chunk in _token_batches(order, src_ids, batch_tokens):
                 src = source_tensor([src_ids[i] for i in chunk], specials=model.specials)  # (B, S): pieces + EOS, right-padded
-                hyps = search(model, src.to(device), beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, nbest=nbest)
+                hyps = search(model, src.to(device), beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, nbest=nbest, max_output=max_output)
                 for i, nbest_list in zip(chunk, hyps):
                     results[i] = nbest_list
     finally:
@@ -277,10 +278,12 @@ class Translator:
         batch_tokens: int | None = None,
         max_len_a: float | None = None,
         max_len_b: int | None = None,
+        max_output_tokens: int | None = None,
     ) -> TranslationResult:
         """n-best (score, text) lists, one per input line, in input order (empty lines give [(0.0, "")] * nbest),
         and this call's stats. ``max_len_a`` / ``max_len_b`` override the checkpoint's decode settings
-        within the positions sized at load time."""
+        within the positions sized at load time; ``max_output_tokens`` caps every line's output below them
+        (a server's limit: a line whose own limit is shorter keeps it)."""
         # before encoding: --beam 100000 must not allocate first
         problem = beam_problem(beam, nbest, tgt_vocab_size=self.tgt_tok.vocab_size) or lenpen_problem(lenpen)
         if problem:
@@ -290,6 +293,8 @@ class Translator:
         problem = length_problem(a, b)
         if problem:
             raise TranslateError(str(problem))
+        if max_output_tokens is not None and max_output_tokens < 1:
+            raise TranslateError(f"max_output_tokens={max_output_tokens} must be at least 1 (None: no cap)")
         if positions_needed(self.max_src_tokens + 1, max_len_a=a, max_len_b=b) > self.positions:
             raise TranslateError(
                 f"max_len_a={a:g} max_len_b={b} allow outputs longer than the {self.positions} positions this Translator "
@@ -314,6 +319,7 @@ class Translator:
             batch_tokens=batch_tokens or d.batch_tokens,
             device=self.device,
             dtype="float32",
+            max_output=max_output_tokens,
         )
         out: list[list[tuple[float, str]]] = [[(0.0, "")] * nbest for _ in lines]
         tgt_tokens = 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from transformer_mt.decoding import Translator, max_output_length
+from transformer_mt.decoding import Translator
 from transformer_mt.serve import ServeError, ServeOptions
 from transformer_mt.serve.batching import Batcher, BatchEvents, TranslateFn
 
@@ -36,27 +36,12 @@ class Runner:
         return tokens, warnings
 
     def translate(self, lines: list[str], *, beam: int, lenpen: float, nbest: int) -> list:
-        """n-best lists, one per line, in order. With ``max_output_tokens``, a line whose checkpoint limit
-        (decode.max_len_a x source + max_len_b) is longer is decoded with the cap instead (max_len_a 0,
-        max_len_b the cap); the other lines keep the checkpoint's limit, so their translations are the
-        Translator's own."""
-        d = self.tr.cfg.decode
-        capped: list[int] = []
-        if self.cap:
-            lengths = [min(len(p), self.tr.max_src_tokens) + 1 for p in self.tr.src_tok.encode(lines)]
-            capped = [i for i, n in enumerate(lengths) if lines[i].strip() and max_output_length(n, max_len_a=d.max_len_a, max_len_b=d.max_len_b) > self.cap]
-        rest = [i for i in range(len(lines)) if i not in set(capped)] if capped else list(range(len(lines)))
-        out: list = [None] * len(lines)
-        for rows, max_len_b in ((rest, None), (capped, self.cap)):
-            if not rows:
-                continue
-            result = self.tr.translate_batch(
-                [lines[i] for i in rows], beam=beam, lenpen=lenpen, nbest=nbest, max_len_a=None if max_len_b is None else 0.0, max_len_b=max_len_b
-            )
-            self.events.generated(result.stats.tgt_tokens)
-            for i, nb in zip(rows, result.hypotheses):
-                out[i] = nb
-        return out
+        """n-best lists, one per line, in order. With ``max_output_tokens``, no line's output is longer than the
+        cap; a line whose checkpoint limit (decode.max_len_a x source + max_len_b) is shorter keeps it, so its
+        translation is the Translator's own."""
+        result = self.tr.translate_batch(lines, beam=beam, lenpen=lenpen, nbest=nbest, max_output_tokens=self.cap or None)
+        self.events.generated(result.stats.tgt_tokens)
+        return result.hypotheses
 
 
 @dataclass
