@@ -138,10 +138,9 @@ def search(
     beam-search step (beam > 1; see :func:`beam_search`).
     """
     _refuse(beam_problem(beam, nbest))
-    lengths = {"max_len_a": max_len_a, "max_len_b": max_len_b, "max_output": max_output}
     if beam == 1:
-        return [[hyp] for hyp in greedy_search(model, src, lenpen=lenpen, **lengths)]
-    return beam_search(model, src, beam=beam, lenpen=lenpen, nbest=nbest, observer=observer, **lengths)
+        return [[hyp] for hyp in greedy_search(model, src, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output)]
+    return beam_search(model, src, beam=beam, lenpen=lenpen, nbest=nbest, observer=observer, max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output)
 
 
 @torch.inference_mode()
