@@ -31,7 +31,8 @@ from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, m
 from transformer_mt.config import Config, beam_problem, length_problem, lenpen_problem
 from transformer_mt.data import source_tensor
 from transformer_mt.decoding.lengths import positions_needed
-from transformer_mt.decoding.search import Hypothesis, SearchError, search
+from transformer_mt.decoding.protocol import Hypothesis, SearchError
+from transformer_mt.decoding.search import search
 from transformer_mt.errors import TmtError
 from transformer_mt.model import Ensemble, Transformer
 from transformer_mt.text import SpecialIds, Tokenizer
