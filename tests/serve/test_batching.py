@@ -177,3 +177,35 @@ def test_a_dead_worker_refuses_and_is_not_ready():
             b.submit(make_job(loop, ["y"]))
 
     asyncio.run(scenario())
+
+
+def test_the_worker_sets_up_its_own_thread_before_decoding(tiny_checkpoint):
+    """torch's CPU threads are per calling thread: serve_model(threads=N) makes the worker thread decode with N,
+    whatever the thread that built the model uses."""
+    import torch
+
+    from transformer_mt.decoding import Translator
+    from transformer_mt.serve import ServeOptions
+    from transformer_mt.serve.models import serve_model
+
+    seen: list[tuple[str, int]] = []
+
+    def translate(lines, **_settings):
+        seen.append((threading.current_thread().name, torch.get_num_threads()))
+        return [[(0.0, line)] for line in lines]
+
+    before = torch.get_num_threads()
+    want = 1 if before != 1 else 2
+    served = serve_model("m", Translator.from_checkpoint(tiny_checkpoint, device="cpu"), ServeOptions(), translate=translate, threads=want)
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        job = make_job(loop, ["a b"])
+        served.batcher.submit(job)
+        return await job.future
+
+    try:
+        assert texts(asyncio.run(scenario())) == ["a b"]
+    finally:
+        served.batcher.stop(timeout=5)
+    assert seen == [("tmt-batcher-m", want)] and torch.get_num_threads() == before  # the caller's thread is untouched

@@ -133,6 +133,9 @@ def serve(
     if log_level not in LOG_LEVELS:
         raise ServeError(f"--log-level {log_level}: choose one of {', '.join(LOG_LEVELS)}")
 
+    import torch
+
+    from transformer_mt import runtime
     from transformer_mt.serve.app import build_app, load_models
     from transformer_mt.serve.server import build_server
 
@@ -142,7 +145,13 @@ def serve(
             f"tmt: warning: --host {host} accepts connections from other machines and no --api-key-file is set: anyone who reaches it can translate",
             file=sys.stderr,
         )
-    models = load_models(checkpoints, device=device, threads=threads, options=options)
+    # torch's CPU threads are set per calling thread (OpenMP): the worker threads decode with `threads`, and this
+    # thread, which only loads the models and runs the event loop, keeps one. Two teams of `threads` would outnumber
+    # the cores, and OpenMP then stops spinning between parallel regions: every small matmul of a decoding step
+    # would wait for its threads to wake up (a single request about twice as slow as the same call made directly).
+    workers = threads or torch.get_num_threads()
+    runtime.set_threads(1)
+    models = load_models(checkpoints, device=device, threads=workers, options=options)
     # uvicorn's own SIGTERM/SIGINT handling: stop listening, let in-flight requests finish (at most
     # --shutdown-timeout seconds), then run the app's shutdown (which drains the batch queues).
     build_server(build_app(models, options), options, host=host, port=port, log_level=log_level).run()

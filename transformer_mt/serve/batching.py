@@ -137,8 +137,9 @@ class Batcher:
         prepare: PrepareFn = count_words,
         events: BatchEvents | None = None,
         arrivals: Arrivals | None = None,
+        on_start: Callable[[], None] | None = None,
     ):
-        self.translate, self.prepare, self.name = translate, prepare, name
+        self.translate, self.prepare, self.name, self.on_start = translate, prepare, name, on_start
         self.max_queue, self.batch_tokens, self.wait_s = max_queue, batch_tokens, wait_s
         self.events = events or BatchEvents()
         self.arrivals = arrivals or Arrivals()
@@ -201,6 +202,8 @@ class Batcher:
 
     # ------------------------------------------------------------------ the worker thread
     def _run(self) -> None:
+        if self.on_start is not None:  # per-thread set-up of the decoding (torch's CPU threads)
+            self.on_start()
         while self._take_arrivals():
             if self._abandon:
                 for job in self._active:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from transformer_mt import runtime
 from transformer_mt.decoding import Translator
 from transformer_mt.serve import ServeError, ServeOptions
 from transformer_mt.serve.batching import Batcher, BatchEvents, TranslateFn
@@ -55,8 +56,11 @@ class ServedModel:
     runner: Runner | None = None
 
 
-def serve_model(name: str, translator: Translator, options: ServeOptions, *, path: str = "", translate: TranslateFn | None = None) -> ServedModel:
-    """A ServedModel with its batcher started; ``translate`` replaces the Runner's (tests instrument it)."""
+def serve_model(
+    name: str, translator: Translator, options: ServeOptions, *, path: str = "", translate: TranslateFn | None = None, threads: int = 0
+) -> ServedModel:
+    """A ServedModel with its batcher started; ``translate`` replaces the Runner's (tests instrument it). ``threads``:
+    torch's CPU threads on the worker thread that decodes (0: as set for the calling thread)."""
     runner = Runner(translator, max_output_tokens=options.max_output_tokens)
     batcher = Batcher(
         translate or runner.translate,
@@ -65,6 +69,7 @@ def serve_model(name: str, translator: Translator, options: ServeOptions, *, pat
         batch_tokens=options.batch_tokens or translator.cfg.decode.batch_tokens,
         wait_s=options.batch_wait_ms / 1000,
         prepare=runner.prepare,
+        on_start=(lambda: runtime.set_threads(threads)) if threads else None,
     )
     return ServedModel(name, path, translator, batcher, runner)
 
@@ -79,4 +84,5 @@ def load_models(specs: list[str], *, device: str, threads: int, options: ServeOp
         if name in (n for n, _ in named):
             raise ServeError(f"-c {spec}: a model named {name!r} is already served; name them apart with -c NAME=PATH")
         named.append((name, path))
-    return [serve_model(name, Translator.from_checkpoint(path, device=device, threads=threads), options, path=path) for name, path in named]
+    # ``threads`` goes to each model's worker thread, the one that decodes (torch's CPU threads are per thread)
+    return [serve_model(name, Translator.from_checkpoint(path, device=device), options, path=path, threads=threads) for name, path in named]
