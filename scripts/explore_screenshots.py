@@ -35,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reference", default=None, help="teacher-force this target (the loss view) instead of the translation")
     parser.add_argument("--batch-with", default="Two dogs play.", help="a second sentence in the masks' batch, so one is padded ('' for none)")
     parser.add_argument("--head", default="mean", help="attention head drawn large: a number or 'mean'")
+    parser.add_argument("--layer", type=int, default=0, help="the layer whose attention is drawn (0 = the lowest)")
     parser.add_argument("-o", "--output", type=Path, default=Path("docs/img"))
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch default)")
     args = parser.parse_args(argv)
@@ -43,11 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     if chromium is None:
         print("explore_screenshots: no chromium on PATH; install it (Debian: apt-get install -y chromium)", file=sys.stderr)
         return 2
+    import torch
     from playwright.sync_api import sync_playwright
 
+    from transformer_mt import runtime
     from transformer_mt.explore.server import Background, build
 
-    app, _ = build(args.checkpoint, threads=args.threads)
+    workers = args.threads or torch.get_num_threads()
+    runtime.set_threads(1)  # as `tmt explore` does: the requests' thread decodes with `workers`, this one keeps one
+    app, _ = build(args.checkpoint, threads=workers)
     server = Background(app)
     args.output.mkdir(parents=True, exist_ok=True)
     try:
@@ -70,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
             if not page.locator("#error").is_hidden():
                 print(f"explore_screenshots: the page says: {page.text_content('#error')}", file=sys.stderr)
                 return 1
+            page.select_option("#att-layer", str(args.layer))
             page.select_option("#att-head", args.head)
             for name, selector in SECTIONS.items():
                 page.locator(selector).screenshot(path=str(args.output / name))

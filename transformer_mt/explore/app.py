@@ -17,9 +17,9 @@ recording of /api/anatomy hooks the shared model's modules while it runs.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from transformer_mt import runtime
 from transformer_mt.errors import TmtError
 from transformer_mt.explore.analysis import attention_view, run_search, translation_view
 from transformer_mt.explore.anatomy import anatomy_view
@@ -144,19 +145,25 @@ def _add_errors(app: FastAPI) -> None:
 
 
 def _add_sentence_routes(app: FastAPI, explorer: Explorer) -> None:
-    """The endpoints that run the model on one sentence; checks first (4xx), then the work, one request at a time."""
-    lock = threading.Lock()
+    """The endpoints that run the model on one sentence; checks first (4xx), then the work, one request at a time on
+    one thread. One thread, not each request's own: torch's CPU threads are per thread (OpenMP), and a team of
+    ``explorer.threads`` for every server thread that ever ran the model would outnumber the cores, after which
+    OpenMP stops spinning between parallel regions and every small matmul waits for its threads to wake up."""
+    setup = (lambda: runtime.set_threads(explorer.threads)) if explorer.threads else None
+    model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tmt-explore-model", initializer=setup)
+
+    def timed(fn: Callable[[], dict]) -> tuple[dict, float]:
+        tic = time.perf_counter()
+        return fn(), time.perf_counter() - tic
 
     def compute(req: SentenceRequest, fn: Callable[[], dict]) -> dict:
-        tic = time.perf_counter()
         try:
-            with lock:
-                out = fn()
+            out, seconds = model_thread.submit(timed, fn).result()
         except RequestError:
             raise
         except TmtError as exc:  # a setting the library refuses (VizError, SearchError): the user's to fix
             raise RequestError(422, str(exc)) from None
-        return {"checkpoint": req.checkpoint or explorer.default, **out, "time_ms": round(1000 * (time.perf_counter() - tic), 1)}
+        return {"checkpoint": req.checkpoint or explorer.default, **out, "time_ms": round(1000 * seconds, 1)}
 
     @app.post("/api/translate", response_model=TranslateResponse)
     def translate(req: SentenceRequest) -> dict:

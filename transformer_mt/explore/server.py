@@ -57,10 +57,19 @@ def explore(
     """Load the checkpoints (``PATH`` or ``NAME=PATH``), then serve the page on host:port until Ctrl-C.
     ``on_ready(url)`` is called once the server listens."""
     require_fastapi()
+    import torch
     import uvicorn
 
+    from transformer_mt import runtime
+
     check_address(host, port)
-    app, _ = build(checkpoints, examples=examples, device=device, threads=threads, limits=limits)
+    # torch's CPU threads are set per calling thread (OpenMP): requests run on server threads with `threads`, and
+    # this thread, which only loads the checkpoints and runs the event loop, keeps one. Two teams of `threads` would
+    # outnumber the cores, and OpenMP then stops spinning between parallel regions: every small matmul would wait
+    # for its threads to wake up.
+    workers = threads or torch.get_num_threads()
+    runtime.set_threads(1)
+    app, _ = build(checkpoints, examples=examples, device=device, threads=workers, limits=limits)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
     if on_ready is not None:
         url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/"

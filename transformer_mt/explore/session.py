@@ -48,6 +48,7 @@ class Explorer:
     examples: list[str] = field(default_factory=list)
     examples_name: str = ""  # the examples file's name (no directory), for the page's menu
     limits: Limits = field(default_factory=Limits)
+    threads: int = 0  # torch's CPU threads for the thread a request runs on (they are per thread); 0 = as it has
 
     @property
     def default(self) -> str:
@@ -136,7 +137,7 @@ def load_explorer(specs: list[str], *, examples: str | Path | None = None, devic
     limits.check()
     if not specs:
         raise ExploreError("give at least one checkpoint (-c FILE)")
-    translators = {name: Translator.from_checkpoint(path, device=device, threads=threads) for name, path in name_checkpoints(specs)}
+    translators = {name: Translator.from_checkpoint(path, device=device) for name, path in name_checkpoints(specs)}
     first = next(iter(translators.values()))
     source = Path(examples) if examples is not None else default_examples(first)
-    return Explorer(translators, read_examples(source), source.name if source is not None else "", limits)
+    return Explorer(translators, read_examples(source), source.name if source is not None else "", limits, threads)
