@@ -1,7 +1,8 @@
 """Checkpoint files: the format, atomic save and safe load (io), RNG state (rng), the numbered files of a
-run and their pruning (retention), averaging (averaging)."""
+run and their pruning (retention), averaging (averaging), and the directories `tmt export` writes (exports)."""
 
 from transformer_mt.checkpoint.averaging import average_checkpoints, check_average_output
+from transformer_mt.checkpoint.exports import EXPORT_MARKER, output_problem, staged_directory
 from transformer_mt.checkpoint.io import (
     FORMAT,
     CheckpointError,
@@ -21,6 +22,7 @@ from transformer_mt.checkpoint.rng import rng_state, set_rng_state
 
 __all__ = [
     "CheckpointError",
+    "EXPORT_MARKER",
     "FORMAT",
     "average_checkpoints",
     "check_average_output",
@@ -32,12 +34,14 @@ __all__ = [
     "model_weights",
     "numbered_checkpoint_path",
     "numbered_checkpoints",
+    "output_problem",
     "pack_tokenizer_pair",
     "pack_tokenizers",
     "prune_checkpoints",
     "rng_state",
     "save_checkpoint",
     "set_rng_state",
+    "staged_directory",
     "tokenizers_from_checkpoint",
     "unpack_tokenizers",
     "unpack_vocabularies",

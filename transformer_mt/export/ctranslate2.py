@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -47,6 +46,7 @@ import numpy as np
 import torch
 
 from transformer_mt import __version__
+from transformer_mt.checkpoint import EXPORT_MARKER, output_problem, staged_directory
 from transformer_mt.config import Config
 from transformer_mt.decoding import model_from_checkpoint, positions_needed
 from transformer_mt.export import ExportError
@@ -56,7 +56,7 @@ from transformer_mt.text import NO_ID, Tokenizer
 INSTALL_HINT = 'ctranslate2 is not installed; run: pip install -e ".[export]"'
 # Which sentencepiece model(s) go into the directory, for tokenizing before and detokenizing after.
 JOINT_SPM, SOURCE_SPM, TARGET_SPM = "sentencepiece.model", "source.model", "target.model"
-README_FILE = "tmt_export.json"
+README_FILE = EXPORT_MARKER
 # Every file an export writes (CTranslate2's model, config and vocabularies, the sentencepiece models, ours):
 # a directory holding anything else is not an export, and --force never replaces it.
 _EXPORT_FILES = frozenset(
@@ -84,10 +84,9 @@ def export_ctranslate2(checkpoint: str | os.PathLike, out_dir: str | os.PathLike
     if quantization is not None and quantization not in ACCEPTED_MODEL_TYPES:
         raise ExportError(f"--quantization {quantization!r} is not one of {', '.join(ACCEPTED_MODEL_TYPES)}")
     out = Path(out_dir)
-    if out.exists() or out.is_symlink():
-        if not force:
-            raise ExportError(f"{out}: already exists; choose another -o directory or pass --force to replace it")
-        check_replaceable(out)
+    problem = output_problem(out, force=force, files=_EXPORT_FILES)
+    if problem:
+        raise ExportError(problem)
     model, cfg, src_tok, tgt_tok, _ = model_from_checkpoint(checkpoint)  # the EMA weights when the checkpoint has them
     src_proto, tgt_proto = src_tok.proto, tgt_tok.proto
 
@@ -108,48 +107,11 @@ def export_ctranslate2(checkpoint: str | os.PathLike, out_dir: str | os.PathLike
 
     # Written beside `out` and renamed into place: a failed export leaves `out` as it was, and the
     # converter's own force (which deletes whatever directory it is given) only ever meets our temporary.
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
-    try:
-        with tempfile.TemporaryDirectory() as spm_dir:
-            _Converter(Path(spm_dir)).convert(str(staging), quantization=quantization, force=True)
+    with staged_directory(out) as staging, tempfile.TemporaryDirectory() as spm_dir:
+        _Converter(Path(spm_dir)).convert(str(staging), quantization=quantization, force=True)
         notes = describe(cfg, checkpoint=str(checkpoint), quantization=quantization, joint=src_proto == tgt_proto)
         (staging / README_FILE).write_text(json.dumps(notes, indent=2) + "\n", encoding="utf-8")
-        _move_into_place(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return out
-
-
-def check_replaceable(out: Path) -> None:
-    """Refuse to replace ``out`` unless it is a directory an earlier ``tmt export`` wrote: its marker file
-    and nothing but the files an export writes (a run directory, or the current one, is never deleted)."""
-    entries = sorted(p.name for p in out.iterdir()) if out.is_dir() and not out.is_symlink() else None
-    ours = entries is not None and README_FILE in entries and set(entries) <= _EXPORT_FILES
-    if ours:
-        try:
-            ours = str(json.loads((out / README_FILE).read_text(encoding="utf-8")).get("exported_by", "")).startswith("transformer_mt")
-        except (OSError, ValueError, AttributeError):
-            ours = False
-    if not ours:
-        held = "it is not a directory" if entries is None else f"it holds {', '.join(entries[:3]) or 'nothing'}" + (", ..." if len(entries) > 3 else "")
-        raise ExportError(f"{out}: not a directory tmt export wrote ({held}); --force replaces only an earlier export: choose a new -o directory")
-
-
-def _move_into_place(staging: Path, out: Path) -> None:
-    """Rename the finished export to ``out``; an earlier export there (checked) is set aside first, then deleted."""
-    if not (out.exists() or out.is_symlink()):
-        os.rename(staging, out)
-        return
-    old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
-    os.rename(out, old / out.name)
-    try:
-        os.rename(staging, out)
-    except BaseException:
-        os.rename(old / out.name, out)  # put the earlier export back
-        old.rmdir()
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _spm_files(src_proto: bytes, tgt_proto: bytes) -> dict[str, bytes]:

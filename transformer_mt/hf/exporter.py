@@ -21,11 +21,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from transformer_mt import __version__
+from transformer_mt.checkpoint import EXPORT_MARKER, output_problem, staged_directory
 from transformer_mt.config import ModelConfig
 from transformer_mt.decoding import model_from_checkpoint
 from transformer_mt.hf import HfError, require_safetensors
@@ -34,7 +33,7 @@ from transformer_mt.hf.vocab import SOURCE_SPM, TARGET_SPM, TARGET_VOCAB, TOKENI
 from transformer_mt.hf.weights import SAFETENSORS, marian_state
 from transformer_mt.text import NO_ID
 
-MARKER = "tmt_export.json"
+MARKER = EXPORT_MARKER
 GENERATION_CONFIG = "generation_config.json"
 # Every file an export writes: a directory holding anything else is not an export, and --force never replaces it.
 EXPORT_FILES = frozenset({"config.json", GENERATION_CONFIG, SAFETENSORS, SOURCE_SPM, TARGET_SPM, VOCAB, TARGET_VOCAB, TOKENIZER_CONFIG, MARKER})
@@ -45,10 +44,9 @@ def export_marian(checkpoint: str | os.PathLike, output: str | os.PathLike, *, f
     directory ``output``; returns it. An existing ``output`` is replaced only with ``force``, and only if an
     earlier export wrote it."""
     out = Path(output)
-    if out.exists() or out.is_symlink():
-        if not force:
-            raise HfError(f"{out}: already exists; choose another -o directory or pass --force to replace it")
-        check_replaceable(out)
+    problem = output_problem(out, force=force, files=EXPORT_FILES)
+    if problem:
+        raise HfError(problem)
     model, cfg, src_tok, tgt_tok, _ = model_from_checkpoint(checkpoint)
     refusal = marian_refusal(cfg.model)
     if refusal:
@@ -73,17 +71,12 @@ def export_marian(checkpoint: str | os.PathLike, output: str | os.PathLike, *, f
     }
     if separate:
         files[TARGET_VOCAB] = vocab_json(tgt_tok)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
-    try:
+    with staged_directory(out) as staging:
         for name, content in files.items():
             (staging / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         (staging / SOURCE_SPM).write_bytes(src_tok.proto)
         (staging / TARGET_SPM).write_bytes(tgt_tok.proto)
         st.save_file(marian_state(model), str(staging / SAFETENSORS), metadata={"format": "pt"})  # "pt": what from_pretrained expects
-        _move_into_place(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return out
 
 
@@ -103,33 +96,3 @@ def generation_config(model_cfg: ModelConfig, *, beam: int, lenpen: float) -> di
     if lenpen == 0:
         out["length_penalty"] = 0.0
     return out
-
-
-def check_replaceable(out: Path) -> None:
-    """Refuse to replace ``out`` unless an earlier marian-hf export wrote it: its marker and nothing but export files."""
-    entries = sorted(p.name for p in out.iterdir()) if out.is_dir() and not out.is_symlink() else None
-    ours = entries is not None and MARKER in entries and set(entries) <= EXPORT_FILES
-    if ours:
-        try:
-            ours = str(json.loads((out / MARKER).read_text(encoding="utf-8")).get("exported_by", "")).startswith("transformer_mt")
-        except (OSError, ValueError, AttributeError):
-            ours = False
-    if not ours:
-        held = "it is not a directory" if entries is None else f"it holds {', '.join(entries[:3]) or 'nothing'}" + (", ..." if len(entries) > 3 else "")
-        raise HfError(f"{out}: not a directory tmt export wrote ({held}); --force replaces only an earlier export: choose a new -o directory")
-
-
-def _move_into_place(staging: Path, out: Path) -> None:
-    """Rename the finished export to ``out``; an earlier export there (checked) is set aside first, then deleted."""
-    if not (out.exists() or out.is_symlink()):
-        os.rename(staging, out)
-        return
-    old = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".old"))
-    os.rename(out, old / out.name)
-    try:
-        os.rename(staging, out)
-    except BaseException:
-        os.rename(old / out.name, out)  # put the earlier export back
-        old.rmdir()
-        raise
-    shutil.rmtree(old, ignore_errors=True)
