@@ -7,6 +7,7 @@ from pathlib import Path
 
 from transformer_mt.explore import INSTALL_HINT, ExploreError
 from transformer_mt.explore.session import Explorer, Limits, load_explorer
+from transformer_mt.serve import address_problem
 
 
 def require_fastapi() -> None:
@@ -16,21 +17,6 @@ def require_fastapi() -> None:
         import uvicorn  # noqa: F401
     except ImportError:
         raise ExploreError(INSTALL_HINT) from None
-
-
-def check_address(host: str, port: int) -> None:
-    """Refuse at once an address this process cannot listen on, before the (slow) model loading."""
-    if not 0 <= port <= 65535:
-        raise ExploreError(f"--port {port}: must be 0 to 65535 (a TCP port); choose a free one, e.g. 8000")
-    try:
-        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port in TIME_WAIT is free
-            probe.bind(addr)
-    except OSError as exc:
-        raise ExploreError(
-            f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc}); choose another --port or stop the program using it"
-        ) from None
 
 
 def build(checkpoints: list[str], *, examples: str | Path | None = None, device: str = "cpu", threads: int = 0, limits: Limits | None = None):
@@ -62,7 +48,9 @@ def explore(
 
     from transformer_mt import runtime
 
-    check_address(host, port)
+    problem = address_problem(host, port)  # before the (slow) loading
+    if problem:
+        raise ExploreError(problem)
     # torch's CPU threads are set per calling thread (OpenMP): requests run on server threads with `threads`, and
     # this thread, which only loads the checkpoints and runs the event loop, keeps one. Two teams of `threads` would
     # outnumber the cores, and OpenMP then stops spinning between parallel regions: every small matmul would wait

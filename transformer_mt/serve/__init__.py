@@ -139,7 +139,9 @@ def serve(
     from transformer_mt.serve.app import build_app, load_models
     from transformer_mt.serve.server import build_server
 
-    _check_address(host, port)  # before the (slow) model loading
+    problem = address_problem(host, port)  # before the (slow) model loading
+    if problem:
+        raise ServeError(problem)
     if not options.api_keys and not _is_loopback(host):
         print(
             f"tmt: warning: --host {host} accepts connections from other machines and no --api-key-file is set: anyone who reaches it can translate",
@@ -170,16 +172,16 @@ def _is_loopback(host: str) -> bool:
         return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
 
 
-def _check_address(host: str, port: int) -> None:
-    """Refuse at once an address this process cannot listen on (in use, not local), as uvicorn would after loading."""
+def address_problem(host: str, port: int) -> str | None:
+    """None when this process can listen on host:port, else one line saying why not (in use, not local, not a
+    port): checked before the (slow) model loading, as uvicorn would find it after. `tmt explore` asks it too."""
     if not 0 <= port <= 65535:  # the socket calls would raise OverflowError, not OSError
-        raise ServeError(f"--port {port}: must be 0 to 65535 (a TCP port); choose a free one, e.g. 8000")
+        return f"--port {port}: must be 0 to 65535 (a TCP port); choose a free one, e.g. 8000"
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         with socket.socket(family, kind, proto) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds: a port in TIME_WAIT is free
             probe.bind(addr)
     except OSError as exc:
-        raise ServeError(
-            f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc}); choose another --port or stop the program using it"
-        ) from None
+        return f"--host {host} --port {port}: cannot listen there ({exc.strerror or exc}); choose another --port or stop the program using it"
+    return None
