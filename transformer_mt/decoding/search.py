@@ -98,6 +98,7 @@ def greedy_search(
     """
     _check_inputs(model, src)
     batch, device, sp = src.size(0), src.device, model.specials
+    never = sp.never_generated  # (ids,) masked at every step
     if batch == 0:
         return []
     max_lens = _sentence_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output)  # (B,)
@@ -109,7 +110,7 @@ def greedy_search(
     lengths = torch.zeros(batch, dtype=torch.long, device=device)  # (B,) generated tokens incl. EOS
     alive_max = max_lens
     for step in range(out.size(1)):
-        lprobs = _log_probs(model.decode_step(tokens, cache), never=sp.never_generated)  # (b, V)
+        lprobs = _log_probs(model.decode_step(tokens, cache), never=never)  # (b, V)
         # Rank cum + lprobs rather than lprobs alone: the same float32 sums beam search ranks,
         # so beam 1 breaks near-ties exactly as greedy does. max() returns the lowest tied id.
         best, tok = lprobs.add_(cum[alive].unsqueeze(1)).max(dim=1)  # (b,), (b,)
@@ -181,6 +182,7 @@ def beam_search(
     _check_inputs(model, src)
     _refuse(beam_problem(beam, nbest))
     batch, device, k, sp = src.size(0), src.device, beam, model.specials
+    never = sp.never_generated  # (ids,) masked at every step
     if batch == 0:
         return []
     max_lens = _sentence_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output)  # (B,)
@@ -195,7 +197,7 @@ def beam_search(
     rank = torch.arange(2 * k, device=device)  # (2k,)
     for step in range(int(max_lens.max())):
         b = sent.numel()
-        lprobs = _log_probs(model.decode_step(tokens, cache), never=sp.never_generated)  # (b*k, V)
+        lprobs = _log_probs(model.decode_step(tokens, cache), never=never)  # (b*k, V)
         vocab = lprobs.size(1)
         if step == 0:
             _refuse(beam_problem(beam, nbest, tgt_vocab_size=vocab))
