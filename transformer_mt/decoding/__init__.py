@@ -1,7 +1,7 @@
 """Search over a model and the Translator that turns text into translations.
 
-- ``search``: greedy and beam search over the ``SearchModel`` protocol (``protocol``: it, the cache's, and the
-  hypotheses and steps the searches give back);
+- ``search``: greedy and beam search over the ``SearchModel`` protocol (``protocol``: it, the cache's, the
+  hypotheses and steps the searches give back, and ``TextTranslator``, what evaluation and serving call);
 - ``lengths``: the length penalty, the longest output and the positions a batch needs;
 - ``translator``: ``load``, ``Translator`` (text in, translations out), ``translate_ids`` and streams;
 - ``mbr``: minimum Bayes risk choice among pooled candidate files.
@@ -10,7 +10,7 @@
 from transformer_mt.config import max_beam  # the rule lives with the config; kept importable beside the search it bounds
 from transformer_mt.decoding.lengths import length_penalty, max_output_length, positions_needed
 from transformer_mt.decoding.mbr import Candidate, MbrError, mbr_choose, mbr_files, pool_weights, read_candidates
-from transformer_mt.decoding.protocol import BeamStep, Hypothesis, SearchCache, SearchError, SearchModel
+from transformer_mt.decoding.protocol import BeamStep, Hypothesis, SearchCache, SearchError, SearchModel, TextTranslator
 from transformer_mt.decoding.search import beam_search, greedy_search, search
 from transformer_mt.decoding.translator import (
     CheckpointModel,
@@ -34,6 +34,7 @@ __all__ = [
     "SearchCache",
     "SearchError",
     "SearchModel",
+    "TextTranslator",
     "TranslateError",
     "TranslateStats",
     "Translation",

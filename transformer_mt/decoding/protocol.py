@@ -1,16 +1,22 @@
 """What the searches need from a model and what they give back: the :class:`SearchModel` and :class:`SearchCache`
 protocols (``Transformer`` and ``Ensemble`` satisfy them; the search imports neither), a finished
-:class:`Hypothesis`, the :class:`BeamStep` an observer of beam search sees, and :class:`SearchError`."""
+:class:`Hypothesis`, the :class:`BeamStep` an observer of beam search sees, and :class:`SearchError`; and
+:class:`TextTranslator`, what `tmt evaluate`, `tmt serve` and ``translate_stream`` use of a translator (tmt's
+``Translator``, or an engine built outside the core that translates the same way)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from torch import Tensor
 
 from transformer_mt.errors import TmtError
-from transformer_mt.text import SpecialIds
+from transformer_mt.text import SpecialIds, Tokenizer
+
+if TYPE_CHECKING:  # translator.py imports this module
+    from transformer_mt.config import Config
+    from transformer_mt.decoding.translator import TranslationResult
 
 
 @runtime_checkable
@@ -79,3 +85,38 @@ class BeamStep(NamedTuple):
     finished: tuple[Tensor, ...]  # (b, k) each: score, log-prob, step, row, token (-1 after EOS), valid: the best k finished so far
     limit: Tensor  # (b,) each sentence's longest output
     going_on: Tensor  # (b,) bool: the sentence is searched further
+
+
+class TextTranslator(Protocol):
+    """Text in, n-best translations out, by ``Translator``'s rules (one output per input line, an empty line gives
+    an empty translation, a source over ``max_src_tokens`` pieces is truncated): what `tmt evaluate`, `tmt serve` and
+    ``translate_stream`` call. ``Translator`` is one; the CTranslate2 engine (``transformer_mt.export``) another."""
+
+    cfg: Config  # the checkpoint's config: its decode section gives the defaults and the batch size
+    src_tok: Tokenizer
+    tgt_tok: Tokenizer
+    max_src_tokens: int  # longer sources are truncated to this many pieces (EOS is one more)
+
+    @property
+    def num_parameters(self) -> int:
+        """The model's parameters (an ensemble's: all members'), for reports."""
+        ...
+
+    def decode_defaults(self, beam: int | None = None, lenpen: float | None = None) -> tuple[int, float]:
+        """``beam`` and ``lenpen``, each the checkpoint's ``decode`` setting when None."""
+        ...
+
+    def translate_batch(
+        self,
+        lines: list[str],
+        *,
+        beam: int,
+        lenpen: float,
+        nbest: int = 1,
+        batch_tokens: int | None = None,
+        max_len_a: float | None = None,
+        max_len_b: int | None = None,
+        max_output_tokens: int | None = None,
+    ) -> TranslationResult:
+        """n-best (score, text) lists, one per input line, in input order, and this call's stats."""
+        ...

@@ -31,7 +31,7 @@ from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, m
 from transformer_mt.config import Config, beam_problem, length_problem, lenpen_problem
 from transformer_mt.data import source_tensor
 from transformer_mt.decoding.lengths import positions_needed
-from transformer_mt.decoding.protocol import Hypothesis, SearchError
+from transformer_mt.decoding.protocol import Hypothesis, SearchError, TextTranslator
 from transformer_mt.decoding.search import search
 from transformer_mt.errors import TmtError
 from transformer_mt.model import Ensemble, Transformer
@@ -248,6 +248,11 @@ class Translator:
         model = models[0] if len(models) == 1 else Ensemble(models)
         return cls(model, first.src_tok, first.tgt_tok, first.cfg, device=dev, max_src_tokens=max_src)
 
+    @property
+    def num_parameters(self) -> int:
+        """The model's parameters (an ensemble's: all members'), each shared matrix counted once."""
+        return sum(p.numel() for p in self.model.parameters())
+
     def decode_defaults(self, beam: int | None = None, lenpen: float | None = None) -> tuple[int, float]:
         """``beam`` and ``lenpen``, each the checkpoint's ``decode`` setting when None."""
         d = self.cfg.decode
@@ -360,7 +365,15 @@ def write_results(results: list[list[tuple[float, str]]], out: TextIO, *, nbest:
 
 
 def translate_stream(
-    translator: Translator, lines: Iterable[list[str]], out: TextIO, *, beam: int, lenpen: float, nbest: int = 1, batch_tokens: int | None = None, progress=None
+    translator: TextTranslator,
+    lines: Iterable[list[str]],
+    out: TextIO,
+    *,
+    beam: int,
+    lenpen: float,
+    nbest: int = 1,
+    batch_tokens: int | None = None,
+    progress=None,
 ) -> TranslateStats:
     """Translate chunks of lines as they come and write them in order; flushes after each chunk. Returns the
     stats of all chunks together (their ``warning()`` is the end-of-run truncation line)."""
