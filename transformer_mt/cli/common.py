@@ -5,11 +5,29 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from transformer_mt.config import beam_problem, lenpen_problem
+from transformer_mt.errors import TmtError
 from transformer_mt.text import iter_file, iter_stream, safe_output
 
-__all__ = ["input_lines", "safe_output", "progress", "decode_args", "CKPT_HELP", "BEAM_HELP", "LENPEN_HELP", "WEIGHTS_HELP"]
+if TYPE_CHECKING:
+    from transformer_mt.decoding import TextTranslator
+
+__all__ = [
+    "input_lines",
+    "safe_output",
+    "progress",
+    "decode_args",
+    "build_translator",
+    "CKPT_HELP",
+    "BEAM_HELP",
+    "LENPEN_HELP",
+    "WEIGHTS_HELP",
+    "ENGINE_HELP",
+    "COMPUTE_TYPE_HELP",
+]
+ENGINES = ("tmt", "ctranslate2")
 
 
 def input_lines(path: Path | None) -> Iterator[str]:
@@ -38,6 +56,34 @@ WEIGHTS_HELP = (
     "ema or raw: the moving average of the weights (train.ema_decay; what validation chose on) or the trained ones. "
     "Default: ema when the checkpoint holds it, else raw."
 )
+
+
+ENGINE_HELP = (
+    "tmt (its own search) or ctranslate2: the checkpoint converted once (cached beside it as CHECKPOINT.ct2/) and decoded "
+    "by CTranslate2, one call over all lines (extra export; docs/deploying.md says what is equal)."
+)
+COMPUTE_TYPE_HELP = "With --engine ctranslate2: CTranslate2's compute type, float32 (default), int8, int8_float32, ... (weights quantized when loading)."
+
+
+def build_translator(
+    checkpoints: list[Path], *, engine: str, device: str, dtype: str, threads: int, weights: str | None, compute_type: str | None
+) -> TextTranslator:
+    """The translator --engine asks for: tmt's Translator, or the CTranslate2 engine (whose conversion note, if any,
+    goes to stderr as one line)."""
+    if engine not in ENGINES:
+        raise TmtError(f"--engine {engine}: choose tmt or ctranslate2")
+    if engine == "tmt":
+        from transformer_mt.decoding import Translator
+
+        if compute_type is not None:
+            raise TmtError(f"--compute-type {compute_type} applies to --engine ctranslate2; tmt's own search takes --dtype")
+        return Translator.from_checkpoints(checkpoints, device=device, dtype=dtype, threads=threads, weights=weights)
+    from transformer_mt.export import ctranslate2_translator
+
+    tr = ctranslate2_translator(checkpoints, device=device, dtype=dtype, threads=threads, weights=weights, compute_type=compute_type or "float32")
+    if tr.note:
+        print(f"tmt: {tr.note}", file=sys.stderr)
+    return tr
 
 
 def decode_args(tr, beam: int | None, lenpen: float | None, nbest: int) -> tuple[int, float]:

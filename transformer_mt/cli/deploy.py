@@ -6,11 +6,13 @@ only when the command runs; without them the command says in one line which extr
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import typer
 
 from transformer_mt.cli.app import app
+from transformer_mt.cli.common import COMPUTE_TYPE_HELP, ENGINE_HELP, build_translator
 
 
 @app.command()
@@ -70,6 +72,8 @@ def serve(
         None, "--api-key-file", help="API keys, one a line: every path but /health and /ready then needs 'Authorization: Bearer KEY' or 'X-API-Key: KEY'."
     ),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level: critical, error, warning, info, debug."),
+    engine: str = typer.Option("tmt", "--engine", help=ENGINE_HELP),
+    compute_type: str | None = typer.Option(None, "--compute-type", help=COMPUTE_TYPE_HELP),
 ) -> None:
     """Serve translations over HTTP (FastAPI + uvicorn): POST /translate, GET /health, /ready, /models, /metrics, /docs."""
     from transformer_mt.serve import ServeOptions, load_api_keys
@@ -90,4 +94,8 @@ def serve(
         shutdown_timeout=shutdown_timeout,
         api_keys=load_api_keys(api_key_file) if api_key_file else (),
     )
-    run_server(checkpoints, host=host, port=port, device=device, threads=threads, options=opts, log_level=log_level)
+    load = None
+    if engine != "tmt" or compute_type is not None:  # the checks of both options live in build_translator
+        build = partial(build_translator, engine=engine, device=device, dtype="float32", threads=threads, weights=None, compute_type=compute_type)
+        load = lambda path: build([Path(path)])  # noqa: E731 - one checkpoint per served model
+    run_server(checkpoints, host=host, port=port, device=device, threads=threads, options=opts, log_level=log_level, load=load)

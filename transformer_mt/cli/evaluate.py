@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from transformer_mt.cli.app import app
-from transformer_mt.cli.common import BEAM_HELP, CKPT_HELP, LENPEN_HELP, WEIGHTS_HELP, decode_args
+from transformer_mt.cli.common import BEAM_HELP, CKPT_HELP, COMPUTE_TYPE_HELP, ENGINE_HELP, LENPEN_HELP, WEIGHTS_HELP, build_translator, decode_args
 
 
 @app.command()
@@ -24,15 +24,16 @@ def evaluate(
     dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16 (GPU)."),
     threads: int = typer.Option(0, "--threads", min=0, help="CPU threads (0 = torch default)."),
     weights: str | None = typer.Option(None, "--weights", help=WEIGHTS_HELP),
+    engine: str = typer.Option("tmt", "--engine", help=ENGINE_HELP),
+    compute_type: str | None = typer.Option(None, "--compute-type", help=COMPUTE_TYPE_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
 ) -> None:
     """Translate SRC, write the hypotheses, print BLEU, chrF, sentences/s and target tokens/s."""
     import json
 
-    from transformer_mt.decoding import Translator
     from transformer_mt.evaluation import evaluate_file
 
-    tr = Translator.from_checkpoints(checkpoints, device=device, dtype=dtype, threads=threads, weights=weights)
+    tr = build_translator(checkpoints, engine=engine, device=device, dtype=dtype, threads=threads, weights=weights, compute_type=compute_type)
     beam, lenpen = decode_args(tr, beam, lenpen, 1)
     output = output or checkpoints[0].parent / f"{src.name}.{checkpoints[0].stem}.hyp"
     result = evaluate_file(tr, src, ref, output=output, beam=beam, lenpen=lenpen, batch_tokens=batch_tokens, lowercase=lowercase, keep_intact=checkpoints)

@@ -8,7 +8,17 @@ from pathlib import Path
 import typer
 
 from transformer_mt.cli.app import app
-from transformer_mt.cli.common import BEAM_HELP, CKPT_HELP, LENPEN_HELP, WEIGHTS_HELP, decode_args, safe_output
+from transformer_mt.cli.common import (
+    BEAM_HELP,
+    CKPT_HELP,
+    COMPUTE_TYPE_HELP,
+    ENGINE_HELP,
+    LENPEN_HELP,
+    WEIGHTS_HELP,
+    build_translator,
+    decode_args,
+    safe_output,
+)
 
 
 @app.command()
@@ -24,13 +34,15 @@ def translate(
     dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16 (GPU)."),
     threads: int = typer.Option(0, "--threads", min=0, help="CPU threads (0 = torch default)."),
     weights: str | None = typer.Option(None, "--weights", help=WEIGHTS_HELP),
+    engine: str = typer.Option("tmt", "--engine", help=ENGINE_HELP),
+    compute_type: str | None = typer.Option(None, "--compute-type", help=COMPUTE_TYPE_HELP),
 ) -> None:
     """Translate raw text with greedy or beam search: one output line per input line."""
-    from transformer_mt.decoding import Translator, translate_stream
+    from transformer_mt.decoding import translate_stream
     from transformer_mt.text import count_lines, file_chunks, stdin_chunks
 
     chunks = file_chunks(input) if input is not None and str(input) != "-" else stdin_chunks()  # a wrong path fails first
-    tr = Translator.from_checkpoints(checkpoints, device=device, dtype=dtype, threads=threads, weights=weights)
+    tr = build_translator(checkpoints, engine=engine, device=device, dtype=dtype, threads=threads, weights=weights, compute_type=compute_type)
     beam, lenpen = decode_args(tr, beam, lenpen, nbest)
     bar = None
     if input is not None and str(input) != "-" and input.is_file() and sys.stderr.isatty():  # counting a pipe would consume it

@@ -8,7 +8,7 @@ beam) translations of its first sentences against their raw references. Both are
 tokens (pieces + EOS, padding excluded) divided once by their count, so the result does not
 depend on how the set is batched.
 
-`evaluate_file` is `tmt evaluate`: a Translator (one checkpoint or an ensemble) translates a source
+`evaluate_file` is `tmt evaluate`: a translator (a Translator of one checkpoint or an ensemble, or the CTranslate2 engine) translates a source
 file into a hypotheses file, written safely (never over an input), then BLEU and chrF of that file.
 """
 
@@ -26,7 +26,7 @@ import torch
 from transformer_mt import runtime
 from transformer_mt.config import DecodeConfig
 from transformer_mt.data import ParallelData
-from transformer_mt.decoding import TranslateStats, Translator, translate_ids, translate_stream
+from transformer_mt.decoding import TextTranslator, TranslateStats, translate_ids, translate_stream
 from transformer_mt.errors import TmtError
 from transformer_mt.evaluation.metrics import read_lines, score
 from transformer_mt.model import TeacherForcedLoss, Transformer
@@ -158,7 +158,7 @@ class Evaluation:
 
 
 def evaluate_file(
-    translator: Translator,
+    translator: TextTranslator,
     src: str | os.PathLike,
     refs: Sequence[str | os.PathLike],
     *,

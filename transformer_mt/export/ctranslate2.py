@@ -47,10 +47,10 @@ import torch
 
 from transformer_mt import __version__
 from transformer_mt.checkpoint import EXPORT_MARKER, output_problem, staged_directory
-from transformer_mt.config import Config
+from transformer_mt.config import Config, to_dict
 from transformer_mt.decoding import model_from_checkpoint, positions_needed
 from transformer_mt.export import ExportError
-from transformer_mt.model import MultiHeadAttention, ScaleNorm, Transformer, sinusoids
+from transformer_mt.model import MultiHeadAttention, ScaleNorm, Transformer, count_parameters, sinusoids
 from transformer_mt.text import NO_ID, Tokenizer
 
 INSTALL_HINT = 'ctranslate2 is not installed; run: pip install -e ".[export]"'
@@ -74,10 +74,20 @@ def require_ctranslate2():
     return ctranslate2
 
 
-def export_ctranslate2(checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, quantization: str | None = None, force: bool = False) -> Path:
+def export_ctranslate2(
+    checkpoint: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    quantization: str | None = None,
+    force: bool = False,
+    weights: str | None = None,
+    notes: dict[str, Any] | None = None,
+) -> Path:
     """Write ``checkpoint`` as a CTranslate2 model directory (model.bin, config.json, vocabularies,
     the sentencepiece model(s) and ``tmt_export.json``); weights quantized to ``quantization``
-    (int8, int8_float32, int8_float16, int8_bfloat16, int16, float16, bfloat16, float32; None keeps float32)."""
+    (int8, int8_float32, int8_float16, int8_bfloat16, int16, float16, bfloat16, float32; None keeps float32).
+    ``weights``: ema, raw or None (the EMA weights when the checkpoint has them); ``notes``: more keys for
+    ``tmt_export.json`` (the engine's conversion cache records what it was converted from)."""
     ct2 = require_ctranslate2()
     from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES
 
@@ -87,7 +97,7 @@ def export_ctranslate2(checkpoint: str | os.PathLike, out_dir: str | os.PathLike
     problem = output_problem(out, force=force, files=_EXPORT_FILES)
     if problem:
         raise ExportError(problem)
-    model, cfg, src_tok, tgt_tok, _ = model_from_checkpoint(checkpoint)  # the EMA weights when the checkpoint has them
+    model, cfg, src_tok, tgt_tok, _ = model_from_checkpoint(checkpoint, weights=weights)  # None: the EMA weights when the checkpoint has them
     src_proto, tgt_proto = src_tok.proto, tgt_tok.proto
 
     class _Converter(ct2.converters.Converter):  # type: ignore[name-defined] # ctranslate2 is imported at run time (an optional extra)
@@ -109,8 +119,10 @@ def export_ctranslate2(checkpoint: str | os.PathLike, out_dir: str | os.PathLike
     # converter's own force (which deletes whatever directory it is given) only ever meets our temporary.
     with staged_directory(out) as staging, tempfile.TemporaryDirectory() as spm_dir:
         _Converter(Path(spm_dir)).convert(str(staging), quantization=quantization, force=True)
-        notes = describe(cfg, checkpoint=str(checkpoint), quantization=quantization, joint=src_proto == tgt_proto)
-        (staging / README_FILE).write_text(json.dumps(notes, indent=2) + "\n", encoding="utf-8")
+        written = describe(cfg, checkpoint=str(checkpoint), quantization=quantization, joint=src_proto == tgt_proto)
+        written.update(parameters=count_parameters(model), weights=weights or "default", vocab_ids=[src_tok.vocab is not None, tgt_tok.vocab is not None])
+        written["config"] = to_dict(cfg)  # what decoding the directory like tmt needs: special ids, limits, decode defaults
+        (staging / README_FILE).write_text(json.dumps(written | (notes or {}), indent=2) + "\n", encoding="utf-8")
     return out
 
 

@@ -30,10 +30,15 @@ from __future__ import annotations
 import ipaddress
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from transformer_mt.errors import TmtError
+
+if TYPE_CHECKING:
+    from transformer_mt.decoding import TextTranslator
 
 INSTALL_HINT = 'fastapi, uvicorn or prometheus-client is not installed; run: pip install -e ".[serve]"'
 MIN_KEY_CHARS = 16  # shorter keys can be guessed; `python -c "import secrets; print(secrets.token_urlsafe(32))"` makes one
@@ -123,8 +128,10 @@ def serve(
     threads: int = 0,
     options: ServeOptions | None = None,
     log_level: str = "info",
+    load: Callable[[str], TextTranslator] | None = None,
 ) -> None:
-    """Load every checkpoint (``PATH`` or ``NAME=PATH``), then serve until SIGTERM / Ctrl-C."""
+    """Load every checkpoint (``PATH`` or ``NAME=PATH``), then serve until SIGTERM / Ctrl-C. ``load`` builds the
+    translator of a checkpoint path (None: tmt's ``Translator``; `tmt serve --engine ctranslate2` gives its engine)."""
     options = options or ServeOptions()
     options.check()
     require_serving()
@@ -153,7 +160,7 @@ def serve(
     # would wait for its threads to wake up (a single request about twice as slow as the same call made directly).
     workers = threads or torch.get_num_threads()
     runtime.set_threads(1)
-    models = load_models(checkpoints, device=device, threads=workers, options=options)
+    models = load_models(checkpoints, device=device, threads=workers, options=options, load=load)
     # uvicorn's own SIGTERM/SIGINT handling: stop listening, let in-flight requests finish (at most
     # --shutdown-timeout seconds), then run the app's shutdown (which drains the batch queues).
     build_server(build_app(models, options), options, host=host, port=port, log_level=log_level).run()

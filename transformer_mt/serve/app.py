@@ -210,7 +210,7 @@ def _describe_model(m: ServedModel, options: ServeOptions) -> dict:
     b = m.batcher
     return {
         "name": m.name,
-        "parameters": sum(p.numel() for p in tr.model.parameters()),
+        "parameters": tr.num_parameters,
         "config": to_dict(cfg)["model"],
         "tokenizer": {"src_vocab_size": tr.src_tok.vocab_size, "tgt_vocab_size": tr.tgt_tok.vocab_size, "joint": tr.src_tok.proto == tr.tgt_tok.proto},
         "decode": {"beam": cfg.decode.beam, "lenpen": cfg.decode.lenpen, "max_len_a": cfg.decode.max_len_a, "max_len_b": cfg.decode.max_len_b},

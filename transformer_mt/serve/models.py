@@ -1,4 +1,5 @@
-"""The served models: each a Translator, the calls its worker makes (:class:`Runner`) and its Batcher.
+"""The served models: each a translator (tmt's ``Translator``, or any :class:`~transformer_mt.decoding.TextTranslator`
+the command line built, such as the CTranslate2 engine), the calls its worker makes (:class:`Runner`) and its Batcher.
 
 The Runner is what runs on the worker thread, never on the event loop: measuring a request (tokenizing
 it, for batch sizes and the truncation warnings) and translating a batch under the server's output cap.
@@ -6,19 +7,20 @@ it, for batch sizes and the truncation warnings) and translating a batch under t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from transformer_mt import runtime
-from transformer_mt.decoding import Translator
+from transformer_mt.decoding import TextTranslator, Translator
 from transformer_mt.serve import ServeError, ServeOptions
 from transformer_mt.serve.batching import Batcher, BatchEvents, TranslateFn
 
 
 class Runner:
-    """One Translator's work for the batcher: ``prepare`` and ``translate`` (see batching.PrepareFn, TranslateFn)."""
+    """One translator's work for the batcher: ``prepare`` and ``translate`` (see batching.PrepareFn, TranslateFn)."""
 
-    def __init__(self, tr: Translator, *, max_output_tokens: int = 0):
+    def __init__(self, tr: TextTranslator, *, max_output_tokens: int = 0):
         self.tr, self.cap = tr, max_output_tokens
         self.events = BatchEvents()  # the app's metrics replace it: target tokens are counted here
 
@@ -51,13 +53,13 @@ class ServedModel:
 
     name: str
     path: str
-    translator: Translator
+    translator: TextTranslator
     batcher: Batcher
     runner: Runner | None = None
 
 
 def serve_model(
-    name: str, translator: Translator, options: ServeOptions, *, path: str = "", translate: TranslateFn | None = None, threads: int = 0
+    name: str, translator: TextTranslator, options: ServeOptions, *, path: str = "", translate: TranslateFn | None = None, threads: int = 0
 ) -> ServedModel:
     """A ServedModel with its batcher started; ``translate`` replaces the Runner's (tests instrument it). ``threads``:
     torch's CPU threads on the worker thread that decodes (0: as set for the calling thread)."""
@@ -74,8 +76,11 @@ def serve_model(
     return ServedModel(name, path, translator, batcher, runner)
 
 
-def load_models(specs: list[str], *, device: str, threads: int, options: ServeOptions) -> list[ServedModel]:
-    """``PATH`` or ``NAME=PATH`` per checkpoint; a name defaults to the file's stem and must be unique."""
+def load_models(
+    specs: list[str], *, device: str, threads: int, options: ServeOptions, load: Callable[[str], TextTranslator] | None = None
+) -> list[ServedModel]:
+    """``PATH`` or ``NAME=PATH`` per checkpoint; a name defaults to the file's stem and must be unique. ``load`` builds
+    the translator of a path (None: tmt's ``Translator`` on ``device``)."""
     named: list[tuple[str, str]] = []
     for spec in specs:
         name, sep, path = spec.partition("=")
@@ -85,4 +90,5 @@ def load_models(specs: list[str], *, device: str, threads: int, options: ServeOp
             raise ServeError(f"-c {spec}: a model named {name!r} is already served; name them apart with -c NAME=PATH")
         named.append((name, path))
     # ``threads`` goes to each model's worker thread, the one that decodes (torch's CPU threads are per thread)
-    return [serve_model(name, Translator.from_checkpoint(path, device=device), options, path=path, threads=threads) for name, path in named]
+    load = load or (lambda path: Translator.from_checkpoint(path, device=device))
+    return [serve_model(name, load(path), options, path=path, threads=threads) for name, path in named]

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from transformer_mt.config import beam_problem, lenpen_problem
-from transformer_mt.decoding import Translator
+from transformer_mt.decoding import TextTranslator
 from transformer_mt.serve import ServeOptions
 
 
@@ -35,7 +35,7 @@ class TranslateRequest(BaseModel):
     nbest: int = Field(1, description="Hypotheses per line (1..beam); > 1 returns [{text, score}, ...] per line.")
 
 
-def decode_settings(tr: Translator, req: TranslateRequest, options: ServeOptions) -> tuple[int, float]:
+def decode_settings(tr: TextTranslator, req: TranslateRequest, options: ServeOptions) -> tuple[int, float]:
     """The request's beam and lenpen (the checkpoint's when absent), checked before the request is queued:
     beam within --max-beam and the target vocabulary, 1 <= nbest <= beam, lenpen within config.lenpen_problem's bound."""
     beam, lenpen = tr.decode_defaults(req.beam, req.lenpen)
