@@ -90,13 +90,13 @@ class MultiHeadAttention(nn.Module):
 
         ``allowed``: bool, True = attend, broadcastable to (B, H, T, K); None = attend to all keys, or with
         ``causal`` (T == K) to keys at or before the query's position (no mask tensor: SDPA's ``is_causal``).
-        Fast path: SDPA (a fused kernel, e.g. flash attention on CPU when there is no attention dropout).
-        With ``need_weights`` the product is spelled out and the weights (B, H, T, K), taken before
-        attention dropout, come back too: masked keys get -inf before the softmax, so exactly 0 after it.
+        Fast path: SDPA (a fused kernel, e.g. flash attention on CPU when there is no attention dropout); a
+        training step on CPU over at most SHORT_KEYS keys spells the product out instead (faster there). With
+        ``need_weights`` the product is spelled out and the weights (B, H, T, K), taken before attention
+        dropout, come back too: masked keys get -inf before the softmax, so exactly 0 after it.
         """
         p = self.dropout if self.training else 0.0
-        weights = None
-        if need_weights:
+        if need_weights or _spelled_out_is_faster(k):
             scores = q @ k.transpose(-2, -1) * self.dk**-0.5  # (B, H, T, K); section 3.2.1 scaling
             if causal:
                 allowed = torch.ones(q.size(2), k.size(2), dtype=torch.bool, device=q.device).tril()
@@ -105,6 +105,17 @@ class MultiHeadAttention(nn.Module):
             weights = scores.softmax(dim=-1)
             out = dropout(weights, p, self.training) @ v  # (B, H, T, Dv)
         else:
+            weights = None
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, is_causal=causal)  # scale 1/sqrt(Dk)
         b, h, t, dv = out.shape
-        return self.out(out.transpose(1, 2).reshape(b, t, h * dv)), weights  # (B, H, T, Dv) -> (B, T, H*Dv)
+        return self.out(out.transpose(1, 2).reshape(b, t, h * dv)), weights if need_weights else None  # (B, H, T, Dv) -> (B, T, H*Dv)
+
+
+# SDPA's CPU flash kernel works in blocks sized for long sequences; below this many keys, the product spelled out
+# as two batched matmuls and a softmax is faster forward and backward (docs/benchmarks.md, the attention row).
+SHORT_KEYS = 64
+
+
+def _spelled_out_is_faster(k: Tensor) -> bool:
+    """Whether a training step on CPU attends over few enough keys (k: (B, H, K, Dk)) for the spelled-out product."""
+    return k.device.type == "cpu" and k.size(2) <= SHORT_KEYS and torch.is_grad_enabled()

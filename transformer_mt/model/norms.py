@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_mt.config import ModelConfig
+from transformer_mt.model.kernels import scale_norm
 
 
 class LayerNorm(nn.LayerNorm):
@@ -51,8 +52,7 @@ class ScaleNorm(nn.Module):
         self.d_model, self.eps = d_model, eps
 
     def forward(self, x: Tensor) -> Tensor:
-        y = x.to(self.g.dtype)
-        return (y * (self.g / y.norm(dim=-1, keepdim=True).clamp(min=self.eps))).to(x.dtype)
+        return scale_norm(x.to(self.g.dtype), self.g, self.eps).to(x.dtype)
 
 
 def fixnorm(rows: Tensor) -> Tensor:

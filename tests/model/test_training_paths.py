@@ -1,0 +1,109 @@
+"""The training step's fast paths compute what their plain forms compute, values and gradients:
+
+- attention spelled out as two batched matmuls and a softmax (a CPU training step over few keys) against SDPA;
+- ScaleNorm's written-out backward (``kernels.scale_norm``) against autograd through the formula.
+
+The model-level checks run real Multi30k pairs, tokenized by the session's sentencepiece model, through the
+loss module that training runs (TeacherForcedLoss), and compare every parameter's gradient.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import transformer_mt.model.attention as attention
+from tests.conftest import head, tiny_model
+from transformer_mt.data import collate
+from transformer_mt.model import TeacherForcedLoss, use_reference_ops
+from transformer_mt.model.kernels import scale_norm
+from transformer_mt.text import Tokenizer
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _plain_scale_norm(x: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * (g / x.norm(dim=-1, keepdim=True).clamp(min=eps))  # the formula, differentiated by autograd
+
+
+def test_scale_norm_kernel_equals_autograd_through_the_formula():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 48, generator=gen, dtype=torch.float64)
+    x[3] = 0.0  # a zero row (FixNorm's PAD row; a padded position): below eps, the norm is the constant eps
+    x[5] *= 1e-8  # a tiny row, also below eps
+    x[7] *= 1e-5 / x[7].norm() * 1.01  # just above eps
+    dy = torch.randn(64, 48, generator=gen, dtype=torch.float64)
+    grads = []
+    for fn in (scale_norm, _plain_scale_norm):
+        xx, g = x.clone().requires_grad_(), torch.tensor(3.7, dtype=torch.float64, requires_grad=True)
+        y = fn(xx, g, 1e-5)
+        y.backward(dy)
+        grads.append((y.detach(), xx.grad, g.grad))
+    for ours, plain in zip(grads[0], grads[1], strict=True):
+        torch.testing.assert_close(ours, plain, rtol=1e-12, atol=1e-12)
+    small = (x[:6, :8].clone().requires_grad_(), torch.tensor(2.0, dtype=torch.float64, requires_grad=True))
+    assert torch.autograd.gradcheck(lambda a, b: scale_norm(a, b, 1e-5), small)
+
+
+def test_scale_norm_kernel_keeps_the_input_shape_and_the_scalar_gain():
+    x = torch.randn(2, 5, 16, requires_grad=True)
+    g = torch.tensor(4.0, requires_grad=True)
+    scale_norm(x, g, 1e-5).sum().backward()
+    assert x.grad is not None and x.grad.shape == x.shape and g.grad is not None and g.grad.shape == ()
+    with use_reference_ops(True):  # the switch gives the plain form, same numbers
+        torch.testing.assert_close(scale_norm(x, g, 1e-5), _plain_scale_norm(x, g, 1e-5))
+
+
+def _real_batch(corpus_slice, spm_model, n: int = 24):
+    tok = Tokenizer(spm_model)
+    src = tok.encode(head(corpus_slice["train.en"], n, skip=100))
+    tgt = tok.encode(head(corpus_slice["train.de"], n, skip=100))
+    return tok.vocab_size, collate(list(zip(src, tgt, strict=True)))
+
+
+def _loss_and_grads(model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    loss, _, _ = TeacherForcedLoss(model, label_smoothing=0.1)(batch.src, batch.tgt_in, batch.tgt_out, batch.labels, src_padded=batch.src_padded)
+    loss.backward()
+    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("norm", ["post", "pre", "scale"])
+def test_spelled_out_attention_trains_as_sdpa_does_on_real_pairs(norm, corpus_slice, spm_model, monkeypatch):
+    vocab, batch = _real_batch(corpus_slice, spm_model)
+    assert batch.src_padded and batch.src.size(1) <= attention.SHORT_KEYS  # key padding masks, short enough for the fast path
+    model = tiny_model(vocab, norm=norm, share_all_embeddings=True).train()  # dropout 0: both paths see the same numbers
+    calls = []
+    real = attention._spelled_out_is_faster
+    monkeypatch.setattr(attention, "_spelled_out_is_faster", lambda k: calls.append(real(k)) or calls[-1])
+    spelled = _loss_and_grads(model, batch)
+    assert calls and all(calls)  # every attention of the step took the spelled-out path
+    monkeypatch.setattr(attention, "_spelled_out_is_faster", lambda k: False)
+    sdpa = _loss_and_grads(model, batch)
+    torch.testing.assert_close(spelled[0], sdpa[0], rtol=1e-5, atol=1e-5)
+    assert spelled[1].keys() == sdpa[1].keys()
+    for name, grad in spelled[1].items():
+        scale = float(grad.abs().max())  # float32 sums in another order: agreement relative to the gradient's size
+        torch.testing.assert_close(grad, sdpa[1][name], rtol=1e-4, atol=1e-5 * scale, msg=lambda m, name=name: f"{name}: {m}")
+
+
+def test_the_fast_path_is_for_cpu_training_over_few_keys_only():
+    k = torch.zeros(2, 4, attention.SHORT_KEYS, 8)
+    assert attention._spelled_out_is_faster(k)
+    assert not attention._spelled_out_is_faster(torch.zeros(2, 4, attention.SHORT_KEYS + 1, 8))  # long: SDPA's kernel
+    with torch.no_grad():
+        assert not attention._spelled_out_is_faster(k)  # inference keeps SDPA (decoding is unchanged)
+
+
+def test_scale_norm_model_gradients_equal_the_plain_formula_on_real_pairs(corpus_slice, spm_model, monkeypatch):
+    import transformer_mt.model.norms as norms
+
+    vocab, batch = _real_batch(corpus_slice, spm_model)
+    model = tiny_model(vocab, norm="scale", share_all_embeddings=True).train()
+    ours = _loss_and_grads(model, batch)
+    monkeypatch.setattr(norms, "scale_norm", _plain_scale_norm)
+    plain = _loss_and_grads(model, batch)
+    torch.testing.assert_close(ours[0], plain[0], rtol=1e-6, atol=1e-6)
+    for name, grad in ours[1].items():
+        scale = float(grad.abs().max())
+        torch.testing.assert_close(grad, plain[1][name], rtol=1e-4, atol=1e-5 * scale, msg=lambda m, name=name: f"{name}: {m}")
