@@ -73,9 +73,14 @@ def test_spelled_out_attention_trains_as_sdpa_does_on_real_pairs(norm, corpus_sl
     vocab, batch = _real_batch(corpus_slice, spm_model)
     assert batch.src_padded and batch.src.size(1) <= attention.SHORT_KEYS  # key padding masks, short enough for the fast path
     model = tiny_model(vocab, norm=norm, share_all_embeddings=True).train()  # dropout 0: both paths see the same numbers
-    calls = []
+    calls: list[bool] = []
     real = attention._spelled_out_is_faster
-    monkeypatch.setattr(attention, "_spelled_out_is_faster", lambda k: calls.append(real(k)) or calls[-1])
+
+    def recorded(k: torch.Tensor) -> bool:
+        calls.append(real(k))
+        return calls[-1]
+
+    monkeypatch.setattr(attention, "_spelled_out_is_faster", recorded)
     spelled = _loss_and_grads(model, batch)
     assert calls and all(calls)  # every attention of the step took the spelled-out path
     monkeypatch.setattr(attention, "_spelled_out_is_faster", lambda k: False)
@@ -84,7 +89,7 @@ def test_spelled_out_attention_trains_as_sdpa_does_on_real_pairs(norm, corpus_sl
     assert spelled[1].keys() == sdpa[1].keys()
     for name, grad in spelled[1].items():
         scale = float(grad.abs().max())  # float32 sums in another order: agreement relative to the gradient's size
-        torch.testing.assert_close(grad, sdpa[1][name], rtol=1e-4, atol=1e-5 * scale, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(grad, sdpa[1][name], rtol=1e-4, atol=1e-5 * scale, msg=f"{name}: the gradients differ")
 
 
 def test_the_fast_path_is_for_cpu_training_over_few_keys_only():
@@ -106,4 +111,4 @@ def test_scale_norm_model_gradients_equal_the_plain_formula_on_real_pairs(corpus
     torch.testing.assert_close(ours[0], plain[0], rtol=1e-6, atol=1e-6)
     for name, grad in ours[1].items():
         scale = float(grad.abs().max())
-        torch.testing.assert_close(grad, plain[1][name], rtol=1e-4, atol=1e-5 * scale, msg=lambda m, name=name: f"{name}: {m}")
+        torch.testing.assert_close(grad, plain[1][name], rtol=1e-4, atol=1e-5 * scale, msg=f"{name}: the gradients differ")
