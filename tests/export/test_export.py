@@ -188,8 +188,10 @@ def test_cli_export_and_missing_extra(tiny_checkpoint, tmp_path, capsys, monkeyp
 
 
 def test_benchmark_ctranslate2_phase(tiny_checkpoint, multi30k, tmp_path):
-    """scripts/benchmark.py --ctranslate2's phase: tmt and CTranslate2 float32 / int8 on the same lines."""
+    """scripts/benchmark.py --ctranslate2's phase: CTranslate2 float32 / int8 called directly, tmt's engine over it, and
+    tmt's own search, on the same lines; the rows count what they say."""
     import importlib.util
+    import shutil
 
     from tests.conftest import REPO
 
@@ -197,21 +199,21 @@ def test_benchmark_ctranslate2_phase(tiny_checkpoint, multi30k, tmp_path):
     bench = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = bench  # its dataclasses look their module up while being defined
     spec.loader.exec_module(bench)
+    ckpt = tmp_path / "tiny.pt"  # the engine caches its conversion beside the checkpoint
+    shutil.copy(tiny_checkpoint, ckpt)
     res = bench.phase_ctranslate2(
-        {
-            "checkpoint": str(tiny_checkpoint),
-            "input": str(multi30k / "test_2016_flickr.en"),
-            "sentences": 30,
-            "beam": 5,
-            "threads": 1,
-            "result": str(tmp_path / "ct2.result.json"),
-        }
+        {"checkpoint": str(ckpt), "input": str(multi30k / "test_2016_flickr.en"), "sentences": 30, "beam": 5, "threads": 1, "result": str(tmp_path / "r.json")}
     )
-    assert set(res["engines"]) == {"tmt", "float32", "int8"} and res["sentences"] == 30
-    for e in res["engines"].values():
+    rows = res["engines"]
+    assert list(rows) == ["tmt", "CTranslate2 float32", "CTranslate2 int8", "tmt --engine ctranslate2"] and res["sentences"] == 30
+    assert (tmp_path / "tiny.pt.ct2" / "model.bin").is_file()
+    for e in rows.values():
         assert e["tokens_per_s"] == pytest.approx(e["target_tokens"] / e["seconds"]) and e["target_tokens"] >= 30
-    # One call per source length gives CTranslate2 tmt's maximum output per sentence: float32 output is tmt's.
-    assert res["engines"]["float32"]["same_as_tmt"] == 1.0 and res["engines"]["float32"]["target_tokens"] == res["engines"]["tmt"]["target_tokens"]
+        assert e["sentences_per_s"] == pytest.approx(30 / e["seconds"]) and e["latency_p50_ms"] > 0
+    # The engine keeps tmt's per-sentence limits: its output is tmt's, token for token.
+    assert rows["tmt --engine ctranslate2"]["same_as_tmt"] == 1.0 and rows["tmt"]["same_as_tmt"] == 1.0
+    assert rows["tmt --engine ctranslate2"]["target_tokens"] == rows["tmt"]["target_tokens"]
+    assert rows["CTranslate2 int8"]["dtype"] == "int8" and 0.0 <= rows["CTranslate2 int8"]["same_as_tmt"] <= 1.0
 
 
 @pytest.mark.parametrize("restrict", [False, True])
