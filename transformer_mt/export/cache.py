@@ -29,6 +29,7 @@ from transformer_mt.export import ExportError
 from transformer_mt.export.ctranslate2 import export_ctranslate2, require_ctranslate2
 
 CACHE_KEY = "converted_from"  # the key of tmt_export.json that holds what a cache was converted from
+CACHE_FORMAT = 1  # what the conversion writes for the engine (padding and BOS never generated); a new one rebuilds every cache
 _UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
@@ -67,7 +68,7 @@ def cached_model(checkpoint: str | os.PathLike, *, weights: str | None = None) -
         raise
     if not ckpt.is_file():
         load_checkpoint(ckpt)
-    versions = {"transformer_mt": __version__, "ctranslate2": ct2.__version__, "weights": weights or "default"}
+    versions = {"transformer_mt": __version__, "ctranslate2": ct2.__version__, "weights": weights or "default", "format": CACHE_FORMAT}
     beside, elsewhere = cache_dir_beside(ckpt, weights=weights), user_cache_dir(ckpt, weights=weights)
     digest: list[str] = []  # the checkpoint's sha256, computed at most once
     for place in (beside, elsewhere):
@@ -117,7 +118,7 @@ def _convert(ckpt: Path, out: Path, key: dict[str, Any], *, weights: str | None,
     """Convert into ``out`` (replacing a stale cache there, never anything else), then read back what it wrote."""
     if out.exists() and not (out / EXPORT_MARKER).is_file():
         raise ExportError(f"{out}: exists and is not a conversion tmt wrote; move it away so that --engine ctranslate2 can cache the converted model there")
-    export_ctranslate2(ckpt, out, force=True, weights=weights, notes={CACHE_KEY: key})
+    export_ctranslate2(ckpt, out, force=True, weights=weights, notes={CACHE_KEY: key}, never_generated=True)  # tmt's search rule
     return CachedModel(out, json.loads((out / EXPORT_MARKER).read_text(encoding="utf-8")), note)
 
 

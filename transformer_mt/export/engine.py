@@ -22,9 +22,10 @@ What maps exactly, and what does not (docs/deploying.md has the measured rates):
   best hypothesis is tmt's (greedy: at any lenpen, since the penalty only rescales its score). At lenpen != 0,
   and for n-best lists, CTranslate2 returns ``beam`` hypotheses at length penalty 0 and they are re-ranked here
   with tmt's GNMT penalty: the best of them, which is not always the hypothesis tmt's longer search finds.
-- Padding and the decoder's start (BOS) are never generated, as in tmt. CTranslate2 removes them before its
-  softmax, so the other ids' log-probabilities rise by -log(1 - p(pad) - p(BOS)), where tmt leaves them as they
-  are: nothing for a trained model (those probabilities are next to 0), enough to reorder the beams of an untrained one.
+- Padding and the decoder's start (BOS) are never generated, as in tmt: the cached conversion gives them an output
+  bias of -1e9, which removes them before CTranslate2's softmax, so the other ids' log-probabilities rise by
+  -log(1 - p(pad) - p(BOS)), where tmt masks them after its softmax and leaves the others as they are: nothing
+  for a trained model (those probabilities are next to 0), enough to reorder the beams of an untrained one.
 - Scores are CTranslate2's summed log-probabilities (its kernels differ from torch's in the last digits) divided by
   tmt's penalty; a greedy output cut to its limit is scored by CTranslate2's ``score_batch`` over the kept tokens.
 """
@@ -64,8 +65,6 @@ class CTranslate2Translator:
         self.positions = positions_needed(self.max_src_tokens + 1, max_len_a=d.max_len_a, max_len_b=d.max_len_b)  # the exported table
         self.model_dir, self.compute_type, self.threads, self.note = cached.path, compute_type, threads, cached.note
         self.eos = self.tgt_tok.id_to_piece(self.cfg.model.eos_id)
-        # the ids tmt's search never generates (padding, the decoder's start, BOS), as one-token sequences to suppress
-        self.never = [[self.tgt_tok.id_to_piece(i)] for i in SpecialIds.of(self.cfg.model).never_generated]
         self.ct = ct2.Translator(str(cached.path), device=device, compute_type=compute_type, intra_threads=threads, inter_threads=1)
 
     @classmethod
@@ -178,7 +177,6 @@ class CTranslate2Translator:
             max_input_length=0,  # truncated above, to tmt's limit
             return_scores=True,
             return_end_token=True,  # tells a finished hypothesis from one cut at the length limit
-            suppress_sequences=self.never,
         )
         return [list(zip(r.hypotheses, r.scores)) for r in results]
 
@@ -196,7 +194,7 @@ class CTranslate2Translator:
         hyps = [nb[0] for nb in found]
         if cut:
             kept = [hyps[i][0][: limits[i]] for i in cut]
-            for i, tokens, scored in zip(cut, kept, self.ct.score_batch([sources[i] for i in cut], kept)):
+            for i, tokens, scored in zip(cut, kept, self.ct.score_batch([sources[i] for i in cut], kept, max_input_length=0)):
                 hyps[i] = (tokens, sum(scored.log_probs[: len(tokens)]))  # its log_probs end with EOS's, which is not kept
         return [[(logprob / length_penalty(len(tokens), lenpen), _text_pieces(tokens, self.eos))] for tokens, logprob in hyps]
 
