@@ -98,6 +98,8 @@ def test_the_fast_path_is_for_cpu_training_over_few_keys_only():
     assert not attention._spelled_out_is_faster(torch.zeros(2, 4, attention.SHORT_KEYS + 1, 8))  # long: SDPA's kernel
     with torch.no_grad():
         assert not attention._spelled_out_is_faster(k)  # inference keeps SDPA (decoding is unchanged)
+    with use_reference_ops(True):
+        assert not attention._spelled_out_is_faster(k)  # the plain path of the benchmark's "plain ops" rows
 
 
 def test_scale_norm_model_gradients_equal_the_plain_formula_on_real_pairs(corpus_slice, spm_model, monkeypatch):

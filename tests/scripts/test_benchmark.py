@@ -116,6 +116,8 @@ def test_quick_markdown_table(quick_run):
     assert len(rows) == 2 + 6 + 2  # matmul x 2 dtypes, train x 2 models x (2 dtypes + plain ops), translate x 2 searches
     assert all(len(row.strip("|").split("|")) == len(COLUMNS) for row in rows)
     assert "quoted, measured elsewhere" in text and "not representative" in text
+    share = next(line for line in lines if line.startswith("Training update, share of the fp32 matmul peak"))
+    assert "recipe " in share and "(target 65%)" in share and "reference " in share and "(target 75%)" in share
 
 
 def test_analytic_flops_match_flop_counter():

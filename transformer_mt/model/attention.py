@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_mt.config import ModelConfig
-from transformer_mt.model.kernels import dropout
+from transformer_mt.model.kernels import dropout, reference_ops
 
 
 def allowed_mask(pad: Tensor, *, causal: bool = False) -> Tensor:
@@ -117,5 +117,6 @@ SHORT_KEYS = 64
 
 
 def _spelled_out_is_faster(k: Tensor) -> bool:
-    """Whether a training step on CPU attends over few enough keys (k: (B, H, K, Dk)) for the spelled-out product."""
-    return k.device.type == "cpu" and k.size(2) <= SHORT_KEYS and torch.is_grad_enabled()
+    """Whether a training step on CPU attends over few enough keys (k: (B, H, K, Dk)) for the spelled-out product
+    (not under ``use_reference_ops(True)``, whose plain path is SDPA everywhere)."""
+    return k.device.type == "cpu" and k.size(2) <= SHORT_KEYS and torch.is_grad_enabled() and not reference_ops()

@@ -21,7 +21,9 @@ rows turn it on to measure the baseline of the speed-ups (instead of patching fu
     use_reference_ops(True)             # from now on
     with use_reference_ops(True): ...   # only inside the block; the previous setting comes back after
 
-Off CPU, ``dropout`` always uses ``F.dropout`` (the lane trick pays only where bernoulli_ is slow).
+Off CPU, ``dropout`` always uses ``F.dropout`` (the lane trick pays only where bernoulli_ is slow). The
+switch also sends every attention through SDPA (:mod:`transformer_mt.model.attention` otherwise spells a CPU
+training step's attention over few keys out as batched matmuls).
 """
 
 from __future__ import annotations
