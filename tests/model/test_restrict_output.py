@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from tests.conftest import TINY_VOCAB, head, run_config, tiny_model, tokens
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import ConfigError
 from transformer_mt.data import source_tensor
-from transformer_mt.decoding import greedy_search
+from transformer_mt.decoding import greedy_search, search
 from transformer_mt.model import TeacherForcedLoss, Transformer
 from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
@@ -193,3 +194,79 @@ def test_ctranslate2_export_gives_the_same_greedy_output(restricted_run, corpus_
     ct = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type="float32")
     theirs = ct.translate_batch(tr.src_tok.encode_pieces(lines), beam_size=1, max_decoding_length=20)
     assert [tr.tgt_tok.sp.piece_to_id(r.hypotheses[0]) for r in theirs] == ours
+
+
+class FullVocabulary(torch.nn.Module):
+    """A model as a search sees it when its cache cannot restrict the logits (no ``restrict_logits``): every step
+    scores the whole vocabulary, -inf at the pieces not kept, which the search then ranks in full."""
+
+    def __init__(self, inner: Transformer):
+        super().__init__()
+        self.inner, self.training, self.specials = inner, False, inner.specials
+
+    def encode(self, src):
+        return self.inner.encode(src)
+
+    def init_cache(self, enc):
+        return _Unrestrictable(self.inner.init_cache(enc))
+
+    def decode_step(self, tokens, cache):
+        return self.inner.decode_step(tokens, cache.inner)
+
+    def max_output_length(self):
+        return self.inner.max_output_length()
+
+
+class _Unrestrictable:
+    def __init__(self, inner):
+        self.inner = inner
+
+    def reorder(self, indices, *, group=None, kept=None):
+        self.inner.reorder(indices, group=group, kept=kept)
+
+
+def _trained_restricted(restricted_run, *, drop: tuple[int, ...] = ()) -> tuple[Transformer, Tokenizer, list[str]]:
+    """The restricted run's model (its kept set less the ids ``drop``), its tokenizer and 12 real validation lines."""
+    out, _, cfg = restricted_run
+    state = load_checkpoint(out / "checkpoint_last.pt")["model"]
+    kept = state["output_ids"]
+    state["output_ids"] = kept[~torch.isin(kept, torch.tensor(drop, dtype=kept.dtype))]
+    v = state["src_embed.weight"].size(0)
+    model = Transformer(cfg.model, src_vocab_size=v, tgt_vocab_size=v).eval()
+    model.load_state_dict(state)
+    return model, Tokenizer(cfg.tokenizer.model), head(Path(cfg.data.valid_src), 12)
+
+
+@pytest.mark.parametrize("norm", ["pre", "scale"])
+def test_the_output_layer_taken_once_per_search_scores_as_the_plain_path(norm):
+    """decode_step with the cache's output matrix (taken once, at init_cache) == the plain logits() path bit for
+    bit, under FixNorm too; after restrict_logits() it returns exactly the kept columns of those logits."""
+    _, model = _pair(norm)
+    src, tgt = tokens([6, 3, 5], seed=11), tokens([5, 7, 2], bos=True, seed=12)
+    with torch.inference_mode():
+        enc = model.encode(src)
+        taken, plain, kept_only = model.init_cache(enc), model.init_cache(enc), model.init_cache(enc)
+        assert torch.equal(taken.output.weight, model.output_weight()) and torch.equal(taken.output.ids, model.output_ids)
+        plain.output = None  # a cache without the matrix: decode_step computes it as logits() does
+        ids = kept_only.restrict_logits()
+        assert torch.equal(ids, model.output_ids) and plain.restrict_logits() is None
+        for step in range(3):
+            want = model.decode_step(tgt[:, step], plain)  # (B, V)
+            assert torch.equal(model.decode_step(tgt[:, step], taken), want)
+            assert torch.equal(model.decode_step(tgt[:, step], kept_only), want[:, ids])  # (B, K)
+
+
+@pytest.mark.parametrize("drop", [(), (BOS_ID,)], ids=["kept-set", "bos-not-kept"])
+def test_search_over_the_kept_columns_equals_the_search_over_the_full_vocabulary(restricted_run, drop):
+    """Greedy and beam search rank the K kept columns and map them back to ids: on real validation lines, the same
+    hypotheses and scores as ranking all V ids (the others -inf), also when a never-generated id (BOS) is not kept."""
+    model, tok, lines = _trained_restricted(restricted_run, drop=drop)
+    src = source_tensor(tok.encode(lines))
+    for beam, lenpen in [(1, 0.0), (4, 0.0), (4, 1.0)]:
+        got = search(model, src, beam=beam, lenpen=lenpen, nbest=beam, max_len_a=1.2, max_len_b=5)
+        want = search(FullVocabulary(model), src, beam=beam, lenpen=lenpen, nbest=beam, max_len_a=1.2, max_len_b=5)
+        assert [[h.tokens for h in nb] for nb in got] == [[h.tokens for h in nb] for nb in want], (beam, lenpen)
+        for g, w in zip(got, want):
+            torch.testing.assert_close([h.score for h in g], [h.score for h in w], rtol=0, atol=1e-5)
+            torch.testing.assert_close([h.logprob for h in g], [h.logprob for h in w], rtol=0, atol=1e-5)
+        assert all(set(h.tokens) <= set(model.output_ids.tolist()) for nb in got for h in nb)

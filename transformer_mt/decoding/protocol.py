@@ -31,6 +31,17 @@ class SearchCache(Protocol):
         ...
 
 
+@runtime_checkable
+class RestrictableCache(SearchCache, Protocol):
+    """A cache whose model can score only the ids its output layer keeps (``DecoderCache``); the searches ask it."""
+
+    def restrict_logits(self) -> Tensor | None:
+        """From now on ``decode_step`` returns logits (R, K) over K ids only, column j for id ``ids[j]``: returns
+        ``ids`` (K,), ascending, every id the model can score (the others' logits are -inf); None, and nothing
+        changes, when the model scores every id of the vocabulary."""
+        ...
+
+
 EncT = TypeVar("EncT")  # whatever encode returns and init_cache takes (EncoderOut; a list of them for an ensemble)
 CacheT = TypeVar("CacheT", bound=SearchCache)
 

@@ -19,6 +19,9 @@ Conventions shared by both searches (and by :class:`Hypothesis`):
 - ``logprob``: the sum of the log-probabilities of the generated tokens, EOS included.
 - ``score``: ``logprob / length_penalty(length, alpha)``, the GNMT normalisation.
 - Log-softmax runs in float32 even under bf16/fp16 autocast; pad, the start id and BOS are never generated.
+- A model whose output layer keeps K of the V ids (``model.restrict_output``) is asked, through its cache
+  (:class:`RestrictableCache`), for the K kept logits only: the log-softmax and the ranking then run over K
+  columns, and the picked columns are mapped back to ids (the others' logits are -inf: they cannot be picked).
 - Maximum output length per sentence: ``floor(a * n + b)`` with ``n`` the source's non-pad
   tokens (its EOS included), at least 1, and at most ``model.max_output_length()`` (the position table's size
   when the model has learned positions: the start plus the first L-1 outputs occupy positions 0..L-1).
@@ -47,7 +50,7 @@ from torch import Tensor
 
 from transformer_mt.config import Problem, beam_problem
 from transformer_mt.decoding.lengths import length_penalty, max_output_length
-from transformer_mt.decoding.protocol import BeamStep, Hypothesis, SearchError, SearchModel
+from transformer_mt.decoding.protocol import BeamStep, Hypothesis, RestrictableCache, SearchCache, SearchError, SearchModel
 
 
 def _refuse(problem: Problem | None) -> None:
@@ -98,11 +101,11 @@ def greedy_search(
     """
     _check_inputs(model, src)
     batch, device, sp = src.size(0), src.device, model.specials
-    never = sp.never_generated  # (ids,) masked at every step
     if batch == 0:
         return []
     max_lens = _sentence_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output)  # (B,)
     cache = model.init_cache(model.encode(src))
+    columns = _Columns(cache, never=sp.never_generated, device=device)
     alive = torch.arange(batch, device=device)  # (b,) original sentence of each cache row
     tokens = torch.full((batch,), sp.start, dtype=torch.long, device=device)  # (b,) newest token per row
     out = torch.full((batch, int(max_lens.max())), sp.pad, dtype=torch.long, device=device)  # (B, L)
@@ -110,10 +113,12 @@ def greedy_search(
     lengths = torch.zeros(batch, dtype=torch.long, device=device)  # (B,) generated tokens incl. EOS
     alive_max = max_lens
     for step in range(out.size(1)):
-        lprobs = _log_probs(model.decode_step(tokens, cache), never=never)  # (b, V)
+        lprobs = columns.log_probs(model.decode_step(tokens, cache))  # (b, V or K)
         # Rank cum + lprobs rather than lprobs alone: the same float32 sums beam search ranks,
-        # so beam 1 breaks near-ties exactly as greedy does. max() returns the lowest tied id.
-        best, tok = lprobs.add_(cum[alive].unsqueeze(1)).max(dim=1)  # (b,), (b,)
+        # so beam 1 breaks near-ties exactly as greedy does. max() returns the lowest tied id
+        # (the lowest column: kept ids are ascending).
+        best, col = lprobs.add_(cum[alive].unsqueeze(1)).max(dim=1)  # (b,), (b,)
+        tok = columns.ids_of(col)  # (b,)
         out[alive, step] = tok
         cum[alive] = best
         running = (tok != sp.eos) & (alive_max > step + 1)  # (b,)
@@ -182,11 +187,11 @@ def beam_search(
     _check_inputs(model, src)
     _refuse(beam_problem(beam, nbest))
     batch, device, k, sp = src.size(0), src.device, beam, model.specials
-    never = sp.never_generated  # (ids,) masked at every step
     if batch == 0:
         return []
     max_lens = _sentence_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output)  # (B,)
     cache = model.init_cache(model.encode(src))
+    columns = _Columns(cache, never=sp.never_generated, device=device)
     cache.reorder(torch.arange(batch, device=device).repeat_interleave(k), group=k)  # B -> B*k rows, sentence-major
     sent = torch.arange(batch, device=device)  # (b,) original sentence of each active sentence
     cum = torch.zeros(batch, k, dtype=torch.float32, device=device)  # (b, k) log-prob of each open beam
@@ -197,7 +202,7 @@ def beam_search(
     rank = torch.arange(2 * k, device=device)  # (2k,)
     for step in range(int(max_lens.max())):
         b = sent.numel()
-        lprobs = _log_probs(model.decode_step(tokens, cache), never=never)  # (b*k, V)
+        lprobs = columns.log_probs(model.decode_step(tokens, cache))  # (b*k, V), or (b*k, K) over the kept ids
         vocab = lprobs.size(1)
         if step == 0:
             _refuse(beam_problem(beam, nbest, tgt_vocab_size=vocab))
@@ -206,11 +211,11 @@ def beam_search(
             cand = cand[:, :1]  # (b, 1, V): the k beams are identical copies of the start
         scores = cand.reshape(b, -1)  # (b, k*V) flat beam-major
         top = _top_candidates(scores, 2 * k)
-        ext = _extend(top, finished, sent=sent, max_lens=max_lens, k=k, vocab=vocab, step=step, lenpen=lenpen, rank=rank, eos=sp.eos)
+        ext = _extend(top, finished, sent=sent, max_lens=max_lens, k=k, columns=columns, vocab=vocab, step=step, lenpen=lenpen, rank=rank, eos=sp.eos)
         n_keep, n_tied = torch.stack([ext.keep.sum(), top.tied.sum()]).tolist()  # the step's one host sync
         if n_tied:  # rare: the cut-off of the top 2k fell among equal scores; settle it by index and redo the step
             top = _top_candidates(scores, 2 * k, n_tied=n_tied)
-            ext = _extend(top, finished, sent=sent, max_lens=max_lens, k=k, vocab=vocab, step=step, lenpen=lenpen, rank=rank, eos=sp.eos)
+            ext = _extend(top, finished, sent=sent, max_lens=max_lens, k=k, columns=columns, vocab=vocab, step=step, lenpen=lenpen, rank=rank, eos=sp.eos)
             n_keep = int(ext.keep.sum())
         if observer is not None:
             observer(BeamStep(step, sent, ext.src_rows, ext.new_tok, ext.new_cum, ext.merged, max_lens[sent], ext.keep))
@@ -248,12 +253,23 @@ class _Extension(NamedTuple):
 
 
 def _extend(
-    top: _Top, finished: _Finished, *, sent: Tensor, max_lens: Tensor, k: int, vocab: int, step: int, lenpen: float, rank: Tensor, eos: int
+    top: _Top,
+    finished: _Finished,
+    *,
+    sent: Tensor,
+    max_lens: Tensor,
+    k: int,
+    columns: _Columns,
+    vocab: int,
+    step: int,
+    lenpen: float,
+    rank: Tensor,
+    eos: int,
 ) -> _Extension:
     """Steps 2-4 of :func:`beam_search` on the device: next open beams, newly finished hypotheses merged
     into the kept ones, and which sentences go on. Pure: nothing is changed, so a step can be redone."""
     b, length = sent.numel(), step + 1  # length of every hypothesis extended at this step
-    top_beam, top_tok = top.flat // vocab, top.flat % vocab  # (b, 2k) source beam, new token
+    top_beam, top_tok = top.flat // vocab, columns.ids_of(top.flat % vocab)  # (b, 2k) source beam, new token
     is_eos = top_tok == eos  # (b, 2k)
     # Open continuations: the first k non-EOS candidates, in rank order.
     open_pos = (is_eos.long() * 2 * k + rank).argsort(dim=1)[:, :k]  # (b, k), keys distinct
@@ -370,13 +386,37 @@ def _top_candidates(scores: Tensor, n: int, *, n_tied: int = 0) -> _Top:
     return _Top(values, indices.gather(1, order), tied)
 
 
-def _log_probs(logits: Tensor, *, never: tuple[int, ...]) -> Tensor:
-    """Float32 log-softmax of (rows, V) logits, with the ids ``never`` (pad, start, BOS) made impossible to generate."""
-    with torch.autocast(device_type=logits.device.type, enabled=False):  # autocast must not lower it
-        lprobs = torch.log_softmax(logits.float(), dim=-1)  # (rows, V) float32
-    for i in never:
-        lprobs[:, i] = -math.inf  # the probability mass stays in the sum: no renormalisation
-    return lprobs
+class _Columns:
+    """What the columns of ``decode_step``'s logits stand for: every id of the vocabulary, or, when the cache can
+    restrict them (:class:`RestrictableCache`), the K ids the model's output layer keeps (ascending, so that a
+    lower column is a lower id and ties still go to the lower id). The search then log-softmaxes and ranks K
+    columns instead of V, and maps the columns it picks back to ids."""
+
+    def __init__(self, cache: SearchCache, *, never: tuple[int, ...], device: torch.device):
+        self.ids = cache.restrict_logits() if isinstance(cache, RestrictableCache) else None  # (K,) or None
+        self.never = never  # the ids masked at every step (pad, the start id, BOS)
+        if self.ids is not None and never:
+            # Their columns, found on the device: a never-generated id the output layer does not keep is -inf
+            # already, and the column searchsorted gives it (another id's) must stay as it is.
+            wanted = torch.tensor(never, dtype=self.ids.dtype, device=device)  # (n,)
+            self.never_cols = torch.searchsorted(self.ids, wanted).clamp_(max=self.ids.numel() - 1)  # (n,)
+            self.never_kept = (self.ids[self.never_cols] == wanted).unsqueeze(0)  # (1, n)
+
+    def log_probs(self, logits: Tensor) -> Tensor:
+        """Float32 log-softmax of (rows, columns) logits, with the ids never generated made impossible."""
+        with torch.autocast(device_type=logits.device.type, enabled=False):  # autocast must not lower it
+            lprobs = torch.log_softmax(logits.float(), dim=-1)  # (rows, columns) float32
+        # The probability mass of the masked ids stays in the sum: no renormalisation.
+        if self.ids is None:
+            for i in self.never:
+                lprobs[:, i] = -math.inf
+        elif self.never:
+            lprobs[:, self.never_cols] = lprobs[:, self.never_cols].masked_fill(self.never_kept, -math.inf)  # (rows, n)
+        return lprobs
+
+    def ids_of(self, cols: Tensor) -> Tensor:
+        """Column numbers (any shape) -> the ids they stand for."""
+        return cols if self.ids is None else self.ids[cols]
 
 
 def _check_inputs(model: SearchModel[Any, Any], src: Tensor) -> None:

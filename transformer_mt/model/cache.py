@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from transformer_mt.model.output import StepOutput
+
 
 class DecoderCache:
     """Incremental-decoding state for one batch: per decoder layer, self-attention K/V grown by one
@@ -34,16 +36,28 @@ class DecoderCache:
     a bare ``reorder(indices)`` works the layout out from the indices, which reads them back (a few syncs).
     """
 
-    def __init__(self, cross_k: Tensor, cross_v: Tensor, src_pad: Tensor, cross_allowed: Tensor | None):
+    def __init__(self, cross_k: Tensor, cross_v: Tensor, src_pad: Tensor, cross_allowed: Tensor | None, *, output: StepOutput | None = None):
         """cross_k (L, B, H, S, Dk), cross_v (L, B, H, S, Dv), src_pad (B, S) True = pad, and the model's
-        cross-attention mask built from it, cross_allowed (B, 1, 1, S) True = attend, or None (no padding)."""
+        cross-attention mask built from it, cross_allowed (B, 1, 1, S) True = attend, or None (no padding);
+        ``output``: the output layer's matrix as the model scores with it, taken once for the whole search."""
         self.cross_k, self.cross_v, self.src_pad = cross_k, cross_v, src_pad
         self.cross_allowed = cross_allowed
+        self.output = output
+        self.kept_only = False  # decode_step's logits: over the whole vocabulary, or over output.ids only
         self.group = 1
         # Which original sentence each row and each group holds: rows of one sentence share its cross K/V.
         self._row_source = torch.arange(src_pad.size(0), device=src_pad.device)
         self._group_source = self._row_source
         self.reset()
+
+    def restrict_logits(self) -> Tensor | None:
+        """From now on ``decode_step`` returns logits (R, K) over the output layer's K kept ids only (a model with
+        ``model.restrict_output``), rather than (R, V) with -inf at the other ids; returns those ids (K,), ascending,
+        so that column j stands for id ``ids[j]``. None, and nothing changes, when the model scores every id."""
+        if self.output is None or self.output.ids is None:
+            return None
+        self.kept_only = True
+        return self.output.ids
 
     @property
     def batch_size(self) -> int:

@@ -5,14 +5,16 @@ Restriction (``model.restrict_output``): the logits of the pieces in the ``outpu
 target side of the training data plus the special ids, ascending; set by :meth:`OutputLayer.restrict_output_to`, saved in the state dict). The training loss
 (``TeacherForcedLoss``) works in the K kept pieces (:meth:`OutputLayer.output_weight`,
 :meth:`OutputLayer.output_targets`); every entry point that returns logits (``decode``, ``decode_step``,
-``attention``) returns them over the full vocabulary with -inf at the pieces that are not kept, so search,
-ensembles, export and callers see full-vocabulary ids, never a restricted index (the simpler of the two ways:
-the other, searching over restricted indices and mapping them back, would change the search protocol and
-the ensemble). Training saves the V - K skipped rows of the output matmul; a decoding step pays about as
-much for the scatter into (rows, V) as those rows would have cost.
+``attention``) returns them over the full vocabulary with -inf at the pieces that are not kept, so
+ensembles, export and callers see full-vocabulary ids. One exception, asked for explicitly: a search may
+ask a decoder cache for the K kept logits only (``DecoderCache.restrict_logits``) and map the columns it
+picks back to ids itself, which spares every step the scatter into (rows, V) and a log-softmax and top-k
+over V - K columns that are -inf anyway.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -21,6 +23,14 @@ from torch import Tensor, nn
 from transformer_mt.config import ModelConfig
 from transformer_mt.model.norms import fixnorm
 from transformer_mt.text import SpecialIds
+
+
+class StepOutput(NamedTuple):
+    """The output layer as a search scores with it (:meth:`OutputLayer.step_output`), held by the decoder cache."""
+
+    weight: Tensor  # (K or V, D): the kept rows of output_proj.weight, l2-normalised under FixNorm
+    bias: Tensor | None  # (K or V,), None without model.output_bias
+    ids: Tensor | None  # (K,) ascending: the full id of each row; None without model.restrict_output (row i is id i)
 
 
 class OutputLayer(nn.Module):
@@ -102,6 +112,22 @@ class OutputLayer(nn.Module):
         not kept, e.g. in a validation set, is scored as UNK, the piece the model emits for what it cannot spell);
         the ids themselves without."""
         return target if self.output_index is None else self.output_index[target]
+
+    def step_output(self) -> StepOutput:
+        """The output layer's matrix and bias as :meth:`logits` computes them (FixNorm, kept rows), taken once per
+        search: the weights do not change while it runs, so no step needs to normalise and gather them again."""
+        return StepOutput(self.output_weight(), self.output_bias(), self.output_ids)
+
+    def step_logits(self, x: Tensor, out: StepOutput, *, kept_only: bool = False) -> Tensor:
+        """:meth:`logits` of x (R, D) with the matrix of :meth:`step_output`: (R, V), or (R, K) over ``out.ids`` only
+        with ``kept_only`` (the -inf of the V - K other ids left out; the caller maps columns back to ids)."""
+        if self.output_ids is None and not self.fix_norm:
+            return self.output_proj(x)  # the module call, as in logits(): forward hooks see the output layer
+        logits = F.linear(x, out.weight, out.bias)  # (R, K)
+        if self.output_ids is None or kept_only:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.tgt_vocab_size), float("-inf"))  # (R, V)
+        return full.index_copy_(-1, self.output_ids, logits)
 
     def logits(self, x: Tensor) -> Tensor:
         """Top decoder states (..., D) -> logits over the full target vocabulary (..., V); with ``restrict_output``

@@ -237,14 +237,15 @@ class Transformer(PositionTable, OutputLayer):
         return self.decode(tgt_in, self.encode(src), keep=keep)
 
     def init_cache(self, enc: EncoderOut) -> DecoderCache:
-        """Start incremental decoding of a batch: project the encoder output to every layer's cross K/V once."""
+        """Start incremental decoding of a batch: project the encoder output to every layer's cross K/V once, and
+        take the output layer's matrix (FixNorm, kept rows) once (:meth:`step_output`)."""
         ks, vs = zip(*(layer.cross_attn.project_kv(enc.memory) for layer in self.decoder))
-        return DecoderCache(torch.stack(ks), torch.stack(vs), enc.src_pad, enc.allowed)  # (L, B, H, S, Dk|Dv)
+        return DecoderCache(torch.stack(ks), torch.stack(vs), enc.src_pad, enc.allowed, output=self.step_output())  # (L, B, H, S, Dk|Dv)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """tokens (B,): the newest token of each row (the start id first), at position ``cache.length``
-        -> logits (B, V_tgt) for the next token. Only the new position is computed; its self-attention
-        K/V are appended to ``cache``, which then advances by one."""
+        -> logits (B, V_tgt) for the next token, or (B, K) over the kept ids after ``cache.restrict_logits()``.
+        Only the new position is computed; its self-attention K/V are appended to ``cache``, which then advances by one."""
         x = self._embed(self.tgt_embed, tokens[:, None], start=cache.length)  # (B,) -> (B, 1, D)
         for i, layer in enumerate(self.decoder):
             # A single query attends to every cached position, all of them in its past: no mask.
@@ -252,7 +253,9 @@ class Transformer(PositionTable, OutputLayer):
         cache.length += 1
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
-        return self.logits(x[:, 0])  # (B, 1, D) -> (B, V)
+        if cache.output is None:  # a cache built by hand, without the output layer's matrix
+            return self.logits(x[:, 0])  # (B, 1, D) -> (B, V)
+        return self.step_logits(x[:, 0], cache.output, kept_only=cache.kept_only)  # (B, 1, D) -> (B, V) or (B, K)
 
 
 def count_parameters(model: nn.Module) -> int:
