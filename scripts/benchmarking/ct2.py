@@ -12,19 +12,20 @@ only value whose meaning the two share):
 - ``tmt``: tmt's own search (``Translator.translate_batch``), the reference of every "same output" share.
 
 Per row: sentences/s and target tokens/s over all lines, the share of outputs identical to tmt's, and the
-single-sentence latency (the median over the first 200 lines, one call per line). The CTranslate2 rows run first
-and tmt's last: torch's OpenMP threads, once they have run, slow the CTranslate2 calls of the same process.
+single-sentence latency (the median over the first 200 lines, one call per line). Each row runs in a process of
+its own: the thread pools of one engine, once they have run, slow the next one in the same process.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import statistics
 import time
 from collections.abc import Callable
 
 from benchmarking.phases import read_input
-from transformer_mt.decoding import Translator, max_output_length
+from transformer_mt.decoding import max_output_length
 
 LATENCY_SENTENCES = 200
 ENGINE_ROW = "tmt --engine ctranslate2"
@@ -42,7 +43,8 @@ def _latency_ms(one: Callable[[int], object], n: int) -> float:
 
 
 def phase_ctranslate2(spec: dict) -> dict:
-    """The four rows (module docstring) on ``spec``'s checkpoint, lines, beam and threads."""
+    """The four rows (module docstring) on ``spec``'s checkpoint, lines, beam and threads, each in a fresh process:
+    CTranslate2's thread pools and torch's, once they have run, slow whatever runs next in the same process."""
     import ctranslate2  # the export extra: only this phase needs it
 
     from transformer_mt.export import ctranslate2_translator
@@ -50,48 +52,68 @@ def phase_ctranslate2(spec: dict) -> dict:
     lines, beam, threads = read_input(spec), spec["beam"], spec["threads"]
     n_latency = min(LATENCY_SENTENCES, len(lines))
     engine = ctranslate2_translator([spec["checkpoint"]], device="cpu", threads=threads)  # converted once, cached beside it
-    d, tok = engine.cfg.decode, engine.src_tok
-    pieces = [p[: engine.max_src_tokens] for p in tok.encode_pieces(lines)]  # tmt's truncation
+    d = engine.cfg.decode
+    pieces = [p[: engine.max_src_tokens] for p in engine.src_tok.encode_pieces(lines)]  # tmt's truncation
     limits = [max_output_length(len(p) + 1, max_len_a=d.max_len_a, max_len_b=d.max_len_b) for p in pieces]
     options = dict(beam_size=beam, length_penalty=0.0, max_batch_size=d.batch_tokens, batch_type="tokens")
-    rows: dict[str, dict] = {}
-    texts: dict[str, list[str]] = {}
-    for compute_type in ("float32", "int8"):
-        ct = ctranslate2.Translator(str(engine.model_dir), device="cpu", compute_type=compute_type, intra_threads=threads, inter_threads=1)
-        ct.translate_batch(pieces[:8], max_decoding_length=max(limits[:8]), **options)  # warm-up
-        tic = time.perf_counter()
-        out = ct.translate_batch(pieces, max_decoding_length=max(limits), **options)
-        seconds = time.perf_counter() - tic
-        hyps = [r.hypotheses[0] for r in out]
-        texts[compute_type] = engine.tgt_tok.decode_pieces(hyps)
-        latency = _latency_ms(lambda i, ct=ct: ct.translate_batch([pieces[i]], max_decoding_length=limits[i], **options), n_latency)
-        rows[f"CTranslate2 {compute_type}"] = _row(seconds, sum(len(h) + 1 for h in hyps), latency, dtype=compute_type)  # + EOS, as tmt
-    engine.translate_batch(lines[:8], beam=beam, lenpen=0.0)  # warm-up
-    result = engine.translate_batch(lines, beam=beam, lenpen=0.0)
-    texts[ENGINE_ROW] = [nb[0][1] for nb in result.hypotheses]
-    latency = _latency_ms(lambda i: engine.translate_batch([lines[i]], beam=beam, lenpen=0.0), n_latency)
-    rows[ENGINE_ROW] = _row(result.stats.seconds, result.stats.tgt_tokens, latency, dtype="float32")
-
-    translator = Translator.from_checkpoint(spec["checkpoint"], device="cpu", dtype="float32", threads=threads)
-    translator.translate_batch(lines[:8], beam=beam, lenpen=0.0)  # warm-up
-    result = translator.translate_batch(lines, beam=beam, lenpen=0.0)
-    ours = [nb[0][1] for nb in result.hypotheses]
-    latency = _latency_ms(lambda i: translator.translate_batch([lines[i]], beam=beam, lenpen=0.0), n_latency)
-    rows = {"tmt": _row(result.stats.seconds, result.stats.tgt_tokens, latency, dtype="float32"), **rows}
-    texts["tmt"] = ours
+    jobs = {
+        "tmt": (_tmt_row, (spec["checkpoint"], lines, beam, threads, n_latency)),
+        **{f"CTranslate2 {ct}": (_ctranslate2_row, (str(engine.model_dir), pieces, limits, options, ct, threads, n_latency)) for ct in ("float32", "int8")},
+        ENGINE_ROW: (_engine_row, (spec["checkpoint"], lines, beam, threads, n_latency)),
+    }
+    rows, texts = {}, {}
+    for name, (row_fn, args) in jobs.items():
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            rows[name], out = pool.apply(row_fn, args)
+        texts[name] = out if name == "tmt" or name == ENGINE_ROW else engine.tgt_tok.decode_pieces(out)
     for name, row in rows.items():
-        key = name.removeprefix("CTranslate2 ")
-        row["same_as_tmt"] = sum(a == b for a, b in zip(texts[key], ours, strict=True)) / len(lines)
+        row["same_as_tmt"] = sum(a == b for a, b in zip(texts[name], texts["tmt"], strict=True)) / len(lines)
         row.update(sentences_per_s=len(lines) / row["seconds"], tokens_per_s=row["target_tokens"] / row["seconds"])
     return {
-        "parameters": translator.num_parameters,
-        "model_config": dataclasses.asdict(translator.cfg.model),
+        "parameters": engine.num_parameters,
+        "model_config": dataclasses.asdict(engine.cfg.model),
         "sentences": len(lines),
         "batch_tokens": d.batch_tokens,
         "latency_sentences": n_latency,
         "ctranslate2_version": ctranslate2.__version__,
         "engines": rows,
     }
+
+
+def _ctranslate2_row(model_dir: str, pieces: list, limits: list[int], options: dict, compute_type: str, threads: int, n_latency: int):
+    """CTranslate2 as its users call it: one translate_batch over all lines (timed alone); outputs as pieces."""
+    import ctranslate2
+
+    ct = ctranslate2.Translator(model_dir, device="cpu", compute_type=compute_type, intra_threads=threads, inter_threads=1)
+    ct.translate_batch(pieces[:8], max_decoding_length=max(limits[:8]), **options)  # warm-up
+    tic = time.perf_counter()
+    out = ct.translate_batch(pieces, max_decoding_length=max(limits), **options)
+    seconds = time.perf_counter() - tic
+    hyps = [r.hypotheses[0] for r in out]
+    latency = _latency_ms(lambda i: ct.translate_batch([pieces[i]], max_decoding_length=limits[i], **options), n_latency)
+    return _row(seconds, sum(len(h) + 1 for h in hyps), latency, dtype=compute_type), hyps  # + EOS, as tmt counts
+
+
+def _engine_row(checkpoint: str, lines: list[str], beam: int, threads: int, n_latency: int):
+    """tmt's engine as `tmt translate --engine ctranslate2` builds and calls it."""
+    from transformer_mt.export import ctranslate2_translator
+
+    engine = ctranslate2_translator([checkpoint], device="cpu", threads=threads)
+    return _translator_row(engine, lines, beam, n_latency)
+
+
+def _tmt_row(checkpoint: str, lines: list[str], beam: int, threads: int, n_latency: int):
+    """tmt's own search, the reference of the same-output shares."""
+    from transformer_mt.decoding import Translator
+
+    return _translator_row(Translator.from_checkpoint(checkpoint, device="cpu", dtype="float32", threads=threads), lines, beam, n_latency)
+
+
+def _translator_row(tr, lines: list[str], beam: int, n_latency: int):
+    tr.translate_batch(lines[:8], beam=beam, lenpen=0.0)  # warm-up
+    result = tr.translate_batch(lines, beam=beam, lenpen=0.0)
+    latency = _latency_ms(lambda i: tr.translate_batch([lines[i]], beam=beam, lenpen=0.0), n_latency)
+    return _row(result.stats.seconds, result.stats.tgt_tokens, latency, dtype="float32"), [nb[0][1] for nb in result.hypotheses]
 
 
 def _row(seconds: float, target_tokens: int, latency_ms: float, *, dtype: str) -> dict:
