@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Generic, NamedTuple, TypeVar, overload
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -36,6 +37,33 @@ if TYPE_CHECKING:
 
 else:
     TypedModuleList = nn.ModuleList  # at run time the plain container: the same modules, names and repr
+
+
+# A decoding step over at least this many rows spells its attention out (below): SDPA's CPU flash kernel works
+# in blocks sized for long sequences, and one query per row over a few dozen keys leaves them nearly empty.
+# Fewer rows (one sentence) keep SDPA, whose single call costs less than the spelled-out ops' dispatch.
+STEP_SPELLED_OUT_ROWS = 32
+
+
+def _step_self_attention(attn: MultiHeadAttention, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """Self-attention of a decoding step, softmax(q k^T / sqrt(Dk)) v then W^O, over the cache's time-major
+    buffers as they are: q (R, H, 1, Dk), k (R, H, T, Dk), v (R, H, T, Dv) (views of (T, R, H, D) buffers,
+    :meth:`DecoderCache.update`) -> (R, 1, D). Every cached position is in the query's past: no mask."""
+    keys, values = k.permute(2, 0, 1, 3), v.permute(2, 0, 1, 3)  # (R, H, T, D) -> (T, R, H, D), contiguous
+    scores = (keys * (q[:, :, 0] * attn.dk**-0.5)).sum(-1)  # (T, R, H); section 3.2.1 scaling
+    out = (scores.softmax(dim=0).unsqueeze(-1) * values).sum(0)  # (T, R, H, 1) * (T, R, H, Dv) -> (R, H, Dv)
+    return attn.out(out.reshape(out.size(0), 1, -1))  # (R, H, Dv) -> (R, 1, H*Dv) -> (R, 1, D)
+
+
+def _step_cross_attention(attn: MultiHeadAttention, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> Tensor:
+    """Cross-attention of a decoding step as two batched matmuls and a softmax, then W^O: q (G, H, group, Dk)
+    (a sentence's beams as its query positions), k (G, H, S, Dk), v (G, H, S, Dv), ``allowed`` (G, 1, 1, S)
+    True = attend, or None -> (G, group, D)."""
+    scores = torch.matmul(q, k.transpose(-1, -2)) * attn.dk**-0.5  # (G, H, group, S)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))  # allowed_mask leaves every row a key: no NaN
+    out = torch.matmul(scores.softmax(dim=-1), v)  # (G, H, group, Dv)
+    return attn.out(out.transpose(1, 2).reshape(q.size(0), q.size(2), -1))  # (G, group, H*Dv) -> (G, group, D)
 
 
 class LayerAttention(NamedTuple):
@@ -125,10 +153,18 @@ class DecoderLayer(_Block):
         q, k, v = self.self_attn.project_qkv(h)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, H, length + T, Dk|Dv)
-        h, self_w = self.self_attn.attend(q, k, v, self_allowed, causal=causal, need_weights=need_weights)
+        spelled = cache is not None and not need_weights and q.size(0) >= STEP_SPELLED_OUT_ROWS
+        if spelled:
+            h, self_w = _step_self_attention(self.self_attn, q, k, v), None
+        else:
+            h, self_w = self.self_attn.attend(q, k, v, self_allowed, causal=causal, need_weights=need_weights)
         x = self._add(x, h, self.norm1)
         h = self.norm2(x) if self.pre else x
-        if cache is not None and cache.group > 1:
+        if spelled:
+            assert cache is not None
+            q = self.cross_attn.project_q(h.reshape(-1, cache.group, h.size(-1)))  # (R, 1, D) -> (G, H, group, Dk)
+            h, cross_w = _step_cross_attention(self.cross_attn, q, cross_k, cross_v, cross_allowed).reshape(x.shape), None
+        elif cache is not None and cache.group > 1:
             # A sentence's beams query its one copy of the encoder output as `group` query positions:
             # (R, 1, D) -> (G, group, D) -> attend -> (R, 1, D).
             h, cross_w = self.cross_attn.attend(self.cross_attn.project_q(h.reshape(-1, cache.group, h.size(-1))), cross_k, cross_v, cross_allowed)
