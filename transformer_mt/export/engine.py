@@ -132,14 +132,15 @@ class CTranslate2Translator:
             )
         tic = time.perf_counter()
         keep = [i for i, line in enumerate(lines) if line.strip()]
-        pieces = self.src_tok.encode_pieces([lines[i] for i in keep]) if keep else []
+        # sentencepiece on this thread: its own threads would start per call and wait for CTranslate2's, still spinning
+        pieces = self.src_tok.encode_pieces([lines[i] for i in keep], num_threads=1) if keep else []
         truncated = sum(len(p) > self.max_src_tokens for p in pieces)
         if truncated:
             pieces = [p[: self.max_src_tokens] for p in pieces]
         caps = [c for c in (max_output_tokens, self.cfg.model.max_positions if self.cfg.model.positions == "learned" else None) if c is not None]
         limits = [min(max_output_length(len(p) + 1, max_len_a=a, max_len_b=b), *caps, 1 << 62) for p in pieces]
         hyps = self._search(pieces, limits, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens or d.batch_tokens)
-        texts = iter(self.tgt_tok.decode_pieces([h for nb in hyps for _, h in nb]))
+        texts = iter(self.tgt_tok.sp.decode_pieces([h for nb in hyps for _, h in nb], num_threads=1))  # Tokenizer.decode_pieces, one thread
         out: list[list[tuple[float, str]]] = [[(0.0, "")] * nbest for _ in lines]
         tgt_tokens = 0
         for i, nb in zip(keep, hyps):
