@@ -31,9 +31,16 @@ def _spelled(monkeypatch, on: bool) -> list[str]:
     """Spell every step's attention out (on) or never (SDPA); returns the list the spelled-out calls are noted in."""
     calls: list[str] = []
     monkeypatch.setattr(layers, "STEP_SPELLED_OUT_ROWS", 1 if on else 10**9)
+
+    def noting(name: str, original):
+        def noted(*args):
+            calls.append(name)
+            return original(*args)
+
+        return noted
+
     for name in ("_step_self_attention", "_step_cross_attention"):
-        original = getattr(layers, name)
-        monkeypatch.setattr(layers, name, lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a))
+        monkeypatch.setattr(layers, name, noting(name, getattr(layers, name)))
     return calls
 
 
