@@ -291,21 +291,9 @@ class Translator:
         within the positions sized at load time; ``max_output_tokens`` caps every line's output below them
         (a server's limit: a line whose own limit is shorter keeps it)."""
         # before encoding: --beam 100000 must not allocate first
-        problem = beam_problem(beam, nbest, tgt_vocab_size=self.tgt_tok.vocab_size) or lenpen_problem(lenpen)
-        if problem:
-            raise SearchError(str(problem))
-        d = self.cfg.decode
-        a, b = d.max_len_a if max_len_a is None else max_len_a, d.max_len_b if max_len_b is None else max_len_b
-        problem = length_problem(a, b)
-        if problem:
-            raise TranslateError(str(problem))
-        if max_output_tokens is not None and max_output_tokens < 1:
-            raise TranslateError(f"max_output_tokens={max_output_tokens} must be at least 1 (None: no cap)")
-        if positions_needed(self.max_src_tokens + 1, max_len_a=a, max_len_b=b) > self.positions:
-            raise TranslateError(
-                f"max_len_a={a:g} max_len_b={b} allow outputs longer than the {self.positions} positions this Translator "
-                f"was loaded for (decode.max_len_a={d.max_len_a:g}, decode.max_len_b={d.max_len_b}); lower them"
-            )
+        a, b = checked_request(
+            self, beam=beam, nbest=nbest, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, max_output_tokens=max_output_tokens, positions=self.positions
+        )
         tic = time.perf_counter()
         keep = [i for i, line in enumerate(lines) if line.strip()]
         ids = self.src_tok.encode([lines[i] for i in keep])
@@ -322,7 +310,7 @@ class Translator:
             nbest=nbest,
             max_len_a=a,
             max_len_b=b,
-            batch_tokens=batch_tokens or d.batch_tokens,
+            batch_tokens=batch_tokens or self.cfg.decode.batch_tokens,
             device=self.device,
             dtype="float32",
             max_output=max_output_tokens,
@@ -337,6 +325,38 @@ class Translator:
             lines=len(lines), truncated=truncated, tgt_tokens=tgt_tokens, seconds=time.perf_counter() - tic, max_src_tokens=self.max_src_tokens
         )
         return TranslationResult(out, stats)
+
+
+def checked_request(
+    translator: TextTranslator,
+    *,
+    beam: int,
+    nbest: int,
+    lenpen: float,
+    max_len_a: float | None,
+    max_len_b: int | None,
+    max_output_tokens: int | None,
+    positions: int,
+) -> tuple[float, int]:
+    """The checks of a ``translate_batch`` call, before anything is encoded (``--beam 100000`` must not allocate
+    first), shared by every engine: beam, n-best and length penalty (SearchError); the output length rule and the cap
+    (TranslateError), within the ``positions`` the engine was loaded with. Returns the (max_len_a, max_len_b) in force."""
+    problem = beam_problem(beam, nbest, tgt_vocab_size=translator.tgt_tok.vocab_size) or lenpen_problem(lenpen)
+    if problem:
+        raise SearchError(str(problem))
+    d = translator.cfg.decode
+    a, b = d.max_len_a if max_len_a is None else max_len_a, d.max_len_b if max_len_b is None else max_len_b
+    problem = length_problem(a, b)
+    if problem:
+        raise TranslateError(str(problem))
+    if max_output_tokens is not None and max_output_tokens < 1:
+        raise TranslateError(f"max_output_tokens={max_output_tokens} must be at least 1 (None: no cap)")
+    if positions_needed(translator.max_src_tokens + 1, max_len_a=a, max_len_b=b) > positions:
+        raise TranslateError(
+            f"max_len_a={a:g} max_len_b={b} allow outputs longer than the {positions} positions the model was loaded "
+            f"with (decode.max_len_a={d.max_len_a:g}, decode.max_len_b={d.max_len_b}); lower them"
+        )
+    return a, b
 
 
 def load(

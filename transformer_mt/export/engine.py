@@ -39,8 +39,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from transformer_mt.config import Config, beam_problem, from_dict, length_problem, lenpen_problem
-from transformer_mt.decoding import SearchError, TranslateError, TranslateStats, TranslationResult, length_penalty, max_output_length, positions_needed
+from transformer_mt.config import Config, from_dict
+from transformer_mt.decoding import (
+    TranslateStats,
+    TranslationResult,
+    checked_request,
+    length_penalty,
+    max_output_length,
+    positions_needed,
+)
 from transformer_mt.export import ExportError
 from transformer_mt.export.cache import CachedModel, cached_model
 from transformer_mt.export.ctranslate2 import JOINT_SPM, SOURCE_SPM, TARGET_SPM, require_ctranslate2
@@ -115,21 +122,9 @@ class CTranslate2Translator:
     ) -> TranslationResult:
         """n-best (score, text) lists, one per input line, in input order (empty lines give [(0.0, "")] * nbest),
         and this call's stats: ``Translator.translate_batch``'s contract, decoded by CTranslate2."""
-        problem = beam_problem(beam, nbest, tgt_vocab_size=self.tgt_tok.vocab_size) or lenpen_problem(lenpen)
-        if problem:
-            raise SearchError(str(problem))
-        d = self.cfg.decode
-        a, b = d.max_len_a if max_len_a is None else max_len_a, d.max_len_b if max_len_b is None else max_len_b
-        problem = length_problem(a, b)
-        if problem:
-            raise TranslateError(str(problem))
-        if max_output_tokens is not None and max_output_tokens < 1:
-            raise TranslateError(f"max_output_tokens={max_output_tokens} must be at least 1 (None: no cap)")
-        if positions_needed(self.max_src_tokens + 1, max_len_a=a, max_len_b=b) > self.positions:
-            raise TranslateError(
-                f"max_len_a={a:g} max_len_b={b} allow outputs longer than the {self.positions} positions the converted model "
-                f"holds (decode.max_len_a={d.max_len_a:g}, decode.max_len_b={d.max_len_b}); lower them"
-            )
+        a, b = checked_request(
+            self, beam=beam, nbest=nbest, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, max_output_tokens=max_output_tokens, positions=self.positions
+        )
         tic = time.perf_counter()
         keep = [i for i, line in enumerate(lines) if line.strip()]
         # sentencepiece on this thread: its own threads would start per call and wait for CTranslate2's, still spinning
@@ -139,7 +134,7 @@ class CTranslate2Translator:
             pieces = [p[: self.max_src_tokens] for p in pieces]
         caps = [c for c in (max_output_tokens, self.cfg.model.max_positions if self.cfg.model.positions == "learned" else None) if c is not None]
         limits = [min(max_output_length(len(p) + 1, max_len_a=a, max_len_b=b), *caps, 1 << 62) for p in pieces]
-        hyps = self._search(pieces, limits, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens or d.batch_tokens)
+        hyps = self._search(pieces, limits, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens or self.cfg.decode.batch_tokens)
         texts = iter(self.tgt_tok.sp.decode_pieces([h for nb in hyps for _, h in nb], num_threads=1))  # Tokenizer.decode_pieces, one thread
         out: list[list[tuple[float, str]]] = [[(0.0, "")] * nbest for _ in lines]
         tgt_tokens = 0
