@@ -136,9 +136,9 @@ class _ScaleNorm(torch.autograd.Function):
 
 def scale_norm(x: Tensor, g: Tensor, eps: float) -> Tensor:
     """ScaleNorm's formula g * x / max(||x||_2, eps) (..., D) -> (..., D); the written-out backward unless
-    :func:`use_reference_ops` asked for the plain autograd form."""
-    if _reference_ops:
-        return x * (g / x.norm(dim=-1, keepdim=True).clamp(min=eps))
+    :func:`use_reference_ops` asked for the plain autograd form or no gradient is recorded (decoding)."""
+    if _reference_ops or not torch.is_grad_enabled():  # inference: the same ops without an autograd Function's call cost
+        return x * (g / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp(min=eps))
     return _ScaleNorm.apply(x, g, eps)
 
 
