@@ -7,6 +7,7 @@ pins train.device=cpu)."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import math
 import sys
 from pathlib import Path
@@ -188,9 +189,11 @@ def test_float16_with_loss_scaling_trains_and_an_overflow_skips_the_schedule(pai
         assert trainer.scaler is not None
         schedule = iter(update_schedule(trainer.train_data, trainer.t))
         u = next(schedule)
+        trainer.scaler.scale(torch.ones((), device="cuda"))  # GradScaler makes its scale tensor at the first scale()
         trainer.scaler.update(2.0**40)  # certain to overflow fp16 gradients: the update is skipped, the scale lowered
         stats = trainer.update([trainer.train_data.get_batch(i) for i in u.batches], ntokens=target_tokens(trainer.train_data, u.batches))
         assert not math.isfinite(stats["gnorm"]) and trainer.scheduler.num_updates == 0 and trainer.scaler.get_scale() < 2.0**40
+        trainer.scaler.update(2.0**16)  # back to GradScaler's default start: each overflow only halves the scale
         losses = []
         for u in schedule:
             batches = [trainer.train_data.get_batch(i) for i in u.batches]
@@ -206,7 +209,10 @@ def test_float16_with_loss_scaling_trains_and_an_overflow_skips_the_schedule(pai
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("beam", [1, 4])
-def test_batched_decoding_equals_one_sentence_at_a_time_on_cuda(beam):
+def test_batched_decoding_equals_one_sentence_at_a_time_on_cuda(beam, monkeypatch):
+    # Full float32 products: a CUDA Trainer or translator earlier in the process allows TF32 (10-bit mantissa), whose
+    # rounding differs between a batch and one sentence by more than the score tolerance below.
+    monkeypatch.setattr(torch.backends.cuda.matmul, "fp32_precision", "ieee")
     model = tiny_model(seed=3).cuda()
     g = torch.Generator().manual_seed(9)
     lengths = [7, 2, 9, 4, 5, 3]
@@ -232,7 +238,7 @@ def test_sync_budgets_hold_on_a_gpu(pairs64, spm_model, tmp_path):
     """On a real GPU the copies count too: batches move from pinned memory without a stream sync."""
     trainer = Trainer(gpu_config(pairs64, spm_model, tmp_path / "run"), resume=False)
     try:
-        for u in list(update_schedule(trainer.train_data, trainer.t))[:3]:
+        for u in itertools.islice(update_schedule(trainer.train_data, trainer.t), 3):  # the schedule runs on with no max_updates
             batches = [trainer.train_data.get_batch(i) for i in u.batches]
             with SyncCounter() as syncs:
                 trainer.update(batches, ntokens=target_tokens(trainer.train_data, u.batches))
@@ -242,7 +248,7 @@ def test_sync_budgets_hold_on_a_gpu(pairs64, spm_model, tmp_path):
         src[torch.arange(4), torch.tensor([5, 2, 7, 4])] = EOS_ID
         model.reserve_positions(64)
         _, syncs, per_step = per_call(model, "decode_step", lambda: beam_search(model, src, beam=4, max_len_b=8))
-        assert max(per_step[:-1]) <= 2 and sorted(per_step[:-1])[len(per_step) // 2] == 1, syncs.summary()
+        assert max(per_step[:-1]) <= 1, syncs.summary()  # the budget: at most one sync a step, whatever the batch and beam
     finally:
         trainer.close()
 
@@ -275,3 +281,19 @@ def test_ddp_at_world_size_one_with_nccl():
         assert runtime.all_reduce_sum_(sums).tolist() == [1.5, 2.5]
     finally:
         dist.destroy_process_group()
+
+
+@pytest.mark.cuda
+def test_attention_on_a_gpu_never_runs_cudnn_attention():
+    """bfloat16 attention trains and decodes through flash / memory-efficient attention, not cuDNN's (which builds a
+    plan for every new shape): no cuDNN attention kernel runs over batches of three lengths, forward and backward."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model = tiny_model(seed=3).cuda().train()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof, torch.autocast("cuda", dtype=torch.bfloat16):
+        for n in (5, 9, 13):
+            src, tgt = tokens([n, n - 2], seed=n).cuda(), tokens([n + 1, n], seed=n + 1).cuda()
+            model(src, tgt).float().sum().backward()
+    names = [e.key for e in prof.key_averages()]
+    assert any("attention" in name.lower() or "fmha" in name.lower() or "flash" in name.lower() for name in names), names
+    assert not any("cudnn" in name.lower() and ("sdpa" in name.lower() or "attention" in name.lower()) for name in names), names

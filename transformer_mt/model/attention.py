@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transformer_mt.config import ModelConfig
 from transformer_mt.model.kernels import dropout, reference_ops
@@ -106,10 +107,20 @@ class MultiHeadAttention(nn.Module):
             out = dropout(weights, p, self.training) @ v  # (B, H, T, Dv)
         else:
             weights = None
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, is_causal=causal)  # scale 1/sqrt(Dk)
+            if q.device.type == "cuda" and CUDA_SDPA_BACKENDS:
+                with sdpa_kernel(CUDA_SDPA_BACKENDS):
+                    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, is_causal=causal)
+            else:
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, is_causal=causal)  # scale 1/sqrt(Dk)
         b, h, t, dv = out.shape
         return self.out(out.transpose(1, 2).reshape(b, t, h * dv)), weights if need_weights else None  # (B, H, T, Dv) -> (B, T, H*Dv)
 
+
+# The SDPA kernels allowed on a GPU: not cuDNN's, which torch prefers for bfloat16 / float16 on recent GPUs. cuDNN
+# builds an execution plan for every new (batch, query length, key length) shape; token-bucketed batches and a
+# search's growing prefix bring a new shape with nearly every batch and step, so the plans would cost more than the
+# attention. Flash and memory-efficient attention need no plan. An empty list lets torch choose.
+CUDA_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 # SDPA's CPU flash kernel works in blocks sized for long sequences; below this many keys, the product spelled out
 # as two batched matmuls and a softmax is faster forward and backward (docs/benchmarks.md, the attention row).
