@@ -65,3 +65,26 @@ def test_prefix_with_a_dot(corpus_slice, tmp_path):
     path = train_sentencepiece([corpus_slice["train.de"]], tmp_path / "spm.tgt", vocab_size=300)
     assert path == tmp_path / "spm.tgt.model" and path.is_file()
     assert Tokenizer(path).vocab_size == 300
+
+
+@pytest.mark.parametrize("with_vocab", [False, True])
+def test_a_few_lines_are_segmented_as_a_long_list_is(spm_model, multi30k, with_vocab):
+    """Up to FEW_LINES lines go through sentencepiece's one-line calls (no thread pool per call), a longer list through
+    its list calls: the same ids, pieces and text, line for line, on real sentences and an empty one, and with sampling
+    the same kind of output."""
+    from transformer_mt.text.tokenizer import FEW_LINES
+
+    plain = Tokenizer(spm_model)
+    tok = Tokenizer(spm_model, vocab=plain.pieces()) if with_vocab else plain
+    lines = head(multi30k / "val.de", 3 * FEW_LINES) + [""]
+    ids, pieces = tok.encode(lines), tok.encode_pieces(lines)
+    text = tok.decode(ids)
+    assert len(lines) > FEW_LINES
+    for start in range(0, len(lines), FEW_LINES // 2):
+        few = lines[start : start + FEW_LINES // 2]
+        assert tok.encode(few) == ids[start : start + len(few)]
+        assert tok.encode_pieces(few) == pieces[start : start + len(few)]
+        assert tok.decode(ids[start : start + len(few)]) == text[start : start + len(few)]
+        assert tok.decode_pieces(pieces[start : start + len(few)]) == tok.decode_pieces(pieces)[start : start + len(few)]
+    sampled = tok.encode(lines[:2], alpha=0.5)
+    assert [len(s) > 0 for s in sampled] == [True, True] and all(isinstance(i, int) for s in sampled for i in s)

@@ -135,7 +135,7 @@ class CTranslate2Translator:
         caps = [c for c in (max_output_tokens, self.cfg.model.max_positions if self.cfg.model.positions == "learned" else None) if c is not None]
         limits = [min(max_output_length(len(p) + 1, max_len_a=a, max_len_b=b), *caps, 1 << 62) for p in pieces]
         hyps = self._search(pieces, limits, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens or self.cfg.decode.batch_tokens)
-        texts = iter(self.tgt_tok.sp.decode_pieces([h for nb in hyps for _, h in nb], num_threads=1))  # Tokenizer.decode_pieces, one thread
+        texts = iter(self.tgt_tok.decode_pieces([h for nb in hyps for _, h in nb], num_threads=1))
         out: list[list[tuple[float, str]]] = [[(0.0, "")] * nbest for _ in lines]
         tgt_tokens = 0
         for i, nb in zip(keep, hyps):
