@@ -110,9 +110,10 @@ def _tmt_row(checkpoint: str, lines: list[str], beam: int, threads: int, n_laten
 
 
 def _translator_row(tr, lines: list[str], beam: int, n_latency: int):
-    tr.translate_batch(lines[:8], beam=beam, lenpen=0.0)  # warm-up
-    result = tr.translate_batch(lines, beam=beam, lenpen=0.0)
-    latency = _latency_ms(lambda i: tr.translate_batch([lines[i]], beam=beam, lenpen=0.0), n_latency)
+    """As `tmt translate` calls it for one best per line: the text alone, no score asked for."""
+    tr.translate_batch(lines[:8], beam=beam, lenpen=0.0, scores=False)  # warm-up
+    result = tr.translate_batch(lines, beam=beam, lenpen=0.0, scores=False)
+    latency = _latency_ms(lambda i: tr.translate_batch([lines[i]], beam=beam, lenpen=0.0, scores=False), n_latency)
     return _row(result.stats.seconds, result.stats.tgt_tokens, latency, dtype="float32"), [nb[0][1] for nb in result.hypotheses]
 
 

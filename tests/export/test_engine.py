@@ -12,6 +12,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -64,6 +65,21 @@ def test_random_model_greedy_equals_translator_at_its_length_limits(random_ckpt,
             assert theirs.stats.truncated == 1 and theirs.hypotheses[15] == theirs.hypotheses[16] == [(0.0, "")]
     assert engine.translate_batch([], beam=1, lenpen=0.0).hypotheses == []
     assert engine.translate_batch(["", " "], beam=3, lenpen=0.0, nbest=2).hypotheses == [[(0.0, "")] * 2] * 2
+
+
+def test_without_scores_the_same_text_and_nan_scores(random_ckpt, lines):
+    """``scores=False`` (what `tmt translate` asks for one best): the texts and stats of ``scores=True``, greedy outputs
+    cut to their limits included, and NaN for every decoded line's score; n-best lists keep their scores."""
+    engine = ctranslate2_translator([random_ckpt], device="cpu", threads=1)
+    for beam in (1, 3):
+        for extra in LIMITS:
+            scored = engine.translate_batch(lines, beam=beam, lenpen=0.0, **extra)
+            bare = engine.translate_batch(lines, beam=beam, lenpen=0.0, scores=False, **extra)
+            _same(scored, bare, scores=False)
+            decoded = [nb[0][0] for line, nb in zip(lines, bare.hypotheses) if line.strip()]
+            assert len(decoded) == len(lines) - 2 and all(math.isnan(s) for s in decoded)
+    nbest = engine.translate_batch(lines, beam=3, lenpen=0.0, nbest=2, scores=False)
+    assert all(not math.isnan(s) for nb in nbest.hypotheses for s, _ in nb)
 
 
 def test_engine_refuses_what_it_cannot_map(random_ckpt, lines):

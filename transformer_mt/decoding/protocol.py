@@ -128,6 +128,9 @@ class TextTranslator(Protocol):
         max_len_a: float | None = None,
         max_len_b: int | None = None,
         max_output_tokens: int | None = None,
+        scores: bool = True,
     ) -> TranslationResult:
-        """n-best (score, text) lists, one per input line, in input order, and this call's stats."""
+        """n-best (score, text) lists, one per input line, in input order, and this call's stats. ``scores=False``: the
+        caller reads the text alone (one best, no score printed), and a translator that would spend time on the
+        scores alone may skip them and give NaN."""
         ...

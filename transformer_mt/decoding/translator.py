@@ -285,6 +285,7 @@ class Translator:
         max_len_a: float | None = None,
         max_len_b: int | None = None,
         max_output_tokens: int | None = None,
+        scores: bool = True,  # noqa: ARG002 - the search ranks by the scores, so they come at no extra cost
     ) -> TranslationResult:
         """n-best (score, text) lists, one per input line, in input order (empty lines give [(0.0, "")] * nbest),
         and this call's stats. ``max_len_a`` / ``max_len_b`` override the checkpoint's decode settings
@@ -399,7 +400,8 @@ def translate_stream(
     stats of all chunks together (their ``warning()`` is the end-of-run truncation line)."""
     index, total = 0, TranslateStats(max_src_tokens=translator.max_src_tokens)
     for chunk in lines:
-        results, stats = translator.translate_batch(chunk, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens)
+        # one best per line is written as text alone: its score is not asked for
+        results, stats = translator.translate_batch(chunk, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, scores=nbest > 1)
         write_results(results, out, nbest=nbest, first_index=index)
         out.flush()
         index += len(chunk)

@@ -33,6 +33,7 @@ What maps exactly, and what does not (docs/deploying.md has the measured rates):
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Sequence
@@ -119,9 +120,12 @@ class CTranslate2Translator:
         max_len_a: float | None = None,
         max_len_b: int | None = None,
         max_output_tokens: int | None = None,
+        scores: bool = True,
     ) -> TranslationResult:
         """n-best (score, text) lists, one per input line, in input order (empty lines give [(0.0, "")] * nbest),
-        and this call's stats: ``Translator.translate_batch``'s contract, decoded by CTranslate2."""
+        and this call's stats: ``Translator.translate_batch``'s contract, decoded by CTranslate2. ``scores=False``
+        (one best, text alone): CTranslate2 skips the log-softmax that only the scores need, a greedy output past
+        its limit is cut without being scored again, and every score is NaN."""
         a, b = checked_request(
             self, beam=beam, nbest=nbest, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, max_output_tokens=max_output_tokens, positions=self.positions
         )
@@ -134,7 +138,9 @@ class CTranslate2Translator:
             pieces = [p[: self.max_src_tokens] for p in pieces]
         caps = [c for c in (max_output_tokens, self.cfg.model.max_positions if self.cfg.model.positions == "learned" else None) if c is not None]
         limits = [min(max_output_length(len(p) + 1, max_len_a=a, max_len_b=b), *caps, 1 << 62) for p in pieces]
-        hyps = self._search(pieces, limits, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens or self.cfg.decode.batch_tokens)
+        hyps = self._search(
+            pieces, limits, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens or self.cfg.decode.batch_tokens, scores=scores or nbest > 1
+        )
         texts = iter(self.tgt_tok.decode_pieces([h for nb in hyps for _, h in nb], num_threads=1))
         out: list[list[tuple[float, str]]] = [[(0.0, "")] * nbest for _ in lines]
         tgt_tokens = 0
@@ -144,15 +150,16 @@ class CTranslate2Translator:
         stats = TranslateStats(len(lines), truncated, tgt_tokens, time.perf_counter() - tic, self.max_src_tokens)
         return TranslationResult(out, stats)
 
-    def _search(self, pieces: list[list[str]], limits: list[int], *, beam: int, lenpen: float, nbest: int, batch_tokens: int) -> list[list[Hyp]]:
+    def _search(self, pieces: list[list[str]], limits: list[int], *, beam: int, lenpen: float, nbest: int, batch_tokens: int, scores: bool) -> list[list[Hyp]]:
         """Per source, its n-best (score, pieces), best first, each within the source's own limit."""
         if not pieces:
             return []
         rerank = beam > 1 and (lenpen != 0 or nbest > 1)  # CTranslate2's n-best at penalty 0, ranked by tmt's penalty
         options = dict(beam_size=beam, num_hypotheses=beam if rerank else 1, max_batch_size=batch_tokens, batch_type="tokens")
+        options["return_scores"] = scores or rerank
         found = self._decode(pieces, max(limits), options)
         if beam == 1:
-            return self._cut(found, limits, pieces, lenpen=lenpen)
+            return self._cut(found, limits, pieces, lenpen=lenpen, scores=scores)
         redo: dict[int, list[int]] = {}  # own limit -> the sources whose beam output passed it
         for i, (nb, limit) in enumerate(zip(found, limits)):
             if any(len(h) > limit for h, _ in nb):
@@ -171,10 +178,9 @@ class CTranslate2Translator:
             max_decoding_length=max_length,
             min_decoding_length=0,  # tmt lets EOS come first (an empty translation)
             max_input_length=0,  # truncated above, to tmt's limit
-            return_scores=True,
             return_end_token=True,  # tells a finished hypothesis from one cut at the length limit
         )
-        return [list(zip(r.hypotheses, r.scores)) for r in results]
+        return [list(zip(r.hypotheses, r.scores or [math.nan] * len(r.hypotheses))) for r in results]
 
     def _ranked(self, nb: list[tuple[list[str], float]], *, lenpen: float, nbest: int) -> list[Hyp]:
         """The best ``nbest`` by tmt's score, logprob / ((5 + len) / 6) ** lenpen; len counts EOS when the hypothesis
@@ -183,12 +189,16 @@ class CTranslate2Translator:
         scored.sort(key=lambda s: -s[0])  # stable: equal scores keep CTranslate2's order
         return scored[:nbest]
 
-    def _cut(self, found: list[list[tuple[list[str], float]]], limits: list[int], sources: list[list[str]], *, lenpen: float) -> list[list[Hyp]]:
+    def _cut(self, found: list[list[tuple[list[str], float]]], limits: list[int], sources: list[list[str]], *, lenpen: float, scores: bool) -> list[list[Hyp]]:
         """Greedy outputs within their limits: greedy's first ``limit`` tokens do not depend on the limit, so an
-        output past it is cut to it (no EOS left: tmt finishes it as it is) and scored again, all in one call."""
+        output past it is cut to it (no EOS left: tmt finishes it as it is) and, with ``scores``, scored again, all in
+        one call."""
         cut = [i for i, (nb, limit) in enumerate(zip(found, limits)) if len(nb[0][0]) > limit]
         hyps = [nb[0] for nb in found]
-        if cut:
+        if cut and not scores:
+            for i in cut:
+                hyps[i] = (hyps[i][0][: limits[i]], math.nan)
+        elif cut:
             kept = [hyps[i][0][: limits[i]] for i in cut]
             for i, tokens, scored in zip(cut, kept, self.ct.score_batch([sources[i] for i in cut], kept, max_input_length=0)):
                 hyps[i] = (tokens, sum(scored.log_probs[: len(tokens)]))  # its log_probs end with EOS's, which is not kept
