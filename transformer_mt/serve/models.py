@@ -42,7 +42,8 @@ class Runner:
         """n-best lists, one per line, in order. With ``max_output_tokens``, no line's output is longer than the
         cap; a line whose checkpoint limit (decode.max_len_a x source + max_len_b) is shorter keeps it, so its
         translation is the Translator's own."""
-        result = self.tr.translate_batch(lines, beam=beam, lenpen=lenpen, nbest=nbest, max_output_tokens=self.cap or None)
+        # an answer carries scores only with n-best lists (one best is sent as text)
+        result = self.tr.translate_batch(lines, beam=beam, lenpen=lenpen, nbest=nbest, max_output_tokens=self.cap or None, scores=nbest > 1)
         self.events.generated(result.stats.tgt_tokens)
         return result.hypotheses
 
