@@ -138,9 +138,7 @@ class CTranslate2Translator:
             pieces = [p[: self.max_src_tokens] for p in pieces]
         caps = [c for c in (max_output_tokens, self.cfg.model.max_positions if self.cfg.model.positions == "learned" else None) if c is not None]
         limits = [min(max_output_length(len(p) + 1, max_len_a=a, max_len_b=b), *caps, 1 << 62) for p in pieces]
-        hyps = self._search(
-            pieces, limits, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens or self.cfg.decode.batch_tokens, scores=scores or nbest > 1
-        )
+        hyps = self._search(pieces, limits, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens or self.cfg.decode.batch_tokens, scores=scores)
         texts = iter(self.tgt_tok.decode_pieces([h for nb in hyps for _, h in nb], num_threads=1))
         out: list[list[tuple[float, str]]] = [[(0.0, "")] * nbest for _ in lines]
         tgt_tokens = 0
@@ -155,8 +153,7 @@ class CTranslate2Translator:
         if not pieces:
             return []
         rerank = beam > 1 and (lenpen != 0 or nbest > 1)  # CTranslate2's n-best at penalty 0, ranked by tmt's penalty
-        options = dict(beam_size=beam, num_hypotheses=beam if rerank else 1, max_batch_size=batch_tokens, batch_type="tokens")
-        options["return_scores"] = scores or rerank
+        options = dict(beam_size=beam, num_hypotheses=beam if rerank else 1, max_batch_size=batch_tokens, batch_type="tokens", return_scores=scores or rerank)
         found = self._decode(pieces, max(limits), options)
         if beam == 1:
             return self._cut(found, limits, pieces, lenpen=lenpen, scores=scores)

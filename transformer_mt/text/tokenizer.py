@@ -184,42 +184,38 @@ class Tokenizer:
         segmentation (subword regularisation: unigram smoothing, or the BPE-dropout rate) among ``nbest``."""
         sample: dict[str, Any] = {"enable_sampling": True, "alpha": alpha, "nbest_size": nbest, "num_threads": 1} if alpha > 0 else {}
         if self.vocab is None:
-            if len(lines) <= FEW_LINES:
-                return [self.sp.encode(line, out_type=int, **sample) for line in lines]
-            return self.sp.encode(lines, out_type=int, **sample)
+            return _each_or_all(self.sp.encode, lines, out_type=int, **sample)
         unk, index = self.specials.unk, self._index
         return [[index.get(piece, unk) for piece in seq] for seq in self.encode_pieces(lines, **sample)]
 
     def encode_pieces(self, lines: list[str], **sample: Any) -> list[list[str]]:
         if self.vocab is None:
-            return self._pieces_of(lines, **sample)
+            return _each_or_all(self.sp.encode, lines, out_type=str, **sample)
         tags, texts = zip(*map(_split_language_tag, lines)) if lines else ((), ())
-        return [tag + pieces for tag, pieces in zip(tags, self._pieces_of(list(texts), **sample))]
-
-    def _pieces_of(self, lines: list[str], **sample: Any) -> list[list[str]]:
-        if len(lines) <= FEW_LINES:
-            return [self.sp.encode(line, out_type=str, **sample) for line in lines]
-        return self.sp.encode(lines, out_type=str, **sample)
+        return [tag + pieces for tag, pieces in zip(tags, _each_or_all(self.sp.encode, list(texts), out_type=str, **sample))]
 
     def decode(self, ids: list[list[int]], **threads: Any) -> list[str]:
         """Detokenized text; padding, BOS, EOS and the decoder's start are dropped."""
         drop = self.specials.not_text
         if self.vocab is None:
-            kept = [[i for i in seq if i not in drop] for seq in ids]
-            return [self.sp.decode(seq) for seq in kept] if len(kept) <= FEW_LINES else self.sp.decode(kept, **threads)
+            return _each_or_all(self.sp.decode, [[i for i in seq if i not in drop] for seq in ids], **threads)
         return self.decode_pieces([[self.vocab[i] for i in seq if i not in drop] for seq in ids], **threads)
 
     def decode_pieces(self, pieces: list[list[str]], **threads: Any) -> list[str]:
         """Text of piece lists; ``threads``: sentencepiece's ``num_threads`` for a long list."""
-        if len(pieces) <= FEW_LINES:
-            return [self.sp.decode_pieces(seq) for seq in pieces]
-        return self.sp.decode_pieces(pieces, **threads)
+        return _each_or_all(self.sp.decode_pieces, pieces, **threads)
 
 
 # sentencepiece's calls on a list start a pool of threads each time (tens of microseconds, more while other threads
 # hold the cores: a one-line request would pay more for it than for its segmentation); up to this many lines go
 # through its one-line calls, which start none.
 FEW_LINES = 8
+
+
+def _each_or_all(call: Any, items: list, **options: Any) -> list:
+    """sentencepiece's ``call`` (encode, decode, decode_pieces) on every item of ``items``: one call per item for up to
+    FEW_LINES items, else one call on the list."""
+    return [call(item, **options) for item in items] if len(items) <= FEW_LINES else call(items, **options)
 
 
 def _split_language_tag(line: str) -> tuple[list[str], str]:
