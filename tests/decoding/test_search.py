@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import tiny_model, tiny_model_config
-from transformer_mt.decoding import SearchCache, SearchError, SearchModel, beam_search, greedy_search, length_penalty, search
+from transformer_mt.decoding import SearchCache, SearchError, SearchModel, beam_search, greedy_search, greedy_search_batches, length_penalty, search
 from transformer_mt.model import Transformer
 from transformer_mt.text import BOS_ID, DEFAULT, EOS_ID, PAD_ID
 
@@ -236,6 +236,50 @@ def test_beam_size_one_is_greedy(which, request, sources):
     beam1_lp = beam_search(model, sources, beam=1, lenpen=0.6, max_len_a=1.0, max_len_b=4)
     assert all(b[0].score >= g.score - 1e-6 for g, b in zip(greedy_lp, beam1_lp))
     assert search(model, sources, beam=1, lenpen=0.6, max_len_a=1.0, max_len_b=4, nbest=1) == [[h] for h in greedy_lp]
+
+
+def _counting_steps(monkeypatch) -> list[int]:
+    """Record the rows of every decode_step of every Transformer from now on."""
+    rows: list[int] = []
+    plain = Transformer.decode_step
+
+    def counted(self, tokens, cache):
+        rows.append(tokens.size(0))
+        return plain(self, tokens, cache)
+
+    monkeypatch.setattr(Transformer, "decode_step", counted)
+    return rows
+
+
+def _assert_same_hypotheses(got: list[list], expected: list[list]) -> None:
+    """The same tokens; log-probs and scores equal up to float rounding (a vectorised pow may differ in the last bit)."""
+    assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in expected]
+    for hyps_got, hyps_expected in zip(got, expected):
+        assert [h.logprob for h in hyps_got] == pytest.approx([h.logprob for h in hyps_expected], abs=1e-5)
+        assert [h.score for h in hyps_got] == pytest.approx([h.score for h in hyps_expected], abs=1e-5)
+
+
+# (model, batch_tokens, whether batches join): with a budget of 80 the trained model's last rows end before the next
+# batch reaches their step, the untrained model's (which run to their limit) join it
+@pytest.mark.parametrize(
+    ("which", "batch_tokens", "joins"), [("trained", 10**6, True), ("untrained", 10**6, True), ("untrained", 80, True), ("trained", 80, False)]
+)
+def test_greedy_over_batches_carries_last_rows_along_and_finds_what_each_batch_finds_alone(which, batch_tokens, joins, request, monkeypatch):
+    model = request.getfixturevalue(which)
+    gen = torch.Generator().manual_seed(3)
+    # Batches of similar lengths, longest first as translate_ids makes them; a join pads the narrower source side.
+    srcs = [reversal_batch(gen, n, lo, hi)[0] for n, lo, hi in ((6, 6, 7), (9, 5, 7), (12, 5, 6), (5, 4, 6))]
+    rows = _counting_steps(monkeypatch)
+    alone = [greedy_search(model, src, max_len_a=1.0, max_len_b=6, lenpen=0.6) for src in srcs]
+    steps_alone = len(rows)
+    rows.clear()
+    together = greedy_search_batches(model, srcs, max_len_a=1.0, max_len_b=6, lenpen=0.6, batch_tokens=batch_tokens)
+    assert (len(rows) < steps_alone) == joins  # rows of two batches went through one step
+    _assert_same_hypotheses(together, alone)
+    # Without a budget every batch is searched alone, step for step.
+    rows.clear()
+    _assert_same_hypotheses(greedy_search_batches(model, srcs, max_len_a=1.0, max_len_b=6, lenpen=0.6), alone)
+    assert len(rows) == steps_alone
 
 
 def test_exact_ties_go_to_the_lowest_id_in_greedy_and_beam(untrained, sources):

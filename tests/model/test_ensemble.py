@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import tiny_model, tokens
-from transformer_mt.decoding import beam_search, greedy_search
+from transformer_mt.decoding import beam_search, greedy_search, greedy_search_batches
 from transformer_mt.model import Ensemble
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -48,6 +48,19 @@ def test_an_ensemble_of_one_model_twice_searches_like_the_model():
     for n_alone, n_both in zip(alone, both):
         for h1, h2 in zip(n_alone, n_both):
             assert math.isclose(h1.score, h2.score, abs_tol=1e-4)
+
+
+def test_an_ensembles_batches_join_as_the_models_do(monkeypatch):
+    model = tiny_model(seed=4)
+    ens = Ensemble([model, model]).eval()
+    srcs = [tokens([9, 8, 8], seed=6), tokens([5, 4, 4, 3], seed=7), tokens([2, 2], seed=8)]  # (B, S), longest first
+    alone = [greedy_search(model, src, max_len_b=6) for src in srcs]
+    steps: list[int] = []
+    plain = Ensemble.decode_step
+    monkeypatch.setattr(Ensemble, "decode_step", lambda self, tok, cache: steps.append(tok.size(0)) or plain(self, tok, cache))
+    together = greedy_search_batches(ens, srcs, max_len_b=6, batch_tokens=10**6)  # every batch joins the next
+    assert max(steps) > max(src.size(0) for src in srcs)  # rows of two batches in one step
+    assert [[h.tokens for h in hyps] for hyps in together] == [[h.tokens for h in hyps] for hyps in alone]
 
 
 def test_output_limit_is_the_shortest_members():

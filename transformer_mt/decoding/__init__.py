@@ -11,7 +11,7 @@ from transformer_mt.config import max_beam  # the rule lives with the config; ke
 from transformer_mt.decoding.lengths import length_penalty, max_output_length, positions_needed
 from transformer_mt.decoding.mbr import Candidate, MbrError, mbr_choose, mbr_files, pool_weights, read_candidates
 from transformer_mt.decoding.protocol import BeamStep, Hypothesis, SearchCache, SearchError, SearchModel, TextTranslator
-from transformer_mt.decoding.search import beam_search, greedy_search, search
+from transformer_mt.decoding.search import beam_search, greedy_search, greedy_search_batches, search
 from transformer_mt.decoding.translator import (
     CheckpointModel,
     TranslateError,
@@ -44,6 +44,7 @@ __all__ = [
     "beam_search",
     "checked_request",
     "greedy_search",
+    "greedy_search_batches",
     "length_penalty",
     "load",
     "max_beam",

@@ -42,6 +42,17 @@ class RestrictableCache(SearchCache, Protocol):
         ...
 
 
+@runtime_checkable
+class JoinableCache(SearchCache, Protocol):
+    """A cache that joins another of the same model at the same step into one batch (``DecoderCache``): greedy search
+    then carries a batch's last rows along with the next batch (``greedy_search_batches``)."""
+
+    def joined(self, other: JoinableCache) -> JoinableCache:
+        """This cache's rows, then ``other``'s, as one cache; both hold one row per sentence and have decoded the same
+        number of positions."""
+        ...
+
+
 EncT = TypeVar("EncT")  # whatever encode returns and init_cache takes (EncoderOut; a list of them for an ensemble)
 CacheT = TypeVar("CacheT", bound=SearchCache)
 

@@ -32,7 +32,7 @@ from transformer_mt.config import Config, beam_problem, length_problem, lenpen_p
 from transformer_mt.data import source_tensor
 from transformer_mt.decoding.lengths import positions_needed
 from transformer_mt.decoding.protocol import Hypothesis, SearchError, TextTranslator
-from transformer_mt.decoding.search import search
+from transformer_mt.decoding.search import greedy_search_batches, search
 from transformer_mt.errors import TmtError
 from transformer_mt.model import Ensemble, Transformer
 from transformer_mt.text import SpecialIds, Tokenizer
@@ -118,9 +118,21 @@ def translate_ids(
         model.eval()
     try:
         with torch.inference_mode(), runtime.autocast(device, dtype):
-            for chunk in _token_batches(order, src_ids, batch_tokens):
-                src = source_tensor([src_ids[i] for i in chunk], specials=model.specials)  # (B, S): pieces + EOS, right-padded
-                hyps = search(model, src.to(device), beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, nbest=nbest, max_output=max_output)
+            chunks = list(_token_batches(order, src_ids, batch_tokens))
+            # (B, S) each: pieces + EOS, right-padded
+            srcs = [source_tensor([src_ids[i] for i in chunk], specials=model.specials).to(device) for chunk in chunks]
+            if beam == 1 and nbest == 1:  # greedy: a batch's last rows go on with the next batch
+                found = [
+                    [[hyp] for hyp in hyps]
+                    for hyps in greedy_search_batches(
+                        model, srcs, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output, batch_tokens=batch_tokens
+                    )
+                ]
+            else:
+                found = [
+                    search(model, src, beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, nbest=nbest, max_output=max_output) for src in srcs
+                ]
+            for chunk, hyps in zip(chunks, found):
                 for i, nbest_list in zip(chunk, hyps):
                     results[i] = nbest_list
     finally:
@@ -235,6 +247,7 @@ class Translator:
         dev = runtime.pick_device(device)
         torch_dtype = runtime.check_dtype(dtype, dev)
         runtime.set_threads(threads)
+        runtime.reuse_freed_memory()  # every search step allocates the same tensors again
         members: list[CheckpointModel] = []
         models = []
         for path in paths:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from transformer_mt.model.attention import allowed_mask
 from transformer_mt.model.output import StepOutput
 
 
@@ -119,6 +120,42 @@ class DecoderCache:
                 self.cross_allowed = self.cross_allowed.index_select(0, kept)
             self._group_source = self._group_source.index_select(0, kept)
         self._row_source, self.group = row_source, group
+
+    def joined(self, other: DecoderCache) -> DecoderCache:
+        """A new cache over this cache's rows, then ``other``'s, both of the same model, one row per sentence
+        (``group`` 1) and at the same ``length``: greedy search carries a batch's last rows along with the next
+        batch. The narrower source side is padded to the wider one's length, its new positions masked; a query
+        then attends to exactly the keys it attended to before."""
+        if self.length != other.length or self.group != 1 or other.group != 1 or self.kept_only != other.kept_only:
+            raise ValueError(
+                f"only caches at the same step with one row per sentence join (lengths {self.length} and {other.length}, groups {self.group} and {other.group})"
+            )
+        width = max(self.src_pad.size(1), other.src_pad.size(1))
+
+        def padded(t: Tensor, dim: int, value: float | bool) -> Tensor:  # source positions up to `width` along `dim`
+            missing = width - t.size(dim)
+            return t if missing == 0 else torch.cat([t, t.new_full((*t.shape[:dim], missing, *t.shape[dim + 1 :]), value)], dim=dim)
+
+        src_pad = torch.cat([padded(self.src_pad, 1, True), padded(other.src_pad, 1, True)])  # (G, S)
+        padding = self.cross_allowed is not None or other.cross_allowed is not None or self.src_pad.size(1) != other.src_pad.size(1)
+        cache = DecoderCache(
+            torch.cat([padded(self.cross_k, 3, 0.0), padded(other.cross_k, 3, 0.0)], dim=1),  # (L, G, H, S, Dk)
+            torch.cat([padded(self.cross_v, 3, 0.0), padded(other.cross_v, 3, 0.0)], dim=1),
+            src_pad,
+            allowed_mask(src_pad) if padding else None,
+            output=self.output,
+        )
+        cache.kept_only = self.kept_only
+        cache.length = self.length
+        if self.self_k:  # both have decoded at least one position: copy the filled prefixes, one buffer per layer
+            rows = self.batch_size
+            for mine, theirs, into in ((self.self_k, other.self_k, cache.self_k), (self.self_v, other.self_v, cache.self_v)):
+                for a, b in zip(mine, theirs):
+                    buffer = a.new_empty(max(a.size(0), b.size(0)), rows + b.size(1), *a.shape[2:])  # (capacity, R, H, D)
+                    buffer[: self.length, :rows] = a[: self.length]
+                    buffer[: self.length, rows:] = b[: self.length]
+                    into.append(buffer)
+        return cache
 
     def _layout(self, row_source: Tensor) -> tuple[int, Tensor | None]:
         """(group, kept) of new rows whose sentences are ``row_source`` (R',), read from the device: runs of

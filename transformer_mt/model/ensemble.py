@@ -31,6 +31,10 @@ class EnsembleCache:
         for cache in self.caches:
             cache.reorder(indices, group=group, kept=kept)
 
+    def joined(self, other: EnsembleCache) -> EnsembleCache:
+        """This batch's rows, then ``other``'s, in every member's cache (see DecoderCache.joined)."""
+        return EnsembleCache([mine.joined(theirs) for mine, theirs in zip(self.caches, other.caches)])
+
 
 class Ensemble(nn.Module):
     """``encode`` / ``init_cache`` / ``decode_step`` over N Transformers with one target vocabulary."""

@@ -1,5 +1,5 @@
-"""The process: device, threads, seeding, dtype and autocast; torchrun, DDP and collectives; FLOPs and the
-matmul peak; host-device sync counting.
+"""The process: device, threads, seeding, dtype and autocast; the C allocator's reuse of freed memory; torchrun,
+DDP and collectives; FLOPs and the matmul peak; host-device sync counting.
 
 Callers use the package: ``from transformer_mt import runtime`` then ``runtime.pick_device(...)``,
 ``runtime.on_main(...)``, or import the names they need.
@@ -42,6 +42,7 @@ from transformer_mt.runtime.flops import (
     per_target_token,
     train_flops,
 )
+from transformer_mt.runtime.memory import reuse_freed_memory
 from transformer_mt.runtime.syncs import SyncCounter, per_call
 
 __all__ = [
@@ -71,6 +72,7 @@ __all__ = [
     "per_call",
     "per_target_token",
     "pick_device",
+    "reuse_freed_memory",
     "seed_everything",
     "seed_for_rank",
     "set_threads",

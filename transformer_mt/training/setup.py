@@ -113,6 +113,7 @@ def process(cfg: Config, dist: runtime.DistInfo) -> tuple[TrainConfig, torch.dev
         t = replace(t, dtype=runtime.auto_dtype(device, d_model=cfg.model.d_model))
     runtime.check_dtype(t.dtype, device)
     runtime.set_threads(t.threads)
+    runtime.reuse_freed_memory()  # every update allocates the same activations again
     if not dist.enabled:
         return t, device, False
     device, owns_group = runtime.init_distributed(dist, device)
