@@ -1,17 +1,20 @@
 """Search over a model and the Translator that turns text into translations.
 
-- ``search``: greedy and beam search over the ``SearchModel`` protocol (``protocol``: it, the cache's, the
-  hypotheses and steps the searches give back, and ``TextTranslator``, what evaluation and serving call);
+- ``search``: ``search`` and beam search over the ``SearchModel`` protocol, and the conventions both searches keep;
+  ``greedy``: greedy search over one batch or several; ``steps``: what the two share at a step;
+- ``protocol``: the model's and the cache's protocols, the hypotheses and steps the searches give back, and
+  ``TextTranslator``, what evaluation and serving call;
 - ``lengths``: the length penalty, the longest output and the positions a batch needs;
 - ``translator``: ``load``, ``Translator`` (text in, translations out), ``translate_ids`` and streams;
 - ``mbr``: minimum Bayes risk choice among pooled candidate files.
 """
 
 from transformer_mt.config import max_beam  # the rule lives with the config; kept importable beside the search it bounds
+from transformer_mt.decoding.greedy import greedy_search, greedy_search_batches
 from transformer_mt.decoding.lengths import length_penalty, max_output_length, positions_needed
 from transformer_mt.decoding.mbr import Candidate, MbrError, mbr_choose, mbr_files, pool_weights, read_candidates
 from transformer_mt.decoding.protocol import BeamStep, Hypothesis, SearchCache, SearchError, SearchModel, TextTranslator
-from transformer_mt.decoding.search import beam_search, greedy_search, greedy_search_batches, search
+from transformer_mt.decoding.search import beam_search, search
 from transformer_mt.decoding.translator import (
     CheckpointModel,
     TranslateError,

@@ -1,4 +1,5 @@
-"""Greedy and beam search, outside the model, over its incremental decoding interface.
+"""Greedy and beam search, outside the model, over its incremental decoding interface: ``search`` and beam search
+here, greedy search in :mod:`transformer_mt.decoding.greedy`, what both do at a step in :mod:`transformer_mt.decoding.steps`.
 
 The model is used through the :class:`SearchModel` protocol only (both ``Transformer`` and ``Ensemble``
 satisfy it; this module imports neither): ``encode`` once per batch, ``init_cache`` once,
@@ -41,29 +42,18 @@ the end, from per-step back-pointers. A beam step whose top-2k cut-off falls amo
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from transformer_mt.config import Problem, beam_problem
-from transformer_mt.decoding.lengths import length_penalty, max_output_length
-from transformer_mt.decoding.protocol import BeamStep, Hypothesis, JoinableCache, RestrictableCache, SearchCache, SearchError, SearchModel
-
-
-def _refuse(problem: Problem | None) -> None:
-    """Raise a search-settings rule's problem (transformer_mt.config.rules) as a SearchError."""
-    if problem:
-        raise SearchError(str(problem))
-
-
-def _sentence_limits(model: SearchModel[Any, Any], src: Tensor, *, max_len_a: float, max_len_b: int, max_output: int | None = None) -> Tensor:
-    """(B,) long: each sentence's longest output (its non-pad tokens), at most the model's own limit and ``max_output``."""
-    lens = max_output_length((src != model.specials.pad).sum(dim=1), max_len_a=max_len_a, max_len_b=max_len_b)
-    limits = [cap for cap in (model.max_output_length(), max_output) if cap is not None]
-    return lens.clamp(max=min(limits)) if limits else lens
+from transformer_mt.config import beam_problem
+from transformer_mt.decoding.greedy import greedy_search
+from transformer_mt.decoding.lengths import length_penalty
+from transformer_mt.decoding.protocol import BeamStep, Hypothesis, SearchModel
+from transformer_mt.decoding.steps import Columns, check_inputs, first_true, refuse, sentence_limits
 
 
 def search(
@@ -84,170 +74,10 @@ def search(
     sentence's longest output below ``max_len_a`` x n + ``max_len_b`` (a server's limit). ``observer`` sees each
     beam-search step (beam > 1; see :func:`beam_search`).
     """
-    _refuse(beam_problem(beam, nbest))
+    refuse(beam_problem(beam, nbest))
     if beam == 1:
         return [[hyp] for hyp in greedy_search(model, src, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output)]
     return beam_search(model, src, beam=beam, lenpen=lenpen, nbest=nbest, observer=observer, max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output)
-
-
-@torch.inference_mode()
-def greedy_search(
-    model: SearchModel[Any, Any], src: Tensor, *, max_len_a: float = 1.0, max_len_b: int = 50, lenpen: float = 0.0, max_output: int | None = None
-) -> list[Hypothesis]:
-    """Pick the most probable token at every step; one hypothesis per sentence of ``src`` (B, S).
-
-    A sentence stops at its first EOS or at its maximum length; its row then leaves the batch
-    (``cache.reorder`` with the rows still running). ``lenpen`` only changes the reported score.
-    """
-    return greedy_search_batches(model, [src], max_len_a=max_len_a, max_len_b=max_len_b, lenpen=lenpen, max_output=max_output)[0]
-
-
-@torch.inference_mode()
-def greedy_search_batches(
-    model: SearchModel[Any, Any],
-    srcs: Sequence[Tensor],
-    *,
-    max_len_a: float = 1.0,
-    max_len_b: int = 50,
-    lenpen: float = 0.0,
-    max_output: int | None = None,
-    batch_tokens: int | None = None,
-) -> list[list[Hypothesis]]:
-    """:func:`greedy_search` over several padded batches, in order: per batch, one hypothesis per sentence.
-
-    A batch's last rows are its longest outputs, and run on alone for many steps at a cost per step that
-    hardly depends on how few they are. So, when the cache can be joined (:class:`JoinableCache`) and
-    ``batch_tokens`` is given, a batch whose running rows fill at most a quarter of ``batch_tokens``
-    (rows x source width) is set aside while the next batch is searched from its start; on reaching the same
-    step (the same position: the caches join row by row) the two go on as one batch, if they fit in
-    ``batch_tokens``. Otherwise the set-aside rows go on alone after that batch. Each sentence is decoded as
-    in its own batch: its tokens are the same, up to the float rounding that a batch's padding already
-    brings. At most two batches' caches are held at a time.
-    """
-    for src in srcs:
-        _check_inputs(model, src)
-    sp = model.specials
-    offsets = np.cumsum([0] + [src.size(0) for src in srcs]).tolist()
-    done: list[tuple[Tensor, Tensor, Tensor, int]] = []  # finished rows: sentence, tokens, log-prob, length
-    current: _GreedyRows | None = None
-    parked: _GreedyRows | None = None
-    upcoming = [i for i, src in enumerate(srcs) if src.size(0)]
-    while True:
-        if current is None:
-            if upcoming:
-                i = upcoming.pop(0)
-                current = _GreedyRows.start(model, srcs[i], first=offsets[i], max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output)
-            elif parked is not None:
-                current, parked = parked, None
-            else:
-                break
-        if parked is not None and parked.step == current.step and batch_tokens is not None:
-            if (current.size + parked.size) * max(current.width, parked.width) <= batch_tokens:
-                current, parked = current.joined(parked), None
-        n = current.advance(model, done)  # the step's one host sync
-        if n == 0:
-            current = None
-        elif parked is None and upcoming and batch_tokens is not None and 4 * n * current.width <= batch_tokens and current.joinable:
-            parked, current = current, None
-    return _greedy_hypotheses(done, offsets, lenpen=lenpen, pad=sp.pad, eos=sp.eos)
-
-
-class _GreedyRows:
-    """The running rows of greedy search, one per sentence, all at one step: their cache and, per row, the
-    sentence it translates (numbered over all batches), its newest token, output limit, log-prob and tokens."""
-
-    def __init__(self, cache: SearchCache, columns: _Columns, *, sent: Tensor, limit: Tensor, tokens: Tensor, cum: Tensor, out: Tensor, width: int, step: int):
-        self.cache, self.columns, self.width, self.step = cache, columns, width, step
-        self.sent, self.limit = sent, limit  # (b,) each row's sentence, numbered over all batches; its longest output
-        self.tokens, self.cum = tokens, cum  # (b,) each row's newest token; its summed log-probs (float32)
-        self.out = out  # (b, L) the tokens so far, L >= every row's limit
-
-    @classmethod
-    def start(cls, model: SearchModel[Any, Any], src: Tensor, *, first: int, max_len_a: float, max_len_b: int, max_output: int | None) -> _GreedyRows:
-        """The rows of a new batch ``src`` (B, S), sentences numbered from ``first``, nothing decoded yet."""
-        rows, device = src.size(0), src.device
-        limit = _sentence_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output)  # (B,)
-        cache = model.init_cache(model.encode(src))
-        columns = _Columns(cache, never=model.specials.never_generated, device=device)
-        return cls(
-            cache,
-            columns,
-            sent=torch.arange(first, first + rows, device=device),
-            limit=limit,
-            tokens=torch.full((rows,), model.specials.start, dtype=torch.long, device=device),
-            cum=torch.zeros(rows, dtype=torch.float32, device=device),
-            out=torch.empty(rows, int(limit.max()), dtype=torch.long, device=device),
-            width=src.size(1),
-            step=0,
-        )
-
-    @property
-    def size(self) -> int:
-        return self.sent.size(0)
-
-    @property
-    def joinable(self) -> bool:
-        return isinstance(self.cache, JoinableCache)
-
-    def joined(self, other: _GreedyRows) -> _GreedyRows:
-        """These rows, then ``other``'s, as one batch at their common step."""
-        cache = self.cache.joined(other.cache)  # type: ignore[attr-defined] # checked by `joinable`
-        out = self.out.new_empty(self.size + other.size, max(self.out.size(1), other.out.size(1)))
-        out[:, : self.step] = torch.cat([self.out[:, : self.step], other.out[:, : self.step]])
-        return _GreedyRows(
-            cache,
-            self.columns,
-            sent=torch.cat([self.sent, other.sent]),
-            limit=torch.cat([self.limit, other.limit]),
-            tokens=torch.cat([self.tokens, other.tokens]),
-            cum=torch.cat([self.cum, other.cum]),
-            out=out,
-            width=max(self.width, other.width),
-            step=self.step,
-        )
-
-    def advance(self, model: SearchModel[Any, Any], done: list[tuple[Tensor, Tensor, Tensor, int]]) -> int:
-        """Decode one step; rows that end (EOS or their limit) go to ``done`` and leave. Returns the rows left."""
-        step, eos = self.step, model.specials.eos
-        lprobs = self.columns.log_probs(model.decode_step(self.tokens, self.cache))  # (b, V or K)
-        # Rank cum + lprobs rather than lprobs alone: the same float32 sums beam search ranks,
-        # so beam 1 breaks near-ties exactly as greedy does. max() returns the lowest tied id
-        # (the lowest column: kept ids are ascending).
-        self.cum, col = lprobs.add_(self.cum.unsqueeze(1)).max(dim=1)  # (b,), (b,)
-        tok = self.columns.ids_of(col)  # (b,)
-        self.out[:, step] = tok
-        self.step = step + 1
-        running = (tok != eos) & (self.limit > self.step)  # (b,)
-        n = int(running.sum())  # the step's one host sync: the rows still running
-        if n < running.size(0):
-            ended = _first_true(~running, running.size(0) - n)  # (e,) found on the device
-            done.append((self.sent[ended], self.out[ended, : self.step], self.cum[ended], self.step))
-            if n:
-                keep = _first_true(running, n)  # (b',)
-                self.cache.reorder(keep, group=1, kept=keep)
-                self.sent, tok, self.limit, self.cum, self.out = self.sent[keep], tok[keep], self.limit[keep], self.cum[keep], self.out[keep]
-        self.tokens = tok
-        return n
-
-
-def _greedy_hypotheses(done: list[tuple[Tensor, Tensor, Tensor, int]], offsets: list[int], *, lenpen: float, pad: int, eos: int) -> list[list[Hypothesis]]:
-    """The finished rows, read back at once, as hypotheses per batch in sentence order."""
-    if not done:
-        return [[] for _ in offsets[1:]]
-    longest = max(length for *_, length in done)
-    sent = torch.cat([s for s, *_ in done])  # (N,)
-    cum = torch.cat([c for _, _, c, _ in done])  # (N,)
-    lengths = torch.cat([torch.full_like(s, length) for s, _, _, length in done])  # (N,) tokens incl. EOS
-    tokens = torch.cat([torch.nn.functional.pad(t, (0, longest - length), value=pad) for _, t, _, length in done])  # (N, L)
-    scores = cum / length_penalty(lengths.float(), lenpen)  # (N,) float32
-    ids_read = torch.cat([sent.unsqueeze(1), lengths.unsqueeze(1), tokens], dim=1).tolist()  # (N, 2 + L): read once ...
-    by_sentence: list[Hypothesis | None] = [None] * offsets[-1]
-    for (i, n, *row), (score, logprob) in zip(ids_read, torch.stack([scores, cum], dim=1).tolist()):  # ... with the scores
-        ids = row[:n]
-        if ids and ids[-1] == eos:
-            ids = ids[:-1]
-        by_sentence[i] = Hypothesis(tokens=ids, score=score, logprob=logprob)
-    return [by_sentence[a:b] for a, b in zip(offsets, offsets[1:])]  # type: ignore[misc] # every sentence ended once
 
 
 @torch.inference_mode()
@@ -292,14 +122,14 @@ def beam_search(
     ``observer`` (None: nothing is done for it) is called with every settled step's :class:`BeamStep`, the
     tensors the step already holds, to show the search at work (`tmt explore`); it must not change them.
     """
-    _check_inputs(model, src)
-    _refuse(beam_problem(beam, nbest))
+    check_inputs(model, src)
+    refuse(beam_problem(beam, nbest))
     batch, device, k, sp = src.size(0), src.device, beam, model.specials
     if batch == 0:
         return []
-    max_lens = _sentence_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output)  # (B,)
+    max_lens = sentence_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output)  # (B,)
     cache = model.init_cache(model.encode(src))
-    columns = _Columns(cache, never=sp.never_generated, device=device)
+    columns = Columns(cache, never=sp.never_generated, device=device)
     cache.reorder(torch.arange(batch, device=device).repeat_interleave(k), group=k)  # B -> B*k rows, sentence-major
     sent = torch.arange(batch, device=device)  # (b,) original sentence of each active sentence
     cum = torch.zeros(batch, k, dtype=torch.float32, device=device)  # (b, k) log-prob of each open beam
@@ -313,7 +143,7 @@ def beam_search(
         lprobs = columns.log_probs(model.decode_step(tokens, cache))  # (b*k, V), or (b*k, K) over the kept ids
         vocab = lprobs.size(1)
         if step == 0:
-            _refuse(beam_problem(beam, nbest, tgt_vocab_size=vocab))
+            refuse(beam_problem(beam, nbest, tgt_vocab_size=vocab))
         cand = lprobs.add_(cum.view(b * k, 1)).view(b, k, vocab)  # cum + log p: (b*k, V) -> (b, k, V)
         if step == 0:
             cand = cand[:, :1]  # (b, 1, V): the k beams are identical copies of the start
@@ -331,7 +161,7 @@ def beam_search(
         if n_keep == 0:
             break
         if n_keep < b:  # drop the sentences that are done
-            keep = _first_true(ext.keep, n_keep)  # (b',) found on the device
+            keep = first_true(ext.keep, n_keep)  # (b',) found on the device
             rows, new_tok, cum, sent = ext.src_rows[keep].view(-1), ext.new_tok[keep].view(-1), ext.new_cum[keep], sent[keep]
         else:
             keep, rows, new_tok, cum = None, ext.src_rows.view(-1), ext.new_tok.view(-1), ext.new_cum
@@ -367,7 +197,7 @@ def _extend(
     sent: Tensor,
     max_lens: Tensor,
     k: int,
-    columns: _Columns,
+    columns: Columns,
     vocab: int,
     step: int,
     lenpen: float,
@@ -469,12 +299,6 @@ class _Finished:
         return out
 
 
-def _first_true(mask: Tensor, n: int) -> Tensor:
-    """The indices of the ``n`` True entries of ``mask`` (m,), ascending, without asking the device for their
-    number (``nonzero`` would: its output size is data-dependent); the caller read ``n`` already."""
-    return torch.argsort((~mask).to(torch.uint8), stable=True)[:n]
-
-
 def _top_candidates(scores: Tensor, n: int, *, n_tied: int = 0) -> _Top:
     """The first ``n`` of each row of ``scores`` (b, N) in the order (score descending, index
     ascending). topk leaves ties unspecified, both which tied entries it picks at the cut-off and their
@@ -486,49 +310,9 @@ def _top_candidates(scores: Tensor, n: int, *, n_tied: int = 0) -> _Top:
     tied = values[:, n] == values[:, n - 1] if values.size(1) > n else torch.zeros_like(values[:, 0], dtype=torch.bool)  # (b,)
     values, indices = values[:, :n], indices[:, :n]
     if n_tied:
-        ambiguous = _first_true(tied, n_tied)  # (a,)
+        ambiguous = first_true(tied, n_tied)  # (a,)
         exact_values, exact_indices = scores[ambiguous].sort(dim=1, descending=True, stable=True)  # (a, N)
         values[ambiguous], indices[ambiguous] = exact_values[:, :n], exact_indices[:, :n]
     indices, order = indices.sort(dim=1)  # lower index first ...
     values, order = values.gather(1, order).sort(dim=1, descending=True, stable=True)  # ... then by score
     return _Top(values, indices.gather(1, order), tied)
-
-
-class _Columns:
-    """What the columns of ``decode_step``'s logits stand for: every id of the vocabulary, or, when the cache can
-    restrict them (:class:`RestrictableCache`), the K ids the model's output layer keeps (ascending, so that a
-    lower column is a lower id and ties still go to the lower id). The search then log-softmaxes and ranks K
-    columns instead of V, and maps the columns it picks back to ids."""
-
-    def __init__(self, cache: SearchCache, *, never: tuple[int, ...], device: torch.device):
-        self.ids = cache.restrict_logits() if isinstance(cache, RestrictableCache) else None  # (K,) or None
-        self.never = never  # the ids masked at every step (pad, the start id, BOS)
-        if self.ids is not None and never:
-            # Their columns, found on the device: a never-generated id the output layer does not keep is -inf
-            # already, and the column searchsorted gives it (another id's) must stay as it is.
-            wanted = torch.tensor(never, dtype=self.ids.dtype, device=device)  # (n,)
-            self.never_cols = torch.searchsorted(self.ids, wanted).clamp_(max=self.ids.numel() - 1)  # (n,)
-            self.never_kept = (self.ids[self.never_cols] == wanted).unsqueeze(0)  # (1, n)
-
-    def log_probs(self, logits: Tensor) -> Tensor:
-        """Float32 log-softmax of (rows, columns) logits, with the ids never generated made impossible."""
-        with torch.autocast(device_type=logits.device.type, enabled=False):  # autocast must not lower it
-            lprobs = torch.log_softmax(logits.float(), dim=-1)  # (rows, columns) float32
-        # The probability mass of the masked ids stays in the sum: no renormalisation.
-        if self.ids is None:
-            for i in self.never:
-                lprobs[:, i] = -math.inf
-        elif self.never:
-            lprobs[:, self.never_cols] = lprobs[:, self.never_cols].masked_fill(self.never_kept, -math.inf)  # (rows, n)
-        return lprobs
-
-    def ids_of(self, cols: Tensor) -> Tensor:
-        """Column numbers (any shape) -> the ids they stand for."""
-        return cols if self.ids is None else self.ids[cols]
-
-
-def _check_inputs(model: SearchModel[Any, Any], src: Tensor) -> None:
-    if model.training:
-        raise SearchError("the model is in training mode (dropout on); call model.eval() before searching")
-    if src.dim() != 2 or src.dtype != torch.long:
-        raise SearchError(f"src must be a (batch, length) LongTensor of token ids, got shape {tuple(src.shape)} dtype {src.dtype}")

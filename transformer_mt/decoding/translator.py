@@ -30,9 +30,10 @@ from transformer_mt import runtime
 from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, model_weights, tokenizers_from_checkpoint, unpack_tokenizers, unpack_vocabularies
 from transformer_mt.config import Config, beam_problem, length_problem, lenpen_problem
 from transformer_mt.data import source_tensor
+from transformer_mt.decoding.greedy import greedy_search_batches
 from transformer_mt.decoding.lengths import positions_needed
 from transformer_mt.decoding.protocol import Hypothesis, SearchError, TextTranslator
-from transformer_mt.decoding.search import greedy_search_batches, search
+from transformer_mt.decoding.search import search
 from transformer_mt.errors import TmtError
 from transformer_mt.model import Ensemble, Transformer
 from transformer_mt.text import SpecialIds, Tokenizer
