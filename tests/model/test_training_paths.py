@@ -1,7 +1,8 @@
 """The training step's fast paths compute what their plain forms compute, values and gradients:
 
 - attention spelled out as two batched matmuls and a softmax (a CPU training step over few keys) against SDPA;
-- ScaleNorm's written-out backward (``kernels.scale_norm``) against autograd through the formula.
+- ScaleNorm's written-out backward (``kernels.scale_norm``) against autograd through the formula;
+- the Linear layers and the fused loss's vocabulary products through oneDNN against F.linear and torch's mm.
 
 The model-level checks run real Multi30k pairs, tokenized by the session's sentencepiece model, through the
 loss module that training runs (TeacherForcedLoss), and compare every parameter's gradient.
@@ -11,8 +12,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import transformer_mt.model.attention as attention
+import transformer_mt.model.kernels as kernels
 from tests.conftest import head, tiny_model
 from transformer_mt.data import collate
 from transformer_mt.model import TeacherForcedLoss, use_reference_ops
@@ -111,6 +114,79 @@ def test_scale_norm_model_gradients_equal_the_plain_formula_on_real_pairs(corpus
     monkeypatch.setattr(norms, "scale_norm", _plain_scale_norm)
     plain = _loss_and_grads(model, batch)
     torch.testing.assert_close(ours[0], plain[0], rtol=1e-6, atol=1e-6)
+    for name, grad in ours[1].items():
+        scale = float(grad.abs().max())
+        torch.testing.assert_close(grad, plain[1][name], rtol=1e-4, atol=1e-5 * scale, msg=f"{name}: the gradients differ")
+
+
+needs_onednn = pytest.mark.skipif(kernels._onednn_linear is None, reason="this torch build has no oneDNN (mkldnn) CPU kernels")
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [True, False])
+def test_onednn_linear_equals_f_linear_in_value_and_gradients(bias):
+    gen = torch.Generator().manual_seed(4)
+    weight = torch.randn(40, 24, generator=gen)
+    rows = weight[8:]  # a row slice of a fused matrix, as cross-attention's K/V projection takes it
+    b = torch.randn(32, generator=gen) if bias else None
+    x = torch.randn(3, 7, 24, generator=gen)
+    dy = torch.randn(3, 7, 32, generator=gen)
+    results = []
+    for fn in (kernels.linear, F.linear):
+        xx, w = x.clone().requires_grad_(), weight.clone().requires_grad_()
+        bb = b.clone().requires_grad_() if b is not None else None
+        y = fn(xx, w[8:], bb)
+        y.backward(dy)
+        results.append([y.detach(), xx.grad, w.grad] + ([bb.grad] if bb is not None else []))
+        if fn is kernels.linear:
+            assert y.grad_fn is not None and "CpuLinear" in type(y.grad_fn).__name__  # the oneDNN path was taken
+    for ours, plain in zip(*results, strict=True):
+        torch.testing.assert_close(ours, plain, rtol=1e-5, atol=1e-5)
+    assert results[0][2][:8].abs().max() == 0  # rows outside the slice get no gradient
+    torch.testing.assert_close(kernels.linear(x, rows, b), F.linear(x, rows, b), rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_onednn_linear_is_for_a_float32_cpu_training_step_only():
+    x, w = torch.randn(5, 8, requires_grad=True), torch.randn(6, 8, requires_grad=True)
+
+    def took_onednn() -> bool:
+        y = kernels.linear(x, w)
+        return y.grad_fn is not None and "CpuLinear" in type(y.grad_fn).__name__
+
+    assert took_onednn()
+    with torch.no_grad():
+        assert kernels.linear(x, w).grad_fn is None  # decoding: F.linear
+    with use_reference_ops(True):
+        assert not took_onednn()  # the benchmark's "plain ops" rows
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert kernels.linear(x, w).dtype == torch.bfloat16  # autocast's own cast and product
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double()
+    assert "CpuLinear" not in type(kernels.linear(x64, w64).grad_fn).__name__
+
+
+@needs_onednn
+@pytest.mark.parametrize("norm", ["post", "scale"])
+def test_onednn_products_train_as_torch_mm_does_on_real_pairs(norm, corpus_slice, spm_model, monkeypatch):
+    """Every Linear of the step and the fused loss's vocabulary products through oneDNN, against the same step with
+    oneDNN switched off (F.linear and torch's mm): the loss and every parameter's gradient."""
+    vocab, batch = _real_batch(corpus_slice, spm_model)
+    model = tiny_model(vocab, norm=norm, share_all_embeddings=True).train()
+    calls = []
+    real = kernels._onednn_linear
+
+    def counted(*args):
+        calls.append(args[0].shape)
+        return real(*args)
+
+    monkeypatch.setattr(kernels, "_onednn_linear", counted)
+    ours = _loss_and_grads(model, batch)
+    n_linear = sum(isinstance(m, kernels.Linear) for m in model.modules())
+    assert n_linear and len(calls) >= 2 * n_linear  # each Linear forward and backward, and the attention in-projections
+    monkeypatch.setattr(kernels, "_onednn_linear", None)
+    plain = _loss_and_grads(model, batch)
+    torch.testing.assert_close(ours[0], plain[0], rtol=1e-5, atol=1e-5)
+    assert ours[1].keys() == plain[1].keys()
     for name, grad in ours[1].items():
         scale = float(grad.abs().max())
         torch.testing.assert_close(grad, plain[1][name], rtol=1e-4, atol=1e-5 * scale, msg=f"{name}: the gradients differ")

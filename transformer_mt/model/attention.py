@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transformer_mt.config import ModelConfig
-from transformer_mt.model.kernels import dropout, reference_ops
+from transformer_mt.model.kernels import Linear, dropout, linear, reference_ops
 
 
 def allowed_mask(pad: Tensor, *, causal: bool = False) -> Tensor:
@@ -55,7 +55,7 @@ class MultiHeadAttention(nn.Module):
         self.sizes = [h * self.dk, h * self.dk, h * self.dv]  # rows of W^Q, W^K, W^V in in_weight
         self.in_weight = nn.Parameter(torch.empty(sum(self.sizes), d))
         self.in_bias = nn.Parameter(torch.empty(sum(self.sizes)))
-        self.out = nn.Linear(h * self.dv, d)
+        self.out = Linear(h * self.dv, d)
         self.dropout = cfg.attention_dropout
 
     def reset_parameters(self) -> None:
@@ -70,18 +70,18 @@ class MultiHeadAttention(nn.Module):
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention input (B, T, D) -> q, k (B, H, T, Dk), v (B, H, T, Dv) with one matmul."""
-        q, k, v = F.linear(x, self.in_weight, self.in_bias).split(self.sizes, dim=-1)
+        q, k, v = linear(x, self.in_weight, self.in_bias).split(self.sizes, dim=-1)
         return self._split_heads(q), self._split_heads(k), self._split_heads(v)
 
     def project_q(self, x: Tensor) -> Tensor:
         """Decoder states (B, T, D) -> queries (B, H, T, Dk)."""
         n = self.sizes[0]
-        return self._split_heads(F.linear(x, self.in_weight[:n], self.in_bias[:n]))
+        return self._split_heads(linear(x, self.in_weight[:n], self.in_bias[:n]))
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Encoder output (B, S, D) -> keys (B, H, S, Dk), values (B, H, S, Dv)."""
         n = self.sizes[0]
-        k, v = F.linear(memory, self.in_weight[n:], self.in_bias[n:]).split(self.sizes[1:], dim=-1)
+        k, v = linear(memory, self.in_weight[n:], self.in_bias[n:]).split(self.sizes[1:], dim=-1)
         return self._split_heads(k), self._split_heads(v)
 
     def attend(

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 _reference_ops = False
 
@@ -159,6 +159,68 @@ def chunk_rows(vocab: int, device: torch.device) -> int:
     return max(1, (_CHUNK_BYTES if device.type == "cpu" else _CHUNK_BYTES_GPU) // (4 * vocab))
 
 
+# oneDNN's matmul, as torch's own CPU kernels for inductor call it (dense float32 tensors in, a new tensor out).
+# torch sends a float32 ``mm`` to MKL. On the fused loss's forward product (inner dimension d_model, a few
+# hundred rows by the whole vocabulary) MKL runs at about two thirds of the rate oneDNN keeps, and on the
+# Linear layers of a training step oneDNN is ahead by 5-10% too; the sums are float32 in another order
+# (docs/benchmarks.md, "The training update against the matmul peak").
+_onednn_linear = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
+
+
+def _onednn_applies(x: Tensor, w: Tensor) -> bool:
+    return _onednn_linear is not None and x.device.type == "cpu" and x.dtype == w.dtype == torch.float32
+
+
+def _times_transposed(x: Tensor, w: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x @ w.T (+ bias)`` for x (n, k), w (m, k): through oneDNN for float32 on CPU, else torch's own product."""
+    op = _onednn_linear
+    if op is not None and _onednn_applies(x, w):
+        return op(x, w, bias, "none", [], "")
+    return F.linear(x, w, bias)
+
+
+class _CpuLinear(torch.autograd.Function):
+    """``F.linear`` with its forward and input gradient through oneDNN; the weight gradient (inner dimension the
+    batch's tokens) stays with torch's ``mm``, the faster of the two for that product."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # autograd's signature: ctx untyped
+        x2 = x.reshape(-1, x.size(-1))
+        ctx.save_for_backward(x2, weight)
+        ctx.x_shape, ctx.has_bias = x.shape, bias is not None
+        return _times_transposed(x2, weight, bias).view(*x.shape[:-1], weight.size(0))
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # autograd's signature: ctx untyped
+        x2, weight = ctx.saved_tensors
+        g2 = grad.reshape(-1, grad.size(-1))
+        grad_x = _times_transposed(g2, weight.t()).view(ctx.x_shape) if ctx.needs_input_grad[0] else None
+        grad_w = g2.t() @ x2 if ctx.needs_input_grad[1] else None
+        grad_b = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear(x, weight, bias)``; a float32 training step on CPU runs it through oneDNN (:class:`_CpuLinear`),
+    unless :func:`use_reference_ops` asked for the plain form. Decoding, autocast and other devices keep F.linear."""
+    if (
+        _reference_ops
+        or not torch.is_grad_enabled()
+        or not _onednn_applies(x, weight)
+        or (bias is not None and bias.dtype != torch.float32)
+        or torch.is_autocast_enabled("cpu")
+    ):
+        return F.linear(x, weight, bias)
+    return _CpuLinear.apply(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (same parameters and state dict) whose forward is :func:`linear`."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return linear(x, self.weight, self.bias)
+
+
 class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
     """Per-row label-smoothed loss and NLL of ``h @ weight.T``, fused with the vocabulary projection.
 
@@ -179,7 +241,7 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         w = weight.to(compute_dtype)
         probs, lse_parts, tgt_parts, sum_parts = [], [], [], []
         for start in range(0, h.size(0), rows):
-            x = h[start : start + rows].to(compute_dtype) @ w.t()  # (n, V) logits
+            x = _times_transposed(h[start : start + rows].to(compute_dtype), w)  # (n, V) logits
             x = x.to(torch.promote_types(x.dtype, torch.float32))  # bf16 / fp16: the softmax in float32
             tgt_parts.append(x.gather(1, safe[start : start + rows, None]).squeeze(1))
             if epsilon > 0:
@@ -225,7 +287,9 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
             g = g.to(cdt)
             # Products written in place (out= / addmm_): no (n, D) or (V, D) temporary, no copy or add pass after.
             if grad_h is not None:
-                if grad_h.dtype == cdt:
+                if _onednn_applies(g, w):
+                    grad_h[sl] = _times_transposed(g, w.t())
+                elif grad_h.dtype == cdt:
                     torch.mm(g, w, out=grad_h[sl])
                 else:
                     grad_h[sl] = g @ w

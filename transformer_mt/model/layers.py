@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from transformer_mt.config import ModelConfig
 from transformer_mt.model.attention import MultiHeadAttention
 from transformer_mt.model.cache import DecoderCache
-from transformer_mt.model.kernels import dropout
+from transformer_mt.model.kernels import Linear, dropout
 from transformer_mt.model.norms import is_pre_norm, norm_layer
 
 M = TypeVar("M", bound=nn.Module)
@@ -82,8 +82,8 @@ class FeedForward(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff)
-        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model)
+        self.fc1 = Linear(cfg.d_model, cfg.d_ff)
+        self.fc2 = Linear(cfg.d_ff, cfg.d_model)
         self.act = ACTIVATIONS[cfg.activation]
         self.dropout = cfg.activation_dropout
 
