@@ -17,10 +17,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_mt.config import ModelConfig
+from transformer_mt.model.kernels import inference_linear
 from transformer_mt.model.norms import fixnorm
 from transformer_mt.text import SpecialIds
 
@@ -123,7 +123,7 @@ class OutputLayer(nn.Module):
         with ``kept_only`` (the -inf of the V - K other ids left out; the caller maps columns back to ids)."""
         if self.output_ids is None and not self.fix_norm:
             return self.output_proj(x)  # the module call, as in logits(): forward hooks see the output layer
-        logits = F.linear(x, out.weight, out.bias)  # (R, K)
+        logits = inference_linear(x, out.weight, out.bias)  # (R, K)
         if self.output_ids is None or kept_only:
             return logits
         full = logits.new_full((*logits.shape[:-1], self.tgt_vocab_size), float("-inf"))  # (R, V)
@@ -134,7 +134,7 @@ class OutputLayer(nn.Module):
         the pieces not kept get -inf (the matmul runs over the K kept rows, then one scatter)."""
         if self.output_ids is None and not self.fix_norm:
             return self.output_proj(x)  # the module call: forward hooks (tmt inspect) see the output layer
-        logits = F.linear(x, self.output_weight(), self.output_bias())  # (..., K)
+        logits = inference_linear(x, self.output_weight(), self.output_bias())  # (..., K)
         if self.output_ids is None:
             return logits
         full = logits.new_full((*logits.shape[:-1], self.tgt_vocab_size), float("-inf"))  # (..., V)
