@@ -190,3 +190,23 @@ def test_onednn_products_train_as_torch_mm_does_on_real_pairs(norm, corpus_slice
     for name, grad in ours[1].items():
         scale = float(grad.abs().max())
         torch.testing.assert_close(grad, plain[1][name], rtol=1e-4, atol=1e-5 * scale, msg=f"{name}: the gradients differ")
+
+
+@needs_onednn
+def test_the_search_output_product_goes_through_onednn_without_gradients_only(monkeypatch):
+    gen = torch.Generator().manual_seed(6)
+    x, w, b = torch.randn(5, 16, generator=gen), torch.randn(300, 16, generator=gen), torch.randn(300, generator=gen)
+    calls = []
+    real = kernels._onednn_linear
+    monkeypatch.setattr(kernels, "_onednn_linear", lambda *a: calls.append(a[0].shape) or real(*a))
+    with torch.inference_mode():
+        torch.testing.assert_close(kernels.inference_linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(kernels.inference_linear(x[:1], w), F.linear(x[:1], w), rtol=1e-5, atol=1e-5)
+    assert calls == [(5, 16), (1, 16)]
+    wg = w.clone().requires_grad_()
+    y = kernels.inference_linear(x, wg, b)  # a gradient to record: torch's own product, differentiable
+    y.sum().backward()
+    assert len(calls) == 2 and wg.grad is not None
+    with torch.no_grad(), use_reference_ops(True):
+        kernels.inference_linear(x, w, b)
+    assert len(calls) == 2
