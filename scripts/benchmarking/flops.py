@@ -1,12 +1,17 @@
-"""Measured FLOPs: torch's FlopCounterMode, taught the CPU flash-attention kernels.
+"""Measured FLOPs: torch's FlopCounterMode, taught the CPU kernels it has no formula for.
 
-torch has no formula for the CPU flash-attention kernels SDPA uses here, so they are counted as it
-counts the CUDA ones (forward Q K^T and A V; backward recomputes Q K^T and does 4 more matmuls). The
-analytic count beside it is ``transformer_mt.runtime.forward_flops`` (3 x forward for a training step).
+- The CPU flash-attention kernels SDPA uses here are counted as it counts the CUDA ones (forward Q K^T
+  and A V; backward recomputes Q K^T and does 4 more matmuls).
+- oneDNN's matmul (``mkldnn::_linear_pointwise``), which a float32 CPU training step runs its Linear
+  layers and the fused loss's products through (``transformer_mt.model.kernels``), is counted as the
+  ``x @ w.T`` it computes.
+
+The analytic count beside it is ``transformer_mt.runtime.forward_flops`` (3 x forward for a training step).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -16,8 +21,8 @@ from transformer_mt.model import label_smoothed_nll_loss
 from transformer_mt.runtime import autocast
 
 
-def cpu_sdpa_formulas() -> dict:
-    """FlopCounterMode formulas for the CPU flash-attention kernels, borrowed from the CUDA kernels'."""
+def cpu_formulas() -> dict:
+    """FlopCounterMode formulas for the CPU flash-attention kernels (borrowed from the CUDA kernels') and oneDNN's matmul."""
     aten = torch.ops.aten
 
     # FlopCounterMode passes the op's other arguments and out_shape too; the count needs only the shapes of q, k, v (and g).
@@ -27,13 +32,20 @@ def cpu_sdpa_formulas() -> dict:
     def bwd(g, q, k, v, *_args, **_kwargs) -> int:
         return sdpa_backward_flop_count(g, q, k, v)
 
+    def linear(x, w, *_args, **_kwargs) -> int:  # x (..., K), w (N, K): 2 x rows x K x N
+        return 2 * math.prod(x) * w[0]
+
     names = {"_scaled_dot_product_flash_attention_for_cpu": fwd, "_scaled_dot_product_flash_attention_for_cpu_backward": bwd}
-    return {getattr(aten, name): fn for name, fn in names.items() if hasattr(aten, name)}
+    formulas = {getattr(aten, name): fn for name, fn in names.items() if hasattr(aten, name)}
+    onednn = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
+    if onednn is not None:
+        formulas[onednn] = linear
+    return formulas
 
 
 def count_flops(fn: Callable[[], object]) -> int:
     """FLOPs that FlopCounterMode sees while ``fn()`` runs."""
-    with FlopCounterMode(display=False, custom_mapping=cpu_sdpa_formulas()) as counter:
+    with FlopCounterMode(display=False, custom_mapping=cpu_formulas()) as counter:
         fn()
     return counter.get_total_flops()
 
