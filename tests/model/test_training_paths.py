@@ -10,6 +10,11 @@ loss module that training runs (TeacherForcedLoss), and compare every parameter'
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -210,3 +215,36 @@ def test_the_search_output_product_goes_through_onednn_without_gradients_only(mo
     with torch.no_grad(), use_reference_ops(True):
         kernels.inference_linear(x, w, b)
     assert len(calls) == 2
+
+
+_GROWTH = """
+import sys, torch
+import transformer_mt.model.kernels as kernels
+torch.set_num_threads(1)
+def rss():
+    return int(open('/proc/self/statm').read().split()[1]) * 4096 / 2**20
+w = torch.randn(256, 128, requires_grad=True)
+kernels.linear(torch.randn(8, 128), w).sum().backward()
+start = rss()
+for rows in range(3000, 3200):  # a new row count each call, as a training run's batches bring them
+    kernels.linear(torch.randn(rows, 128), w).sum().backward()
+print(rss() - start)
+"""
+
+
+@needs_onednn
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the resident set from /proc")
+def test_onednn_caches_are_bounded_so_new_row_counts_do_not_grow_the_process(tmp_path):
+    """200 row counts, forward and backward each. With the bound the process stops growing after 64 or so (measured:
+    250-350 MiB over the first hundred, then flat); with oneDNN's and ideep's default 1,024 entries it grows by about
+    5 MiB per row count all along (so the test can fail)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
+
+    def growth(**extra: str) -> float:
+        out = subprocess.run([sys.executable, "-c", _GROWTH], env={**env, **extra}, capture_output=True, text=True, check=True)
+        return float(out.stdout.split()[-1])
+
+    bounded = growth()
+    unbounded = growth(LRU_CACHE_CAPACITY="1024", ONEDNN_PRIMITIVE_CACHE_CAPACITY="1024")
+    assert bounded < 450, f"grew by {bounded:.0f} MiB over 200 row counts"
+    assert unbounded > 800, f"the defaults grew by {unbounded:.0f} MiB only (bounded: {bounded:.0f})"

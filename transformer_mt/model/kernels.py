@@ -1,6 +1,6 @@
 """Hand-written CPU kernels beside their plain torch equivalents, and the one switch between them.
 
-Three kernels, each faster on CPU than its plain form and giving the same numbers (up to float rounding):
+Each is faster on CPU than its plain form and gives the same numbers (up to float rounding):
 
 ==============================================  =====================================================
 hand-written (default)                          plain equivalent (``use_reference_ops(True)``)
@@ -13,6 +13,11 @@ written out (:class:`_ScaleNorm`)               under autograd
 vocabulary projection fused with the            :func:`transformer_mt.model.loss.label_smoothed_nll_loss`
 label-smoothed loss in row chunks               (the switch is read by
                                                 :func:`transformer_mt.model.loss.projected_label_smoothed_loss`)
+:func:`linear` / :class:`Linear`: a training    ``F.linear``
+step's float32 products through oneDNN
+(:class:`_CpuLinear`); the fused loss's too
+:func:`inference_linear`: a search's output     ``F.linear``
+layer through oneDNN
 ==============================================  =====================================================
 
 The switch is module state for the whole process, read at every call; the benchmark's "plain ops"
@@ -27,6 +32,8 @@ training step's attention over few keys out as batched matmuls).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
@@ -165,6 +172,15 @@ def chunk_rows(vocab: int, device: torch.device) -> int:
 # Linear layers of a training step oneDNN is ahead by 5-10% too; the sums are float32 in another order
 # (docs/benchmarks.md, "The training update against the matmul peak").
 _onednn_linear = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
+
+# oneDNN keeps each matmul it has built (one per shape, holding buffers sized by the row count) in two caches, torch's
+# ideep layer's and oneDNN's own, of 1,024 entries each by default. A training run meets a new row count with nearly
+# every batch, so with the defaults a recipe run grew by 750 MiB in 300 updates and kept growing. Both are read at
+# the first oneDNN call; 64 entries each keep the process within about 200 MiB of torch's mm path, at the same speed
+# (docs/benchmarks.md). A value the user set is kept.
+ONEDNN_CACHE_ENTRIES = 64
+for _name in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY"):
+    os.environ.setdefault(_name, str(ONEDNN_CACHE_ENTRIES))
 
 
 def _onednn_applies(x: Tensor, w: Tensor) -> bool:
