@@ -226,25 +226,30 @@ def rss():
 w = torch.randn(256, 128, requires_grad=True)
 kernels.linear(torch.randn(8, 128), w).sum().backward()
 start = rss()
-for rows in range(3000, 3200):  # a new row count each call, as a training run's batches bring them
+for i, rows in enumerate(range(3000, 3200)):  # a new row count each call, as a training run's batches bring them
     kernels.linear(torch.randn(rows, 128), w).sum().backward()
-print(rss() - start)
+    if i == 99:
+        half = rss() - start
+print(half, rss() - start)
 """
 
 
 @needs_onednn
 @pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the resident set from /proc")
 def test_onednn_caches_are_bounded_so_new_row_counts_do_not_grow_the_process(tmp_path):
-    """200 row counts, forward and backward each. With the bound the process stops growing after 64 or so (measured:
-    250-350 MiB over the first hundred, then flat); with oneDNN's and ideep's default 1,024 entries it grows by about
-    5 MiB per row count all along (so the test can fail)."""
+    """200 row counts, forward and backward each. With the bound the process stops growing once the caches are full
+    (on the AMD EPYC: 250-350 MiB over the first hundred, then flat). With oneDNN's and ideep's default 1,024 entries
+    it grows all along, by about 5 MiB per row count there; on an Intel Xeon (torch 2.11) by about 0.6 MiB, where
+    the comparison is left out."""
     env = {k: v for k, v in os.environ.items() if k not in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
 
-    def growth(**extra: str) -> float:
+    def growth(**extra: str) -> tuple[float, float]:
         out = subprocess.run([sys.executable, "-c", _GROWTH], env={**env, **extra}, capture_output=True, text=True, check=True)
-        return float(out.stdout.split()[-1])
+        first, total = map(float, out.stdout.split()[-2:])
+        return first, total - first  # MiB over the first 100 row counts, and over the next 100
 
     bounded = growth()
+    assert bounded[1] < 60, f"still growing: {bounded[1]:.0f} MiB over row counts 100-200, {bounded[0]:.0f} MiB before"
     unbounded = growth(LRU_CACHE_CAPACITY="1024", ONEDNN_PRIMITIVE_CACHE_CAPACITY="1024")
-    assert bounded < 450, f"grew by {bounded:.0f} MiB over 200 row counts"
-    assert unbounded > 800, f"the defaults grew by {unbounded:.0f} MiB only (bounded: {bounded:.0f})"
+    if unbounded[0] > 300:  # where oneDNN's primitives are large, the defaults keep growing (so the test can fail)
+        assert unbounded[1] > 200, f"the defaults grew by only {unbounded[1]:.0f} MiB over row counts 100-200"

@@ -48,7 +48,9 @@ def test_freed_memory_is_reused_without_page_faults():
     tuned, default = _run({}), _run({"TMT_MALLOC": "default"})
     assert tuned["applied"] and not default["applied"]
     pages = 5 * 12 * 12 * 2**20 // 4096  # what the five rounds touch
-    assert default["faults"] > pages // 2  # the default hands the heap back and faults it in again every round
+    # The default hands the heap back and faults it in again: every round in most runs (184,163 faults here), and in
+    # about one run of four, where the heap's layout keeps part of it, 39,907 (measured over 12 runs).
+    assert default["faults"] > pages // 8
     assert tuned["faults"] < pages // 50
 
 

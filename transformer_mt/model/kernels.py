@@ -167,9 +167,9 @@ def chunk_rows(vocab: int, device: torch.device) -> int:
 
 
 # oneDNN's matmul, as torch's own CPU kernels for inductor call it (dense float32 tensors in, a new tensor out).
-# torch sends a float32 ``mm`` to MKL. On the fused loss's forward product (inner dimension d_model, a few
-# hundred rows by the whole vocabulary) MKL runs at about two thirds of the rate oneDNN keeps, and on the
-# Linear layers of a training step oneDNN is ahead by 5-10% too; the sums are float32 in another order
+# torch sends a float32 ``mm`` to MKL. On an AMD EPYC, MKL ran the fused loss's forward product (inner dimension
+# d_model, a few hundred rows by the whole vocabulary) at about two thirds of oneDNN's rate, and a training step's
+# Linear layers 5-10% slower; on an Intel Xeon the two were even. The sums are float32 in another order
 # (docs/benchmarks.md, "The training update against the matmul peak").
 _onednn_linear = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
 
