@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ["model.norm=post", "model.dropout=0.1", "model.activation_dropout=0.0", "train.max_tokens=4096", "train.lr=5e-4", "train.warmup_updates=1000"]
 # Operator name -> group. The first matching prefix wins; everything unmatched is "other ops".
 GROUPS = (
-    ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear")),
+    ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear", "mkldnn::_linear_pointwise")),
     ("attention (SDPA)", ("aten::_scaled_dot_product", "aten::scaled_dot_product")),
     ("layer norm", ("aten::native_layer_norm", "aten::layer_norm")),
     ("dropout", ("aten::native_dropout", "aten::dropout", "aten::bernoulli", "aten::uniform_", "aten::rand")),
