@@ -311,14 +311,13 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
             g.scatter_add_(1, safe[sl, None], g.new_full((g.size(0), 1), on_target))
             g.mul_(row_w[sl, None])
             g = g.to(cdt)
-            # Products written in place (out= / addmm_): no (n, D) or (V, D) temporary, no copy or add pass after.
+            # torch's products are written in place (out= / addmm_): no (V, D) temporary, no add pass after. oneDNN's
+            # (float32 on CPU) returns the small (n, D) input gradient, copied into place.
             if grad_h is not None:
-                if _onednn_applies(g, w):
-                    grad_h[sl] = _times_transposed(g, w.t())
-                elif grad_h.dtype == cdt:
+                if grad_h.dtype == cdt and not _onednn_applies(g, w):
                     torch.mm(g, w, out=grad_h[sl])
                 else:
-                    grad_h[sl] = g @ w
+                    grad_h[sl] = _times_transposed(g, w.t())
             if grad_w is not None:
                 hs = h[sl].to(cdt)
                 if w_dtype != cdt:  # bf16 / fp16 products, accumulated in float32
