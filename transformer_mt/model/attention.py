@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transformer_mt.config import ModelConfig
+from transformer_mt.model import native
 from transformer_mt.model.kernels import Linear, dropout, linear, reference_ops
 
 
@@ -97,6 +98,11 @@ class MultiHeadAttention(nn.Module):
         dropout, come back too: masked keys get -inf before the softmax, so exactly 0 after it.
         """
         p = self.dropout if self.training else 0.0
+        if not need_weights and p == 0.0 and _native_applies(q, k, v, allowed):
+            b, _, t, _ = q.shape
+            keys = None if allowed is None else allowed.reshape(b, -1)  # (B, 1, 1, K) -> (B, K)
+            out = native.short_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), keys, causal=causal, scale=self.dk**-0.5)
+            return self.out(out), None  # (B, T, H*Dv) already
         if need_weights or _spelled_out_is_faster(k):
             scores = q @ k.transpose(-2, -1) * self.dk**-0.5  # (B, H, T, K); section 3.2.1 scaling
             if causal:
@@ -125,6 +131,20 @@ CUDA_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION
 # SDPA's CPU flash kernel works in blocks sized for long sequences; below this many keys, the product spelled out
 # as two batched matmuls and a softmax is faster forward and backward (docs/benchmarks.md, the attention row).
 SHORT_KEYS = 64
+
+
+def _native_applies(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> bool:
+    """Whether a training step's attention goes through the C++ kernel of :mod:`transformer_mt.model.native`: over few
+    keys on CPU in float32 (as :func:`_spelled_out_is_faster`), head sizes multiples of 16, a key-padding mask or none,
+    and the kernel built (the first call builds it)."""
+    return (
+        _spelled_out_is_faster(k)
+        and q.dtype == k.dtype == v.dtype == torch.float32
+        and q.size(-1) % 16 == 0
+        and v.size(-1) % 16 == 0
+        and (allowed is None or (allowed.dim() == 4 and allowed.size(1) == 1 and allowed.size(2) == 1))
+        and native.available()
+    )
 
 
 def _spelled_out_is_faster(k: Tensor) -> bool:

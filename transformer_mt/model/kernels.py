@@ -18,6 +18,11 @@ step's float32 products through oneDNN
 (:class:`_CpuLinear`); the fused loss's too
 :func:`inference_linear`: a search's output     ``F.linear``
 layer through oneDNN
+:func:`residual_dropout`: x + dropout(y) in     ``x + dropout(y)``
+one pass forward and one backward (C++,
+:mod:`transformer_mt.model.native`)
+ScaleNorm in C++, one pass forward and one      :class:`_ScaleNorm` (and under the switch, the
+backward, where the kernels are built           plain formula)
 ==============================================  =====================================================
 
 The switch is module state for the whole process, read at every call; the benchmark's "plain ops"
@@ -38,6 +43,8 @@ import os
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from transformer_mt.model import native
 
 _reference_ops = False
 
@@ -85,8 +92,7 @@ class _CpuDropout(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: Tensor, p: float) -> Tensor:  # autograd's signature: ctx untyped
         n = x.numel()
-        words = torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
-        lanes = words.view(torch.int16)[:n].view(x.shape)  # uniform over [-32768, 32767]
+        lanes = _random_words(n).view(torch.int16)[:n].view(x.shape)  # uniform over [-32768, 32767]
         drop = round(p * 65536)
         keep = lanes >= drop - 32768  # P(keep) = (65536 - drop) / 65536
         scale = 65536.0 / (65536 - drop)
@@ -105,9 +111,54 @@ def dropout(x: Tensor, p: float, training: bool) -> Tensor:
     unless :func:`use_reference_ops` asked for ``F.dropout`` itself."""
     if not training or p == 0.0:
         return x
-    if _reference_ops or x.device.type != "cpu" or p >= 1.0 or round(p * 65536) == 0:
+    if _lanes_do_not_apply(x, p):
         return F.dropout(x, p, True)
     return _CpuDropout.apply(x, p)
+
+
+def _lanes_do_not_apply(x: Tensor, p: float) -> bool:
+    """Whether dropout keeps ``F.dropout``: asked for, off CPU, or a p the 16-bit lanes cannot express."""
+    return _reference_ops or x.device.type != "cpu" or p >= 1.0 or round(p * 65536) == 0
+
+
+def _random_words(n: int) -> Tensor:
+    """One uniform 64-bit word from torch's generator per four elements: 16-bit lanes for n keep masks."""
+    return torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
+
+
+class _CpuDropoutAdd(torch.autograd.Function):
+    """x + dropout(y) with :class:`_CpuDropout`'s mask (the same random words, so the same numbers), in one C++ pass
+    forward and one backward; the words are kept for the backward instead of a bool mask."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, y: Tensor, p: float) -> Tensor:  # autograd's signature: ctx untyped
+        words = _random_words(y.numel())
+        drop = round(p * 65536)
+        ctx.threshold, ctx.scale = drop - 32768, 65536.0 / (65536 - drop)
+        ctx.save_for_backward(words)
+        return torch.ops.tmt.dropout_add(x, y, words, ctx.threshold, ctx.scale)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # autograd's signature: ctx untyped
+        (words,) = ctx.saved_tensors
+        return grad, torch.ops.tmt.dropout_backward(grad.contiguous(), words, ctx.threshold, ctx.scale), None
+
+
+def residual_dropout(x: Tensor, y: Tensor, p: float, training: bool) -> Tensor:
+    """x + dropout(y): a sublayer's output y added to the residual stream x (both (..., D)). On CPU in float32, with
+    the C++ kernels built, one pass forward and one backward that give the same numbers as ``x + dropout(y)``."""
+    if not training or p == 0.0:
+        return x + y
+    if (
+        _lanes_do_not_apply(y, p)
+        or x.dtype != torch.float32
+        or y.dtype != torch.float32
+        or x.shape != y.shape
+        or not (x.is_contiguous() and y.is_contiguous())
+        or not native.available()
+    ):
+        return x + dropout(y, p, training)
+    return _CpuDropoutAdd.apply(x, y, p)
 
 
 # ---------------------------------------------------------------- ScaleNorm
@@ -146,7 +197,26 @@ def scale_norm(x: Tensor, g: Tensor, eps: float) -> Tensor:
     :func:`use_reference_ops` asked for the plain autograd form or no gradient is recorded (decoding)."""
     if _reference_ops or not torch.is_grad_enabled():  # inference: the same ops without an autograd Function's call cost
         return x * (g / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp(min=eps))
+    if x.device.type == "cpu" and x.dtype == g.dtype == torch.float32 and x.is_contiguous() and native.available():
+        return _NativeScaleNorm.apply(x, g, eps)
     return _ScaleNorm.apply(x, g, eps)
+
+
+class _NativeScaleNorm(torch.autograd.Function):
+    """:class:`_ScaleNorm`'s formulas in C++: one pass over the rows forward (norm and scale), one backward."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, g: Tensor, eps: float) -> Tensor:  # autograd's signature: ctx untyped
+        y, norm = torch.ops.tmt.scale_norm(x, g, eps)
+        ctx.save_for_backward(x, norm, g)
+        ctx.eps = eps
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):  # autograd's signature: ctx untyped
+        x, norm, g = ctx.saved_tensors
+        dx, dg = torch.ops.tmt.scale_norm_backward(dy.contiguous(), x, norm, g, ctx.eps)
+        return dx, dg if ctx.needs_input_grad[1] else None, None
 
 
 # ---------------------------------------------------------------- projection fused with the loss

@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from transformer_mt.config import ModelConfig
 from transformer_mt.model.attention import MultiHeadAttention
 from transformer_mt.model.cache import DecoderCache
-from transformer_mt.model.kernels import Linear, dropout
+from transformer_mt.model.kernels import Linear, dropout, residual_dropout
 from transformer_mt.model.norms import is_pre_norm, norm_layer
 
 M = TypeVar("M", bound=nn.Module)
@@ -101,7 +101,7 @@ class _Block(nn.Module):
         self.dropout = cfg.dropout
 
     def _add(self, x: Tensor, y: Tensor, norm: nn.Module) -> Tensor:
-        x = x + dropout(y, self.dropout, self.training)  # P_drop on each sublayer output, before the add
+        x = residual_dropout(x, y, self.dropout, self.training)  # P_drop on each sublayer output, before the add
         return x if self.pre else norm(x)
 
 
