@@ -336,8 +336,16 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         safe = target.masked_fill(pad, 0)
         w = weight.to(compute_dtype)
         probs, lse_parts, tgt_parts, sum_parts = [], [], [], []
+        in_cpp = _softmax_rows_in_cpp(h, compute_dtype)
         for start in range(0, h.size(0), rows):
             x = _times_transposed(h[start : start + rows].to(compute_dtype), w)  # (n, V) logits
+            if in_cpp:  # the same softmax and sums, each row read from memory once
+                lse_part, tgt_part, sum_part = torch.ops.tmt.softmax_rows_(x, safe[start : start + rows])
+                lse_parts.append(lse_part)
+                tgt_parts.append(tgt_part)
+                sum_parts.append(sum_part)
+                probs.append(x)
+                continue
             x = x.to(torch.promote_types(x.dtype, torch.float32))  # bf16 / fp16: the softmax in float32
             tgt_parts.append(x.gather(1, safe[start : start + rows, None]).squeeze(1))
             if epsilon > 0:
@@ -356,7 +364,7 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         else:
             loss = nll.clone()
         ctx.save_for_backward(h, weight, safe, pad)
-        ctx.probs, ctx.rows, ctx.eps, ctx.eps_i, ctx.compute_dtype = probs, rows, epsilon, eps_i, compute_dtype
+        ctx.probs, ctx.rows, ctx.eps, ctx.eps_i, ctx.compute_dtype, ctx.in_cpp = probs, rows, epsilon, eps_i, compute_dtype, in_cpp
         ctx.w = w if w is not weight else None  # under bf16 autocast: the cast (V, D) matrix, kept rather than cast again
         ctx.mark_non_differentiable(nll)
         return loss, nll
@@ -376,10 +384,13 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         on_target = -(1.0 - ctx.eps - ctx.eps_i)
         for i, g in enumerate(probs):  # g: softmax of chunk i -> gradient of its logits, in place
             sl = slice(i * ctx.rows, i * ctx.rows + g.size(0))
-            if ctx.eps_i:
-                g.sub_(ctx.eps_i)
-            g.scatter_add_(1, safe[sl, None], g.new_full((g.size(0), 1), on_target))
-            g.mul_(row_w[sl, None])
+            if ctx.in_cpp:  # the same three steps in one pass
+                torch.ops.tmt.softmax_rows_backward_(g, safe[sl], row_w[sl].contiguous(), ctx.eps_i, on_target)
+            else:
+                if ctx.eps_i:
+                    g.sub_(ctx.eps_i)
+                g.scatter_add_(1, safe[sl, None], g.new_full((g.size(0), 1), on_target))
+                g.mul_(row_w[sl, None])
             g = g.to(cdt)
             # torch's products are written in place (out= / addmm_): no (V, D) temporary, no add pass after. oneDNN's
             # (float32 on CPU) returns the small (n, D) input gradient, copied into place.
@@ -403,6 +414,11 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         if grad_w is not None and not probs:  # no rows at all: the projection gets no gradient
             grad_w.zero_()
         return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None
+
+
+def _softmax_rows_in_cpp(h: Tensor, compute_dtype: torch.dtype) -> bool:
+    """Whether the fused loss's softmax passes run in C++ (:mod:`transformer_mt.model.native`): float32 on CPU."""
+    return h.device.type == "cpu" and compute_dtype == torch.float32 and not _reference_ops and native.available()
 
 
 def fused_projected_label_smoothed_loss(h: Tensor, weight: Tensor, target: Tensor, *, epsilon: float, ignore_index: int) -> tuple[Tensor, Tensor]:

@@ -4,13 +4,14 @@
   few keys, each (sentence, head) in one pass from the scores to the output. :func:`short_attention` is its
   autograd form; :mod:`transformer_mt.model.attention` calls it where it applies.
 - ``csrc/residual.cpp``: the residual stream's dropout-and-add and ScaleNorm, forward and backward, one pass each;
-  :mod:`transformer_mt.model.kernels` calls them.
+  ``csrc/loss.cpp``: the fused loss's softmax over a chunk of logits rows, forward and backward, each row read from
+  memory once. :mod:`transformer_mt.model.kernels` calls them.
 
 Each file's header says what it fuses and why.
 
 The build runs once per machine, at the first step that needs it (about 15 s), with ``torch.utils.cpp_extension``
 and the system's C++ compiler, for the CPU it runs on (``-march=native``; the extension's name carries a hash of the
-CPU's model and flags, so a home directory shared by different machines keeps one build per CPU). torch caches it
+CPU's model and flags, so a home directory shared by different machines keeps one build per CPU, and of the sources). torch caches it
 under ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``). Without a compiler or ninja, or with
 ``TMT_NATIVE_KERNELS=0``, nothing is built: :func:`available` is False, the callers keep their torch-op paths (the
 same numbers, slower on CPU), and one line on stderr says why, once per process.
@@ -29,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("short_attention.cpp", "residual.cpp")]
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("short_attention.cpp", "residual.cpp", "loss.cpp")]
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # -fopenmp: at::parallel_for runs on torch's OpenMP threads
 ENV_SWITCH = "TMT_NATIVE_KERNELS"  # "0": never build or load
 
@@ -49,8 +50,10 @@ def _cpu_tag() -> str:
 
 
 def extension_name() -> str:
-    """The name torch builds and caches the kernels under on this CPU."""
-    return f"tmt_kernels_{_cpu_tag()}"
+    """The name torch builds and caches the kernels under on this CPU: with a hash of every file in csrc/, since torch
+    rebuilds when a listed source changes but not when a header they include does."""
+    files = hashlib.sha256(b"".join(path.read_bytes() for path in sorted(SOURCES[0].parent.iterdir()) if path.suffix in (".cpp", ".h")))
+    return f"tmt_kernels_{_cpu_tag()}_{files.hexdigest()[:8]}"
 
 
 def available() -> bool:
@@ -66,7 +69,7 @@ def available() -> bool:
 def _build() -> bool:
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return False
-    if hasattr(torch.ops.tmt, "scale_norm_backward"):  # registered already (loaded under another name in this process)
+    if hasattr(torch.ops.tmt, "softmax_rows_backward_"):  # registered already (loaded under another name in this process)
         return True
     from torch.utils import cpp_extension
 

@@ -27,43 +27,11 @@
 #include <tuple>
 #include <vector>
 
+#include "vec16.h"
+
 namespace {
 
-// 16 floats: one AVX-512 register, or two AVX2 / four SSE registers where the compiler splits it.
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-typedef float v16u __attribute__((vector_size(64), aligned(4), may_alias));  // unaligned loads and stores
-
-inline v16 load(const float* p) { return *reinterpret_cast<const v16u*>(p); }
-inline void store(float* p, v16 x) { *reinterpret_cast<v16u*>(p) = x; }
-inline float hsum(v16 x) {
-  float s = 0.0f;
-  for (int j = 0; j < 16; ++j) s += x[j];
-  return s;
-}
-inline float hmax(v16 x) {
-  float m = x[0];
-  for (int j = 1; j < 16; ++j) m = std::max(m, x[j]);
-  return m;
-}
-
-// exp(x) for x <= 0 to about 1 ulp (Cephes expf), 16 at a time; x is clamped to [-87, 0], so exp(-inf) gives
-// 1.6e-38 (the callers multiply masked keys by 0), never NaN.
-inline v16 exp_nonpositive(v16 x) {
-  const v16 lo = x - x - 87.0f, zero = x - x;
-  x = x < lo ? lo : x;
-  x = x > zero ? zero : x;
-  const v16 n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest: 1.5 * 2^23
-  const v16 r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  v16 p = r * 1.9875691500e-4f + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const v16i bits = (__builtin_convertvector(n, v16i) + 127) << 23;
-  return p * reinterpret_cast<const v16&>(bits);
-}
+using namespace tmt_vec;
 
 struct View4 {  // a (B, rows, H, d) float tensor's data and strides, in elements
   const float* data;
@@ -99,7 +67,55 @@ void transpose_padded(const float* x, int64_t sr, int64_t K, int64_t Kp, int64_t
     for (int64_t d = 0; d < D; ++d) out[d * Kp + s] = x[s * sr + d];
 }
 
-// One (sentence, head) of the forward: NB blocks of 16 keys.
+// R query rows t0..t0+R-1 of one (sentence, head) of the forward, over NB blocks of 16 keys. The rows go together so
+// that each load of k and v serves R of them, and the R products' dependency chains overlap.
+template <int NB, int R>
+inline void forward_rows(int64_t t0, const float* qi, int64_t qs, const float* kt, const float* vi, int64_t vs,
+                         const v16* allowed, bool causal, float sc, int64_t K, int64_t Dk, int64_t Dv, float* probs,
+                         float* out, int64_t out_row) {
+  constexpr int64_t Kp = NB * 16;
+  v16 acc[R][NB] = {};
+  for (int64_t d = 0; d < Dk; ++d) {
+    v16 kd[NB];
+    for (int blk = 0; blk < NB; ++blk) kd[blk] = load(kt + d * Kp + blk * 16);
+    for (int r = 0; r < R; ++r) {
+      const float a = qi[(t0 + r) * qs + d];
+      for (int blk = 0; blk < NB; ++blk) acc[r][blk] += a * kd[blk];
+    }
+  }
+  const v16i iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const v16 zero = {}, ninf = zero - std::numeric_limits<float>::infinity();
+  alignas(64) float rows[R][Kp];
+  const int64_t n_max = causal ? t0 + R : K;  // keys any of the R rows may see
+  for (int r = 0; r < R; ++r) {
+    const int32_t n = static_cast<int32_t>(causal ? t0 + r + 1 : K);  // keys 0..n-1 may be seen
+    v16 keep[NB];
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int blk = 0; blk < NB; ++blk) {
+      keep[blk] = (iota + blk * 16 < n) ? allowed[blk] : zero;
+      acc[r][blk] *= sc;
+      mx = std::max(mx, hmax(keep[blk] != zero ? acc[r][blk] : ninf));
+    }
+    v16 sum = {};
+    for (int blk = 0; blk < NB; ++blk) {
+      acc[r][blk] = exp_nonpositive(acc[r][blk] - mx) * keep[blk];
+      sum += acc[r][blk];
+    }
+    const float inv = 1.0f / hsum(sum);
+    for (int blk = 0; blk < NB; ++blk) store(rows[r] + blk * 16, acc[r][blk] * inv);
+    std::copy_n(rows[r], K, probs + (t0 + r) * K);
+  }
+  for (int64_t d = 0; d < Dv; d += 16) {
+    v16 o[R] = {};
+    for (int64_t s = 0; s < n_max; ++s) {
+      const v16 vd = load(vi + s * vs + d);
+      for (int r = 0; r < R; ++r) o[r] += rows[r][s] * vd;
+    }
+    for (int r = 0; r < R; ++r) store(out + (t0 + r) * out_row + d, o[r]);
+  }
+}
+
+// One (sentence, head) of the forward: NB blocks of 16 keys, query rows four at a time.
 template <int NB>
 void forward_block(const float* qi, int64_t qs, const float* ki, int64_t ks, const float* vi, int64_t vs, const bool* m,
                    bool causal, float sc, int64_t T, int64_t K, int64_t Dk, int64_t Dv, float* probs, float* out,
@@ -112,40 +128,9 @@ void forward_block(const float* qi, int64_t qs, const float* ki, int64_t ks, con
       const int64_t s = blk * 16 + j;
       allowed[blk][j] = (s < K && (m == nullptr || m[s])) ? 1.0f : 0.0f;
     }
-  for (int64_t t = 0; t < T; ++t) {
-    v16 acc[NB] = {};
-    const float* qrow = qi + t * qs;
-    for (int64_t d = 0; d < Dk; ++d) {
-      const float a = qrow[d];
-      for (int blk = 0; blk < NB; ++blk) acc[blk] += a * load(kt + d * Kp + blk * 16);
-    }
-    const int64_t n = causal ? t + 1 : K;  // keys 0..n-1 may be seen
-    v16 keep[NB];
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int blk = 0; blk < NB; ++blk) {
-      keep[blk] = allowed[blk];
-      if (causal)
-        for (int j = 0; j < 16; ++j) keep[blk][j] = blk * 16 + j < n ? keep[blk][j] : 0.0f;
-      acc[blk] *= sc;
-      const v16 ninf = acc[blk] - acc[blk] - std::numeric_limits<float>::infinity();
-      mx = std::max(mx, hmax(keep[blk] != 0.0f ? acc[blk] : ninf));
-    }
-    v16 sum = {};
-    for (int blk = 0; blk < NB; ++blk) {
-      acc[blk] = exp_nonpositive(acc[blk] - mx) * keep[blk];
-      sum += acc[blk];
-    }
-    const float inv = 1.0f / hsum(sum);
-    float row[Kp];
-    for (int blk = 0; blk < NB; ++blk) store(row + blk * 16, acc[blk] * inv);
-    std::copy_n(row, K, probs + t * K);
-    float* o = out + t * out_row;
-    for (int64_t d = 0; d < Dv; d += 16) {
-      v16 ov = {};
-      for (int64_t s = 0; s < n; ++s) ov += row[s] * load(vi + s * vs + d);
-      store(o + d, ov);
-    }
-  }
+  int64_t t = 0;
+  for (; t + 4 <= T; t += 4) forward_rows<NB, 4>(t, qi, qs, kt, vi, vs, allowed, causal, sc, K, Dk, Dv, probs, out, out_row);
+  for (; t < T; ++t) forward_rows<NB, 1>(t, qi, qs, kt, vi, vs, allowed, causal, sc, K, Dk, Dv, probs, out, out_row);
 }
 
 std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -185,53 +170,69 @@ std::tuple<at::Tensor, at::Tensor> forward(const at::Tensor& q, const at::Tensor
   return {out, probs};
 }
 
-// One (sentence, head) of the backward: gq and gk rows H * Dk apart, gv rows H * Dv apart. First dS row by row (kept
-// in ds, T x Kp), then each gradient row as a sum of rows kept in registers: gq[t] = sum_s dS[t, s] k[s],
-// gk[s] = sum_t dS[t, s] q[t], gv[s] = sum_t P[t, s] dO[t].
+// The rows of dS = P * (dP - rowsum(P * dP)) * scale for queries t0..t0+R-1, dP = dO v^T (vt: v transposed, padded).
+template <int NB, int R>
+inline void backward_ds_rows(int64_t t0, const float* go, int64_t go_row, const float* vt, const float* probs, float sc,
+                             int64_t K, int64_t Dv, float* ds) {
+  constexpr int64_t Kp = NB * 16;
+  v16 dp[R][NB] = {};
+  for (int64_t d = 0; d < Dv; ++d) {
+    v16 vd[NB];
+    for (int blk = 0; blk < NB; ++blk) vd[blk] = load(vt + d * Kp + blk * 16);
+    for (int r = 0; r < R; ++r) {
+      const float a = go[(t0 + r) * go_row + d];
+      for (int blk = 0; blk < NB; ++blk) dp[r][blk] += a * vd[blk];
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(64) float p[Kp];
+    std::copy_n(probs + (t0 + r) * K, K, p);
+    std::fill(p + K, p + Kp, 0.0f);
+    v16 dot = {};
+    for (int blk = 0; blk < NB; ++blk) dot += load(p + blk * 16) * dp[r][blk];
+    const float rowdot = hsum(dot);
+    for (int blk = 0; blk < NB; ++blk) store(ds + (t0 + r) * Kp + blk * 16, load(p + blk * 16) * (dp[r][blk] - rowdot) * sc);
+  }
+}
+
+// out rows i0..i0+R-1 (R of them, `out_row` apart) = sum over j < J of w[j * wj + i] * x[j * xs + d], over d < D:
+// the shape of all three gradient products (gq = dS k, gk = dS^T q, gv = P^T dO).
+template <int R>
+inline void weighted_rows(int64_t i0, const float* w, int64_t wi, int64_t wj, const float* x, int64_t xs, int64_t J,
+                          int64_t D, float* out, int64_t out_row) {
+  for (int64_t d = 0; d < D; d += 16) {
+    v16 a[R] = {};
+    for (int64_t j = 0; j < J; ++j) {
+      const v16 xd = load(x + j * xs + d);
+      for (int r = 0; r < R; ++r) a[r] += w[j * wj + (i0 + r) * wi] * xd;
+    }
+    for (int r = 0; r < R; ++r) store(out + (i0 + r) * out_row + d, a[r]);
+  }
+}
+
+template <int R>
+inline void weighted_all(int64_t I, const float* w, int64_t wi, int64_t wj, const float* x, int64_t xs, int64_t J, int64_t D,
+                         float* out, int64_t out_row) {
+  int64_t i = 0;
+  for (; i + R <= I; i += R) weighted_rows<R>(i, w, wi, wj, x, xs, J, D, out, out_row);
+  for (; i < I; ++i) weighted_rows<1>(i, w, wi, wj, x, xs, J, D, out, out_row);
+}
+
+// One (sentence, head) of the backward: gq and gk rows H * Dk apart, gv rows H * Dv apart. First the rows of dS (kept
+// in ds, T x Kp), then gq[t] = sum_s dS[t, s] k[s], gk[s] = sum_t dS[t, s] q[t], gv[s] = sum_t P[t, s] dO[t], four
+// output rows at a time.
 template <int NB>
 void backward_block(const float* go, int64_t go_row, const float* qi, int64_t qs, const float* ki, int64_t ks,
                     const float* vi, int64_t vs, const float* probs, float sc, int64_t T, int64_t K, int64_t Dk, int64_t Dv,
                     float* gq, float* gk, float* gv, int64_t gk_row, int64_t gv_row, float* vt, float* ds) {
   constexpr int64_t Kp = NB * 16;
   transpose_padded(vi, vs, K, Kp, Dv, vt);
-  for (int64_t t = 0; t < T; ++t) {
-    const float* g = go + t * go_row;  // dO of this query
-    float p[Kp];
-    std::copy_n(probs + t * K, K, p);
-    std::fill(p + K, p + Kp, 0.0f);
-    v16 dp[NB] = {};
-    for (int64_t d = 0; d < Dv; ++d) {  // dP = dO v^T
-      const float a = g[d];
-      for (int blk = 0; blk < NB; ++blk) dp[blk] += a * load(vt + d * Kp + blk * 16);
-    }
-    v16 dot = {};
-    for (int blk = 0; blk < NB; ++blk) dot += load(p + blk * 16) * dp[blk];
-    const float rowdot = hsum(dot);
-    for (int blk = 0; blk < NB; ++blk) store(ds + t * Kp + blk * 16, load(p + blk * 16) * (dp[blk] - rowdot) * sc);
-  }
-  for (int64_t t = 0; t < T; ++t) {
-    const float* w = ds + t * Kp;
-    float* row = gq + t * gk_row;
-    for (int64_t d = 0; d < Dk; d += 16) {
-      v16 a = {};
-      for (int64_t s = 0; s < K; ++s) a += w[s] * load(ki + s * ks + d);
-      store(row + d, a);
-    }
-  }
-  for (int64_t s = 0; s < K; ++s) {
-    float* row_k = gk + s * gk_row;
-    float* row_v = gv + s * gv_row;
-    for (int64_t d = 0; d < Dk; d += 16) {
-      v16 a = {};
-      for (int64_t t = 0; t < T; ++t) a += ds[t * Kp + s] * load(qi + t * qs + d);
-      store(row_k + d, a);
-    }
-    for (int64_t d = 0; d < Dv; d += 16) {
-      v16 a = {};
-      for (int64_t t = 0; t < T; ++t) a += probs[t * K + s] * load(go + t * go_row + d);
-      store(row_v + d, a);
-    }
-  }
+  int64_t t = 0;
+  for (; t + 4 <= T; t += 4) backward_ds_rows<NB, 4>(t, go, go_row, vt, probs, sc, K, Dv, ds);
+  for (; t < T; ++t) backward_ds_rows<NB, 1>(t, go, go_row, vt, probs, sc, K, Dv, ds);
+  weighted_all<4>(T, ds, Kp, 1, ki, ks, K, Dk, gq, gk_row);     // gq[t] = sum_s ds[t, s] k[s]
+  weighted_all<4>(K, ds, 1, Kp, qi, qs, T, Dk, gk, gk_row);     // gk[s] = sum_t ds[t, s] q[t]
+  weighted_all<4>(K, probs, 1, K, go, go_row, T, Dv, gv, gv_row);  // gv[s] = sum_t P[t, s] dO[t]
 }
 
 // Gradients of q, k, v from the output's (B, T, H * Dv), in the layouts (B, T, H, Dk), (B, K, H, Dk), (B, K, H, Dv):
