@@ -140,3 +140,35 @@ def test_analytic_flops_match_flop_counter():
     model.train()
     train = bench.train_step_flops(model, SimpleNamespace(src=src, tgt_in=tgt_in, tgt_out=tgt_out), dtype="float32", epsilon=0.1)
     assert 3 * forward <= train <= 3.5 * forward
+
+
+def test_the_cpp_attention_is_counted_as_the_batched_matmuls_it_replaces(monkeypatch):
+    """A training step through tmt's C++ attention (head size 16) counts the FLOPs of the same step spelled out in
+    batched matmuls, which FlopCounterMode knows by itself."""
+    from transformer_mt.model import native
+
+    if not native.available():
+        pytest.skip("the C++ kernels could not be built here")
+    bench = load_benchmarking()
+    cfg = ModelConfig(encoder_layers=1, decoder_layers=2, d_model=32, heads=2, d_ff=48, dropout=0.0)
+    vocab = 50
+    model = Transformer(cfg, src_vocab_size=vocab, tgt_vocab_size=vocab).train()
+    gen = torch.Generator().manual_seed(1)
+    src = torch.randint(4, vocab, (3, 9), generator=gen)
+    src[1, 6:], src[:, -1] = PAD_ID, EOS_ID
+    tgt = torch.randint(4, vocab, (3, 7), generator=gen)
+    batch = SimpleNamespace(src=src, tgt_in=torch.cat([torch.full((3, 1), BOS_ID), tgt[:, :-1]], 1), tgt_out=tgt)
+    calls = []
+    real = native.short_attention
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(native, "short_attention", counted)
+    counts = []
+    for loaded in (True, False):
+        monkeypatch.setattr(native, "_loaded", [loaded])
+        counts.append(bench.train_step_flops(model, batch, dtype="float32", epsilon=0.1))
+        assert len(calls) == 5  # 1 + 2 x 2 attentions through the kernel, and none more with it off
+    assert counts[0] == counts[1] > 0

@@ -1,5 +1,7 @@
-"""The Transformer: attention, layers, norms, positions, the output layer, the KV cache, kernels, loss and ensembles."""
+"""The Transformer: attention, layers, norms, positions, the output layer, the KV cache, kernels (and their C++ build,
+``native``), loss and ensembles."""
 
+from transformer_mt.model import native
 from transformer_mt.model.attention import MultiHeadAttention, allowed_mask
 from transformer_mt.model.cache import DecoderCache
 from transformer_mt.model.ensemble import Ensemble
@@ -24,6 +26,7 @@ __all__ = [
     "dropout",
     "fixnorm",
     "label_smoothed_nll_loss",
+    "native",
     "perplexity",
     "projected_label_smoothed_loss",
     "sinusoids",

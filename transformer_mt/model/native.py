@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import threading
@@ -73,6 +74,7 @@ def _build() -> bool:
         return True
     from torch.utils import cpp_extension
 
+    _put_pip_ninja_on_path()
     name = extension_name()
     try:
         build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))  # where load() builds and caches
@@ -84,11 +86,23 @@ def _build() -> bool:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(
             f"tmt: note: the C++ kernels could not be built ({reason[:200]}); training uses torch ops instead, "
-            f"slower on CPU (needs a C++ compiler and `pip install ninja`; {ENV_SWITCH}=0 skips the build)",
+            f"slower on CPU (needs a C++ compiler and ninja: pip install -e \".[fast]\"; {ENV_SWITCH}=0 skips the build)",
             file=sys.stderr,
         )
         return False
     return True
+
+
+def _put_pip_ninja_on_path() -> None:
+    """torch runs ``ninja`` from PATH; the ``fast`` extra's pip package puts it in the environment's bin folder,
+    which is not on PATH when a virtual environment's python runs without being activated."""
+    if shutil.which("ninja") is not None:
+        return
+    try:
+        import ninja  # the `fast` extra
+    except ImportError:
+        return
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
 
 
 class _ShortAttention(torch.autograd.Function):
