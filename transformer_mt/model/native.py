@@ -86,7 +86,7 @@ def _build() -> bool:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(
             f"tmt: note: the C++ kernels could not be built ({reason[:200]}); training uses torch ops instead, "
-            f"slower on CPU (needs a C++ compiler and ninja: pip install -e \".[fast]\"; {ENV_SWITCH}=0 skips the build)",
+            f'slower on CPU (needs a C++ compiler and ninja: pip install -e ".[fast]"; {ENV_SWITCH}=0 skips the build)',
             file=sys.stderr,
         )
         return False
