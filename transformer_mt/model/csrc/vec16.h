@@ -13,15 +13,27 @@ typedef float v16u __attribute__((vector_size(64), aligned(4), may_alias));  // 
 
 inline v16 load(const float* p) { return *reinterpret_cast<const v16u*>(p); }
 inline void store(float* p, v16 x) { *reinterpret_cast<v16u*>(p) = x; }
+// Horizontal sum and max in four shuffle steps (a tree: its sums round in another order than a loop's would).
+#if defined(__clang__)
+#define TMT_SHUFFLE(x, ...) __builtin_shufflevector(x, x, __VA_ARGS__)
+#else
+#define TMT_SHUFFLE(x, ...) __builtin_shuffle(x, v16i{__VA_ARGS__})
+#endif
+#define TMT_TREE(x, op)                                                              \
+  x = op(x, TMT_SHUFFLE(x, 8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7));  \
+  x = op(x, TMT_SHUFFLE(x, 4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11));  \
+  x = op(x, TMT_SHUFFLE(x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13));  \
+  x = op(x, TMT_SHUFFLE(x, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14))
+
+inline v16 vadd(v16 a, v16 b) { return a + b; }
+inline v16 vmax(v16 a, v16 b) { return a > b ? a : b; }
 inline float hsum(v16 x) {
-  float s = 0.0f;
-  for (int j = 0; j < 16; ++j) s += x[j];
-  return s;
+  TMT_TREE(x, vadd);
+  return x[0];
 }
 inline float hmax(v16 x) {
-  float m = x[0];
-  for (int j = 1; j < 16; ++j) m = std::max(m, x[j]);
-  return m;
+  TMT_TREE(x, vmax);
+  return x[0];
 }
 
 // exp(x) for x <= 0 to about 1 ulp (Cephes expf), 16 at a time; x is clamped to [-87, 0], so exp(-inf) gives
