@@ -38,10 +38,13 @@ REFERENCE = ["model.norm=post", "model.dropout=0.1", "model.activation_dropout=0
 # Operator name -> group. The first matching prefix wins; everything unmatched is "other ops".
 GROUPS = (
     ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear", "mkldnn::_linear_pointwise")),
-    ("attention (SDPA)", ("aten::_scaled_dot_product", "aten::scaled_dot_product")),
-    ("layer norm", ("aten::native_layer_norm", "aten::layer_norm")),
-    ("dropout", ("aten::native_dropout", "aten::dropout", "aten::bernoulli", "aten::uniform_", "aten::rand")),
-    ("softmax / loss", ("aten::_log_softmax", "aten::log_softmax", "aten::_softmax", "aten::softmax", "aten::nll_loss", "aten::gather", "aten::scatter")),
+    ("attention (SDPA)", ("aten::_scaled_dot_product", "aten::scaled_dot_product", "tmt::short_attention")),
+    ("layer norm", ("aten::native_layer_norm", "aten::layer_norm", "tmt::scale_norm")),
+    ("dropout", ("aten::native_dropout", "aten::dropout", "aten::bernoulli", "aten::uniform_", "aten::rand", "aten::random_", "tmt::dropout")),
+    (
+        "softmax / loss",
+        ("aten::_log_softmax", "aten::log_softmax", "aten::_softmax", "aten::softmax", "aten::nll_loss", "aten::gather", "aten::scatter", "tmt::softmax_rows"),
+    ),
     ("embedding", ("aten::embedding", "aten::index_select", "aten::index_add", "aten::embedding_dense_backward")),
     ("optimizer", ("aten::_fused_adam", "aten::_foreach", "Optimizer.step")),
     (

@@ -280,19 +280,17 @@ class _CpuLinear(torch.autograd.Function):
     batch's tokens) stays with torch's ``mm``, the faster of the two for that product."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # autograd's signature: ctx untyped
-        x2 = x.reshape(-1, x.size(-1))
+    def forward(ctx, x2: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # autograd's signature: ctx untyped
         ctx.save_for_backward(x2, weight)
-        ctx.x_shape, ctx.has_bias = x.shape, bias is not None
-        return _times_transposed(x2, weight, bias).view(*x.shape[:-1], weight.size(0))
+        ctx.has_bias = bias is not None
+        return _times_transposed(x2, weight, bias)  # (rows, out), not a view: the tensor the caller's views are of
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # autograd's signature: ctx untyped
         x2, weight = ctx.saved_tensors
-        g2 = grad.reshape(-1, grad.size(-1))
-        grad_x = _times_transposed(g2, weight.t()).view(ctx.x_shape) if ctx.needs_input_grad[0] else None
-        grad_w = g2.t() @ x2 if ctx.needs_input_grad[1] else None
-        grad_b = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        grad_x = _times_transposed(grad, weight.t()) if ctx.needs_input_grad[0] else None
+        grad_w = grad.t() @ x2 if ctx.needs_input_grad[1] else None
+        grad_b = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_b
 
 
@@ -307,7 +305,9 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
         or torch.is_autocast_enabled("cpu")
     ):
         return F.linear(x, weight, bias)
-    return _CpuLinear.apply(x, weight, bias)
+    # The product on (rows, in) -> (rows, out), viewed as (..., out) outside the Function: views of the result (a fused
+    # projection's q, k and v) then have the product itself as their base, which the C++ attention takes whole.
+    return _CpuLinear.apply(x.reshape(-1, x.size(-1)), weight, bias).view(*x.shape[:-1], weight.size(0))
 
 
 class Linear(nn.Linear):

@@ -118,13 +118,73 @@ class _ShortAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):  # autograd's signature: ctx untyped
         q, k, v, probs = ctx.saved_tensors
-        gq, gk, gv = torch.ops.tmt.short_attention_backward(grad, q, k, v, probs, ctx.scale)
+        gq, gk, gv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        torch.ops.tmt.short_attention_backward(grad, q, k, v, probs, ctx.scale, gq, gk, gv)
         return gq, gk, gv, None, None, None
+
+
+Geometry = tuple[tuple[int, ...], tuple[int, ...], int]  # a view's size, stride and offset in its base
+
+
+class _ShortAttentionOnProjections(torch.autograd.Function):
+    """:class:`_ShortAttention` taking the projections q, k and v are views of, (B, T, W) each: self-attention's one
+    fused (q, k, v) matrix (``kv_base`` None), or cross-attention's queries and fused (k, v). Their gradients are
+    written into one buffer per projection, in the views' places, instead of three tensors that the views' backward
+    (a split's) would copy together."""
+
+    @staticmethod
+    def forward(
+        ctx, q_base: Tensor, kv_base: Tensor | None, geometry: tuple[Geometry, Geometry, Geometry], allowed: Tensor | None, causal: bool, scale: float
+    ) -> Tensor:  # autograd's signature: ctx untyped
+        kv = q_base if kv_base is None else kv_base
+        q, k, v = (base.as_strided(*geom) for base, geom in zip((q_base, kv, kv), geometry))
+        out, probs = torch.ops.tmt.short_attention(q, k, v, allowed, causal, scale)
+        ctx.save_for_backward(q_base, kv_base, probs)
+        ctx.geometry, ctx.scale = geometry, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # autograd's signature: ctx untyped
+        q_base, kv_base, probs = ctx.saved_tensors
+        kv = q_base if kv_base is None else kv_base
+        grad_q = torch.empty_like(q_base)
+        grad_kv = grad_q if kv_base is None else torch.empty_like(kv_base)
+        views = [(base.as_strided(*geom), g.as_strided(*geom)) for base, g, geom in zip((q_base, kv, kv), (grad_q, grad_kv, grad_kv), ctx.geometry)]
+        (q, gq), (k, gk), (v, gv) = views
+        torch.ops.tmt.short_attention_backward(grad, q, k, v, probs, ctx.scale, gq, gk, gv)
+        return grad_q, None if kv_base is None else grad_kv, None, None, None, None
+
+
+def _geometry(view: Tensor, base: Tensor) -> Geometry:
+    return tuple(view.shape), view.stride(), int(view.storage_offset() - base.storage_offset())
+
+
+def _tiled(base: Tensor | None, *views: Tensor) -> bool:
+    """Whether ``views`` (B, T, H, d) of a contiguous ``base`` with rows of W (a (B * T, W) or (B, T, W) projection
+    output) lie side by side and cover each of its rows, as the heads of a fused projection's parts do."""
+    if base is None or not base.is_contiguous() or any(v._base is not base for v in views):
+        return False
+    if any(v.requires_grad and not base.requires_grad for v in views):  # a base outside the graph would cut it here
+        return False
+    row = base.size(-1)
+    for v in views:
+        b, t, _, d = v.shape
+        if v.stride() != (t * row, row, d, 1) or b * t * row != base.numel():
+            return False
+    spans = sorted((v.storage_offset() - base.storage_offset(), v.size(2) * v.size(3)) for v in views)
+    return spans[0][0] == 0 and all(a + n == c for (a, n), (c, _) in zip(spans, spans[1:])) and spans[-1][0] + spans[-1][1] == row
 
 
 def short_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, *, causal: bool, scale: float) -> Tensor:
     """q (B, T, H, Dk), k (B, K, H, Dk), v (B, K, H, Dv), float32 on CPU, each with a contiguous last dimension;
     ``allowed`` (B, K) bool, True = attend, or None; ``causal``: query t sees keys 0..t -> (B, T, H * Dv).
 
-    Needs :func:`available`; head sizes multiples of 16, 1 to 64 keys (the kernel checks and raises otherwise)."""
+    Where q, k and v are the heads of fused projections (self-attention's (q, k, v), cross-attention's q and (k, v)),
+    the gradient goes to the projections whole. Needs :func:`available`; head sizes multiples of 16, 1 to 64 keys (the
+    kernel checks and raises otherwise)."""
+    qb, kb = q._base, k._base
+    if qb is not None and qb is kb and _tiled(qb, q, k, v):  # self-attention
+        return _ShortAttentionOnProjections.apply(qb, None, (_geometry(q, qb), _geometry(k, qb), _geometry(v, qb)), allowed, causal, scale)
+    if qb is not None and kb is not None and qb is not kb and _tiled(qb, q) and _tiled(kb, k, v):  # cross-attention
+        return _ShortAttentionOnProjections.apply(qb, kb, (_geometry(q, qb), _geometry(k, kb), _geometry(v, kb)), allowed, causal, scale)
     return _ShortAttention.apply(q, k, v, allowed, causal, scale)

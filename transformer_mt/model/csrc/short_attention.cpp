@@ -38,6 +38,7 @@ struct View4 {  // a (B, rows, H, d) float tensor's data and strides, in element
   int64_t sb, sr, sh;
   explicit View4(const at::Tensor& t) : data(t.data_ptr<float>()), sb(t.stride(0)), sr(t.stride(1)), sh(t.stride(2)) {}
   const float* at(int64_t b, int64_t h) const { return data + b * sb + h * sh; }
+  float* out(int64_t b, int64_t h) const { return const_cast<float*>(at(b, h)); }  // for the gradients written
 };
 
 void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const c10::optional<at::Tensor>& allowed,
@@ -231,39 +232,38 @@ inline void weighted_all(int64_t I, const float* w, int64_t wi, int64_t wj, cons
   for (; i < I; ++i) weighted_rows<1>(i, w, wi, wj, x, xs, J, D, out, out_row);
 }
 
-// One (sentence, head) of the backward: gq and gk rows H * Dk apart, gv rows H * Dv apart. First the rows of dS (kept
+// One (sentence, head) of the backward, each gradient's rows `g*_row` apart. First the rows of dS (kept
 // in ds, T x Kp), then gq[t] = sum_s dS[t, s] k[s], gk[s] = sum_t dS[t, s] q[t], gv[s] = sum_t P[t, s] dO[t], four
 // output rows at a time.
 template <int NB>
 void backward_block(const float* go, int64_t go_row, const float* qi, int64_t qs, const float* ki, int64_t ks,
                     const float* vi, int64_t vs, const float* probs, float sc, int64_t T, int64_t K, int64_t Dk, int64_t Dv,
-                    float* gq, float* gk, float* gv, int64_t gk_row, int64_t gv_row, float* vt, float* ds) {
+                    float* gq, float* gk, float* gv, int64_t gq_row, int64_t gk_row, int64_t gv_row, float* vt, float* ds) {
   constexpr int64_t Kp = NB * 16;
   transpose_padded(vi, vs, K, Kp, Dv, vt);
   int64_t t = 0;
   for (; t + 4 <= T; t += 4) backward_ds_rows<NB, 4>(t, go, go_row, vt, probs, sc, K, Dv, ds);
   for (; t < T; ++t) backward_ds_rows<NB, 1>(t, go, go_row, vt, probs, sc, K, Dv, ds);
-  weighted_all<4>(T, ds, Kp, 1, ki, ks, K, Dk, gq, gk_row);     // gq[t] = sum_s ds[t, s] k[s]
+  weighted_all<4>(T, ds, Kp, 1, ki, ks, K, Dk, gq, gq_row);     // gq[t] = sum_s ds[t, s] k[s]
   weighted_all<4>(K, ds, 1, Kp, qi, qs, T, Dk, gk, gk_row);     // gk[s] = sum_t ds[t, s] q[t]
   weighted_all<4>(K, probs, 1, K, go, go_row, T, Dv, gv, gv_row);  // gv[s] = sum_t P[t, s] dO[t]
 }
 
-// Gradients of q, k, v from the output's (B, T, H * Dv), in the layouts (B, T, H, Dk), (B, K, H, Dk), (B, K, H, Dv):
+// Gradients of q, k, v from the output's (B, T, H * Dv), written into gq (B, T, H, Dk), gk (B, K, H, Dk) and
+// gv (B, K, H, Dv), views with a contiguous last dimension (of one buffer, for a fused projection's gradient):
 // with P the weights and dP = dO v^T, dS = P * (dP - rowsum(P * dP)); dq = scale dS k, dk = scale dS^T q, dv = P^T dO.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k,
-                                                        const at::Tensor& v, const at::Tensor& probs, double scale) {
+void backward(const at::Tensor& grad_out, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& probs,
+              double scale, at::Tensor gq, at::Tensor gk, at::Tensor gv) {
   check_inputs(q, k, v, c10::nullopt, false);
+  check_inputs(gq, gk, gv, c10::nullopt, false);
   const int64_t B = q.size(0), T = q.size(1), H = q.size(2), Dk = q.size(3), K = k.size(1), Dv = v.size(3);
+  TORCH_CHECK(gq.sizes() == q.sizes() && gk.sizes() == k.sizes() && gv.sizes() == v.sizes(), "short_attention: gradient shapes");
   TORCH_CHECK(grad_out.scalar_type() == at::kFloat && grad_out.numel() == B * T * H * Dv, "short_attention: grad shape");
   TORCH_CHECK(probs.is_contiguous() && probs.numel() == B * H * T * K, "short_attention: weights shape");
   const at::Tensor go = grad_out.contiguous();
-  at::Tensor gq = at::empty({B, T, H, Dk}, q.options());
-  at::Tensor gk = at::empty({B, K, H, Dk}, q.options());
-  at::Tensor gv = at::empty({B, K, H, Dv}, q.options());
-  const View4 qv(q), kv(k), vv(v);
+  const View4 qv(q), kv(k), vv(v), gqv(gq), gkv(gk), gvv(gv);
   const float* go_data = go.data_ptr<float>();
   const float* probs_data = probs.data_ptr<float>();
-  float *gq_data = gq.data_ptr<float>(), *gk_data = gk.data_ptr<float>(), *gv_data = gv.data_ptr<float>();
   const float sc = static_cast<float>(scale);
   const int64_t NB = (K + 15) / 16;
 
@@ -278,10 +278,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_o
         prefetch_rows(go_data + (b + 1) * T * H * Dv, 1, 0, T * H * Dv);
         prefetch_rows(probs_data + (b + 1) * H * T * K, 1, 0, H * T * K);
       }
-#define TMT_BACKWARD(nb)                                                                                               \
+#define TMT_BACKWARD(nb)                                                                                                 \
   backward_block<nb>(go_data + b * T * H * Dv + h * Dv, H * Dv, qv.at(b, h), qv.sr, kv.at(b, h), kv.sr, vv.at(b, h), vv.sr, \
-                     probs_data + i * T * K, sc, T, K, Dk, Dv, gq_data + (b * T * H + h) * Dk,                          \
-                     gk_data + (b * K * H + h) * Dk, gv_data + (b * K * H + h) * Dv, H * Dk, H * Dv, vt.data(), ds.data())
+                     probs_data + i * T * K, sc, T, K, Dk, Dv, gqv.out(b, h), gkv.out(b, h), gvv.out(b, h), gqv.sr, gkv.sr,  \
+                     gvv.sr, vt.data(), ds.data())
       switch (NB) {
         case 1: TMT_BACKWARD(1); break;
         case 2: TMT_BACKWARD(2); break;
@@ -291,14 +291,15 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> backward(const at::Tensor& grad_o
 #undef TMT_BACKWARD
     }
   });
-  return {gq, gk, gv};
 }
 
 }  // namespace
 
 TORCH_LIBRARY(tmt, m) {
   m.def("short_attention(Tensor q, Tensor k, Tensor v, Tensor? allowed, bool causal, float scale) -> (Tensor, Tensor)");
-  m.def("short_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor probs, float scale) -> (Tensor, Tensor, Tensor)");
+  m.def(
+      "short_attention_backward(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor probs, float scale, Tensor(a!) gq, "
+      "Tensor(b!) gk, Tensor(c!) gv) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(tmt, CPU, m) {
