@@ -11,8 +11,8 @@ Each file's header says what it fuses and why.
 
 The build runs once per machine, at the first step that needs it (about 15 s), with ``torch.utils.cpp_extension``
 and the system's C++ compiler, for the CPU it runs on (``-march=native``; the extension's name carries a hash of the
-CPU's model and flags, so a home directory shared by different machines keeps one build per CPU, and of the sources). torch caches it
-under ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``). Without a compiler or ninja, or with
+CPU's model and flags and of the sources, so a home directory shared by different machines keeps one build per CPU).
+torch caches it under ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``). Without a compiler or ninja, or with
 ``TMT_NATIVE_KERNELS=0``, nothing is built: :func:`available` is False, the callers keep their torch-op paths (the
 same numbers, slower on CPU), and one line on stderr says why, once per process.
 """
@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from types import ModuleType
 
 import torch
 from torch import Tensor
@@ -76,10 +77,8 @@ def _build() -> bool:
 
     _put_pip_ninja_on_path()
     name = extension_name()
+    _say_if_compiling(cpp_extension, name)
     try:
-        build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))  # where load() builds and caches
-        if not any(build_dir.glob(f"{name}*.so")):
-            print(f"tmt: compiling the C++ kernels for this CPU, once (about 15 s; cached in {build_dir})", file=sys.stderr)
         sources = [str(path) for path in SOURCES]
         cpp_extension.load(name=name, sources=sources, extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
     except (RuntimeError, OSError, ImportError, subprocess.SubprocessError) as exc:
@@ -91,6 +90,16 @@ def _build() -> bool:
         )
         return False
     return True
+
+
+def _say_if_compiling(cpp_extension: ModuleType, name: str) -> None:
+    """One line before the first build on this machine, which takes a while; nothing when torch's cache has it."""
+    try:
+        build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))  # where load() builds and caches
+    except (AttributeError, OSError, RuntimeError):  # a torch without this helper: build without the line
+        return
+    if not any(build_dir.glob(f"{name}*.so")):
+        print(f"tmt: compiling the C++ kernels for this CPU, once (about 15 s; cached in {build_dir})", file=sys.stderr)
 
 
 def _put_pip_ninja_on_path() -> None:
@@ -137,7 +146,7 @@ class _ShortAttentionOnProjections(torch.autograd.Function):
         ctx, q_base: Tensor, kv_base: Tensor | None, geometry: tuple[Geometry, Geometry, Geometry], allowed: Tensor | None, causal: bool, scale: float
     ) -> Tensor:  # autograd's signature: ctx untyped
         kv = q_base if kv_base is None else kv_base
-        q, k, v = (base.as_strided(*geom) for base, geom in zip((q_base, kv, kv), geometry))
+        q, k, v = (_view(base, geom) for base, geom in zip((q_base, kv, kv), geometry))
         out, probs = torch.ops.tmt.short_attention(q, k, v, allowed, causal, scale)
         ctx.save_for_backward(q_base, kv_base, probs)
         ctx.geometry, ctx.scale = geometry, scale
@@ -149,7 +158,7 @@ class _ShortAttentionOnProjections(torch.autograd.Function):
         kv = q_base if kv_base is None else kv_base
         grad_q = torch.empty_like(q_base)
         grad_kv = grad_q if kv_base is None else torch.empty_like(kv_base)
-        views = [(base.as_strided(*geom), g.as_strided(*geom)) for base, g, geom in zip((q_base, kv, kv), (grad_q, grad_kv, grad_kv), ctx.geometry)]
+        views = [(_view(base, geom), _view(g, geom)) for base, g, geom in zip((q_base, kv, kv), (grad_q, grad_kv, grad_kv), ctx.geometry)]
         (q, gq), (k, gk), (v, gv) = views
         torch.ops.tmt.short_attention_backward(grad, q, k, v, probs, ctx.scale, gq, gk, gv)
         return grad_q, None if kv_base is None else grad_kv, None, None, None, None
@@ -157,6 +166,12 @@ class _ShortAttentionOnProjections(torch.autograd.Function):
 
 def _geometry(view: Tensor, base: Tensor) -> Geometry:
     return tuple(view.shape), view.stride(), int(view.storage_offset() - base.storage_offset())
+
+
+def _view(base: Tensor, geometry: Geometry) -> Tensor:
+    """The view of ``base`` that ``geometry`` describes (its offset is from the base's own start)."""
+    size, stride, offset = geometry
+    return base.as_strided(size, stride, base.storage_offset() + offset)
 
 
 def _tiled(base: Tensor | None, *views: Tensor) -> bool:

@@ -108,8 +108,7 @@ std::tuple<at::Tensor, at::Tensor> scale_norm_backward(const at::Tensor& dy, con
   float* dxd = dx.data_ptr<float>();
   const float gv = g.item<float>(), e = static_cast<float>(eps);
   const int64_t grain = std::max<int64_t>(1, kGrain / D);
-  const int64_t tasks = (rows + grain - 1) / grain;
-  std::vector<double> partial(std::max<int64_t>(tasks, 1), 0.0);  // dg per task, summed in a fixed order below
+  std::vector<double> partial(at::get_num_threads(), 0.0);  // dg per thread, summed in thread order below
   at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
     double dg = 0.0;
     for (int64_t r = begin; r < end; ++r) {
@@ -124,7 +123,7 @@ std::tuple<at::Tensor, at::Tensor> scale_norm_backward(const at::Tensor& dy, con
       for (int64_t d = 0; d < D; ++d) out[d] = s * dr[d] - c * xr[d];
       dg += dot / clamped;
     }
-    partial[begin / grain] += dg;
+    partial[at::get_thread_num()] += dg;
   });
   double dg = 0.0;
   for (double p : partial) dg += p;
