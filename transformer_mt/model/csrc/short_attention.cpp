@@ -76,6 +76,21 @@ void transpose_padded(const float* x, int64_t sr, int64_t K, int64_t Kp, int64_t
     for (int64_t d = 0; d < D; ++d) out[d * Kp + s] = x[s * sr + d];
 }
 
+// acc[r] = rows t0..t0+R-1 of x (row stride xs, D columns) times mt, a (D, NB * 16) transposed and padded matrix:
+// Q K^T in the forward, dO V^T in the backward.
+template <int NB, int R>
+inline void rows_times_transposed(int64_t t0, const float* x, int64_t xs, const float* mt, int64_t D, v16 (&acc)[R][NB]) {
+  constexpr int64_t Kp = NB * 16;
+  for (int64_t d = 0; d < D; ++d) {
+    v16 md[NB];
+    for (int blk = 0; blk < NB; ++blk) md[blk] = load(mt + d * Kp + blk * 16);
+    for (int r = 0; r < R; ++r) {
+      const float a = x[(t0 + r) * xs + d];
+      for (int blk = 0; blk < NB; ++blk) acc[r][blk] += a * md[blk];
+    }
+  }
+}
+
 // R query rows t0..t0+R-1 of one (sentence, head) of the forward, over NB blocks of 16 keys. The rows go together so
 // that each load of k and v serves R of them, and the R products' dependency chains overlap.
 template <int NB, int R>
@@ -84,14 +99,7 @@ inline void forward_rows(int64_t t0, const float* qi, int64_t qs, const float* k
                          float* out, int64_t out_row) {
   constexpr int64_t Kp = NB * 16;
   v16 acc[R][NB] = {};
-  for (int64_t d = 0; d < Dk; ++d) {
-    v16 kd[NB];
-    for (int blk = 0; blk < NB; ++blk) kd[blk] = load(kt + d * Kp + blk * 16);
-    for (int r = 0; r < R; ++r) {
-      const float a = qi[(t0 + r) * qs + d];
-      for (int blk = 0; blk < NB; ++blk) acc[r][blk] += a * kd[blk];
-    }
-  }
+  rows_times_transposed<NB, R>(t0, qi, qs, kt, Dk, acc);
   const v16i iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   const v16 zero = {}, ninf = zero - std::numeric_limits<float>::infinity();
   alignas(64) float rows[R][Kp];
@@ -190,14 +198,7 @@ inline void backward_ds_rows(int64_t t0, const float* go, int64_t go_row, const 
                              int64_t K, int64_t Dv, float* ds) {
   constexpr int64_t Kp = NB * 16;
   v16 dp[R][NB] = {};
-  for (int64_t d = 0; d < Dv; ++d) {
-    v16 vd[NB];
-    for (int blk = 0; blk < NB; ++blk) vd[blk] = load(vt + d * Kp + blk * 16);
-    for (int r = 0; r < R; ++r) {
-      const float a = go[(t0 + r) * go_row + d];
-      for (int blk = 0; blk < NB; ++blk) dp[r][blk] += a * vd[blk];
-    }
-  }
+  rows_times_transposed<NB, R>(t0, go, go_row, vt, Dv, dp);
   for (int r = 0; r < R; ++r) {
     alignas(64) float p[Kp];
     std::copy_n(probs + (t0 + r) * K, K, p);
