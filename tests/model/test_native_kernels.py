@@ -4,7 +4,9 @@ compute, values and gradients:
 - the attention over few keys (``tmt::short_attention``) against the spelled-out product, in float64;
 - the residual dropout-and-add against ``x + dropout(y)``, bit for bit (the same random words);
 - ScaleNorm against its formula under autograd, in float64;
-- the fused loss's softmax rows against the torch passes they replace;
+- the fused loss's softmax rows against the torch passes they replace, and the loss that takes its gradient in the
+  forward against the one that keeps the softmax for the backward;
+- the dropout masks' random words against torch's ``random_``, bit for bit, with the generator left in the same state;
 - a whole training step on real Multi30k pairs with the kernels on and off: the loss and every parameter's gradient.
 
 Where the kernels cannot be built, training falls back to the torch ops and says so in one line.
@@ -186,6 +188,66 @@ def test_softmax_rows_equal_the_torch_passes(vocab):
     assert torch.equal(probs, plain)
 
 
+def test_softmax_rows_grad_is_the_softmax_then_its_backward():
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(23, 6898, generator=gen) * 6
+    target = torch.randint(0, 6898, (23,), generator=gen)
+    row_w = torch.rand(23, generator=gen)
+    row_w[7] = 0.0
+    eps_i, on_target = 0.1 / 6897, -0.9
+    two_steps, one_pass = x.clone(), x.clone()
+    sums = torch.ops.tmt.softmax_rows_(two_steps, target)
+    torch.ops.tmt.softmax_rows_backward_(two_steps, target, row_w, eps_i, on_target)
+    for ours, theirs in zip(torch.ops.tmt.softmax_rows_grad_(one_pass, target, row_w, eps_i, on_target), sums, strict=True):
+        assert torch.equal(ours, theirs)
+    torch.testing.assert_close(one_pass, two_steps, rtol=1e-6, atol=1e-9)  # p * (1 / z) - eps_i may round as one FMA
+    assert not one_pass[7].any()
+
+
+@pytest.mark.parametrize("epsilon", [0.1, 0.0])
+def test_the_loss_with_its_gradient_in_the_forward_equals_the_one_that_keeps_the_softmax(epsilon, monkeypatch):
+    """Several chunks, a last short one, padded rows: the same loss sums and gradients; without grad
+    mode (validation) the plain fused loss runs, and no gradient is computed."""
+    monkeypatch.setattr(kernels, "_CHUNK_BYTES", 64 * 4 * 1000)  # 64 rows of 1,000 logits per chunk
+    gen = torch.Generator().manual_seed(5)
+    h = torch.randn(150, 33, generator=gen).requires_grad_()
+    weight = (torch.randn(1000, 33, generator=gen) * 0.2).requires_grad_()
+    target = torch.randint(0, 1000, (150,), generator=gen)
+    target[[0, 64, 149]] = 1  # padding (ignore_index 1), in three chunks
+    results = []
+    for gradient_in_forward in (True, False):
+        monkeypatch.setattr(kernels, "_gradient_in_forward", lambda *_, on=gradient_in_forward: on)
+        h.grad = weight.grad = None
+        with _CountTmtOps() as counter:
+            loss, nll = kernels.fused_projected_label_smoothed_loss(h, weight, target, epsilon=epsilon, ignore_index=1)
+            (loss * 0.37).backward()
+        assert counter.calls.get("softmax_rows_grad_", 0) == (3 if gradient_in_forward else 0)
+        results.append((loss.detach(), nll, h.grad, weight.grad))
+    (loss, nll, gh, gw), (plain_loss, plain_nll, plain_gh, plain_gw) = results
+    assert torch.equal(loss, plain_loss) and torch.equal(nll, plain_nll)
+    assert not gh[[0, 64, 149]].any()
+    torch.testing.assert_close(gh, plain_gh, rtol=1e-5, atol=1e-6 * float(plain_gh.abs().max()))
+    torch.testing.assert_close(gw, plain_gw, rtol=1e-5, atol=1e-6 * float(plain_gw.abs().max()))
+    monkeypatch.undo()
+    with torch.no_grad(), _CountTmtOps() as counter:
+        assert torch.equal(kernels.fused_projected_label_smoothed_loss(h, weight, target, epsilon=epsilon, ignore_index=1)[0], loss)
+    assert "softmax_rows_grad_" not in counter.calls and counter.calls["softmax_rows_"] >= 1
+
+
+@pytest.mark.parametrize("drawn_before", [0, 1, 623, 624, 1247])  # 32-bit draws: odd counts split a 64-bit word
+def test_random_words_are_torchs_random_words_and_leave_the_generator_where_torch_does(drawn_before):
+    for count in (0, 1, 311, 312, 313, 100_003):
+        torch.manual_seed(9)
+        torch.rand(drawn_before)  # float32: one 32-bit mt19937 draw each
+        theirs = torch.empty(count, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
+        after_theirs = torch.rand(5)
+        torch.manual_seed(9)
+        torch.rand(drawn_before)
+        ours = torch.ops.tmt.random_words(count)
+        assert torch.equal(ours, theirs), (drawn_before, count)
+        assert torch.equal(torch.rand(5), after_theirs)
+
+
 def _real_batch(corpus_slice, spm_model, n: int = 24):
     tok = Tokenizer(spm_model)
     src = tok.encode(head(corpus_slice["train.en"], n, skip=300))
@@ -213,7 +275,8 @@ def test_a_training_step_with_the_kernels_equals_the_torch_ops_on_real_pairs(nor
     layers = 2 + 2 * 2  # encoder self, decoder self and cross
     assert counter.calls["short_attention"] == counter.calls["short_attention_backward"] == layers
     assert counter.calls["dropout_add"] == counter.calls["dropout_backward"] == 2 * 2 + 3 * 2  # every sublayer
-    assert counter.calls["softmax_rows_"] >= 1 and counter.calls["softmax_rows_backward_"] >= 1
+    assert counter.calls["softmax_rows_grad_"] >= 1  # the loss's gradient taken in its forward
+    assert counter.calls["random_words"] >= counter.calls["dropout_add"]
     assert ("scale_norm" in counter.calls) == (norm == "scale")
     kernels_off()
     with _CountTmtOps() as counter:

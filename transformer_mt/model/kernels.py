@@ -122,8 +122,13 @@ def _lanes_do_not_apply(x: Tensor, p: float) -> bool:
 
 
 def _random_words(n: int) -> Tensor:
-    """One uniform 64-bit word from torch's generator per four elements: 16-bit lanes for n keep masks."""
-    return torch.empty((n + 3) // 4, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
+    """One uniform 64-bit word from torch's generator per four elements: 16-bit lanes for n keep masks. With the C++
+    kernels built, ``torch.ops.tmt.random_words`` draws the same words (and leaves the generator in the same state)
+    several times faster than ``random_``, which draws them one by one on one thread."""
+    count = (n + 3) // 4
+    if native.available():
+        return torch.ops.tmt.random_words(count)
+    return torch.empty(count, dtype=torch.int64).random_(-(2**63), 2**63 - 1)
 
 
 class _CpuDropoutAdd(torch.autograd.Function):
@@ -416,6 +421,75 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         return grad_h, None if grad_w is None else grad_w.to(weight.dtype), None, None, None, None
 
 
+class _LossSumAndGradient(torch.autograd.Function):
+    """:class:`_ProjectedLabelSmoothedLoss` summed over the rows, with its gradient taken in the forward: a float32
+    training step on CPU (the C++ kernels built).
+
+    The loss's gradient with respect to h and weight is the upstream gradient (one number: the loss is a sum) times
+    the gradient of the sum, which needs nothing from the backward. So each chunk's logits become their gradient in
+    the softmax's last pass (``softmax_rows_grad_``) and go through the two products at once, while the chunk is still
+    in cache; one chunk buffer at a time is alive instead of all of them, and the Function keeps the (N, D) and (V, D)
+    gradients instead of the (N, V) softmax. Backward only scales them.
+    """
+
+    @staticmethod
+    def forward(ctx, h: Tensor, weight: Tensor, target: Tensor, epsilon: float, ignore_index: int):  # autograd's signature: ctx untyped
+        vocab = weight.size(0)
+        rows = chunk_rows(vocab, h.device)
+        eps_i = epsilon / (vocab - 1) if epsilon > 0 else 0.0
+        on_target = -(1.0 - epsilon - eps_i)
+        pad = target == ignore_index
+        safe = target.masked_fill(pad, 0)
+        row_w = (~pad).to(torch.float32)  # pad rows: no loss, no gradient
+        grad_h, grad_w = torch.empty_like(h), torch.empty_like(weight)
+        lse_parts, tgt_parts, sum_parts = [], [], []
+        for i, start in enumerate(range(0, h.size(0), rows)):
+            sl = slice(start, start + rows)
+            g = _times_transposed(h[sl], weight)  # (n, V) logits, then their gradient in place
+            lse_part, tgt_part, sum_part = torch.ops.tmt.softmax_rows_grad_(g, safe[sl], row_w[sl], eps_i, on_target)
+            lse_parts.append(lse_part)
+            tgt_parts.append(tgt_part)
+            sum_parts.append(sum_part)
+            grad_h[sl] = _times_transposed(g, weight.t())
+            if i:
+                grad_w.addmm_(g.t(), h[sl])
+            else:
+                torch.mm(g.t(), h[sl], out=grad_w)
+        if not lse_parts:  # no rows at all: no loss, no gradient
+            grad_w.zero_()
+            ctx.save_for_backward(grad_h, grad_w)
+            nll_sum = h.new_zeros(())
+            ctx.mark_non_differentiable(nll_sum)
+            return h.new_zeros(()), nll_sum
+        lse = torch.cat(lse_parts)
+        nll = (lse - torch.cat(tgt_parts)).masked_fill_(pad, 0.0)
+        if epsilon > 0:
+            smooth = (vocab * lse - torch.cat(sum_parts)).masked_fill_(pad, 0.0)
+            loss = (1.0 - epsilon - eps_i) * nll + eps_i * smooth
+        else:
+            loss = nll.clone()
+        ctx.save_for_backward(grad_h, grad_w)
+        nll_sum = nll.sum()
+        ctx.mark_non_differentiable(nll_sum)
+        return loss.sum(), nll_sum
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, grad_nll: Tensor):  # noqa: ARG004 - grad_nll: nll is not differentiable
+        grad_h, grad_w = ctx.saved_tensors
+        return grad_h * grad_loss, grad_w * grad_loss, None, None, None
+
+
+def _gradient_in_forward(h: Tensor, weight: Tensor, compute_dtype: torch.dtype) -> bool:
+    """Whether the fused loss takes its gradient in the forward (:class:`_LossSumAndGradient`): a float32 step on CPU
+    that will run a backward (grad mode on, h or weight requiring grad), with the C++ kernels."""
+    return (
+        torch.is_grad_enabled()
+        and (h.requires_grad or weight.requires_grad)
+        and h.dtype == weight.dtype == torch.float32
+        and _softmax_rows_in_cpp(h, compute_dtype)
+    )
+
+
 def _softmax_rows_in_cpp(h: Tensor, compute_dtype: torch.dtype) -> bool:
     """Whether the fused loss's softmax passes run in C++ (:mod:`transformer_mt.model.native`): float32 on CPU."""
     return h.device.type == "cpu" and compute_dtype == torch.float32 and not _reference_ops and native.available()
@@ -429,5 +503,7 @@ def fused_projected_label_smoothed_loss(h: Tensor, weight: Tensor, target: Tenso
     kind = h.device.type
     dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else h.dtype
     with torch.autocast(kind, enabled=False):
+        if _gradient_in_forward(h, weight, dtype):
+            return _LossSumAndGradient.apply(h, weight, target, float(epsilon), ignore_index)
         loss, nll = _ProjectedLabelSmoothedLoss.apply(h, weight, target, float(epsilon), ignore_index, dtype)
     return loss.sum(), nll.sum()

@@ -32,7 +32,7 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("short_attention.cpp", "residual.cpp", "loss.cpp")]
+SOURCES = [Path(__file__).parent / "csrc" / name for name in ("short_attention.cpp", "residual.cpp", "loss.cpp", "random_words.cpp")]
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # -fopenmp: at::parallel_for runs on torch's OpenMP threads
 ENV_SWITCH = "TMT_NATIVE_KERNELS"  # "0": never build or load
 
