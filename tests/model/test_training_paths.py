@@ -160,6 +160,26 @@ def test_onednn_linear_equals_f_linear_in_value_and_gradients(bias):
 
 
 @needs_onednn
+def test_onednn_linear_with_its_relu_fused_equals_relu_of_f_linear():
+    gen = torch.Generator().manual_seed(6)
+    x, weight, b = torch.randn(3, 7, 24, generator=gen), torch.randn(32, 24, generator=gen), torch.randn(32, generator=gen)
+    dy = torch.randn(3, 7, 32, generator=gen)
+    results = []
+    for fused in (True, False):
+        xx, w, bb = (t.clone().requires_grad_() for t in (x, weight, b))
+        y = kernels.linear_relu(xx, w, bb) if fused else F.relu(F.linear(xx, w, bb))
+        y.backward(dy)
+        results.append((y.detach(), xx.grad, w.grad, bb.grad))
+        if fused:
+            assert _took_onednn(y) and "Relu" in type(y.grad_fn.next_functions[0][0]).__name__
+    assert 0.3 < float((results[1][0] == 0).float().mean()) < 0.7  # the ReLU cut about half the outputs
+    for ours, plain in zip(*results, strict=True):
+        torch.testing.assert_close(ours, plain, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        assert torch.equal(kernels.linear_relu(x, weight, b), F.relu(F.linear(x, weight, b)))  # decoding: the plain ops
+
+
+@needs_onednn
 def test_onednn_linear_is_for_a_float32_cpu_training_step_only():
     x, w = torch.randn(5, 8, requires_grad=True), torch.randn(6, 8, requires_grad=True)
 

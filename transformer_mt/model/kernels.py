@@ -315,6 +315,41 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     return _CpuLinear.apply(x.reshape(-1, x.size(-1)), weight, bias).view(*x.shape[:-1], weight.size(0))
 
 
+class _CpuLinearRelu(torch.autograd.Function):
+    """``relu(F.linear(x, weight, bias))`` as :class:`_CpuLinear`, the ReLU applied by oneDNN to the product as it is
+    written (a post-op) instead of in a pass of its own; backward masks the gradient with the output."""
+
+    @staticmethod
+    def forward(ctx, x2: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # autograd's signature: ctx untyped
+        out = _onednn_linear(x2, weight, bias, "relu", [], "")
+        ctx.save_for_backward(x2, weight, out)
+        ctx.has_bias = bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # autograd's signature: ctx untyped
+        x2, weight, out = ctx.saved_tensors
+        grad = torch.ops.aten.threshold_backward(grad, out, 0)  # relu's own backward: 0 where the output is 0
+        grad_x = _times_transposed(grad, weight.t()) if ctx.needs_input_grad[0] else None
+        grad_w = grad.t() @ x2 if ctx.needs_input_grad[1] else None
+        grad_b = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b
+
+
+def linear_relu(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.relu(F.linear(x, weight, bias))``: where :func:`linear` goes through oneDNN, with the ReLU fused into the
+    product (:class:`_CpuLinearRelu`)."""
+    if (
+        _reference_ops
+        or not torch.is_grad_enabled()
+        or not _onednn_applies(x, weight)
+        or (bias is not None and bias.dtype != torch.float32)
+        or torch.is_autocast_enabled("cpu")
+    ):
+        return F.relu(linear(x, weight, bias))
+    return _CpuLinearRelu.apply(x.reshape(-1, x.size(-1)), weight, bias).view(*x.shape[:-1], weight.size(0))
+
+
 class Linear(nn.Linear):
     """``nn.Linear`` (same parameters and state dict) whose forward is :func:`linear`."""
 

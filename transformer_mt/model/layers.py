@@ -17,7 +17,7 @@ from torch import Tensor, nn
 from transformer_mt.config import ModelConfig
 from transformer_mt.model.attention import MultiHeadAttention
 from transformer_mt.model.cache import DecoderCache
-from transformer_mt.model.kernels import Linear, dropout, residual_dropout
+from transformer_mt.model.kernels import Linear, dropout, linear_relu, residual_dropout
 from transformer_mt.model.norms import is_pre_norm, norm_layer
 
 M = TypeVar("M", bound=nn.Module)
@@ -88,7 +88,11 @@ class FeedForward(nn.Module):
         self.dropout = cfg.activation_dropout
 
     def forward(self, x: Tensor) -> Tensor:  # (B, T, D) -> (B, T, D)
-        return self.fc2(dropout(self.act(self.fc1(x)), self.dropout, self.training))
+        if self.act is F.relu:  # the ReLU as the product's post-op where the product runs through oneDNN
+            hidden = linear_relu(x, self.fc1.weight, self.fc1.bias)
+        else:
+            hidden = self.act(self.fc1(x))
+        return self.fc2(dropout(hidden, self.dropout, self.training))
 
 
 class _Block(nn.Module):
