@@ -25,7 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import transformer_mt.model.kernels as kernels
 from tests.conftest import head, tiny_model
 from transformer_mt.data import collate
-from transformer_mt.model import TeacherForcedLoss, native, use_reference_ops
+from transformer_mt.model import TeacherForcedLoss, fixnorm, native, use_reference_ops
 from transformer_mt.text import Tokenizer
 
 pytestmark = [
@@ -164,6 +164,28 @@ def test_native_scale_norm_equals_the_formula_in_float64():
         results.append((y.detach(), xx.grad, g.grad))
     for ours, exact in zip(results[0], results[1], strict=True):
         torch.testing.assert_close(ours, exact.float(), rtol=1e-5, atol=1e-5 * float(exact.abs().max()))
+
+
+def test_fixnorm_in_a_training_step_is_f_normalize():
+    """The C++ ScaleNorm with the gain fixed at 1 against F.normalize, values and gradients, with a zero row (PAD's
+    embedding: 0 forward, dy / eps backward in both)."""
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(6, 9, 128, generator=gen)
+    x[0, 0] = 0.0
+    dy = torch.randn(6, 9, 128, generator=gen)
+    results = []
+    for fused in (True, False):
+        xx = x.clone().requires_grad_()
+        with _CountTmtOps() as counter:
+            y = fixnorm(xx) if fused else torch.nn.functional.normalize(xx, dim=-1)
+            y.backward(dy)
+        assert ("scale_norm" in counter.calls) == fused
+        results.append((y.detach(), xx.grad))
+    for ours, plain in zip(*results, strict=True):
+        torch.testing.assert_close(ours, plain, rtol=1e-5, atol=1e-6 * float(plain.abs().max()))
+    assert not results[0][0][0, 0].any()
+    with torch.no_grad():
+        assert torch.equal(fixnorm(x), torch.nn.functional.normalize(x, dim=-1))  # decoding: F.normalize itself
 
 
 @pytest.mark.parametrize("vocab", [6898, 37])  # the recipe's kept target pieces; a row shorter than a vector and a tail
