@@ -327,7 +327,9 @@ class _CpuLinearRelu(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x2: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:  # autograd's signature: ctx untyped
-        out = _onednn_linear(x2, weight, bias, "relu", [], "")
+        op = _onednn_linear
+        assert op is not None  # linear_relu takes this path only where oneDNN is there
+        out = op(x2, weight, bias, "relu", [], "")
         ctx.save_for_backward(x2, weight, out)
         ctx.has_bias = bias is not None
         return out
