@@ -11,11 +11,14 @@ of 64-bit random words (:class:`_CpuDropout`)
 written out (:class:`_ScaleNorm`)               under autograd
 :func:`fused_projected_label_smoothed_loss`:    logits ``F.linear(h, weight)``, then
 vocabulary projection fused with the            :func:`transformer_mt.model.loss.label_smoothed_nll_loss`
-label-smoothed loss in row chunks               (the switch is read by
-                                                :func:`transformer_mt.model.loss.projected_label_smoothed_loss`)
+label-smoothed loss in row chunks; in a CPU     (the switch is read by
+float32 training step, with its gradient taken  :func:`transformer_mt.model.loss.projected_label_smoothed_loss`)
+in the forward (:class:`_LossSumAndGradient`)
 :func:`linear` / :class:`Linear`: a training    ``F.linear``
 step's float32 products through oneDNN
 (:class:`_CpuLinear`); the fused loss's too
+:func:`linear_relu`: the same with the ReLU as  ``F.relu(F.linear(...))``
+oneDNN's post-op (the FFN's first product)
 :func:`inference_linear`: a search's output     ``F.linear``
 layer through oneDNN
 :func:`residual_dropout`: x + dropout(y) in     ``x + dropout(y)``

@@ -4,8 +4,9 @@
   few keys, each (sentence, head) in one pass from the scores to the output. :func:`short_attention` is its
   autograd form; :mod:`transformer_mt.model.attention` calls it where it applies.
 - ``csrc/residual.cpp``: the residual stream's dropout-and-add and ScaleNorm, forward and backward, one pass each;
-  ``csrc/loss.cpp``: the fused loss's softmax over a chunk of logits rows, forward and backward, each row read from
-  memory once. :mod:`transformer_mt.model.kernels` calls them.
+  ``csrc/loss.cpp``: the fused loss's softmax over a chunk of logits rows, forward, backward, or both in one pass,
+  each row read from memory once; ``csrc/random_words.cpp``: the dropout masks' random words, torch's own, drawn
+  several times faster. :mod:`transformer_mt.model.kernels` calls them.
 
 Each file's header says what it fuses and why.
 
