@@ -13,9 +13,11 @@ only value whose meaning the two share):
 
 Per row: sentences/s and target tokens/s over all lines, the share of outputs identical to tmt's, and the
 single-sentence latency (the median over the first 200 lines, one call per line). Each row runs in a process of
-its own: the thread pools of one engine, once they have run, slow the next one in the same process. Each figure is
-the best of ``PASSES`` passes (the whole call; the 200 one-line calls), as the matmul peak is the best of its
-timings: on a shared machine a neighbour's burst during one pass of one row would otherwise decide a ratio.
+its own: the thread pools of one engine, once they have run, slow the next one in the same process. The rows run
+``PASSES`` times, in turn (tmt, float32, int8, engine, tmt, ...), each time in a fresh process, and each figure is
+the row's best pass, as the matmul peak is the best of its timings. On a shared machine a slow spell lasts from
+seconds to minutes, and one process can run slow throughout: one pass per row, one row after the other, let such a
+spell decide a ratio (the same CTranslate2 call read 5 ms a line in one process and 9 ms in the next).
 """
 
 from __future__ import annotations
@@ -38,28 +40,20 @@ ENGINE_ROW = "tmt --engine ctranslate2"
 
 
 def _latency_ms(one: Callable[[int], object], n: int) -> float:
-    """The median wall time of ``one(i)`` over the first ``n`` lines, in ms (after one untimed call): the lowest
-    of ``PASSES`` passes' medians."""
+    """The median wall time of ``one(i)`` over the first ``n`` lines, in ms (after one untimed call)."""
     one(0)
-    medians = []
-    for _ in range(PASSES):
-        times = []
-        for i in range(n):
-            tic = time.perf_counter()
-            one(i)
-            times.append(time.perf_counter() - tic)
-        medians.append(statistics.median(times))
-    return 1000 * min(medians)
-
-
-def _best_of_passes(call: Callable[[], T]) -> tuple[float, T]:
-    """(the lowest wall time of ``PASSES`` calls, the last call's result)."""
     times = []
-    for _ in range(PASSES):
+    for i in range(n):
         tic = time.perf_counter()
-        result = call()
+        one(i)
         times.append(time.perf_counter() - tic)
-    return min(times), result
+    return 1000 * statistics.median(times)
+
+
+def _timed(call: Callable[[], T]) -> tuple[float, T]:
+    tic = time.perf_counter()
+    result = call()
+    return time.perf_counter() - tic, result
 
 
 def phase_ctranslate2(spec: dict) -> dict:
@@ -81,11 +75,16 @@ def phase_ctranslate2(spec: dict) -> dict:
         **{f"CTranslate2 {ct}": (_ctranslate2_row, (str(engine.model_dir), pieces, limits, options, ct, threads, n_latency)) for ct in ("float32", "int8")},
         ENGINE_ROW: (_engine_row, (spec["checkpoint"], lines, beam, threads, n_latency)),
     }
-    rows, texts = {}, {}
-    for name, (row_fn, args) in jobs.items():
-        with multiprocessing.get_context("spawn").Pool(1) as pool:
-            rows[name], out = pool.apply(row_fn, args)
-        texts[name] = out if name == "tmt" or name == ENGINE_ROW else engine.tgt_tok.decode_pieces(out)
+    passes: dict[str, list[dict]] = {name: [] for name in jobs}
+    texts: dict[str, list] = {}
+    for _ in range(spec.get("passes", PASSES)):
+        for name, (row_fn, args) in jobs.items():
+            with multiprocessing.get_context("spawn").Pool(1) as pool:
+                result: tuple[dict, list] = pool.apply(row_fn, args)
+            row, out = result
+            passes[name].append(row)
+            texts.setdefault(name, out if name == "tmt" or name == ENGINE_ROW else engine.tgt_tok.decode_pieces(out))
+    rows = {name: _best(runs) for name, runs in passes.items()}
     for name, row in rows.items():
         row["same_as_tmt"] = sum(a == b for a, b in zip(texts[name], texts["tmt"], strict=True)) / len(lines)
         row.update(sentences_per_s=len(lines) / row["seconds"], tokens_per_s=row["target_tokens"] / row["seconds"])
@@ -100,13 +99,20 @@ def phase_ctranslate2(spec: dict) -> dict:
     }
 
 
+def _best(runs: list[dict]) -> dict:
+    """A row's best pass: the fastest whole call and the lowest one-line median (each pass's figures kept)."""
+    best = dict(runs[0], seconds=min(r["seconds"] for r in runs), latency_p50_ms=min(r["latency_p50_ms"] for r in runs))
+    best["passes"] = [{"seconds": r["seconds"], "latency_p50_ms": r["latency_p50_ms"]} for r in runs]
+    return best
+
+
 def _ctranslate2_row(model_dir: str, pieces: list, limits: list[int], options: dict, compute_type: str, threads: int, n_latency: int):
     """CTranslate2 as its users call it: one translate_batch over all lines (timed alone); outputs as pieces."""
     import ctranslate2
 
     ct = ctranslate2.Translator(model_dir, device="cpu", compute_type=compute_type, intra_threads=threads, inter_threads=1)
     ct.translate_batch(pieces[:8], max_decoding_length=max(limits[:8]), **options)  # warm-up
-    seconds, out = _best_of_passes(lambda: ct.translate_batch(pieces, max_decoding_length=max(limits), **options))
+    seconds, out = _timed(lambda: ct.translate_batch(pieces, max_decoding_length=max(limits), **options))
     hyps = [r.hypotheses[0] for r in out]
     latency = _latency_ms(lambda i: ct.translate_batch([pieces[i]], max_decoding_length=limits[i], **options), n_latency)
     return _row(seconds, sum(len(h) + 1 for h in hyps), latency, dtype=compute_type), hyps  # + EOS, as tmt counts
@@ -130,7 +136,7 @@ def _tmt_row(checkpoint: str, lines: list[str], beam: int, threads: int, n_laten
 def _translator_row(tr, lines: list[str], beam: int, n_latency: int):
     """As `tmt translate` calls it for one best per line: the text alone, no score asked for."""
     tr.translate_batch(lines[:8], beam=beam, lenpen=0.0, scores=False)  # warm-up
-    seconds, result = _best_of_passes(lambda: tr.translate_batch(lines, beam=beam, lenpen=0.0, scores=False))
+    seconds, result = _timed(lambda: tr.translate_batch(lines, beam=beam, lenpen=0.0, scores=False))
     latency = _latency_ms(lambda i: tr.translate_batch([lines[i]], beam=beam, lenpen=0.0, scores=False), n_latency)
     return _row(seconds, result.stats.tgt_tokens, latency, dtype="float32"), [nb[0][1] for nb in result.hypotheses]
 

@@ -99,7 +99,8 @@ def _cpu_notes(r: dict) -> list[str]:
         peak_share_line(r),
         "Plain ops: the same training with torch's F.dropout, autograd through ScaleNorm's formula, SDPA for every attention "
         "and the unfused logits + loss path (kernels.use_reference_ops), "
-        "the baseline of the CPU speed-ups. GFLOP/s: measured (FlopCounterMode) FLOPs per target token x tokens/s; % of peak: "
+        "the baseline of the CPU speed-ups. GFLOP/s: FLOPs per target token of the timed batches x tokens/s (the analytic count of "
+        "every timed batch, checked against FlopCounterMode on batches spread over the window); % of peak: "
         "of the matmul peak of the same dtype (the faster of its timings at the start and at the end of the run) "
         "measured above. Peak RSS: each phase in its own process, the interpreter and torch included.",
         f"Quoted reference figures are {q['source']}: training {', '.join(f'{k} {v:,} tok/s' for k, v in q['train_tokens_per_s'].items())}; "
@@ -107,12 +108,14 @@ def _cpu_notes(r: dict) -> list[str]:
         f"matmul peak {q['matmul_peak_gflops']['float32']} GFLOP/s float32, {q['matmul_peak_gflops']['bfloat16']} bfloat16.",
     ]
     if r.get("ctranslate2"):
+        passes = len(next(iter(r["ctranslate2"][0]["engines"].values())).get("passes", [None]))
         lines.append(
             f"CTranslate2 {r['ctranslate2'][0]['ctranslate2_version']} rows, length penalty 0, in one process per search: CTranslate2 "
             "called as its users call it (one translate_batch over all lines, tokens batches of decode.batch_tokens; the call "
             "alone timed), the same through `tmt translate --engine ctranslate2`'s engine (tokenizing and detokenizing timed), "
             "and tmt's own search, whose outputs the same-output shares compare with; one sentence p50: the median of "
-            f"{r['ctranslate2'][0]['latency_sentences']} one-line calls; peak RSS is the phase's (all engines)."
+            f"{r['ctranslate2'][0]['latency_sentences']} one-line calls; each row's best of {passes} "
+            "passes, the rows in turn, each pass in a fresh process; peak RSS is the phase's (all engines)."
         )
     if r.get("syncs"):
         lines.append(syncs_line(r["syncs"]))
