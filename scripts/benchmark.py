@@ -2,7 +2,7 @@
 """Benchmark transformer_mt on this machine; writes <out>/benchmark.json and <out>/benchmark.md.
 
     python scripts/benchmark.py [--config configs/multi30k_en_de.yaml] [--data DIR] [--out bench]
-                                [--threads 2] [--warmup 5] [--updates 40] [--sentences 0]
+                                [--threads 2] [--warmup 20] [--updates 60] [--sentences 0]
                                 [--checkpoint CKPT] [--reference-checkpoint CKPT] [--ctranslate2] [--quick]
                                 [--device cuda [--compile] [--peak-tflops T] [--dry-run]]
                                 [--peer fairseq [--fairseq-env DIR] [--peer-updates 40 160] [--only peer]]

@@ -33,10 +33,13 @@ that phase's own peak resident memory (the Python interpreter and torch included
              runs just these and the matmul peak (:mod:`benchmarking.peer`, :mod:`benchmarking.fairseq_side`).
 
 FLOPs per target token (multiply-add = 2 FLOPs), counted two ways on the padded batches actually run:
-  measured   torch.utils.flop_counter.FlopCounterMode over forward, loss and backward of the first timed
-             batches (:mod:`benchmarking.flops`). The achieved GFLOP/s and the fraction of the matmul peak use this count.
-  analytic   3 x forward (backward = 2 x forward) over all timed batches, by transformer_mt.runtime.forward_flops
-             (the formula is in that module's docstring; the training cost report of `tmt train` uses it too).
+  analytic   3 x forward (backward = 2 x forward) over every timed batch, by transformer_mt.runtime.forward_flops
+             (the formula is in that module's docstring; the training cost report of `tmt train` uses it too);
+  measured   torch.utils.flop_counter.FlopCounterMode over forward, loss and backward of a few timed batches
+             spread over the window (:mod:`benchmarking.flops`), which checks the formula: the two agree batch for
+             batch. The achieved GFLOP/s and the fraction of the matmul peak use the analytic count of every
+             timed batch times the measured / analytic ratio of the sampled ones (1.0 when they agree): a few
+             batches' own FLOPs per token move with their lengths and padding, and do not stand for the window.
 
 The quoted reference figures (fairseq, OpenNMT-py, a matmul peak) were measured elsewhere; this benchmark
 measures none of them (``--peer fairseq`` measures fairseq itself, in its own table). No number here is

@@ -208,7 +208,7 @@ def test_benchmark_ctranslate2_phase(tiny_checkpoint, multi30k, tmp_path):
             "sentences": 30,
             "beam": 5,
             "threads": 1,
-            "passes": 2,
+            "passes": 1,
             "result": str(tmp_path / "r.json"),
         }
     )
@@ -218,8 +218,13 @@ def test_benchmark_ctranslate2_phase(tiny_checkpoint, multi30k, tmp_path):
     for e in rows.values():
         assert e["tokens_per_s"] == pytest.approx(e["target_tokens"] / e["seconds"]) and e["target_tokens"] >= 30
         assert e["sentences_per_s"] == pytest.approx(30 / e["seconds"]) and e["latency_p50_ms"] > 0
-        assert len(e["passes"]) == 2 and e["seconds"] == min(p["seconds"] for p in e["passes"])  # each row's best pass
-        assert e["latency_p50_ms"] == min(p["latency_p50_ms"] for p in e["passes"])
+        assert len(e["passes"]) == 1 and e["seconds"] == e["passes"][0]["seconds"]
+    # each row's figures are its best pass: the fastest whole call and the lowest one-line median, which may be two passes
+    runs = [{"seconds": 2.0, "latency_p50_ms": 5.0, "target_tokens": 9}, {"seconds": 3.0, "latency_p50_ms": 4.0, "target_tokens": 9}]
+    from benchmarking.ct2 import _best  # on sys.path since the script was loaded
+
+    best = _best(runs)
+    assert (best["seconds"], best["latency_p50_ms"], best["target_tokens"], len(best["passes"])) == (2.0, 4.0, 9, 2)
     # The engine keeps tmt's per-sentence limits: its output is tmt's, token for token, but for the few degenerate lines
     # of this barely trained model where the two beam searches part (test_engine: test_trained_model_equals_translator...).
     assert rows["tmt --engine ctranslate2"]["same_as_tmt"] >= 28 / 30 and rows["tmt"]["same_as_tmt"] == 1.0
