@@ -302,22 +302,33 @@ class _CpuLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):  # autograd's signature: ctx untyped
         x2, weight = ctx.saved_tensors
-        grad_x = _times_transposed(grad, weight.t()) if ctx.needs_input_grad[0] else None
-        grad_w = grad.t() @ x2 if ctx.needs_input_grad[1] else None
-        grad_b = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_x, grad_w, grad_b
+        return _linear_grads(ctx, grad, x2, weight)
+
+
+def _linear_grads(ctx, grad: Tensor, x2: Tensor, weight: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+    """The input, weight and bias gradients of ``x2 @ weight.T + bias`` that ``ctx`` asks for, given the output's."""
+    grad_x = _times_transposed(grad, weight.t()) if ctx.needs_input_grad[0] else None
+    grad_w = grad.t() @ x2 if ctx.needs_input_grad[1] else None
+    grad_b = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+    return grad_x, grad_w, grad_b
+
+
+def _onednn_step(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    """Whether a product goes through oneDNN: a float32 CPU training step, not under autocast or
+    :func:`use_reference_ops`."""
+    return (
+        not _reference_ops
+        and torch.is_grad_enabled()
+        and _onednn_applies(x, weight)
+        and (bias is None or bias.dtype == torch.float32)
+        and not torch.is_autocast_enabled("cpu")
+    )
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.linear(x, weight, bias)``; a float32 training step on CPU runs it through oneDNN (:class:`_CpuLinear`),
     unless :func:`use_reference_ops` asked for the plain form. Decoding, autocast and other devices keep F.linear."""
-    if (
-        _reference_ops
-        or not torch.is_grad_enabled()
-        or not _onednn_applies(x, weight)
-        or (bias is not None and bias.dtype != torch.float32)
-        or torch.is_autocast_enabled("cpu")
-    ):
+    if not _onednn_step(x, weight, bias):
         return F.linear(x, weight, bias)
     # The product on (rows, in) -> (rows, out), viewed as (..., out) outside the Function: views of the result (a fused
     # projection's q, k and v) then have the product itself as their base, which the C++ attention takes whole.
@@ -341,22 +352,13 @@ class _CpuLinearRelu(torch.autograd.Function):
     def backward(ctx, grad: Tensor):  # autograd's signature: ctx untyped
         x2, weight, out = ctx.saved_tensors
         grad = torch.ops.aten.threshold_backward(grad, out, 0)  # relu's own backward: 0 where the output is 0
-        grad_x = _times_transposed(grad, weight.t()) if ctx.needs_input_grad[0] else None
-        grad_w = grad.t() @ x2 if ctx.needs_input_grad[1] else None
-        grad_b = grad.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return grad_x, grad_w, grad_b
+        return _linear_grads(ctx, grad, x2, weight)
 
 
 def linear_relu(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
     """``F.relu(F.linear(x, weight, bias))``: where :func:`linear` goes through oneDNN, with the ReLU fused into the
     product (:class:`_CpuLinearRelu`)."""
-    if (
-        _reference_ops
-        or not torch.is_grad_enabled()
-        or not _onednn_applies(x, weight)
-        or (bias is not None and bias.dtype != torch.float32)
-        or torch.is_autocast_enabled("cpu")
-    ):
+    if not _onednn_step(x, weight, bias):
         return F.relu(linear(x, weight, bias))
     return _CpuLinearRelu.apply(x.reshape(-1, x.size(-1)), weight, bias).view(*x.shape[:-1], weight.size(0))
 
