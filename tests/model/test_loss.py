@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from tests.conftest import head, tiny_model
 from transformer_mt.data import collate
-from transformer_mt.model import TeacherForcedLoss, kernels, label_smoothed_nll_loss, perplexity, projected_label_smoothed_loss
+from transformer_mt.model import TeacherForcedLoss, fused_loss, kernels, label_smoothed_nll_loss, perplexity, projected_label_smoothed_loss
 from transformer_mt.text import PAD_ID, Tokenizer
 
 
@@ -82,7 +82,7 @@ def test_epsilon_zero_is_cross_entropy_and_bf16_is_computed_in_float32(logits_an
 def test_fused_projection_loss_equals_logits_then_loss_in_value_and_gradients(monkeypatch, eps):
     """Against the per-token loop (values) and autograd through h @ W.T + label_smoothed_nll_loss
     (gradients of h and W), in chunks of 2 rows, with padding labels on some rows."""
-    monkeypatch.setattr(kernels, "_CHUNK_BYTES", 2 * 4 * 13)  # 2 rows of 13 float32 per chunk
+    monkeypatch.setattr(fused_loss, "_CHUNK_BYTES", 2 * 4 * 13)  # 2 rows of 13 float32 per chunk
     g = torch.Generator().manual_seed(1)
     h = (torch.randn(7, 6, generator=g) * 2).requires_grad_(True)
     w = torch.randn(13, 6, generator=g).requires_grad_(True)

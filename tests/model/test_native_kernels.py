@@ -22,6 +22,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import transformer_mt.model.fused_loss as fused_loss
 import transformer_mt.model.kernels as kernels
 from tests.conftest import head, tiny_model
 from transformer_mt.data import collate
@@ -230,7 +231,7 @@ def test_softmax_rows_grad_is_the_softmax_then_its_backward():
 def test_the_loss_with_its_gradient_in_the_forward_equals_the_one_that_keeps_the_softmax(epsilon, monkeypatch):
     """Several chunks, a last short one, padded rows: the same loss sums and gradients; without grad
     mode (validation) the plain fused loss runs, and no gradient is computed."""
-    monkeypatch.setattr(kernels, "_CHUNK_BYTES", 64 * 4 * 1000)  # 64 rows of 1,000 logits per chunk
+    monkeypatch.setattr(fused_loss, "_CHUNK_BYTES", 64 * 4 * 1000)  # 64 rows of 1,000 logits per chunk
     gen = torch.Generator().manual_seed(5)
     h = torch.randn(150, 33, generator=gen).requires_grad_()
     weight = (torch.randn(1000, 33, generator=gen) * 0.2).requires_grad_()
@@ -238,10 +239,10 @@ def test_the_loss_with_its_gradient_in_the_forward_equals_the_one_that_keeps_the
     target[[0, 64, 149]] = 1  # padding (ignore_index 1), in three chunks
     results = []
     for gradient_in_forward in (True, False):
-        monkeypatch.setattr(kernels, "_gradient_in_forward", lambda *_, on=gradient_in_forward: on)
+        monkeypatch.setattr(fused_loss, "_gradient_in_forward", lambda *_, on=gradient_in_forward: on)
         h.grad = weight.grad = None
         with _CountTmtOps() as counter:
-            loss, nll = kernels.fused_projected_label_smoothed_loss(h, weight, target, epsilon=epsilon, ignore_index=1)
+            loss, nll = fused_loss.fused_projected_label_smoothed_loss(h, weight, target, epsilon=epsilon, ignore_index=1)
             (loss * 0.37).backward()
         assert counter.calls.get("softmax_rows_grad_", 0) == (3 if gradient_in_forward else 0)
         results.append((loss.detach(), nll, h.grad, weight.grad))
@@ -252,7 +253,7 @@ def test_the_loss_with_its_gradient_in_the_forward_equals_the_one_that_keeps_the
     torch.testing.assert_close(gw, plain_gw, rtol=1e-5, atol=1e-6 * float(plain_gw.abs().max()))
     monkeypatch.undo()
     with torch.no_grad(), _CountTmtOps() as counter:
-        assert torch.equal(kernels.fused_projected_label_smoothed_loss(h, weight, target, epsilon=epsilon, ignore_index=1)[0], loss)
+        assert torch.equal(fused_loss.fused_projected_label_smoothed_loss(h, weight, target, epsilon=epsilon, ignore_index=1)[0], loss)
     assert "softmax_rows_grad_" not in counter.calls and counter.calls["softmax_rows_"] >= 1
 
 

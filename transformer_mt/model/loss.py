@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_mt.model import kernels
+from transformer_mt.model.fused_loss import fused_projected_label_smoothed_loss
 from transformer_mt.text import PAD_ID
 
 if TYPE_CHECKING:  # the model is handed in; loss.py never builds one
@@ -92,7 +93,7 @@ def projected_label_smoothed_loss(
 
     h: (N, D) decoder states at the label positions; weight: (V, D) output projection; bias: (V,) or None;
     target: (N,). Same returns and same numbers (float32 loss) as :func:`label_smoothed_nll_loss`.
-    Runs the fused kernel :func:`~transformer_mt.model.kernels.fused_projected_label_smoothed_loss`, or,
+    Runs the fused kernel :func:`~transformer_mt.model.fused_loss.fused_projected_label_smoothed_loss`, or,
     under :func:`~transformer_mt.model.kernels.use_reference_ops`, its plain equivalent: the logits, then
     :func:`label_smoothed_nll_loss`.
     """
@@ -112,7 +113,7 @@ def projected_label_smoothed_sums(
         # of its own, and autograd carries the bias's gradient back through the concatenation.
         h = torch.cat([h, h.new_ones(h.size(0), 1)], dim=1)  # (N, D) -> (N, D + 1)
         weight = torch.cat([weight, bias.to(weight.dtype)[:, None]], dim=1)  # (V, D) -> (V, D + 1)
-    return kernels.fused_projected_label_smoothed_loss(h, weight, target, epsilon=epsilon, ignore_index=ignore_index)
+    return fused_projected_label_smoothed_loss(h, weight, target, epsilon=epsilon, ignore_index=ignore_index)
 
 
 class TeacherForcedLoss(nn.Module):

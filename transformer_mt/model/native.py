@@ -6,7 +6,7 @@
 - ``csrc/residual.cpp``: the residual stream's dropout-and-add and ScaleNorm, forward and backward, one pass each;
   ``csrc/loss.cpp``: the fused loss's softmax over a chunk of logits rows, forward, backward, or both in one pass,
   each row read from memory once; ``csrc/random_words.cpp``: the dropout masks' random words, torch's own, drawn
-  several times faster. :mod:`transformer_mt.model.kernels` calls them.
+  several times faster. :mod:`transformer_mt.model.kernels` and :mod:`transformer_mt.model.fused_loss` call them.
 
 Each file's header says what it fuses and why.
 

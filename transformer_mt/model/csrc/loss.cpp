@@ -1,5 +1,5 @@
-// The fused loss's softmax over a chunk of logits rows (kernels._ProjectedLabelSmoothedLoss), forward and backward,
-// and both at once (kernels._LossSumAndGradient, which takes the loss's gradient in its forward).
+// The fused loss's softmax over a chunk of logits rows (fused_loss._ProjectedLabelSmoothedLoss), forward and backward,
+// and both at once (fused_loss._LossSumAndGradient, which takes the loss's gradient in its forward).
 //
 // In torch ops a chunk of (rows, V) logits, 16 MiB, goes through memory six times forward (gather, sum, max,
 // subtract, exp, sum, divide) and three times backward. Here each row (V floats, tens of KiB) is read from memory once
