@@ -266,3 +266,12 @@ def pytest_collection_modifyitems(items) -> None:
             item.add_marker(pytest.mark.slow)
         if item.get_closest_marker("cuda") is not None and not torch.cuda.is_available():
             item.add_marker(no_gpu)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """How many cases the hostile-input suites tried (tests/hostile.py), so CI's log shows it."""
+    from tests.hostile import summary_line
+
+    line = summary_line()
+    if line:
+        terminalreporter.write_line(line)
