@@ -239,6 +239,14 @@ BAD_COMMANDS = [
     # preprocess
     ("pre-missing-config", "preprocess -c {tmp}/missing.yaml", "{tmp}/missing.yaml"),
     ("pre-bad-value", "preprocess -c {cfg} --set data.max_len=0", "data.max_len"),
+    # empty data: the line that says so stands alone (no data summary before it, no usage box)
+    ("train-empty-train-file", "train -c {cfg} --set data.train_src={empty}", "{empty}: the training file holds no text"),
+    ("train-blank-train-file", "train -c {cfg} --set data.train_tgt={blank}", "{blank}: the training file holds no text"),
+    ("train-empty-validation", "train -c {cfg} --set data.valid_src={empty} --set data.valid_tgt={empty}", "{empty}: the validation file holds no text"),
+    ("pre-empty-train-file", "preprocess -c {cfg} --set data.train_src={empty}", "{empty}: the training file holds no text"),
+    ("unknown-command", "nope", "no such command 'nope'"),
+    ("unknown-option", "bleu -r {ref} {ref} --nope", "no such option: --nope"),
+    ("missing-option", "bleu {ref}", "missing option '--ref'"),
 ]
 
 
@@ -267,6 +275,8 @@ def bad_inputs(corpus_slice, spm_model, tmp_path_factory) -> dict[str, str]:
         "cfg": str(cfg),
         "fifo": str(root / "fifo"),
         "dup_cfg": str(write(root / "dup.yaml", "train:\n  lr: 0.001\n  lr: 0.002\n")),
+        "empty": str(write(root / "empty.txt", "")),
+        "blank": str(write(root / "blank.txt", "\n \n\n")),
         "tmp": str(root / "scratch"),
     }
 
@@ -279,10 +289,12 @@ def test_the_table_is_large_enough():
 def test_bad_command_line_is_one_clear_error(name, argv, names, bad_inputs, capsys):
     Path(bad_inputs["tmp"]).mkdir(exist_ok=True)
     before = {p: Path(p).read_bytes() for p in (bad_inputs["src"], bad_inputs["ref"], bad_inputs["ckpt2"], bad_inputs["spm"])}
-    code, err = run_cli([arg.format(**bad_inputs) for arg in argv.split()], capsys)
-    flat = " ".join(err.replace("│", " ").split())  # usage errors come in a box that wraps long lines
-    assert code not in (0, None) and "Traceback" not in err, err
-    assert names.format(**bad_inputs) in flat, err
+    with pytest.raises(SystemExit) as exc:
+        main([arg.format(**bad_inputs) for arg in argv.split()])
+    out, err = capsys.readouterr()
+    assert exc.value.code == 2 and "Traceback" not in err, err
+    assert err.count("\n") == 1 and err.startswith("tmt: error: ") and not out, out + err  # the one line, alone
+    assert names.format(**bad_inputs) in err, err
     assert {p: Path(p).read_bytes() for p in before} == before  # no input was touched
 
 

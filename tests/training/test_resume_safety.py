@@ -22,6 +22,7 @@ import torch
 from tests.conftest import run_cli, run_config
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import ConfigError
+from transformer_mt.data import DataError
 from transformer_mt.evaluation import ValidationError
 from transformer_mt.training import MAX_NONFINITE_UPDATES, RunLock, RunLog, Trainer, TrainError, resumed_config, train
 from transformer_mt.training import policy as policy_module
@@ -146,7 +147,13 @@ def test_empty_validation_set_is_refused_before_training(pairs64, spm_model, tmp
     empty = tmp_path / "empty"
     empty.write_text("\n\n", encoding="utf-8")
     cfg = config(pairs64, spm_model, tmp_path / "run", f"data.valid_src={empty}", f"data.valid_tgt={empty}", "train.validate_every=2")
-    with pytest.raises(ValidationError, match=f"{empty}: the validation set holds no pairs"):
+    with pytest.raises(DataError, match=f"{empty}: the validation file holds no text"):
+        train(cfg, on_update=lambda *_: pytest.fail("trained before checking the validation set"))
+    # Text on both sides, but never on the same line: no pair survives, which only encoding can tell.
+    (tmp_path / "v.en").write_text("A dog.\n\n", encoding="utf-8")
+    (tmp_path / "v.de").write_text("\nEin Hund.\n", encoding="utf-8")
+    cfg = config(pairs64, spm_model, tmp_path / "run2", f"data.valid_src={tmp_path / 'v.en'}", f"data.valid_tgt={tmp_path / 'v.de'}", "train.validate_every=2")
+    with pytest.raises(ValidationError, match=f"{tmp_path / 'v.en'}: the validation set holds no pairs"):
         train(cfg, on_update=lambda *_: pytest.fail("trained before checking the validation set"))
 
 

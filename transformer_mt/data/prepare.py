@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from transformer_mt.config import Config, ConfigError
-from transformer_mt.data.corpus import ParallelData, load_parallel
+from transformer_mt.data.corpus import DataError, ParallelData, load_parallel
 from transformer_mt.text import Tokenizer, train_sentencepiece
 
 
@@ -33,6 +33,7 @@ def prepare_tokenizers(cfg: Config, *, log: Callable[[str], None]) -> tuple[Toke
     joint, else spm.src.model and spm.tgt.model). A model trained there before on the same files with
     the same settings (by `tmt preprocess`, or a start that failed later) is reused, not retrained."""
     tok_cfg, data_cfg, out = cfg.tokenizer, cfg.data, Path(cfg.train.out_dir)
+    check_has_text(cfg)  # before sentencepiece, whose own complaint names no file, and before any summary
     if tok_cfg.model:
         src = Tokenizer(tok_cfg.model)
         tgt = src if tok_cfg.joint else Tokenizer(tok_cfg.tgt_model) if tok_cfg.tgt_model else _train_spm(cfg, [data_cfg.train_tgt], out / "spm.tgt", log)
@@ -70,6 +71,29 @@ def _train_spm(cfg: Config, inputs: list[str], prefix: Path, log: Callable[[str]
     return Tokenizer(model)
 
 
+def check_has_text(cfg: Config) -> None:
+    """Refuse a training or validation file with no line of text (empty, or blank lines only), reading each only
+    up to its first text: one line naming the file, before any tokenizer is trained or any summary printed."""
+    data = cfg.data
+    for key in ("train_src", "train_tgt"):
+        path = getattr(data, key)
+        if not path:
+            raise ConfigError(f"data.{key} is empty: name the training file")
+        if not _has_text(path):
+            raise DataError(f"{path}: the training file holds no text (empty, or empty lines only); give data.{key} a corpus")
+    for path in (data.valid_src, data.valid_tgt) if data.valid_src and data.valid_tgt else ():
+        if not _has_text(path):
+            raise DataError(
+                f"{path}: the validation file holds no text (empty, or empty lines only); give a validation set, "
+                "or leave data.valid_src and data.valid_tgt empty to train without one"
+            )
+
+
+def _has_text(path: str) -> bool:
+    with open(path, "rb") as handle:
+        return any(line.strip() for line in handle)
+
+
 def _file_identity(path: str) -> dict:
     stat = os.stat(path)
     # ctime and inode too: an edit whose mtime was set back (`cp -p`, `touch -r`) still changes ctime
@@ -82,6 +106,7 @@ def load_corpora(cfg: Config, src_tok: Tokenizer, tgt_tok: Tokenizer, *, quiet: 
     data_cfg = cfg.data
     if not data_cfg.train_src or not data_cfg.train_tgt:
         raise ConfigError("data.train_src and data.train_tgt must name the training files")
+    check_has_text(cfg)  # a resumed or fine-tuning run trains no tokenizer: check here too
     cache_dir = Path(data_cfg.cache_dir or Path(cfg.train.out_dir) / "cache")
     train_data = load_parallel(data_cfg.train_src, data_cfg.train_tgt, src_tok, tgt_tok, data_cfg, cache_dir=cache_dir, quiet=quiet)
     valid_data = None

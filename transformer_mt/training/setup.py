@@ -232,9 +232,18 @@ def load_data(
     (None without one); with model.restrict_output, a new model's kept output pieces (a resumed one keeps its checkpoint's)."""
     train_data: Corpus
     train_data, valid_data = runtime.main_first(lambda: load_corpora(cfg, src_tok, tgt_tok, quiet=quiet))
+    if train_data.num_pairs == 0:  # before the summary, so the line that says what is wrong stands alone
+        s = train_data.summary
+        raise TrainError(
+            f"{cfg.data.train_src}: no training pairs left after filtering ({s.pairs_read:,} read: {s.dropped_empty:,} empty, "
+            f"{s.dropped_too_long:,} over data.max_len={s.max_len} pieces, {s.dropped_ratio:,} over data.max_len_ratio={s.max_len_ratio:g}); "
+            "check the files, data.max_len and data.max_len_ratio"
+        )
+    valid_summary, dropped = None, None
+    if valid_data is not None:
+        valid_summary = valid_data.summary.format()
+        valid_data, dropped = checked_validation_set(valid_data, max_positions=cfg.model.max_positions, name=cfg.data.valid_src)
     log(f"training data: {train_data.summary.format()}")
-    if train_data.num_pairs == 0:
-        raise TrainError(f"{cfg.data.train_src}: no training pairs left after filtering; check the files and data.max_len")
     if cfg.model.restrict_output:
         if cfg.data.subword_alpha > 0:  # sampled segmentations use pieces the best one never does (scored as UNK)
             raise ConfigError(
@@ -248,9 +257,8 @@ def load_data(
         d = cfg.data
         train_data = SampledSegmentation(train_data, src_tok, tgt_tok, alpha=d.subword_alpha, nbest=d.subword_nbest, seed=cfg.train.seed, max_len=d.max_len)
         log(f"subword regularisation: training pairs re-segmented every epoch (alpha {d.subword_alpha:g}, nbest {d.subword_nbest})")
-    if valid_data is not None:
-        log(f"validation data: {valid_data.summary.format()}")
-        valid_data, dropped = checked_validation_set(valid_data, max_positions=cfg.model.max_positions, name=cfg.data.valid_src)
+    if valid_summary is not None:
+        log(f"validation data: {valid_summary}")
         if dropped:
             log(dropped)
     return train_data, valid_data
