@@ -36,9 +36,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from transformer_mt.errors import TmtError
+from transformer_mt.serve.hosts import HostGuard, allowed_hosts
 
 if TYPE_CHECKING:
     from transformer_mt.decoding import TextTranslator
+
+__all__ = ["HostGuard", "ServeError", "ServeOptions", "address_problem", "allowed_hosts", "load_api_keys", "require_serving", "serve"]
 
 INSTALL_HINT = 'fastapi, uvicorn or prometheus-client is not installed; run: pip install -e ".[serve]"'
 MIN_KEY_CHARS = 16  # shorter keys can be guessed; `python -c "import secrets; print(secrets.token_urlsafe(32))"` makes one
