@@ -3,6 +3,7 @@ by uvicorn in this process on a loopback port (port 0: the kernel picks a free o
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -31,15 +32,18 @@ def translator(random_checkpoint):
     return Translator.from_checkpoint(random_checkpoint, device="cpu", threads=1)
 
 
-@contextmanager
-def in_process(app, options, *, timeout: float = 30.0) -> Iterator[str]:
-    """Run ``app`` with :func:`transformer_mt.serve.server.build_server` on 127.0.0.1 in a thread; yield its URL."""
-    import socket
-
-    from transformer_mt.serve.server import build_server
-
+def loopback_socket() -> socket.socket:
+    """A socket bound to a free port of 127.0.0.1 (the kernel picks it), for :func:`in_process`."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+@contextmanager
+def in_process(app, options, sock: socket.socket, *, timeout: float = 30.0) -> Iterator[str]:
+    """Run ``app`` with :func:`transformer_mt.serve.server.build_server` on ``sock`` in a thread; yield its URL."""
+    from transformer_mt.serve.server import build_server
+
     port = sock.getsockname()[1]
     server = build_server(app, options, host="127.0.0.1", port=port, log_level="critical")
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -59,11 +63,14 @@ def in_process(app, options, *, timeout: float = 30.0) -> Iterator[str]:
 @contextmanager
 def serving(translator, options, *, translate=None, name: str = "m") -> Iterator[tuple[str, object]]:
     """One model served in process; ``translate`` replaces its Runner's (an instrumented fake). Yields (url, ServedModel)."""
+    from transformer_mt.serve import allowed_hosts
     from transformer_mt.serve.app import build_app, serve_model
 
     served = serve_model(name, translator, options, path="/secret/dir/m.pt", translate=translate)
+    sock = loopback_socket()
+    app = build_app([served], options, hosts=allowed_hosts("127.0.0.1", sock.getsockname()[1]))
     try:
-        with in_process(build_app([served], options), options) as url:
+        with in_process(app, options, sock) as url:
             yield url, served
     finally:
         served.batcher.stop(5)

@@ -71,6 +71,12 @@ def serve(
     api_key_file: Path | None = typer.Option(
         None, "--api-key-file", help="API keys, one a line: every path but /health and /ready then needs 'Authorization: Bearer KEY' or 'X-API-Key: KEY'."
     ),
+    body_budget_mb: int = typer.Option(
+        0, "--body-budget-mb", help="MiB of request bodies held at once, all connections together; more get 503 (0 = 8 bodies at the byte cap)."
+    ),
+    allowed_host: list[str] = typer.Option(
+        [], "--allowed-host", help="Also answer this Host header (NAME or NAME:PORT; repeatable), e.g. the name a proxy forwards; '*' = any."
+    ),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level: critical, error, warning, info, debug."),
     engine: str = typer.Option("tmt", "--engine", help=ENGINE_HELP),
     compute_type: str | None = typer.Option(None, "--compute-type", help=COMPUTE_TYPE_HELP),
@@ -93,6 +99,8 @@ def serve(
         max_connections=max_connections,
         shutdown_timeout=shutdown_timeout,
         api_keys=load_api_keys(api_key_file) if api_key_file else (),
+        body_budget=body_budget_mb << 20,
+        allowed_hosts=tuple(allowed_host),
     )
     load = None
     if engine != "tmt" or compute_type is not None:  # the checks of both options live in build_translator

@@ -14,11 +14,14 @@ API (the OpenAPI page is at /docs; docs/deploying.md is the operator's guide):
   decode settings, limits and counters.
 
 Errors are JSON ``{"error": "one line naming the field and the fix"}``: 400 malformed JSON; 401 no valid API
-key (with --api-key-file; /health and /ready stay open); 408 a body or request head that did not arrive in
-time; 413 a body over the byte cap, more than --max-lines lines or a line over --max-chars characters;
-415 a body not sent as ``Content-Type: application/json``; 422 wrong types, unknown fields, an empty list,
-a line break inside a line, beam/nbest/lenpen out of range; 404 unknown model or path; 503 when the
-model's queue is full (with Retry-After) or the server is stopping; 504 no answer within --timeout.
+key (with --api-key-file; /health and /ready stay open), answered before any body byte is read; 408 a body
+or request head that did not arrive in time; 413 a body over the byte cap, more JSON values or lines than
+--max-lines allows, a line over --max-chars characters, or a body sent to a path that takes none (unread);
+415 a body not sent as ``Content-Type: application/json``; 421 a ``Host`` header that is not the server's
+address or an --allowed-host (DNS rebinding); 422 wrong types (the first wrong line named), unknown fields,
+an empty list, a line break inside a line, beam/nbest/lenpen out of range; 404 unknown model or path; 503
+when the model's queue is full or the bodies held reach --body-budget-mb (both with Retry-After), or the
+server is stopping; 504 no answer within --timeout.
 SIGTERM (or Ctrl-C) stops accepting connections, finishes the requests in flight for at most
 --shutdown-timeout seconds, then exits.
 
@@ -44,6 +47,10 @@ if TYPE_CHECKING:
 __all__ = ["HostGuard", "ServeError", "ServeOptions", "address_problem", "allowed_hosts", "load_api_keys", "require_serving", "serve"]
 
 INSTALL_HINT = 'fastapi, uvicorn or prometheus-client is not installed; run: pip install -e ".[serve]"'
+MIB = 1 << 20
+# Request bodies at the cap held at once by default: enough for a burst of the largest requests; the
+# connection cap (1024) times the body cap (30 MB by default) would be 30 GiB.
+BODY_BUDGET_BODIES = 8
 MIN_KEY_CHARS = 16  # shorter keys can be guessed; `python -c "import secrets; print(secrets.token_urlsafe(32))"` makes one
 
 
@@ -68,6 +75,8 @@ class ServeOptions:
     max_connections: int = 1024  # connections and requests at once; more get 503 from uvicorn
     shutdown_timeout: int = 30  # seconds SIGTERM waits for requests in flight before it closes them (0 = no bound)
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # when set, every path but /health and /ready needs one (401); never printed
+    body_budget: int = 0  # bytes of request bodies held at once, all connections together; more -> 503 (0 = BODY_BUDGET_BODIES bodies at the cap)
+    allowed_hosts: tuple[str, ...] = ()  # Host header values answered besides the bound address (hosts.allowed_hosts); "*" = any
 
     def check(self) -> None:
         for key in ("max_lines", "max_chars", "max_beam", "max_queue", "keep_alive_timeout", "max_connections"):
@@ -80,6 +89,11 @@ class ServeOptions:
             raise ServeError(f"--header-timeout {self.header_timeout}: must be > 0 seconds")
         if self.batch_tokens < 0:
             raise ServeError(f"batch_tokens={self.batch_tokens}: must be >= 0 (0 = the checkpoint's decode.batch_tokens)")
+        if self.body_budget and not self.body_budget >= self.max_body_bytes:
+            raise ServeError(
+                f"--body-budget-mb {self.body_budget / MIB:.4g}: less than one body at the cap ({self.max_body_bytes / MIB:.4g} MiB, "
+                "from --max-lines x --max-chars); raise it, lower those, or give 0 for the default"
+            )
 
     @property
     def max_body_bytes(self) -> int:
@@ -87,6 +101,11 @@ class ServeOptions:
         encoding JSON has (a surrogate pair of ``\\uXXXX`` escapes, 12 bytes), so text within --max-lines and
         --max-chars is never refused for its encoding; the limits on the decoded text then apply exactly."""
         return self.max_lines * (12 * self.max_chars + 4) + 4096
+
+    @property
+    def body_budget_bytes(self) -> int:
+        """The bytes of request bodies the server holds at once, all connections together."""
+        return self.body_budget or BODY_BUDGET_BODIES * self.max_body_bytes
 
 
 def load_api_keys(path: str | Path) -> tuple[str, ...]:
@@ -137,6 +156,7 @@ def serve(
     translator of a checkpoint path (None: tmt's ``Translator``; `tmt serve --engine ctranslate2` gives its engine)."""
     options = options or ServeOptions()
     options.check()
+    hosts = allowed_hosts(host, port, options.allowed_hosts)
     require_serving()
     from uvicorn.config import LOG_LEVELS
 
@@ -166,7 +186,7 @@ def serve(
     models = load_models(checkpoints, device=device, threads=workers, options=options, load=load)
     # uvicorn's own SIGTERM/SIGINT handling: stop listening, let in-flight requests finish (at most
     # --shutdown-timeout seconds), then run the app's shutdown (which drains the batch queues).
-    build_server(build_app(models, options), options, host=host, port=port, log_level=log_level).run()
+    build_server(build_app(models, options, hosts=hosts), options, host=host, port=port, log_level=log_level).run()
 
 
 def _is_loopback(host: str) -> bool:

@@ -26,22 +26,26 @@ from transformer_mt.config import to_dict
 from transformer_mt.errors import TmtError
 from transformer_mt.serve import ServeOptions
 from transformer_mt.serve.batching import Arrivals, Batcher, Job, QueueFull, Stopped
-from transformer_mt.serve.guard import Guard, arrived, deadline_of, on_disconnect
+from transformer_mt.serve.guard import BodyBudget, Guard, arrived, deadline_of, on_disconnect
+from transformer_mt.serve.hosts import HostGuard
 from transformer_mt.serve.metrics import CONTENT_TYPE, ServeMetrics
 from transformer_mt.serve.models import ServedModel, load_models, serve_model
-from transformer_mt.serve.schema import ApiError, TranslateRequest, check_lines, decode_settings, describe_validation
+from transformer_mt.serve.schema import ApiError, TranslateRequest, decode_settings, describe_validation, parse_request
 
 __all__ = ["ApiError", "ServedModel", "TranslateRequest", "build_app", "load_models", "serve_model"]
 
 log = logging.getLogger("uvicorn.error")
 OPEN_PATHS = ("/health", "/ready")  # probes answer without an API key
+BODY_PATHS = ("/translate",)  # the only paths whose (POST) body is read
 
 
 class ClientGone(Exception):
     """The client disconnected before its answer was ready."""
 
 
-def build_app(models: list[ServedModel], options: ServeOptions) -> FastAPI:
+def build_app(models: list[ServedModel], options: ServeOptions, *, hosts: frozenset[str] | None) -> FastAPI:
+    """The app serving ``models``; ``hosts``: the Host values it answers (:func:`~transformer_mt.serve.hosts.allowed_hosts`
+    of its address; None: any)."""
     by_name = {m.name: m for m in models}
     started = time.time()
     metrics = ServeMetrics()
@@ -64,19 +68,33 @@ def build_app(models: list[ServedModel], options: ServeOptions) -> FastAPI:
         await asyncio.gather(*(asyncio.to_thread(m.batcher.stop, options.shutdown_timeout or None) for m in models))
 
     app = FastAPI(title="transformer_mt", summary="Transformer machine translation, batched across requests.", lifespan=lifespan)
+    budget = BodyBudget(options.body_budget_bytes)
+    metrics.body_bytes.set_function(lambda: float(budget.held))
     app.add_middleware(
-        Guard, max_body=options.max_body_bytes, timeout=options.timeout, keys=options.api_keys, open_paths=OPEN_PATHS, metrics=metrics, arrivals=arrivals
+        Guard,
+        max_body=options.max_body_bytes,
+        timeout=options.timeout,
+        keys=options.api_keys,
+        open_paths=OPEN_PATHS,
+        body_paths=BODY_PATHS,
+        budget=budget,
+        metrics=metrics,
+        arrivals=arrivals,
     )
+    app.add_middleware(HostGuard, allowed=hosts)  # added last: the outermost, before any key or body is looked at
     _error_answers(app)
 
-    @app.post("/translate")
-    async def translate(req: TranslateRequest, request: Request) -> dict:
+    # The body is parsed by parse_request (bounded before it is parsed), not by FastAPI: the schema is stated here for /docs.
+    body_schema = {"required": True, "content": {"application/json": {"schema": TranslateRequest.model_json_schema()}}}
+
+    @app.post("/translate", openapi_extra={"requestBody": body_schema})
+    async def translate(request: Request) -> dict:
         """Translate one line or a list of lines; requests arriving together are decoded in one batch."""
         tic = time.perf_counter()
+        req = parse_request(await request.body(), request.headers.get("content-type"), options)
         served = _pick_model(by_name, req.model, default=models[0])
         lines = [req.text] if isinstance(req.text, str) else req.text
         beam, lenpen = decode_settings(served.translator, req, options)
-        check_lines(lines, options)
         loop = asyncio.get_running_loop()
         job = Job(lines, (beam, lenpen, req.nbest), loop.create_future(), loop, deadline=deadline_of(request.scope))
         on_disconnect(request.scope, lambda: _client_gone(job))
@@ -106,6 +124,7 @@ def build_app(models: list[ServedModel], options: ServeOptions) -> FastAPI:
             "uptime_s": round(time.time() - started, 1),
             **{key: sum(getattr(b, key) for b in batchers) for key in ("requests", "batches", "lines", "rejected", "dropped", "waiting")},
             "busy": any(b.busy for b in batchers),
+            "body_bytes_held": budget.held,
         }
 
     @app.get("/ready", response_model=None)
@@ -137,8 +156,9 @@ def _error_answers(app: FastAPI) -> None:
         return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        status, message = describe_validation(exc.errors())
+    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:  # parameters of a path, were one to take any
+        errors = [{**e, "loc": tuple(e.get("loc", ()))[1:]} for e in exc.errors()[:1]]
+        status, message = describe_validation(errors)
         return JSONResponse({"error": message}, status_code=status)
 
     @app.exception_handler(StarletteHTTPException)
@@ -201,7 +221,8 @@ def _pick_model(by_name: dict[str, ServedModel], name: str | None, *, default: S
     if name is None:
         return default
     if name not in by_name:
-        raise ApiError(404, f"model: {name!r} is not served; choose one of {', '.join(map(repr, by_name))} (GET /models)")
+        shown = repr(name if len(name) <= 60 else name[:60] + "...")
+        raise ApiError(404, f"model: {shown} is not served; choose one of {', '.join(map(repr, by_name))} (GET /models)")
     return by_name[name]
 
 

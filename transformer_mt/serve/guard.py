@@ -1,10 +1,14 @@
-"""The ASGI middleware in front of the API: keys, the body limit, the request deadline, client disconnects
+"""The ASGI middleware in front of the API: keys, the body limits, the request deadline, client disconnects
 and the per-request metrics, for every request before FastAPI sees it.
 
-Pure ASGI (no framework): it counts the ``http.request`` messages' bytes as they arrive, so a chunked
-body, which has no Content-Length, is refused as soon as it passes the limit (413) instead of being read
-whole. The body is then handed on in one message; a task listens for the client's disconnect meanwhile
-and calls the callbacks the handler registered in the scope (:func:`on_disconnect`), which drop its job.
+Pure ASGI (no framework). Nothing of a body is read before the API key in the headers is checked, and only
+the paths that take a body (POST /translate) read one: any other request that declares a body is refused
+unread (413). A body is counted as its ``http.request`` messages arrive, so a chunked one, which has no
+Content-Length, is refused as soon as it passes the cap (413) instead of being read whole; and the bytes
+held by all requests together are bounded by a :class:`BodyBudget` (503 past it), so many connections
+cannot pin many bodies at the cap. The body is then handed on in one message; a task listens for the
+client's disconnect meanwhile and calls the callbacks the handler registered in the scope
+(:func:`on_disconnect`), which drop its job.
 """
 
 from __future__ import annotations
@@ -35,6 +39,13 @@ ARRIVING = "tmt.arriving"  # scope key: True while this request counts in Arriva
 DRAIN_BYTES = 1 << 20
 
 
+def _declares_body(scope: Scope) -> bool:
+    """The request head announces a body: a Content-Length above 0, or a Transfer-Encoding (chunked)."""
+    headers = dict(scope.get("headers", ()))
+    length = headers.get(b"content-length", b"0").strip()
+    return b"transfer-encoding" in headers or not (length.isdigit() and int(length) == 0)
+
+
 def deadline_of(scope: Scope) -> float:
     return scope.get(DEADLINE, math.inf)
 
@@ -62,8 +73,27 @@ async def send_json(send: Send, status: int, body: dict, headers: dict[str, str]
     await send({"type": "http.response.body", "body": data})
 
 
+class BodyBudget:
+    """Bytes of request bodies held at once, all connections together: from their first byte read to their
+    answer. Changed on the event loop only."""
+
+    def __init__(self, limit: int):
+        self.limit, self.held = limit, 0
+
+    def take(self, n: int) -> bool:
+        """Hold ``n`` more bytes if the budget has room for them; False (nothing taken) if not."""
+        if self.held + n > self.limit:
+            return False
+        self.held += n
+        return True
+
+    def give(self, n: int) -> None:
+        self.held -= n
+
+
 class Guard:
-    """Wraps the app: API keys (401), the raw body cap (413) and its arrival deadline (408), metrics."""
+    """Wraps the app: API keys (401), bodies only where taken (413), the raw body cap (413) and its arrival
+    deadline (408), the budget of all bodies held (503), metrics."""
 
     def __init__(
         self,
@@ -73,12 +103,14 @@ class Guard:
         timeout: float,
         keys: tuple[str, ...],
         open_paths: tuple[str, ...],
+        body_paths: tuple[str, ...],
+        budget: BodyBudget,
         metrics: ServeMetrics,
         arrivals: Arrivals,
     ):
         self.app, self.max_body, self.timeout, self.arrivals = app, max_body, timeout, arrivals
         self.keys = [k.encode() for k in keys]
-        self.open_paths, self.metrics = open_paths, metrics
+        self.open_paths, self.body_paths, self.budget, self.metrics = open_paths, body_paths, budget, metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":  # lifespan
@@ -93,7 +125,7 @@ class Guard:
                 status = message["status"]
             await send(message)
 
-        if scope.get("method") == "POST":  # a translation on its way: idle workers wait for it to join their batch
+        if self._takes_body(scope):  # a translation on its way: idle workers wait for it to join their batch
             scope[ARRIVING] = True
             self.arrivals.count += 1
         try:
@@ -109,12 +141,25 @@ class Guard:
             message = "missing or unknown API key; send the header 'Authorization: Bearer KEY' or 'X-API-Key: KEY'"
             await send_json(send, 401, {"error": message}, {"WWW-Authenticate": "Bearer"})
             return
-        if scope.get("method") != "POST":  # the API reads no other body: nothing to count, nothing to wait for
+        if not self._takes_body(scope):  # the API reads no other body: refuse one unread, else nothing to count or wait for
+            if _declares_body(scope):
+                asked = f"{scope.get('method')} {scope.get('path', '')}"
+                asked = asked if len(asked) <= 60 else asked[:60] + "..."
+                message = f"{asked}: takes no request body; send it without one (only POST {', '.join(self.body_paths)} reads a body)"
+                await send_json(send, 413, {"error": message})
+                return
             await self.app(scope, receive, send)
             return
         body = await self._read_body(scope, receive, send)
-        if body is None:  # answered already (413, 408) or the client left
+        if body is None:  # answered already (413, 408, 503) or the client left
             return
+        try:
+            await self._forward(scope, receive, send, body)
+        finally:
+            self.budget.give(len(body))
+
+    async def _forward(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
+        """Run the app on ``body``, in one message, while a task listens for the client's disconnect."""
         gone = asyncio.Event()
         listener = asyncio.create_task(self._listen(receive, scope, gone))
         delivered = False
@@ -132,6 +177,9 @@ class Guard:
         finally:
             listener.cancel()
 
+    def _takes_body(self, scope: Scope) -> bool:
+        return scope.get("method") == "POST" and scope.get("path") in self.body_paths
+
     def _authorized(self, scope: Scope) -> bool:
         given = b""
         for name, value in scope.get("headers", ()):
@@ -143,8 +191,23 @@ class Guard:
         return bool(given) and sum(hmac.compare_digest(given, key) for key in self.keys) > 0
 
     async def _read_body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
-        """The whole body, counted as it arrives; None after answering 413 / 408, or when the client left."""
-        chunks, size, more = [], 0, True
+        """The whole body, counted as it arrives and held within the budget (the caller gives ``len(body)``
+        back when done with it); None after answering 413 / 408 / 503, or when the client left."""
+        chunks: list[bytes] = []
+        try:
+            complete = await self._receive_body(scope, receive, send, chunks)
+        except BaseException:  # cancelled: the server is stopping
+            self.budget.give(sum(map(len, chunks)))
+            raise
+        if not complete:
+            self.budget.give(sum(map(len, chunks)))
+            return None
+        return b"".join(chunks)
+
+    async def _receive_body(self, scope: Scope, receive: Receive, send: Send, chunks: list[bytes]) -> bool:
+        """Append the body's chunks to ``chunks``, each taken from the budget first; False after answering
+        413 / 408 / 503, or when the client left."""
+        size, more = 0, True
         declared = dict(scope.get("headers", ())).get(b"content-length", b"")
         too_big = declared.isdigit() and int(declared) > self.max_body
         deadline = deadline_of(scope)
@@ -153,22 +216,31 @@ class Guard:
                 left = None if math.isinf(deadline) else max(0.0, deadline - time.monotonic())
                 message = await asyncio.wait_for(receive(), left)
                 if message["type"] == "http.disconnect":
-                    return None
+                    return False
                 data, more = message.get("body", b""), message.get("more_body", False)
                 size += len(data)
-                too_big = too_big or size > self.max_body
-                if not too_big:
-                    chunks.append(data)
+                if size > self.max_body and not too_big:  # over the cap: the rest is counted, never kept
+                    too_big = True
+                    self.budget.give(sum(map(len, chunks)))
+                    chunks.clear()
+                if too_big or not data:
+                    continue
+                if not self.budget.take(len(data)):
+                    budget_mb = self.budget.limit / (1 << 20)
+                    refusal = f"the server holds {self.budget.held} bytes of request bodies, all its --body-budget-mb {budget_mb:.4g} allows; retry shortly"
+                    await send_json(send, 503, {"error": refusal}, {"Retry-After": "1"})
+                    return False
+                chunks.append(data)
         except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
             if too_big:  # the limit was passed anyway: say that, not the deadline
                 await self._refuse_size(send, size)
-                return None
+                return False
             await send_json(send, 408, {"error": f"the request body did not arrive within --timeout {self.timeout:g} s; send it at once"})
-            return None
+            return False
         if too_big:
             await self._refuse_size(send, max(size, int(declared or 0)))
-            return None
-        return b"".join(chunks)
+            return False
+        return True
 
     async def _refuse_size(self, send: Send, size: int) -> None:
         message = f"body: more than {self.max_body} bytes ({size} or more), more than this server's limits allow (--max-lines x --max-chars); split the request"

@@ -9,7 +9,8 @@ as in the tests, count apart. The names, all prefixed ``tmt_``:
 - ``tmt_batch_requests{model}``, ``tmt_batch_lines{model}``, ``tmt_batch_seconds{model}``: per decode call;
 - ``tmt_lines_total{model}``, ``tmt_source_tokens_total{model}``, ``tmt_target_tokens_total{model}``;
 - ``tmt_dropped_total{model, reason}``: requests abandoned before their end (timeout, disconnected);
-- ``tmt_queue_depth{model}``: requests waiting (not in the running batch); ``tmt_worker_alive{model}``.
+- ``tmt_queue_depth{model}``: requests waiting (not in the running batch); ``tmt_worker_alive{model}``;
+- ``tmt_request_body_bytes``: bytes of request bodies held now (bounded by --body-budget-mb).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class ServeMetrics:
         self.dropped = Counter("tmt_dropped", "Requests abandoned before their end.", ["model", "reason"], registry=r)
         self.queue_depth = Gauge("tmt_queue_depth", "Requests waiting, not in the running batch.", ["model"], registry=r)
         self.worker_alive = Gauge("tmt_worker_alive", "1 while the model's worker thread runs.", ["model"], registry=r)
+        self.body_bytes = Gauge("tmt_request_body_bytes", "Bytes of request bodies held now, all connections together.", registry=r)
 
     def request(self, path: str, status: int, seconds: float) -> None:
         label = path if path in ROUTES else "other"  # a bounded label set, whatever paths clients try

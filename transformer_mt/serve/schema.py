@@ -2,13 +2,25 @@
 
 Imported only after fastapi (which brings pydantic) was found. User mistakes are :class:`ApiError`
 (status + one line naming the field and the fix).
+
+The body is parsed here, not by FastAPI, so that its cost is bounded before anything is built from it:
+JSON made of millions of tiny values (``[0,0,0,...]``, 2 bytes each) would otherwise become millions of
+objects, and as many validation errors, on the event loop. :func:`parse_request` first counts the JSON
+tokens with one regular-expression scan that stops at :func:`token_limit`, then parses, then checks the
+number of lines and each line's type and length (:func:`check_text`), and only then lets pydantic
+validate the handful of values left.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+import re
+from collections.abc import Mapping, Sequence
+from email.message import Message
+from itertools import islice
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from transformer_mt.config import beam_problem, lenpen_problem
 from transformer_mt.decoding import TextTranslator
@@ -45,6 +57,78 @@ def decode_settings(tr: TextTranslator, req: TranslateRequest, options: ServeOpt
     return beam, lenpen
 
 
+# One JSON token per match: a string (its closing quote optional, so an unterminated one is a single match
+# rather than a rescan from every later quote), a bare word (number, true, false, null), or a punctuation
+# mark. Possessive quantifiers and no leading whitespace keep the scan linear; whitespace is skipped by the search.
+JSON_TOKEN = re.compile(rb'"(?:[^"\\]++|\\.)*+"?|[^\s,:\[\]{}"]++|[,:\[\]{}]', re.DOTALL)
+TOKEN_MARGIN = 10_000  # tokens past a valid request's most that are parsed anyway, to tell the exact line count
+
+
+def token_limit(options: ServeOptions) -> int:
+    """The most JSON tokens :func:`parse_request` parses: a valid request holds at most 2 per line (the line and
+    its comma) and 24 more (braces, brackets, 5 keys, 5 colons, 4 values, 4 commas); the margin lets a request
+    somewhat over --max-lines be told its count, and costs milliseconds to parse."""
+    return 2 * options.max_lines + 24 + TOKEN_MARGIN
+
+
+def parse_request(body: bytes, content_type: str | None, options: ServeOptions) -> TranslateRequest:
+    """The body of POST /translate as a request, every limit checked: ApiError 415 (not declared JSON), 413 (more
+    JSON values than --max-lines allows, too many lines, a line too long), 400 (not JSON), 422 (the rest)."""
+    if not _is_json(content_type):
+        raise ApiError(415, 'the body was not sent as JSON; send it with the header "Content-Type: application/json"')
+    limit = token_limit(options)
+    if sum(1 for _ in islice(JSON_TOKEN.finditer(body), limit + 1)) > limit:
+        raise ApiError(413, f"body: more than {limit} JSON values, more than a request of --max-lines {options.max_lines} lines holds; split the request")
+    try:
+        data = json.loads(body)
+    except json.JSONDecodeError as exc:
+        raise ApiError(400, f'malformed JSON at character {exc.pos} ({exc.msg}); send a JSON object such as {{"text": "A man."}}') from None
+    except UnicodeDecodeError:
+        raise ApiError(400, "the body is not UTF-8 text; send JSON encoded as UTF-8") from None
+    except RecursionError:
+        raise ApiError(400, 'malformed JSON: nested too deep; send a JSON object such as {"text": "A man."}') from None
+    except ValueError:  # a number of more than 4300 digits (sys.get_int_max_str_digits)
+        raise ApiError(400, 'malformed JSON: a number too long to read; send a JSON object such as {"text": "A man."}') from None
+    if not isinstance(data, dict):
+        raise ApiError(422, 'body: not a JSON object; send a JSON object such as {"text": "A man."}')
+    check_text(data.get("text"), options)
+    try:
+        return TranslateRequest.model_validate(data)
+    except ValidationError as exc:
+        raise ApiError(*describe_validation(exc.errors())) from None
+
+
+def _is_json(content_type: str | None) -> bool:
+    """application/json or application/*+json, as FastAPI decides whether a body is JSON."""
+    if not content_type:
+        return False
+    message = Message()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (subtype == "json" or subtype.endswith("+json"))
+
+
+def check_text(text: object, options: ServeOptions) -> None:
+    """The ``text`` field before pydantic sees it: a list's length first, then the type of each item, the
+    first wrong one named (one error, whatever the list holds), then :func:`check_lines`. Absent or of
+    another type: left to pydantic, which reports one error for it."""
+    if isinstance(text, str):
+        check_lines([text], options)
+    elif isinstance(text, list):
+        if len(text) > options.max_lines:
+            raise ApiError(413, f"text: {len(text)} lines, more than --max-lines {options.max_lines}; split the request")
+        wrong = next((i for i, line in enumerate(text) if not isinstance(line, str)), None)
+        if wrong is not None:
+            raise ApiError(422, f"text[{wrong}]: {_json_type(text[wrong])}, not a string; send each line as a JSON string")
+        check_lines(text, options)
+
+
+def _json_type(value: object) -> str:
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    return {int: "a number", float: "a number", list: "a list", dict: "an object"}.get(type(value), "a value")
+
+
 def check_lines(lines: list[str], options: ServeOptions) -> None:
     """The limits on the decoded text: lines per request, characters per line, one line per item, whole characters."""
     if not lines:
@@ -65,24 +149,20 @@ def check_lines(lines: list[str], options: ServeOptions) -> None:
                 ) from None
 
 
-def describe_validation(errors: Sequence[dict]) -> tuple[int, str]:
-    """pydantic / FastAPI validation errors -> (status, one line): 400 for a body that is not JSON, 415 for a
-    body not declared as JSON, else 422."""
-    if any(e.get("type") == "json_invalid" for e in errors):
-        e = next(e for e in errors if e.get("type") == "json_invalid")
-        loc = e.get("loc", ())
-        at = f" at character {loc[1]}" if len(loc) > 1 and isinstance(loc[1], int) else ""
-        return 400, f'malformed JSON{at} ({e.get("ctx", {}).get("error", e.get("msg"))}); send a JSON object such as {{"text": "A man."}}'
-    body = next((e for e in errors if tuple(e.get("loc", ())) == ("body",)), None)
-    if body is not None and isinstance(body.get("input"), (bytes, str)):  # FastAPI parses JSON only when the client says it is JSON
-        return 415, 'the body was not sent as JSON; send it with the header "Content-Type: application/json"'
+def describe_validation(errors: Sequence[Mapping[str, Any]]) -> tuple[int, str]:
+    """pydantic's errors for a request object -> (422, one line naming the field)."""
     # A union (text: str | list[str]) reports one error per member; the deepest location is the most specific.
     e = max(errors, key=lambda err: len(err.get("loc", ())))
-    parts = [p for p in e.get("loc", ())[1:] if p not in ("str", "list[str]")]  # drop "body" and union member tags
+    parts = [p for p in e.get("loc", ()) if p not in ("str", "list[str]")]  # drop the union member tags
     field = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(parts)) or "body"
-    if field == "body":  # no body, or JSON that is not an object
+    if field == "body":
         return 422, 'body: not a JSON object; send a JSON object such as {"text": "A man."}'
     if e.get("type") == "extra_forbidden":
-        return 422, f"{field}: unknown field; the fields are text, model, beam, lenpen, nbest"
-    got = f" (got {e['input']!r})" if "input" in e and not isinstance(e["input"], (dict, list)) else ""
+        return 422, f"{_quote(field)}: unknown field; the fields are text, model, beam, lenpen, nbest"
+    got = f" (got {_quote(repr(e['input']))})" if "input" in e and not isinstance(e["input"], (dict, list)) else ""
     return 422, f"{field}: {e.get('msg', 'invalid')}{got}"
+
+
+def _quote(text: str, limit: int = 60) -> str:
+    """At most ``limit`` characters of a client's value in an answer."""
+    return text if len(text) <= limit else text[:limit] + "..."
