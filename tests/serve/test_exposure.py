@@ -245,3 +245,52 @@ def test_the_allowed_host_option_reaches_the_server(random_checkpoint):
         assert httpx.get(f"{url}/health", headers={"Host": f"127.0.0.1:{port}"}).status_code == 200
         r = httpx.get(f"{url}/health", headers={"Host": f"other.example:{port}"})
         assert r.status_code == 421 and "mt.example.org" in r.json()["error"]
+
+
+# --- the bound on JSON tokens, against a count made from the parsed value ---
+
+
+def _tokens(value) -> int:
+    """The JSON tokens of ``value`` written out: values, keys, and the punctuation between them."""
+    if isinstance(value, list):
+        return 2 + sum(map(_tokens, value)) + max(len(value) - 1, 0)
+    if isinstance(value, dict):
+        return 2 + sum(2 + _tokens(v) for v in value.values()) + 2 * len(value) - 1 if value else 2
+    return 1
+
+
+def _random_value(rng, depth: int = 0):
+    """Nested lists and objects of strings full of quotes, backslashes and punctuation, numbers and literals."""
+    kind = rng.randrange(6 if depth < 4 else 3)
+    if kind == 0:
+        return "".join(rng.choice(['"', "\\", ",", ":", "[", "]", "{", "}", "a", " ", "\u00e9", "\U0001f600", "\\\\", '\\"']) for _ in range(rng.randrange(12)))
+    if kind == 1:
+        return rng.choice([0, -1.5e3, 12345, True, False, None])
+    if kind == 2:
+        return rng.choice(["", "A man, a plan: [a canal] {Panama}"])
+    if kind in (3, 4):
+        return [_random_value(rng, depth + 1) for _ in range(rng.randrange(6))]
+    return {"k" + str(i) + rng.choice(["", ",", ":", '"']): _random_value(rng, depth + 1) for i in range(rng.randrange(5))}
+
+
+@pytest.mark.parametrize("ensure_ascii", [True, False])
+def test_the_token_bound_is_never_below_the_tokens_json_reads(ensure_ascii):
+    import random
+
+    from transformer_mt.serve.schema import more_tokens_than
+
+    rng = random.Random(7)
+    for _ in range(500):
+        value = _random_value(rng)
+        body = json.dumps(value, ensure_ascii=ensure_ascii, separators=rng.choice([(",", ":"), (", ", ": ")])).encode()
+        assert not more_tokens_than(body, 2 * _tokens(value) + 1), body  # a bound of at most 2 per token, + 1
+        assert more_tokens_than(body, _tokens(value) - 1), body  # and never below the count
+
+
+def test_a_request_at_the_limits_full_of_punctuation_is_within_the_token_bound():
+    from transformer_mt.serve.schema import more_tokens_than, token_limit
+
+    options = ServeOptions(max_lines=256, max_chars=100)
+    line = 'He said: "[a, b]" {c} \\ d,' * 3
+    body = json.dumps({"text": [line[:100]] * 256, "model": "m", "beam": 5, "lenpen": 1.0, "nbest": 2}).encode()
+    assert not more_tokens_than(body, token_limit(options) - 10_000)

@@ -37,6 +37,7 @@ __all__ = ["ApiError", "ServedModel", "TranslateRequest", "build_app", "load_mod
 log = logging.getLogger("uvicorn.error")
 OPEN_PATHS = ("/health", "/ready")  # probes answer without an API key
 BODY_PATHS = ("/translate",)  # the only paths whose (POST) body is read
+OFF_LOOP_BYTES = 1 << 20  # a body larger than this is parsed on a worker thread, not on the event loop
 
 
 class ClientGone(Exception):
@@ -91,7 +92,11 @@ def build_app(models: list[ServedModel], options: ServeOptions, *, hosts: frozen
     async def translate(request: Request) -> dict:
         """Translate one line or a list of lines; requests arriving together are decoded in one batch."""
         tic = time.perf_counter()
-        req = parse_request(await request.body(), request.headers.get("content-type"), options)
+        body, content_type = await request.body(), request.headers.get("content-type")
+        if len(body) > OFF_LOOP_BYTES:  # its checks and parse are C loops of up to ~0.1 s each: between them, the loop runs
+            req = await asyncio.to_thread(parse_request, body, content_type, options)
+        else:
+            req = parse_request(body, content_type, options)
         served = _pick_model(by_name, req.model, default=models[0])
         lines = [req.text] if isinstance(req.text, str) else req.text
         beam, lenpen = decode_settings(served.translator, req, options)
