@@ -15,6 +15,7 @@ from transformer_mt.checkpoint.retention import is_numbered_checkpoint
 
 # The training-state keys an averaged (inference) checkpoint does not carry.
 TRAINING_KEYS = ("optimizer", "scheduler", "scaler", "rng", "progress", "metrics", "ema")
+RUN_CHECKPOINTS = ("checkpoint_last.pt", "checkpoint_best.pt")  # what training writes besides checkpoint_<update>.pt
 
 
 def average_checkpoints(paths: Sequence[str | os.PathLike], *, weights: str | None = None) -> dict[str, Any]:
@@ -69,7 +70,9 @@ def average_checkpoints(paths: Sequence[str | os.PathLike], *, weights: str | No
 def check_average_output(output: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, force: bool = False) -> None:
     """Refuse an output the average must not replace: one of its inputs, a directory, a numbered checkpoint
     name in a run directory (the run's resume and pruning would take the average for a training checkpoint),
-    or an existing file that is not an earlier average, unless ``force``."""
+    a run's checkpoint_best.pt or checkpoint_last.pt that is not an earlier average (``force`` or not: the run's
+    best weights or its training state would be lost), or an existing file that is not an earlier average, unless
+    ``force``."""
     out = Path(output)
     if out.is_dir() or (out.exists() and not out.is_file()):
         raise CheckpointError(f"{out}: exists and is not a regular file; give a file path for the averaged checkpoint")
@@ -83,13 +86,17 @@ def check_average_output(output: str | os.PathLike, inputs: Sequence[str | os.Pa
     for path in inputs:  # a checkpoint replaced by the average loses its training state
         if Path(path).exists() and os.path.samefile(out, path):
             raise CheckpointError(f"{out}: the output is the input checkpoint {path}; writing it would destroy that checkpoint, so give another -o")
+    if out.name in RUN_CHECKPOINTS and _is_run_dir(out.parent) and not _is_average(out):
+        raise CheckpointError(
+            f"{out}: the run's own {out.name}, not an average; --force never replaces a checkpoint of the run, so give another -o (e.g. average.pt)"
+        )
     if not force and not _is_average(out):
         raise CheckpointError(f"{out}: exists and is not an averaged checkpoint; give another -o, or pass --force to replace it")
 
 
 def _is_run_dir(directory: Path) -> bool:
     """Whether ``directory`` holds a training run (its config, lock or checkpoints)."""
-    names = ("config.yaml", ".lock", "checkpoint_last.pt", "checkpoint_best.pt")
+    names = ("config.yaml", ".lock", *RUN_CHECKPOINTS)
     return directory.is_dir() and (any((directory / n).exists() for n in names) or any(is_numbered_checkpoint(p) for p in directory.iterdir()))
 
 

@@ -58,7 +58,9 @@ def average(
         "--weights",
         help="ema or raw: which weights of each checkpoint to average (train.ema_decay). Default: ema when every checkpoint holds it, else raw.",
     ),
-    force: bool = typer.Option(False, "--force", help="Replace an existing output file that is not an earlier average (never a directory)."),
+    force: bool = typer.Option(
+        False, "--force", help="Replace an existing output file that is not an earlier average (never a directory, an input or a run's checkpoint)."
+    ),
 ) -> None:
     """Average model parameters of several checkpoints (the paper averages the last 5 or 20)."""
     from transformer_mt.checkpoint import CheckpointError, average_checkpoints, check_average_output, last_checkpoints, save_checkpoint
