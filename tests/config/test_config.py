@@ -173,3 +173,84 @@ def test_round_trip_through_yaml_and_dict(tmp_path):
     assert again == cfg
     assert from_dict(yaml.safe_load(yaml.safe_dump(to_dict(cfg)))) == cfg
     assert isinstance(Config().model.d_model, int)
+
+
+# ---------------------------------------------------------------- files nobody here wrote: one short line, never a traceback
+def refusal(call) -> str:
+    """The message of the ConfigError `call()` raises, checked to be one short line."""
+    with pytest.raises(ConfigError) as err:
+        call()
+    msg = str(err.value)
+    assert "\n" not in msg and len(msg) < 400, msg[:500]
+    return msg
+
+
+def test_numbers_too_long_for_python_are_refused_in_one_line(tmp_path):
+    msg = refusal(lambda: load_config(write(tmp_path, f"model:\n  d_model: {'9' * 5000}\n")))
+    assert "x.yaml" in msg and "line 2" in msg
+    msg = refusal(lambda: from_dict({"model": {"dropout": 10**400}}, source="ckpt.pt"))  # float() overflows
+    assert "ckpt.pt" in msg and "model.dropout" in msg
+    msg = refusal(lambda: from_dict({"model": {"d_model": 10**5000}}, source="ckpt.pt"))  # str() of it would raise
+    assert "ckpt.pt" in msg and "model.d_model" in msg
+
+
+def test_integers_are_not_rounded_through_float(tmp_path):
+    msg = refusal(lambda: load_config(write(tmp_path, "model:\n  d_model: 99999999999999999999999\n")))
+    assert "99999999999999999999999" in msg
+
+
+def test_deeply_nested_yaml_is_refused_in_one_line(tmp_path):
+    msg = refusal(lambda: load_config(write(tmp_path, "model:\n  d_model: " + "[" * 50_000 + "]" * 50_000 + "\n")))
+    assert "x.yaml" in msg and "nested" in msg
+
+
+def test_alias_bomb_is_refused_without_expanding_it(tmp_path):
+    # 9**6 references to one list: a few hundred bytes of YAML, a repr of millions of characters
+    doc = "model:\n  d_model: [&a0 [x, x, x, x, x, x, x, x, x]"
+    for i in range(1, 7):
+        doc += f", &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]"
+    msg = refusal(lambda: load_config(write(tmp_path, doc + "]\n")))
+    assert "model.d_model" in msg and "expected an integer" in msg
+
+
+def test_unhashable_yaml_key_is_refused_in_one_line(tmp_path):
+    msg = refusal(lambda: load_config(write(tmp_path, "model:\n  ? [1, 2]\n  : 3\n")))
+    assert "x.yaml" in msg and "line 2" in msg
+
+
+def test_long_or_multiline_values_are_quoted_short(tmp_path):
+    msg = refusal(lambda: load_config(write(tmp_path, f"model:\n  activation: {'x' * 10_000}\n")))
+    assert "model.activation" in msg and "xxx" in msg
+    msg = refusal(lambda: load_config(write(tmp_path, 'data:\n  train_src: "no\\nsuch\\nfile"\n')))
+    assert "data.train_src" in msg and "not found" in msg
+
+
+def test_checkpoint_config_sections_and_keys_are_checked(tmp_path):
+    for raw, key in (
+        ({"model": None}, "model"),
+        ({"model": [1, 2]}, "model"),
+        ({"model": "d_model"}, "model"),
+        ({5: {"d_model": 8}}, "5"),
+        ({"model": {5: 1}}, "model.5"),
+        ({"model": {("a",): 1}}, "model"),
+        ({"train": {"optimizer_betas": "[" * 50_000}}, "train.optimizer_betas"),
+        ({"train": {"optimizer_betas": "&a [*a]"}}, "train.optimizer_betas"),
+        ({"data": {"train_src": b"bytes"}}, "data.train_src"),
+        ({"model": {"activation": ["relu"]}}, "model.activation"),
+    ):
+        msg = refusal(lambda raw=raw: from_dict(raw, source="ckpt.pt"))
+        assert msg.startswith("ckpt.pt: ") and key in msg, (raw, msg)
+    with pytest.raises(ConfigError, match="expected a mapping of sections"):
+        from_dict([1], source="ckpt.pt")  # type: ignore[arg-type]
+
+
+def test_betas_override_still_reads_a_comma_list():
+    assert load_config(None, ["train.optimizer_betas=0.9,0.99"]).train.optimizer_betas == (0.9, 0.99)
+    assert load_config(None, ["train.optimizer_betas=[0.8, 0.9]"]).train.optimizer_betas == (0.8, 0.9)
+
+
+def test_a_model_too_large_for_memory_is_refused(tmp_path):
+    # about 5e10 parameters (200 GB of float32): each size within its own limit, the product is not
+    path = write(tmp_path, "model:\n  d_model: 16384\n  heads: 16\n  d_ff: 65536\n")
+    msg = refusal(lambda: load_config(path))
+    assert "x.yaml" in msg and "parameters" in msg and "GiB" in msg

@@ -6,9 +6,11 @@ Each section's checks are one function; :func:`validate` runs them in order and 
 
 from __future__ import annotations
 
+import re
+import reprlib
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from transformer_mt.config.rules import beam_problem, length_problem, lenpen_problem, specials_problem
 from transformer_mt.config.sections import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig
@@ -34,6 +36,28 @@ CHOICES = {
 PATH_KEYS = ("data.train_src", "data.train_tgt", "data.valid_src", "data.valid_tgt", "tokenizer.model", "tokenizer.tgt_model", "train.init_from")
 
 
+# Values in messages come from files that anyone may have written: a repr of bounded nesting, items and length.
+_REPR = reprlib.Repr()
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict, _REPR.maxset, _REPR.maxstring, _REPR.maxother = 2, 4, 4, 3, 3, 60, 60
+_PLAIN = (str, int, float, bool, type(None), list, tuple, dict)
+
+
+def quote(value: Any, limit: int = 60) -> str:
+    """``repr(value)`` for a one-line message: at most ``limit`` characters, nesting and lengths bounded (an alias
+    bomb or a list of millions is never expanded), no newline, and only the type of anything but plain data."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 10_000:
+        text = f"<an integer of {value.bit_length()} bits>"  # repr() of one over 4300 digits raises
+    elif type(value) not in _PLAIN:
+        text = f"<a {type(value).__name__}>"
+    else:
+        try:
+            text = _REPR.repr(value)
+        except ValueError:  # an enormous integer inside a list
+            text = f"<a {type(value).__name__}>"
+    text = re.sub(r"\s*\n\s*", " ", text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -> None:
     """Raise ConfigError on the first impossible value."""
 
@@ -44,7 +68,7 @@ def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -
         section, key = dotted.split(".")
         value = getattr(getattr(cfg, section), key)
         if value not in allowed:
-            fail(dotted, f"{value!r} is not one of {', '.join(allowed)}")
+            fail(dotted, f"{quote(value)} is not one of {', '.join(allowed)}")
     _check_model(cfg.model, fail)
     _check_tokenizer(cfg.tokenizer, cfg.model, fail)
     _check_train(cfg.train, fail)
@@ -56,7 +80,7 @@ def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -
             section, key = dotted.split(".")
             value = getattr(getattr(cfg, section), key)
             if value and not Path(value).is_file():
-                fail(dotted, f"file '{value}' not found; check the path (relative paths start from the current directory)")
+                fail(dotted, f"file {quote(value, 160)} not found; check the path (relative paths start from the current directory)")
 
 
 def _check_model(m: ModelConfig, fail: Fail) -> None:
@@ -182,7 +206,35 @@ LIMITS = {
     "data.max_len": 1 << 20,
     "train.valid_beam": 1024,
 }
-MAX_PARAMETERS = 100_000_000_000  # 100B: a rough count (below) above this is refused before any allocation
+# The memory bound of a model: 2^31 numbers (parameters and buffers) are 8 GiB in float32, what a workstation
+# holds with room to decode, and ten times Transformer-big (213M) or the largest MarianMT model (~600M). A config,
+# a checkpoint or an imported model above it is refused before anything is allocated.
+MAX_PARAMETERS = 1 << 31
+
+
+def model_elements(m: ModelConfig, *, src_vocab_size: int, tgt_vocab_size: int) -> int:
+    """The numbers (parameters and buffers) a model of these sizes holds, counted without building it: the layers,
+    the embeddings and the output layer as ``model.share_*`` ties them, and the position table (learned or the
+    sinusoids). Within a few hundred of the built model's count (its norms are counted generously)."""
+    d = m.d_model
+    dk, dv = m.head_dim or d // m.heads, m.value_dim or d // m.heads
+    attention = m.heads * (2 * dk + dv) * (d + 1) + m.heads * dv * d + d  # fused q/k/v projection + output projection
+    ffn = 2 * d * m.d_ff + m.d_ff + d
+    layers = m.encoder_layers * (attention + ffn + 4 * d) + m.decoder_layers * (2 * attention + ffn + 6 * d)
+    tgt_embed = 0 if m.share_all_embeddings else tgt_vocab_size * d
+    output = (0 if m.share_all_embeddings or m.share_decoder_embeddings else tgt_vocab_size * d) + tgt_vocab_size * (m.output_bias + 2 * m.restrict_output)
+    return layers + src_vocab_size * d + tgt_embed + output + m.max_positions * d + 4 * d
+
+
+def size_problem(elements: int) -> str | None:
+    """Why a model of ``elements`` numbers (parameters and buffers) is refused, or None when it is within
+    :data:`MAX_PARAMETERS`; worded to follow the name of what asked for it."""
+    if elements <= MAX_PARAMETERS:
+        return None
+    return (
+        f"about {elements:.3g} parameters ({elements * 4 / 2**30:.3g} GiB in float32), above the supported "
+        f"{MAX_PARAMETERS:.3g} ({MAX_PARAMETERS * 4 / 2**30:.3g} GiB); check model.* (layers, d_model, d_ff, heads) and the vocabulary"
+    )
 
 
 def _check_bounds(cfg: Config, fail: Fail) -> None:
@@ -191,10 +243,7 @@ def _check_bounds(cfg: Config, fail: Fail) -> None:
         value = getattr(getattr(cfg, section), key)
         if value > limit:
             fail(dotted, f"{value} is above the supported maximum {limit}; check the value (a checkpoint with it is damaged or crafted)")
-    m = cfg.model
-    dk, dv = m.head_dim or m.d_model // m.heads, m.value_dim or m.d_model // m.heads
-    attn = m.heads * (2 * dk + dv) * m.d_model + m.heads * dv * m.d_model
-    per_layer = 2 * attn + 2 * m.d_model * m.d_ff  # decoder layer (self + cross); an encoder layer is smaller
-    rough = (m.encoder_layers + m.decoder_layers) * per_layer + 3 * cfg.tokenizer.vocab_size * m.d_model + m.max_positions * m.d_model
-    if rough > MAX_PARAMETERS:
-        fail("model", f"these sizes make about {rough:.3g} parameters, above the supported {MAX_PARAMETERS:.0e}; check model.* (layers, d_model, d_ff, heads)")
+    vocab = cfg.tokenizer.vocab_size  # a checkpoint's loader checks again with its tokenizers' real sizes
+    problem = size_problem(model_elements(cfg.model, src_vocab_size=vocab, tgt_vocab_size=vocab))
+    if problem:
+        fail("model", f"these sizes make {problem}")

@@ -7,6 +7,7 @@ file (or the ``--set``), the key and what to change; values then go through :fun
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import difflib
 import math
 import os
@@ -15,28 +16,45 @@ from typing import Any, get_type_hints
 
 import yaml
 
-from transformer_mt.config.checks import ConfigError, validate
+from transformer_mt.config.checks import ConfigError, quote, validate
 from transformer_mt.config.sections import Config
 
 _SECTION_TYPES = get_type_hints(Config)
+MAX_CONFIG_BYTES = 1 << 20  # a config states a few dozen values; a larger file is not one (and YAML parsing grows with it)
+MAX_INT = (1 << 63) - 1  # every integer setting is a count, a size or an id: anything beyond int64 is a mistake
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses a mapping with the same key twice (PyYAML silently keeps the last)."""
+    """yaml.SafeLoader that refuses a mapping with the same key twice (PyYAML silently keeps the last), a key that
+    is a list or a mapping, and an integer too long for Python to read, each naming its line."""
 
     def construct_mapping(self, node, deep=False):  # PyYAML's signature
         seen = set()
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if isinstance(key, (list, dict)):
+                raise ConfigError(f"line {line}: a key must be a name, not {quote(key)}; write key: value")
             if key in seen:
-                raise ConfigError(f"line {key_node.start_mark.line + 1}: key '{key}' appears twice in one section; keep one of them")
+                raise ConfigError(f"line {line}: key {quote(key)} appears twice in one section; keep one of them")
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
+
+    def construct_yaml_int(self, node):  # PyYAML's signature
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:  # int() refuses more than sys.get_int_max_str_digits() digits
+            raise ConfigError(f"line {node.start_mark.line + 1}: the number {quote(node.value)} is too long; give a number of a few digits") from None
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
 
 
 def _read_yaml(path: Path) -> Any:
     """Parse a YAML config file strictly: syntax errors and duplicate keys name the file and the line."""
     try:
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path.stat().st_size:,} bytes, more than a config holds ({MAX_CONFIG_BYTES:,} at most); give the YAML config file")
         return yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # safe: _UniqueKeyLoader is a SafeLoader
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
@@ -45,7 +63,11 @@ def _read_yaml(path: Path) -> Any:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}:{line} is not valid YAML ({getattr(exc, 'problem', exc)}); fix the syntax") from None
+        raise ConfigError(f"{path}:{line} is not valid YAML ({quote(str(getattr(exc, 'problem', exc)), 120)}); fix the syntax") from None
+    except RecursionError:  # PyYAML composes nested collections recursively
+        raise ConfigError(f"{path}: nested too deeply to be a config (sections hold key: value pairs); fix the file") from None
+    except ValueError as exc:  # a timestamp or number that PyYAML's constructors cannot build
+        raise ConfigError(f"{path}: a value cannot be read ({quote(str(exc))}); fix it or quote it as a string") from None
 
 
 def _override_value(dotted: str, text: str) -> Any:
@@ -54,15 +76,15 @@ def _override_value(dotted: str, text: str) -> Any:
         return ""
     try:
         return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    except (yaml.YAMLError, RecursionError, ValueError) as exc:
+        problem = quote(str(getattr(exc, "problem", None) or (str(exc).splitlines() or [type(exc).__name__])[0]), 120)
         raise ConfigError(
             f"--set {dotted}={text}: the value is not valid YAML ({problem}); quote strings, e.g. --set '{dotted}=\"...\"', and close lists, e.g. [0.9, 0.98]"
         ) from None
 
 
 def _suggest(name: str, valid: list[str]) -> str:
-    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5)
+    close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5) if len(name) <= 100 else []
     if close:
         return f"did you mean '{close[0]}'?"
     return "valid keys: " + ", ".join(valid)
@@ -73,36 +95,52 @@ def _coerce_bool(value: Any, where: str) -> bool:
         return value
     if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
         return value.lower() in ("true", "yes", "1")
-    raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    raise ConfigError(f"{where}: expected true or false, got {quote(value)}")
 
 
 def _coerce_int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    number: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = value
+    elif isinstance(value, str):
+        try:
+            number = int(value)  # exact: 99999999999999999999999 is not rounded through a float
+        except ValueError:
+            number = _integral(value)
+    elif isinstance(value, float):
+        number = _integral(value)
+    if number is None:
+        raise ConfigError(f"{where}: expected an integer, got {quote(value)}")
+    if abs(number) > MAX_INT:
+        raise ConfigError(f"{where}: {quote(value)} is out of range; give a value of at most {MAX_INT}")
+    return number
+
+
+def _integral(value: float | str) -> int | None:
+    """The integer a float (or its text) is, e.g. 4e3 -> 4000; None when it is not one."""
     try:
         as_float = float(value)
-    except ValueError:
-        raise ConfigError(f"{where}: expected an integer, got {value!r}") from None
-    if not math.isfinite(as_float) or not as_float.is_integer():
-        raise ConfigError(f"{where}: expected an integer, got {value!r}")
-    return int(as_float)
+    except (ValueError, OverflowError):
+        return None
+    return int(as_float) if math.isfinite(as_float) and as_float.is_integer() else None
 
 
 def _coerce_float(value: Any, where: str) -> float:
-    if isinstance(value, bool):
-        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(f"{where}: expected a number, got {quote(value)}")
     try:
         number = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where}: expected a number, got {value!r}") from None
+    except (ValueError, OverflowError):
+        raise ConfigError(f"{where}: expected a number, got {quote(value)}") from None
     if not math.isfinite(number):  # NaN passes every `<` check, and a NaN learning rate trains nothing
-        raise ConfigError(f"{where}: expected a finite number, got {value!r}")
+        raise ConfigError(f"{where}: expected a finite number, got {quote(value)}")
     return number
 
 
 def _coerce_str(value: Any, where: str) -> str:
-    if isinstance(value, (dict, list)):
-        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    # YAML reads some unquoted words as numbers, booleans or dates (a path named 2024-01-01): their text is meant.
+    if not isinstance(value, (str, int, float, bool, datetime.date, type(None))):
+        raise ConfigError(f"{where}: expected a string, got {quote(value)}")
     return "" if value is None else str(value)
 
 
@@ -114,23 +152,47 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
     if typ in _SCALARS:
         return _SCALARS[typ](value, where)
     if getattr(typ, "__origin__", None) is tuple:
-        if isinstance(value, str):
-            value = yaml.safe_load(value if value.startswith("[") else f"[{value}]")
         args = typ.__args__
+        if isinstance(value, str):  # "0.9,0.98" or "[0.9, 0.98]", as --set takes it; split, never parsed as YAML
+            value = [part.strip() for part in value.strip().removeprefix("[").removesuffix("]").split(",")]
         if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise ConfigError(f"{where}: expected a list of {len(args)} numbers, got {value!r}")
+            raise ConfigError(f"{where}: expected a list of {len(args)} numbers, got {quote(value)}")
         return tuple(_coerce(v, t, where) for v, t in zip(value, args))
     raise ConfigError(f"{where}: unsupported type {typ}")  # pragma: no cover - a programming error
 
 
 def _apply(cfg: Config, section: str, key: str, value: Any, source: str) -> None:
     if section not in _SECTION_TYPES:
-        raise ConfigError(f"{source}: unknown section '{section}'; {_suggest(section, list(_SECTION_TYPES))}")
+        raise ConfigError(f"{source}: unknown section {quote(section)}; {_suggest(section, list(_SECTION_TYPES))}")
     sub = getattr(cfg, section)
     hints = get_type_hints(type(sub))
     if key not in hints:
-        raise ConfigError(f"{source}: unknown key '{section}.{key}'; {_suggest(key, list(hints))}")
+        raise ConfigError(f"{source}: unknown key {quote(f'{section}.{key}')}; {_suggest(key, list(hints))}")
     setattr(sub, key, _coerce(value, hints[key], f"{source}: {section}.{key}"))
+
+
+def _name(key: Any) -> str:
+    """A section or key name for lookups and messages: a name is a string; anything else (a number, a tuple from a
+    checkpoint) is shown short, and then matches no section or key."""
+    return key if isinstance(key, str) else quote(key, 40)
+
+
+def _apply_sections(cfg: Config, raw: Any, source: str, *, empty_sections: bool) -> None:
+    """Set every ``section: {key: value}`` of ``raw`` (a YAML file's or a checkpoint's ``config``) on ``cfg``, typed
+    and named as :func:`_apply` does. ``empty_sections``: a section left empty (None) keeps its defaults, as a YAML
+    file may state; a checkpoint's config always has all of them."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a mapping of sections (data, tokenizer, model, train, decode) at the top, got {quote(raw)}")
+    for section, values in raw.items():
+        name = _name(section)
+        if name not in _SECTION_TYPES:
+            raise ConfigError(f"{source}: unknown section {quote(name)}; {_suggest(name, list(_SECTION_TYPES))}")
+        if values is None and empty_sections:
+            continue
+        if not isinstance(values, dict):
+            raise ConfigError(f"{source}: {name}: expected a mapping of key: value, got {quote(values)}")
+        for key, value in values.items():
+            _apply(cfg, name, _name(key), value, source)
 
 
 def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None, *, check_files: bool = True) -> Config:
@@ -147,21 +209,10 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
             raise ConfigError(f"{path}: is a directory, not a config file; give a YAML file (to continue a run directory use --resume {path})")
         if not path.is_file():
             raise ConfigError(f"{path}: config file not found; check the path given to --config")
-        raw = _read_yaml(path) or {}
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: expected a mapping of sections (data, tokenizer, model, train, decode) at the top")
-        for section, values in raw.items():
-            if section not in _SECTION_TYPES:
-                raise ConfigError(f"{path}: unknown section '{section}'; {_suggest(str(section), list(_SECTION_TYPES))}")
-            if values is None:
-                continue
-            if not isinstance(values, dict):
-                raise ConfigError(f"{path}: section '{section}' must be a mapping of key: value")
-            for key, value in values.items():
-                _apply(cfg, section, str(key), value, str(path))
+        _apply_sections(cfg, _read_yaml(path) or {}, str(path), empty_sections=True)
     for item in overrides or []:
         if "=" not in item or "." not in item.split("=", 1)[0]:
-            raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. model.encoder_layers=3")
+            raise ConfigError(f"--set {quote(item)}: expected section.key=value, e.g. model.encoder_layers=3")
         dotted, value = item.split("=", 1)
         section, key = dotted.strip().split(".", 1)
         _apply(cfg, section, key, _override_value(dotted.strip(), value), f"--set {dotted.strip()}")
@@ -194,11 +245,10 @@ def to_dict(cfg: Config) -> dict[str, dict[str, Any]]:
 
 
 def from_dict(raw: dict[str, dict[str, Any]], *, source: str = "checkpoint") -> Config:
-    """Inverse of :func:`to_dict`; checks types and values but not that files still exist."""
+    """Inverse of :func:`to_dict`, through the same typed loading and checks as a YAML file (a checkpoint's config
+    may come from anyone); checks types and values but not that files still exist."""
     cfg = Config()
-    for section, values in raw.items():
-        for key, value in values.items():
-            _apply(cfg, section, key, value, source)
+    _apply_sections(cfg, raw, source, empty_sections=False)
     validate(cfg, source=source, check_files=False)
     return cfg
 
