@@ -16,19 +16,31 @@ CPU's model and flags and of the sources, so a home directory shared by differen
 torch caches it under ``TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``). Without a compiler or ninja, or with
 ``TMT_NATIVE_KERNELS=0``, nothing is built: :func:`available` is False, the callers keep their torch-op paths (the
 same numbers, slower on CPU), and one line on stderr says why, once per process.
+
+One process builds at a time per build directory: it holds an ``flock`` on :data:`BUILD_LOCK` there, which the
+kernel releases when the holder ends, however it ends. torch's own lock (its ``FileBaton``, a ``lock`` file that
+exists while a build runs) is left behind by a build killed midway (OOM, SIGKILL), and torch then waits on it
+forever; whoever holds the flock knows no build is running and removes it. Another process waits for the flock at
+most :data:`BUILD_WAIT` seconds (SIGTERM or Ctrl-C ends the wait too), then trains with the torch ops and says so in
+one line naming the directory and the process that holds it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -36,6 +48,9 @@ from torch import Tensor
 SOURCES = [Path(__file__).parent / "csrc" / name for name in ("short_attention.cpp", "residual.cpp", "loss.cpp", "random_words.cpp")]
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # -fopenmp: at::parallel_for runs on torch's OpenMP threads
 ENV_SWITCH = "TMT_NATIVE_KERNELS"  # "0": never build or load
+BUILD_LOCK = "tmt_build.lock"  # in the build directory: flocked by the process that builds, holding "PID HOST"
+BUILD_WAIT = 600.0  # seconds a process waits for another's build before training with the torch ops
+TORCH_LOCK = "lock"  # torch's FileBaton in the build directory (torch.utils.cpp_extension._jit_compile)
 
 _lock = threading.Lock()
 _loaded: list[bool] = []  # [] before the first try, then [whether the ops are registered]
@@ -77,30 +92,141 @@ def _build() -> bool:
     from torch.utils import cpp_extension
 
     _put_pip_ninja_on_path()
-    name = extension_name()
-    _say_if_compiling(cpp_extension, name)
+    return _load(cpp_extension, extension_name())
+
+
+def _load(cpp_extension: ModuleType, name: str, *, wait: float = BUILD_WAIT) -> bool:
+    """Build (or load torch's cached build of) the kernels as ``name``, holding the build directory's lock; False,
+    after one line on stderr, when they could not be built or the lock was not free within ``wait`` seconds."""
+    try:
+        build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))  # where load() builds and caches
+    except (AttributeError, OSError, RuntimeError):  # a torch without this helper: its own lock alone
+        return _compile(cpp_extension, name, None)
+    try:
+        with _build_lock(build_dir, wait=wait) as held:
+            if not held:
+                return False
+            (build_dir / TORCH_LOCK).unlink(missing_ok=True)  # a killed build's: any live build holds the flock we hold
+            return _compile(cpp_extension, name, build_dir)
+    except OSError as exc:  # an unwritable build directory: what torch's build would have met
+        _say_not_built(f"{build_dir}: {exc.strerror or exc}")
+        return False
+
+
+def _compile(cpp_extension: ModuleType, name: str, build_dir: Path | None) -> bool:
+    if build_dir is not None and not any(build_dir.glob(f"{name}*.so")):  # one line before the first build, which takes a while
+        print(f"tmt: compiling the C++ kernels for this CPU, once (about 15 s; cached in {build_dir})", file=sys.stderr)
     try:
         sources = [str(path) for path in SOURCES]
         cpp_extension.load(name=name, sources=sources, extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
     except (RuntimeError, OSError, ImportError, subprocess.SubprocessError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(
-            f"tmt: note: the C++ kernels could not be built ({reason[:200]}); training uses torch ops instead, "
-            f'slower on CPU (needs a C++ compiler and ninja: pip install -e ".[fast]"; {ENV_SWITCH}=0 skips the build)',
-            file=sys.stderr,
-        )
+        _say_not_built(reason)
         return False
     return True
 
 
-def _say_if_compiling(cpp_extension: ModuleType, name: str) -> None:
-    """One line before the first build on this machine, which takes a while; nothing when torch's cache has it."""
+def _say_not_built(reason: str) -> None:
+    print(
+        f"tmt: note: the C++ kernels could not be built ({reason[:200]}); training uses torch ops instead, "
+        f'slower on CPU (needs a C++ compiler and ninja: pip install -e ".[fast]"; {ENV_SWITCH}=0 skips the build)',
+        file=sys.stderr,
+    )
+
+
+@contextlib.contextmanager
+def _build_lock(build_dir: Path, *, wait: float) -> Iterator[bool]:
+    """Inside the block, True while this process holds ``build_dir``'s :data:`BUILD_LOCK`; False (one line said why)
+    when another process held it for ``wait`` seconds or a signal ended the wait. Without ``fcntl`` (Windows):
+    True, torch's own lock alone."""
     try:
-        build_dir = Path(cpp_extension._get_build_directory(name, verbose=False))  # where load() builds and caches
-    except (AttributeError, OSError, RuntimeError):  # a torch without this helper: build without the line
+        import fcntl
+    except ImportError:
+        yield True
         return
-    if not any(build_dir.glob(f"{name}*.so")):
-        print(f"tmt: compiling the C++ kernels for this CPU, once (about 15 s; cached in {build_dir})", file=sys.stderr)
+    path = build_dir / BUILD_LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        if not _try_flock(fcntl, fd):
+            holder = _holder(path)
+            print(f"tmt: waiting for {holder}, which builds the C++ kernels in {build_dir} (at most {wait:g} s)", file=sys.stderr)
+            stopped = _wait_for_flock(fcntl, fd, wait)
+            if stopped is not None or not _try_flock(fcntl, fd):
+                why = f"{stopped} ended the wait" if stopped else f"{holder} still holds {path} after {wait:g} s"
+                print(
+                    f"tmt: note: the C++ kernels were not loaded ({why}); training uses torch ops instead, slower on CPU "
+                    f"(if that build hangs, end it and run again; {ENV_SWITCH}=0 skips the build)",
+                    file=sys.stderr,
+                )
+                yield False
+                return
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()} {platform.node()}".encode())
+        try:
+            yield True
+        finally:
+            os.ftruncate(fd, 0)  # then closing the file releases the flock
+    finally:
+        os.close(fd)
+
+
+def _try_flock(fcntl: ModuleType, fd: int) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _wait_for_flock(fcntl: ModuleType, fd: int, wait: float) -> str | None:
+    """Poll for the flock for at most ``wait`` seconds: None when it was taken or the time ran out, else the name
+    of the signal that ended the wait."""
+    deadline = time.monotonic() + wait
+    with _signals_end_the_wait() as received:
+        while not received and time.monotonic() < deadline:
+            time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+            if not received and _try_flock(fcntl, fd):
+                return None
+    return signal.Signals(received[0]).name if received else None
+
+
+@contextlib.contextmanager
+def _signals_end_the_wait() -> Iterator[list[int]]:
+    """SIGTERM and SIGINT received inside the block are listed in what it yields, and their earlier handlers still
+    run: a training run's (which asks the run to stop and returns) or Python's (KeyboardInterrupt); a signal left to
+    the system's default action ends the process, as it would have. No handler is installed outside the main thread."""
+    received: list[int] = []
+    previous: dict[int, Any] = {}  # signal -> the handler getsignal returned
+
+    def handler(signum, frame):
+        received.append(signum)
+        before = previous[signum]
+        if callable(before):
+            before(signum, frame)
+        elif before == signal.SIG_DFL:
+            raise SystemExit(128 + signum)
+
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            if signal.getsignal(sig) not in (signal.SIG_IGN, None):
+                previous[sig] = signal.getsignal(sig)
+                signal.signal(sig, handler)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        yield received
+    finally:
+        for signum, old in previous.items():
+            signal.signal(signum, old)
+
+
+def _holder(path: Path) -> str:
+    """Who holds the build lock, as its file says ("pid 123 on HOST"), or "another process"."""
+    try:
+        pid, _, host = path.read_text(encoding="utf-8", errors="replace")[:200].partition(" ")
+        return f"pid {int(pid)}" + (f" on {host.strip()[:60]}" if host.strip() and host.strip() != platform.node() else "")
+    except (OSError, ValueError):
+        return "another process"
 
 
 def _put_pip_ninja_on_path() -> None:
