@@ -166,8 +166,39 @@ def test_read_only_directory_caches_in_the_user_cache(random_ckpt, tmp_path, mon
     assert cache_module.cached_model(ckpt).path == made.path and cache_module.cached_model(ckpt).note is None
     (tmp_path / "mine.pt.ct2").mkdir()  # a directory of the user's own where the cache would go: never replaced
     shutil.copy(random_ckpt, tmp_path / "mine.pt")
-    with pytest.raises(ExportError, match=r"mine.pt.ct2: exists and is not a conversion tmt wrote; move it away"):
+    elsewhere = cache_module.user_cache_dir(tmp_path / "mine.pt", weights=None)
+    elsewhere.mkdir(parents=True)  # and one in the user cache too: nowhere left to convert into
+    (elsewhere / "notes.txt").write_text("mine")
+    with pytest.raises(ExportError, match=r"-mine.pt.ct2: not a conversion .* and .*mine.pt.ct2 is not a conversion .* move one of them away") as refused:
         cache_module.cached_model(tmp_path / "mine.pt")
+    assert "\n" not in str(refused.value) and not list((tmp_path / "mine.pt.ct2").iterdir()) and (elsewhere / "notes.txt").read_text() == "mine"
+
+
+def test_the_cache_never_replaces_an_export_the_user_made_at_its_path(random_ckpt, tmp_path, monkeypatch, capsys):
+    """`tmt export -o CKPT.ct2 -q int8` is the user's: the engine converts into the user cache instead, and says so."""
+    monkeypatch.setenv("TMT_CACHE_DIR", str(tmp_path / "user"))
+    ckpt = tmp_path / "m.pt"
+    shutil.copy(random_ckpt, ckpt)
+    mine = tmp_path / "m.pt.ct2"
+    assert run_cli(["export", "-c", ckpt, "-o", mine, "-q", "int8"], capsys)[0] == 0
+    before = {p.name: p.read_bytes() for p in mine.iterdir()}
+    made = cache_module.cached_model(ckpt)
+    assert made.path == cache_module.user_cache_dir(ckpt, weights=None) and made.notes["quantization"] == "float32"
+    assert made.note is not None and str(mine) in made.note and str(made.path) in made.note and "\n" not in made.note
+    assert {p.name: p.read_bytes() for p in mine.iterdir()} == before  # the int8 export is left as it was
+    assert cache_module.cached_model(ckpt).path == made.path  # and the conversion is found there next time
+    # a cache the engine wrote, whose files the user changed afterwards, is not replaced either when it goes stale
+    other = tmp_path / "o.pt"
+    shutil.copy(random_ckpt, other)
+    cached = cache_module.cached_model(other)
+    assert cached.path == tmp_path / "o.pt.ct2"
+    (cached.path / "notes.txt").write_text("mine")
+    marker = cached.path / "tmt_export.json"
+    notes = json.loads(marker.read_text())
+    notes["converted_from"]["transformer_mt"] = "0.0.1"  # stale: written by another tmt version
+    marker.write_text(json.dumps(notes))
+    rebuilt = cache_module.cached_model(other)
+    assert rebuilt.path == cache_module.user_cache_dir(other, weights=None) and (cached.path / "notes.txt").read_text() == "mine"
 
 
 def test_cli_engine_option(random_ckpt, lines, tmp_path, capsys, monkeypatch, multi30k):

@@ -17,7 +17,7 @@ import sys
 import pytest
 import torch
 
-from tests.conftest import head
+from tests.conftest import head, make_checkpoint, run_cli
 from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, pack_tokenizers, save_checkpoint, unpack_tokenizers
 from transformer_mt.config import load_config, to_dict
 from transformer_mt.data import source_tensor
@@ -290,3 +290,35 @@ def test_force_replaces_only_an_earlier_export(tiny_checkpoint, tmp_path, capsys
     assert (out / "model.bin").read_bytes() != first and json.loads((out / "tmt_export.json").read_text())["quantization"] == "int8"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "file", "run"]
     assert (export(tiny_checkpoint, tmp_path / "new" / "dir") / "model.bin").is_file()  # missing parents are made
+
+
+def test_force_keeps_a_file_the_user_changed_after_the_export(spm_model, tmp_path, capsys):
+    ckpt = make_checkpoint(spm_model, tmp_path / "m.pt")
+    out = tmp_path / "ct2"
+    assert run_cli(["export", "-c", ckpt, "-o", out], capsys)[0] == 0
+    for name, content in (("model.bin", b"weights the user put here"), ("README.md", b"the user's own notes\n")):
+        kept = {p.name: p.read_bytes() for p in out.iterdir()}
+        (out / name).write_bytes(content)
+        code, stdout, err = run_cli(["export", "-c", ckpt, "-o", out, "--force"], capsys)
+        assert code == 2 and stdout == "" and err.count("\n") == 1 and str(out / name) in err, err
+        assert (out / name).read_bytes() == content and all((out / n).read_bytes() == b for n, b in kept.items() if n != name)
+        (out / name).unlink()  # the user moves their file away: nothing of theirs is left to lose
+    assert run_cli(["export", "-c", ckpt, "-o", out, "--force"], capsys)[0] == 0 and (out / "model.bin").stat().st_size > 1000
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "m.pt"]  # no temporary left beside it
+
+
+def test_the_marker_names_the_checkpoint_without_its_path_and_keeps_no_training_config(spm_model, tmp_path, capsys):
+    private = "/home/someone/private"  # what a checkpoint's config says about the machine that trained it
+    ckpt = make_checkpoint(spm_model, tmp_path / "m.pt")
+    state = load_checkpoint(ckpt)
+    state["config"]["data"].update(train_src=f"{private}/train.en", train_tgt=f"{private}/train.de", cache_dir=f"{private}/cache")
+    state["config"]["tokenizer"]["model"] = f"{private}/spm.model"
+    state["config"]["train"].update(out_dir=f"{private}/run", init_from=f"{private}/base.pt")
+    save_checkpoint(state, ckpt)
+    out = tmp_path / "ct2"
+    code, _, err = run_cli(["export", "-c", ckpt.resolve(), "-o", out], capsys)
+    assert code == 0, err
+    notes = json.loads((out / "tmt_export.json").read_text(encoding="utf-8"))
+    assert notes["checkpoint"] == "m.pt"
+    for path in out.iterdir():
+        assert private.encode() not in path.read_bytes() and str(tmp_path).encode() not in path.read_bytes(), path.name

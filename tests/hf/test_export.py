@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import torch
 
-from tests.conftest import head, run_cli
+from tests.conftest import head, make_checkpoint, run_cli
 from tests.hf.conftest import transformers
 from transformer_mt.decoding import Translator, translate_ids
 
@@ -98,3 +99,37 @@ def test_force_replaces_only_an_earlier_export(tiny_checkpoint_postnorm, tmp_pat
     code, _, err = run_cli(["export", "-c", tiny_checkpoint_postnorm, "--format", "marian-hf", "-o", tmp_path / "q", "-q", "int8"], capsys)
     assert code == 2 and "ctranslate2" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "run"]  # no temporary left behind
+
+
+@pytest.fixture
+def random_marian_checkpoint(spm_model, tmp_path):
+    """An untrained post-norm model with sinusoidal positions: what marian-hf exports, made in a moment."""
+    return make_checkpoint(spm_model, tmp_path / "m.pt", positions="sinusoidal")
+
+
+def test_force_keeps_the_weights_save_pretrained_wrote_into_the_export(random_marian_checkpoint, tmp_path, capsys):
+    out = tmp_path / "hf"
+    assert run_cli(["export", "-c", random_marian_checkpoint, "--format", "marian-hf", "-o", out], capsys)[0] == 0
+    model = transformers.MarianMTModel.from_pretrained(out)
+    with torch.no_grad():  # a fine-tuning step, in effect
+        model.get_encoder().layers[0].fc1.weight.add_(0.01)
+    model.save_pretrained(out)
+    tuned = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()  # transformers' progress bars
+    code, stdout, err = run_cli(["export", "-c", random_marian_checkpoint, "--format", "marian-hf", "-o", out, "--force"], capsys)
+    assert code == 2 and stdout == "" and err.count("\n") == 1 and f"{out}{os.sep}" in err and "changed" in err, err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == tuned
+
+
+def test_the_directory_follows_the_umask_and_the_marker_names_no_path(random_marian_checkpoint, tmp_path, capsys):
+    out, mine = tmp_path / "hf", tmp_path / "mine"
+    before = os.umask(0o022)
+    try:
+        assert run_cli(["export", "-c", random_marian_checkpoint.resolve(), "--format", "marian-hf", "-o", out], capsys)[0] == 0
+        mine.mkdir()
+    finally:
+        os.umask(before)
+    assert out.stat().st_mode & 0o777 == mine.stat().st_mode & 0o777 == 0o755
+    assert json.loads((out / "tmt_export.json").read_text(encoding="utf-8"))["checkpoint"] == "m.pt"
+    for path in out.iterdir():
+        assert str(tmp_path).encode() not in path.read_bytes(), path.name

@@ -2,7 +2,7 @@
 run and their pruning (retention), averaging (averaging), and the directories `tmt export` writes (exports)."""
 
 from transformer_mt.checkpoint.averaging import average_checkpoints, check_average_output
-from transformer_mt.checkpoint.exports import EXPORT_MARKER, output_problem, staged_directory
+from transformer_mt.checkpoint.exports import EXPORT_MARKER, output_problem, staged_directory, write_export_marker
 from transformer_mt.checkpoint.io import (
     FORMAT,
     CheckpointError,
@@ -45,4 +45,5 @@ __all__ = [
     "tokenizers_from_checkpoint",
     "unpack_tokenizers",
     "unpack_vocabularies",
+    "write_export_marker",
 ]

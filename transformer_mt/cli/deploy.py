@@ -23,7 +23,9 @@ def export(
     quantization: str | None = typer.Option(
         None, "--quantization", "-q", help="Weight type: int8, int8_float32, int8_float16, int8_bfloat16, int16, float16, bfloat16 (default: float32)."
     ),
-    force: bool = typer.Option(False, "--force", help="Replace the output directory if an earlier tmt export wrote it (never any other directory)."),
+    force: bool = typer.Option(
+        False, "--force", help="Replace the output directory if an earlier tmt export wrote it and its files are unchanged (never anything else)."
+    ),
 ) -> None:
     """Convert a checkpoint for an inference engine or toolkit (CTranslate2, MarianMT): weights, vocabularies, sentencepiece models."""
     if format == "marian-hf":  # the Hugging Face leaf (transformer_mt.hf); the two leaves are independent

@@ -10,7 +10,9 @@ does, changes its status-change time, which no program can set back); when a tim
 and a cache it finds fresh gets the new times. Anything else is rebuilt.
 
 A checkpoint in a directory this process cannot write keeps its cache under ``$TMT_CACHE_DIR/ctranslate2/``
-(default ``~/.cache/tmt``), named by the checkpoint's absolute path, with a one-line note saying so.
+(default ``~/.cache/tmt``), named by the checkpoint's absolute path, with a one-line note saying so; so does one
+whose ``<checkpoint>.ct2`` the cache did not write (the user's own ``tmt export -o CKPT.ct2 -q int8``, say) or holds
+a file changed since: the cache replaces only a conversion of its own whose files are as it wrote them.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer_mt import __version__
-from transformer_mt.checkpoint import EXPORT_MARKER, load_checkpoint
+from transformer_mt.checkpoint import EXPORT_MARKER, load_checkpoint, output_problem
 from transformer_mt.export import ExportError
 from transformer_mt.export.ctranslate2 import export_ctranslate2, require_ctranslate2
 
@@ -76,18 +78,34 @@ def cached_model(checkpoint: str | os.PathLike, *, weights: str | None = None) -
         if notes is not None:
             return CachedModel(place, notes)
     key = {**versions, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns, "sha256": digest[0] if digest else _sha256(ckpt)}
+    if _ours_or_free(beside):
+        try:
+            return _convert(
+                ckpt, beside, key, weights=weights, note=f"converted {ckpt} for CTranslate2 into {beside} (reused while the checkpoint is unchanged)"
+            )
+        except OSError as exc:
+            if exc.errno not in _UNWRITABLE:
+                raise
+        why = f"{beside.parent} is not writable"
+    else:
+        why = f"{beside} is not a conversion of --engine ctranslate2 as it wrote it (left as it is)"
+    if not _ours_or_free(elsewhere):
+        raise ExportError(
+            f"{elsewhere}: not a conversion of --engine ctranslate2 as it wrote it, and {why}; move one of them away to cache the conversion there"
+        )
+    return _convert(ckpt, elsewhere, key, weights=weights, note=f"{why}: the CTranslate2 conversion of {ckpt.name} is cached in {elsewhere}")
+
+
+def _ours_or_free(place: Path) -> bool:
+    """Whether a conversion may be written at ``place``: nothing is there, or a conversion this cache wrote whose
+    files are all as it wrote them (never a directory of the user's, such as their own ``tmt export``)."""
+    if not (place.exists() or place.is_symlink()):
+        return True
     try:
-        return _convert(ckpt, beside, key, weights=weights, note=f"converted {ckpt} for CTranslate2 into {beside} (reused while the checkpoint is unchanged)")
-    except OSError as exc:
-        if exc.errno not in _UNWRITABLE:
-            raise
-    return _convert(
-        ckpt,
-        elsewhere,
-        key,
-        weights=weights,
-        note=f"{beside.parent} is not writable: the CTranslate2 conversion of {ckpt.name} is cached in {elsewhere}",
-    )
+        notes = json.loads((place / EXPORT_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(notes, dict) and isinstance(notes.get(CACHE_KEY), dict) and output_problem(place, force=True) is None
 
 
 def _fresh_notes(place: Path, ckpt: Path, stat: os.stat_result, versions: dict[str, str], digest: list[str]) -> dict[str, Any] | None:
@@ -115,9 +133,8 @@ def _fresh_notes(place: Path, ckpt: Path, stat: os.stat_result, versions: dict[s
 
 
 def _convert(ckpt: Path, out: Path, key: dict[str, Any], *, weights: str | None, note: str) -> CachedModel:
-    """Convert into ``out`` (replacing a stale cache there, never anything else), then read back what it wrote."""
-    if out.exists() and not (out / EXPORT_MARKER).is_file():
-        raise ExportError(f"{out}: exists and is not a conversion tmt wrote; move it away so that --engine ctranslate2 can cache the converted model there")
+    """Convert into ``out`` (free, or a stale conversion of the cache's own: :func:`_ours_or_free`), then read back
+    what it wrote."""
     export_ctranslate2(ckpt, out, force=True, weights=weights, notes={CACHE_KEY: key}, never_generated=True)  # tmt's search rule
     return CachedModel(out, json.loads((out / EXPORT_MARKER).read_text(encoding="utf-8")), note)
 

@@ -36,7 +36,6 @@ extra to install.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -46,7 +45,7 @@ import numpy as np
 import torch
 
 from transformer_mt import __version__
-from transformer_mt.checkpoint import EXPORT_MARKER, output_problem, staged_directory
+from transformer_mt.checkpoint import EXPORT_MARKER, output_problem, staged_directory, write_export_marker
 from transformer_mt.config import Config, to_dict
 from transformer_mt.decoding import model_from_checkpoint, positions_needed
 from transformer_mt.export import ExportError
@@ -57,12 +56,6 @@ INSTALL_HINT = 'ctranslate2 is not installed; run: pip install -e ".[export]"'
 # Which sentencepiece model(s) go into the directory, for tokenizing before and detokenizing after.
 JOINT_SPM, SOURCE_SPM, TARGET_SPM = "sentencepiece.model", "source.model", "target.model"
 README_FILE = EXPORT_MARKER
-# Every file an export writes (CTranslate2's model, config and vocabularies, the sentencepiece models, ours):
-# a directory holding anything else is not an export, and --force never replaces it.
-_EXPORT_FILES = frozenset(
-    {"model.bin", "config.json", README_FILE, JOINT_SPM, SOURCE_SPM, TARGET_SPM}
-    | {f"{side}_vocabulary.{ext}" for side in ("shared", "source", "target") for ext in ("json", "txt")}
-)
 
 
 def require_ctranslate2():
@@ -96,7 +89,7 @@ def export_ctranslate2(
     if quantization is not None and quantization not in ACCEPTED_MODEL_TYPES:
         raise ExportError(f"--quantization {quantization!r} is not one of {', '.join(ACCEPTED_MODEL_TYPES)}")
     out = Path(out_dir)
-    problem = output_problem(out, force=force, files=_EXPORT_FILES)
+    problem = output_problem(out, force=force)
     if problem:
         raise ExportError(problem)
     model, cfg, src_tok, tgt_tok, _ = model_from_checkpoint(checkpoint, weights=weights)  # None: the EMA weights when the checkpoint has them
@@ -121,11 +114,19 @@ def export_ctranslate2(
     # converter's own force (which deletes whatever directory it is given) only ever meets our temporary.
     with staged_directory(out) as staging, tempfile.TemporaryDirectory() as spm_dir:
         _Converter(Path(spm_dir)).convert(str(staging), quantization=quantization, force=True)
-        written = describe(cfg, checkpoint=str(checkpoint), quantization=quantization, joint=src_proto == tgt_proto)
+        written = describe(cfg, checkpoint=Path(checkpoint).name, quantization=quantization, joint=src_proto == tgt_proto)
         written.update(parameters=count_parameters(model), weights=weights or "default", vocab_ids=[src_tok.vocab is not None, tgt_tok.vocab is not None])
-        written["config"] = to_dict(cfg)  # what decoding the directory like tmt needs: special ids, limits, decode defaults
-        (staging / README_FILE).write_text(json.dumps(written | (notes or {}), indent=2) + "\n", encoding="utf-8")
+        written["config"] = decoding_config(cfg)
+        write_export_marker(staging, written | (notes or {}))
     return out
+
+
+def decoding_config(cfg: Config) -> dict[str, Any]:
+    """The part of the checkpoint's config that decoding the directory like tmt needs (``from_dict`` reads it back):
+    the model section (special ids, positions, limits), the decode defaults, and data.max_len, which the config's
+    checks compare with model.max_positions. Not the rest: data, tokenizer and run paths of the machine that trained it."""
+    sections = to_dict(cfg)
+    return {"model": sections["model"], "decode": sections["decode"], "data": {"max_len": cfg.data.max_len}}
 
 
 def _spm_files(src_proto: bytes, tgt_proto: bytes) -> dict[str, bytes]:

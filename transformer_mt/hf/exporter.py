@@ -4,7 +4,8 @@
 custom code: ``config.json`` (:func:`~transformer_mt.hf.marian_config.marian_config`), ``generation_config.json``,
 ``model.safetensors`` (:func:`~transformer_mt.hf.weights.marian_state`), ``source.spm`` / ``target.spm``,
 ``vocab.json`` (and ``target_vocab.json`` when the two sides have different vocabularies),
-``tokenizer_config.json``, and ``tmt_export.json``, the marker that lets ``--force`` replace an earlier export.
+``tokenizer_config.json``, and ``tmt_export.json``, the marker whose content hashes let ``--force`` replace an earlier
+export while its files are unchanged.
 
 ``generation_config.json`` asks ``generate`` for tmt's search where the two can agree: PAD, BOS and the decoder's
 start are never generated (``bad_words_ids``; tmt's search masks them too, without renormalising), no forced EOS at
@@ -24,7 +25,7 @@ import os
 from pathlib import Path
 
 from transformer_mt import __version__
-from transformer_mt.checkpoint import EXPORT_MARKER, output_problem, staged_directory
+from transformer_mt.checkpoint import output_problem, staged_directory, write_export_marker
 from transformer_mt.config import ModelConfig
 from transformer_mt.decoding import model_from_checkpoint
 from transformer_mt.hf import HfError, require_safetensors
@@ -33,10 +34,7 @@ from transformer_mt.hf.vocab import SOURCE_SPM, TARGET_SPM, TARGET_VOCAB, TOKENI
 from transformer_mt.hf.weights import SAFETENSORS, marian_state
 from transformer_mt.text import NO_ID
 
-MARKER = EXPORT_MARKER
 GENERATION_CONFIG = "generation_config.json"
-# Every file an export writes: a directory holding anything else is not an export, and --force never replaces it.
-EXPORT_FILES = frozenset({"config.json", GENERATION_CONFIG, SAFETENSORS, SOURCE_SPM, TARGET_SPM, VOCAB, TARGET_VOCAB, TOKENIZER_CONFIG, MARKER})
 
 
 def export_marian(checkpoint: str | os.PathLike, output: str | os.PathLike, *, force: bool = False) -> Path:
@@ -44,7 +42,7 @@ def export_marian(checkpoint: str | os.PathLike, output: str | os.PathLike, *, f
     directory ``output``; returns it. An existing ``output`` is replaced only with ``force``, and only if an
     earlier export wrote it."""
     out = Path(output)
-    problem = output_problem(out, force=force, files=EXPORT_FILES)
+    problem = output_problem(out, force=force)
     if problem:
         raise HfError(problem)
     model, cfg, src_tok, tgt_tok, _ = model_from_checkpoint(checkpoint)
@@ -58,16 +56,16 @@ def export_marian(checkpoint: str | os.PathLike, output: str | os.PathLike, *, f
         GENERATION_CONFIG: generation_config(cfg.model, beam=cfg.decode.beam, lenpen=cfg.decode.lenpen),
         VOCAB: vocab_json(src_tok),
         TOKENIZER_CONFIG: tokenizer_config(src_tok, tgt_tok, separate=separate, max_length=cfg.model.max_positions),
-        MARKER: {
-            "exported_by": f"transformer_mt {__version__}",
-            "checkpoint": str(checkpoint),
-            "format": "marian-hf",
-            "tmt_decode": {"beam": cfg.decode.beam, "lenpen": cfg.decode.lenpen, "max_len_a": cfg.decode.max_len_a, "max_len_b": cfg.decode.max_len_b},
-            "note": (
-                "tmt's lenpen is GNMT ((5+len)/6)^alpha, transformers' length_penalty divides by len^alpha: the two agree only at 0; "
-                "tmt's longest output is floor(a * (pieces + 1) + b) per line, generate's max_new_tokens one number per call"
-            ),
-        },
+    }
+    notes = {
+        "exported_by": f"transformer_mt {__version__}",
+        "checkpoint": Path(checkpoint).name,  # its name, not where it lives on this machine
+        "format": "marian-hf",
+        "tmt_decode": {"beam": cfg.decode.beam, "lenpen": cfg.decode.lenpen, "max_len_a": cfg.decode.max_len_a, "max_len_b": cfg.decode.max_len_b},
+        "note": (
+            "tmt's lenpen is GNMT ((5+len)/6)^alpha, transformers' length_penalty divides by len^alpha: the two agree only at 0; "
+            "tmt's longest output is floor(a * (pieces + 1) + b) per line, generate's max_new_tokens one number per call"
+        ),
     }
     if separate:
         files[TARGET_VOCAB] = vocab_json(tgt_tok)
@@ -77,6 +75,7 @@ def export_marian(checkpoint: str | os.PathLike, output: str | os.PathLike, *, f
         (staging / SOURCE_SPM).write_bytes(src_tok.proto)
         (staging / TARGET_SPM).write_bytes(tgt_tok.proto)
         st.save_file(marian_state(model), str(staging / SAFETENSORS), metadata={"format": "pt"})  # "pt": what from_pretrained expects
+        write_export_marker(staging, notes)
     return out
 
 
