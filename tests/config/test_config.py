@@ -192,6 +192,11 @@ def test_numbers_too_long_for_python_are_refused_in_one_line(tmp_path):
     assert "ckpt.pt" in msg and "model.dropout" in msg
     msg = refusal(lambda: from_dict({"model": {"d_model": 10**5000}}, source="ckpt.pt"))  # str() of it would raise
     assert "ckpt.pt" in msg and "model.d_model" in msg
+    # hexadecimal has no digit limit in int(), but str() of the result has
+    msg = refusal(lambda: load_config(write(tmp_path, f"data:\n  train_src: 0x{'f' * 5000}\n")))
+    assert "x.yaml" in msg and "data.train_src" in msg
+    msg = refusal(lambda: load_config(write(tmp_path, "data:\n  train_src: 2001-13-45\n")))  # no 13th month
+    assert "x.yaml" in msg and "line 2" in msg
 
 
 def test_integers_are_not_rounded_through_float(tmp_path):

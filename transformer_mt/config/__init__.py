@@ -8,12 +8,12 @@ and what to change. Dotted overrides (``model.encoder_layers=3``) go through the
 - ``sections``: the dataclasses and their defaults;
 - ``loading``: strict YAML, typed values, overrides, to and from plain dicts;
 - ``checks``: :func:`validate`, each section's checks and the allocation bounds (:data:`MAX_PARAMETERS`,
-  :func:`model_elements`, :func:`size_problem`); :func:`quote`, how a message shows a value from a file;
+  :func:`model_elements`, :func:`size_problem`); :func:`quote` and :func:`quote_name`, how a message shows a value or a name from a file;
 - ``rules``: the search settings' rules (beam, n-best, length penalty, output length) that the
   config, the command line, the server and the search each check with the same functions.
 """
 
-from transformer_mt.config.checks import CHOICES, LIMITS, MAX_PARAMETERS, PATH_KEYS, ConfigError, model_elements, quote, size_problem, validate
+from transformer_mt.config.checks import CHOICES, LIMITS, MAX_PARAMETERS, PATH_KEYS, ConfigError, model_elements, quote, quote_name, size_problem, validate
 from transformer_mt.config.loading import from_dict, load_config, save_config, stated_keys, to_dict
 from transformer_mt.config.rules import Problem, beam_problem, length_problem, lenpen_problem, max_beam, specials_problem
 from transformer_mt.config.sections import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig
@@ -39,6 +39,7 @@ __all__ = [
     "max_beam",
     "model_elements",
     "quote",
+    "quote_name",
     "size_problem",
     "specials_problem",
     "stated_keys",

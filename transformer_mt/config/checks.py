@@ -58,6 +58,14 @@ def quote(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+def quote_name(name: Any, limit: int = 80) -> str:
+    """A name read from a file (a key, a tensor's name) as a message shows it: as it is when it is a short printable
+    string, else quoted by :func:`quote` (a tab, a line separator or a thousand characters never reach the message raw)."""
+    if isinstance(name, str) and name.isprintable() and len(name) <= limit:
+        return name
+    return quote(name, limit)
+
+
 def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -> None:
     """Raise ConfigError on the first impossible value."""
 
@@ -232,8 +240,8 @@ def size_problem(elements: int) -> str | None:
     if elements <= MAX_PARAMETERS:
         return None
     return (
-        f"about {elements:.3g} parameters ({elements * 4 / 2**30:.3g} GiB in float32), above the supported "
-        f"{MAX_PARAMETERS:.3g} ({MAX_PARAMETERS * 4 / 2**30:.3g} GiB); check model.* (layers, d_model, d_ff, heads) and the vocabulary"
+        f"about {elements:.3g} parameters, above the supported {MAX_PARAMETERS:.3g} ({elements * 4 / 2**30:.3g} GiB in float32, "
+        f"the bound is {MAX_PARAMETERS * 4 / 2**30:.3g} GiB); check model.* (layers, d_model, d_ff, heads) and the vocabulary"
     )
 
 

@@ -26,7 +26,8 @@ MAX_INT = (1 << 63) - 1  # every integer setting is a count, a size or an id: an
 
 class _UniqueKeyLoader(yaml.SafeLoader):
     """yaml.SafeLoader that refuses a mapping with the same key twice (PyYAML silently keeps the last), a key that
-    is a list or a mapping, and an integer too long for Python to read, each naming its line."""
+    is a list or a mapping, and a value its constructors cannot build (an integer of more digits than Python reads,
+    the 13th month), each naming its line."""
 
     def construct_mapping(self, node, deep=False):  # PyYAML's signature
         seen = set()
@@ -40,14 +41,16 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
-    def construct_yaml_int(self, node):  # PyYAML's signature
+    def construct_object(self, node, deep=False):  # PyYAML's signature
         try:
-            return super().construct_yaml_int(node)
-        except ValueError:  # int() refuses more than sys.get_int_max_str_digits() digits
-            raise ConfigError(f"line {node.start_mark.line + 1}: the number {quote(node.value)} is too long; give a number of a few digits") from None
-
-
-_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _UniqueKeyLoader.construct_yaml_int)
+            return super().construct_object(node, deep=deep)
+        except ConfigError:
+            raise
+        except (ValueError, OverflowError) as exc:  # int() past sys.get_int_max_str_digits(), date(2001, 13, 45), ...
+            value = node.value if isinstance(node.value, str) else node.tag
+            raise ConfigError(
+                f"line {node.start_mark.line + 1}: {quote(value)} cannot be read ({quote(str(exc), 80)}); give a plain number or quote it as a string"
+            ) from None
 
 
 def _read_yaml(path: Path) -> Any:
@@ -66,8 +69,6 @@ def _read_yaml(path: Path) -> Any:
         raise ConfigError(f"{path}:{line} is not valid YAML ({quote(str(getattr(exc, 'problem', exc)), 120)}); fix the syntax") from None
     except RecursionError:  # PyYAML composes nested collections recursively
         raise ConfigError(f"{path}: nested too deeply to be a config (sections hold key: value pairs); fix the file") from None
-    except ValueError as exc:  # a timestamp or number that PyYAML's constructors cannot build
-        raise ConfigError(f"{path}: a value cannot be read ({quote(str(exc))}); fix it or quote it as a string") from None
 
 
 def _override_value(dotted: str, text: str) -> Any:
@@ -139,7 +140,7 @@ def _coerce_float(value: Any, where: str) -> float:
 
 def _coerce_str(value: Any, where: str) -> str:
     # YAML reads some unquoted words as numbers, booleans or dates (a path named 2024-01-01): their text is meant.
-    if not isinstance(value, (str, int, float, bool, datetime.date, type(None))):
+    if not isinstance(value, (str, int, float, bool, datetime.date, type(None))) or (isinstance(value, int) and abs(value) > MAX_INT):
         raise ConfigError(f"{where}: expected a string, got {quote(value)}")
     return "" if value is None else str(value)
 
