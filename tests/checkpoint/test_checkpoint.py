@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import random
+import re
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from transformer_mt.checkpoint import (
     config_from_checkpoint,
     last_checkpoints,
     load_checkpoint,
+    model_weights,
     numbered_checkpoint_path,
     pack_tokenizers,
     prune_checkpoints,
@@ -340,3 +342,39 @@ def test_average_refuses_different_architectures(tmp_path):
         f"cannot average {base} and {bigger_vocab}: parameter 'emb.weight' differs "
         "(shape [11, 8] float32 vs shape [12, 8] float32); average checkpoints of one run (or of identically configured runs)"
     )
+
+
+def test_model_weights_checks_every_entry_before_casting_any():
+    from tests.hostile import address_space_limit
+
+    state = {"model": {"emb.weight": torch.zeros(3, 4)}, "ema": {"decay": 0.9}}
+    with pytest.raises(CheckpointError, match=r"ema.*weights.*--weights raw"):
+        model_weights(state, source="x.pt")
+    assert model_weights(state, weights="raw", source="x.pt") is state["model"]  # the trained weights need no EMA
+    # an EMA weight of 10^10 half floats that the file holds as one (stride 0): cast to float32 it would take 40 GB
+    state["ema"] = {"decay": 0.9, "updates": 1, "weights": {"emb.weight": torch.zeros(1, dtype=torch.float16).expand(100_000, 100_000)}}
+    state["model"] = {"emb.weight": torch.zeros(1).expand(100_000, 100_000)}
+    with address_space_limit(), pytest.raises(CheckpointError, match=r"x.pt: .*emb.weight.*\(100000, 100000\).*more numbers than the file"):
+        model_weights(state, source="x.pt")
+    for bad, words in (
+        ({"model": {"emb.weight": "x"}}, "'model' entry emb.weight is not a named tensor"),
+        ({"model": {3: torch.zeros(1)}}, "'model' entry 3 is not a named tensor"),
+        ({"model": {"a": torch.zeros(2)}, "ema": {"weights": {"a": torch.zeros(3)}}}, "EMA weight a is torch.float32 (3,)"),
+        ({"model": {"a": torch.zeros(2)}, "ema": [1]}, "'ema' entry holds no 'weights'"),
+    ):
+        with pytest.raises(CheckpointError, match=re.escape(words)):
+            model_weights(bad, source="x.pt")
+
+
+def test_tokenizer_entries_must_be_byte_tensors(tmp_path):
+    for entry in ({"src": "abc", "tgt": "abc"}, {"src": torch.zeros(3), "tgt": torch.zeros(3)}):
+        with pytest.raises(CheckpointError, match=r"x.pt: its tokenizers' 'src' is not a sentencepiece model"):
+            unpack_tokenizers({"tokenizers": entry}, source="x.pt")
+    with pytest.raises(CheckpointError, match="expected a 1-D uint8 tensor of bytes, got a str"):
+        ckpt.tensor_to_bytes("abc")  # type: ignore[arg-type]
+
+
+def test_mapped_load_gives_the_saved_tensors(tmp_path):
+    state = training_state(0)
+    save_checkpoint(state, tmp_path / "c.pt")
+    assert_same(load_checkpoint(tmp_path / "c.pt", mmap=True)["model"], state["model"])

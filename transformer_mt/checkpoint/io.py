@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from transformer_mt.config import Config, ConfigError, from_dict
+from transformer_mt.config import Config, ConfigError, from_dict, quote, quote_name
 from transformer_mt.errors import TmtError
 from transformer_mt.text import SpecialIds, Tokenizer, TokenizerError
 
@@ -152,8 +152,12 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint`, with ``torch.load(weights_only=True)``.
+
+    ``mmap``: map the tensors' bytes from the file instead of reading them, so that their names, shapes and
+    dtypes can be checked before any of them is read (a model's loader copies them out at once: a file
+    truncated in place under a live mapping would fault on the next read).
 
     A missing, truncated or corrupt file, or a file that is not a transformer_mt checkpoint,
     raises CheckpointError naming the path and what to do.
@@ -164,7 +168,7 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device
         what = "is a directory, not a checkpoint file" if path.is_dir() else "checkpoint not found"
         raise CheckpointError(f"{path}: {what}; give a .pt file from train.out_dir (checkpoint_last.pt, checkpoint_best.pt or checkpoint_<update>.pt)")
     try:
-        state = torch.load(path, map_location=map_location, weights_only=True)
+        state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap and _is_zip(path))
     except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, EOFError, UnpicklingError, ... depending on the damage
         text = str(exc)
         if "Weights only load failed" in text:
@@ -181,9 +185,16 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device
         ) from None
     if not isinstance(state, dict) or "format" not in state:
         raise CheckpointError(f"{path}: not a transformer_mt checkpoint (no 'format' key); give a checkpoint written by `tmt train` or `tmt average`")
-    if state["format"] != FORMAT:
-        raise CheckpointError(f"{path}: checkpoint format {state['format']!r} is not {FORMAT!r}; use the transformer_mt version that wrote it")
+    if not isinstance(state["format"], str) or state["format"] != FORMAT:
+        raise CheckpointError(f"{path}: checkpoint format {quote(state['format'])} is not {FORMAT!r}; use the transformer_mt version that wrote it")
     return state
+
+
+def _is_zip(path: Path) -> bool:
+    """Whether ``path`` is in torch.save's zip format, the only one torch can map (other files are read whole,
+    and torch's own error says what they are)."""
+    with open(path, "rb") as handle:
+        return handle.read(4) == b"PK\x03\x04"
 
 
 SAFE_TORCH = (2, 10)  # weights-only loading is safe from this version on (see the module docstring)
@@ -235,8 +246,9 @@ def bytes_to_tensor(data: bytes) -> torch.Tensor:
 
 def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
     """Inverse of :func:`bytes_to_tensor`."""
-    if tensor.dtype != torch.uint8 or tensor.dim() != 1:
-        raise CheckpointError(f"expected a 1-D uint8 tensor of bytes, got {tensor.dtype} with shape {tuple(tensor.shape)}")
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.dim() != 1:
+        got = f"{tensor.dtype} with shape {tuple(tensor.shape)}" if isinstance(tensor, torch.Tensor) else f"a {type(tensor).__name__}"
+        raise CheckpointError(f"expected a 1-D uint8 tensor of bytes, got {got}")
     return tensor.cpu().numpy().tobytes()
 
 
@@ -264,13 +276,20 @@ def unpack_tokenizers(state: dict[str, Any], *, source: str = "checkpoint") -> t
         raise CheckpointError(
             f"{source}: checkpoint holds no sentencepiece models ('tokenizers' with 'src' and 'tgt'); give a checkpoint written by `tmt train`"
         )
+    for side in ("src", "tgt"):
+        proto = toks[side]
+        if not isinstance(proto, torch.Tensor) or proto.dtype != torch.uint8 or proto.dim() != 1 or not _stored_whole(proto):
+            raise CheckpointError(
+                f"{source}: its tokenizers' {side!r} is not a sentencepiece model (1-D uint8 tensor); the checkpoint is damaged, use another one"
+            )
     return tensor_to_bytes(toks["src"]), tensor_to_bytes(toks["tgt"])
 
 
 def unpack_vocabularies(state: dict[str, Any], *, source: str = "checkpoint") -> tuple[list[str] | None, list[str] | None]:
     """(src_vocab, tgt_vocab) of a loaded checkpoint: the piece of each id for a tokenizer whose ids come from a
     vocabulary file, None for a side whose ids are sentencepiece's own."""
-    toks = state.get("tokenizers") or {}
+    toks = state.get("tokenizers")
+    toks = toks if isinstance(toks, dict) else {}
     vocabs = []
     for side in ("src_vocab", "tgt_vocab"):
         vocab = toks.get(side)
@@ -310,21 +329,57 @@ def config_from_checkpoint(state: dict[str, Any], *, source: str = "checkpoint")
         raise CheckpointError(f"{exc}; the checkpoint may come from another transformer_mt version") from None
 
 
+def _stored_whole(tensor: torch.Tensor) -> bool:
+    """Whether the file holds every number of ``tensor``: a dense tensor whose numbers fit in its storage. A view
+    with a stride of 0 or overlapping strides could make a (10^6, 10^6) tensor of one float, which any copy or cast
+    would then allocate in full."""
+    if tensor.layout != torch.strided:
+        return False
+    return tensor.numel() * tensor.element_size() <= tensor.untyped_storage().nbytes()
+
+
+def _named_tensors(entry: Any, what: str, source: str) -> dict[str, torch.Tensor]:
+    """``entry`` checked to be {name: tensor}, every tensor held whole by the file (:func:`_stored_whole`)."""
+    if not isinstance(entry, dict):
+        raise CheckpointError(f"{source}: its {what} is not a mapping of names to tensors; the checkpoint is damaged, use another one")
+    for name, tensor in entry.items():
+        if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
+            raise CheckpointError(f"{source}: its {what} entry {quote_name(name)} is not a named tensor; the checkpoint is damaged, use another one")
+        if not _stored_whole(tensor):
+            raise CheckpointError(
+                f"{source}: its {what} tensor {quote_name(name)} of shape {tuple(tensor.shape)} claims more numbers than the file stores for it; "
+                "the checkpoint is damaged or crafted, use another one"
+            )
+    return entry
+
+
 def model_weights(state: dict[str, Any], *, weights: str | None = None, source: str = "checkpoint") -> dict[str, torch.Tensor]:
     """The model ``state_dict`` to decode with: `weights` "ema" (the moving average, what validation chose the best
-    checkpoint on), "raw" (the trained weights), or None: "ema" when the checkpoint holds them, else "raw"."""
+    checkpoint on), "raw" (the trained weights), or None: "ema" when the checkpoint holds them, else "raw".
+    Every entry is checked to be a named tensor held whole by the file, and each EMA weight to have its
+    parameter's name and shape, before any is cast; whether they fit the model is its loader's check."""
     if weights not in (None, *WEIGHTS):
         raise CheckpointError(f"--weights {weights}: choose one of {', '.join(WEIGHTS)}")
     ema = state.get("ema")
-    if weights == "ema" and not ema:
+    has_ema = ema is not None and not (isinstance(ema, dict) and not ema)
+    if weights == "ema" and not has_ema:
         raise CheckpointError(f"{source}: --weights ema, but the checkpoint holds no EMA weights (train.ema_decay was 0); use --weights raw")
     if not isinstance(state.get("model"), dict):
         raise CheckpointError(f"{source}: checkpoint holds no 'model' weights; give a checkpoint written by `tmt train` or `tmt average`")
-    if weights == "raw" or not ema:
-        return state["model"]
-    model = dict(state["model"])
-    for name, tensor in ema["weights"].items():  # parameters only: buffers stay the model's
+    raw = _named_tensors(state["model"], "'model'", source)
+    if weights == "raw" or not has_ema:
+        return raw
+    if not isinstance(ema, dict) or "weights" not in ema:
+        raise CheckpointError(f"{source}: its 'ema' entry holds no 'weights'; the checkpoint is damaged, decode its trained weights with --weights raw")
+    model = dict(raw)
+    for name, tensor in _named_tensors(ema["weights"], "'ema' weights", source).items():  # parameters only: buffers stay the model's
         if name not in model:
-            raise CheckpointError(f"{source}: EMA weight {name!r} is not a model parameter; the checkpoint is damaged, use --weights raw")
+            raise CheckpointError(f"{source}: EMA weight {quote_name(name)} is not a model parameter; the checkpoint is damaged, use --weights raw")
+        param = model[name]
+        if tensor.shape != param.shape or not tensor.is_floating_point():
+            raise CheckpointError(
+                f"{source}: EMA weight {quote_name(name)} is {tensor.dtype} {tuple(tensor.shape)}, its parameter {param.dtype} {tuple(param.shape)}; "
+                "the checkpoint is damaged, use --weights raw"
+            )
         model[name] = tensor.to(model[name].dtype)
     return model

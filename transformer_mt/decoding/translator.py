@@ -33,6 +33,7 @@ from transformer_mt.data import source_tensor
 from transformer_mt.decoding.greedy import greedy_search_batches
 from transformer_mt.decoding.lengths import positions_needed
 from transformer_mt.decoding.protocol import Hypothesis, SearchError, TextTranslator
+from transformer_mt.decoding.rebuild import MAX_POSITION_TABLE_BYTES, rebuild_model
 from transformer_mt.decoding.search import search
 from transformer_mt.errors import TmtError
 from transformer_mt.model import Ensemble, Transformer
@@ -57,8 +58,10 @@ def model_from_checkpoint(path: str | os.PathLike, *, weights: str | None = None
     """Rebuild a checkpoint's model with ``weights`` "ema", "raw" or None (its EMA weights when it has them,
     what `tmt translate` decodes with; checkpoint.model_weights). With ``tokenizers_of`` (an ensemble's first
     member), the checkpoint must hold the same tokenizers, checked before the model is built, and shares that
-    member's."""
-    state = load_checkpoint(path)
+    member's. Nothing is allocated for the model before its config, its tokenizers' sizes and its stored tensors
+    agree and fit in the file and in memory (:mod:`~transformer_mt.decoding.rebuild`); the tensors are mapped
+    from the file, not read, until then."""
+    state = load_checkpoint(path, mmap=True)
     cfg = config_from_checkpoint(state, source=str(path))
     if tokenizers_of is None:
         src_tok, tgt_tok = tokenizers_from_checkpoint(state, cfg, source=str(path))
@@ -78,14 +81,11 @@ def model_from_checkpoint(path: str | os.PathLike, *, weights: str | None = None
                 f"{path}: its {differ[0]} differ from those of {tokenizers_of.source}; an ensemble needs checkpoints trained with the same tokenizer"
             )
     weights_dict = model_weights(state, weights=weights, source=str(path))
-    model = Transformer(cfg.model, src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size)
-    try:
-        model.load_state_dict(weights_dict)
-    except RuntimeError as exc:  # missing, unexpected or differently shaped tensors: torch lists them all, one per line
-        first = next((line.strip() for line in str(exc).splitlines()[1:] if line.strip()), str(exc).strip())
-        raise TranslateError(
-            f"{path}: the weights do not fit its config ({first.rstrip('.')}); the checkpoint was damaged or edited, use one written by `tmt train`"
-        ) from None
+    # the table a Translator sizes for the longest source and output, refused before the model's own is built
+    _check_position_table(cfg, positions_needed(cfg.model.max_positions, max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b))
+    model = rebuild_model(
+        cfg.model, weights_dict, src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size, source=str(path), file_bytes=os.path.getsize(path)
+    )
     return CheckpointModel(model, cfg, src_tok, tgt_tok, str(path))
 
 
@@ -196,9 +196,6 @@ class TranslationResult(NamedTuple):
 Translation = str | list[tuple[float, str]]  # Translator.translate's result per line: the text, or with nbest > 1 its n-best (score, text)
 
 
-MAX_POSITION_TABLE_BYTES = 1 << 30  # a sinusoid table of 1 GiB: 500k positions at d_model 512, far past any sentence
-
-
 def _check_position_table(cfg: Config, positions: int) -> None:
     """Refuse, before allocating it, a sinusoid table (positions x d_model float32) over
     :data:`MAX_POSITION_TABLE_BYTES`: each of model.max_positions, decode.max_len_a and decode.max_len_b
@@ -218,9 +215,18 @@ class Translator:
     settings, ready to translate text. Read-only after construction, so threads may share one."""
 
     def __init__(
-        self, model: Transformer | Ensemble, src_tok: Tokenizer, tgt_tok: Tokenizer, cfg: Config, *, device: torch.device, max_src_tokens: int | None = None
+        self,
+        model: Transformer | Ensemble,
+        src_tok: Tokenizer,
+        tgt_tok: Tokenizer,
+        cfg: Config,
+        *,
+        device: torch.device,
+        max_src_tokens: int | None = None,
+        source: str = "checkpoint",
     ):
         self.model, self.src_tok, self.tgt_tok, self.cfg = model.eval(), src_tok, tgt_tok, cfg
+        self.source = source  # where cfg (the decoding defaults) comes from, for messages
         self.device = device  # the weights already carry the decoding dtype (cast once at load)
         # The longest source the model accepts: learned positions have a fixed table; EOS takes one place.
         self.max_src_tokens = cfg.model.max_positions - 1 if max_src_tokens is None else max_src_tokens
@@ -260,7 +266,7 @@ class Translator:
         first = members[0]  # its tokenizers serve every member (loaded once); its decode settings are the defaults
         max_src = min(m.cfg.model.max_positions for m in members) - 1
         model = models[0] if len(models) == 1 else Ensemble(models)
-        return cls(model, first.src_tok, first.tgt_tok, first.cfg, device=dev, max_src_tokens=max_src)
+        return cls(model, first.src_tok, first.tgt_tok, first.cfg, device=dev, max_src_tokens=max_src, source=first.source)
 
     @property
     def num_parameters(self) -> int:
@@ -268,8 +274,15 @@ class Translator:
         return sum(p.numel() for p in self.model.parameters())
 
     def decode_defaults(self, beam: int | None = None, lenpen: float | None = None) -> tuple[int, float]:
-        """``beam`` and ``lenpen``, each the checkpoint's ``decode`` setting when None."""
+        """``beam`` and ``lenpen``, each the checkpoint's ``decode`` setting when None. The checkpoint's beam is
+        checked here against the pieces its model can output (its target vocabulary, or the kept pieces of
+        ``model.restrict_output``), so that a default too wide is refused naming the checkpoint, not a flag."""
         d = self.cfg.decode
+        if beam is None:
+            outputs = self.model.output_size if isinstance(self.model, Transformer) else self.tgt_tok.vocab_size
+            problem = beam_problem(d.beam, tgt_vocab_size=min(outputs, self.tgt_tok.vocab_size))
+            if problem:
+                raise TranslateError(f"{self.source}: its decode.beam={d.beam} {problem.reason}; give a beam that fits (--beam)")
         return (d.beam if beam is None else beam), (d.lenpen if lenpen is None else lenpen)
 
     @overload

@@ -27,6 +27,7 @@ from transformer_mt import runtime
 from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, model_weights, pack_tokenizer_pair, tokenizers_from_checkpoint
 from transformer_mt.config import Config, ConfigError, TrainConfig, beam_problem, load_config, max_beam, stated_keys, to_dict, validate
 from transformer_mt.data import ParallelData, SampledSegmentation, load_corpora, prepare_tokenizers
+from transformer_mt.decoding.rebuild import check_fit
 from transformer_mt.errors import TmtError
 from transformer_mt.evaluation import checked_validation_set
 from transformer_mt.model import TeacherForcedLoss, Transformer
@@ -157,16 +158,33 @@ def resume_point(out: Path, *, log: Log) -> tuple[Path, dict]:
         return str(path)
 
     path = Path(runtime.on_main(pick))
-    return path, chosen.get("state") or load_checkpoint(path, map_location="cpu")
+    state = chosen.get("state") or load_checkpoint(path, map_location="cpu")
+    check_checkpoint_weights(state, source=path, weights=("raw",))  # a resume restores the EMA itself (training.ema)
+    return path, state
 
 
 def init_point(cfg: Config, *, log: Log) -> tuple[Path, dict] | None:
-    """The checkpoint a fine-tuning run starts from (``train.init_from``) and its state, or None for a new model."""
+    """The checkpoint a fine-tuning run starts from (``train.init_from``) and its state, or None for a new model;
+    its weights checked (:func:`check_checkpoint_weights`) before the line that says so is logged."""
     if not cfg.train.init_from:
         return None
     path = Path(cfg.train.init_from)
+    state = load_checkpoint(path, map_location="cpu")
+    check_checkpoint_weights(state, source=path, weights=(None,))  # what initialize() loads: the EMA weights when present
     log(f"starting from the weights, architecture and tokenizer of {path} (train.init_from), with a fresh optimizer and schedule")
-    return path, load_checkpoint(path, map_location="cpu")
+    return path, state
+
+
+def check_checkpoint_weights(state: dict, *, source: Path, weights: tuple[str | None, ...]) -> None:
+    """The weights a run takes from a checkpoint (``weights``: as checkpoint.model_weights names them), checked
+    against the model its config makes with its tokenizers before any model is built (decoding.rebuild.check_fit:
+    the size bound, names, shapes and dtypes, the file's bytes)."""
+    saved = config_from_checkpoint(state, source=str(source))
+    src_tok, tgt_tok = tokenizers_from_checkpoint(state, saved, source=str(source))
+    file_bytes = source.stat().st_size if source.is_file() else None
+    for which in weights:
+        chosen = model_weights(state, weights=which, source=str(source))
+        check_fit(saved.model, chosen, src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size, source=str(source), file_bytes=file_bytes)
 
 
 def tokenizers(cfg: Config, state: dict | None, *, source: str, log: Log) -> tuple[Tokenizer, Tokenizer]:
