@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -121,3 +124,23 @@ def build_marian_dir(root: Path, multi30k: Path, *, shared: bool, activation: st
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return MarianDir(out, shared, activation)
+
+
+@pytest.fixture(scope="session")
+def marian_dir(multi30k, tmp_path_factory) -> MarianDir:
+    """A tiny MarianMT directory with a shared vocabulary, built once per run: tests that change it work on a copy."""
+    return build_marian_dir(tmp_path_factory.mktemp("marian_base"), multi30k, shared=True, activation="swish")
+
+
+def copy_marian(marian: MarianDir, to: Path) -> Path:
+    """A copy of ``marian``'s directory at ``to`` (which must not exist), to change."""
+    shutil.copytree(marian.path, to)
+    return to
+
+
+def edit_json(path: Path, change: Callable[[Any], Any] | dict[str, Any]) -> None:
+    """Rewrite the JSON file ``path``: ``change`` a dict of keys to set, or a function of the parsed value returning
+    the new one (it may return something of another type)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    data = {**data, **change} if isinstance(change, dict) else change(data)
+    path.write_text(json.dumps(data), encoding="utf-8")

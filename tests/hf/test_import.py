@@ -24,11 +24,13 @@ import pytest
 import torch
 
 from tests.conftest import head, run_cli
-from tests.hf.conftest import build_marian_dir, transformers
+from tests.hf.conftest import build_marian_dir, copy_marian, edit_json, transformers
+from tests.hostile import assert_refused_in_one_line, memory_limit, run_tmt
 from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.decoding import Translator, translate_ids
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+__all__ = ["memory_limit"]  # the fixture, used by name
 MAX_NEW = 24  # the length limit of both searches
 
 
@@ -231,3 +233,201 @@ def test_without_safetensors_names_the_extra(imported, tmp_path, capsys, monkeyp
     monkeypatch.setitem(__import__("sys").modules, "safetensors.torch", None)
     code, _, err = run_cli(["import", imported[0].path, "--from", "marian-hf", "-o", tmp_path / "m.pt"], capsys)
     assert code == 2 and 'pip install -e ".[hf]"' in err and err.count("\n") == 1
+
+
+# ---------------------------------------------------------------- crafted directories: one line, exit 2, memory bounded
+# Each case changes a copy of a valid directory as a stranger could, and runs `tmt import` under the address-space cap
+# of tests/hostile.py: what the files ask for must be checked before it is allocated.
+
+
+def _import(directory, tmp_path):
+    return run_tmt(["import", directory, "--from", "marian-hf", "-o", tmp_path / "m.pt"], suite="marian-hf crafted")
+
+
+def _save_safetensors(directory, change) -> None:
+    """Apply ``change`` to the tensors of ``directory``'s model.safetensors and write them back."""
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(directory / "model.safetensors"))
+    change(weights)
+    save_file(weights, str(directory / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _shard(directory, names) -> None:
+    """model.safetensors as one shard with an index whose weight_map gives each tensor ``names(tensor)`` as its file."""
+    from safetensors.torch import load_file
+
+    weights = load_file(str(directory / "model.safetensors"))
+    (directory / "model.safetensors").rename(directory / "model-00001-of-00001.safetensors")
+    index = {"metadata": {"total_size": 0}, "weight_map": {name: names(name) for name in weights}}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index), encoding="utf-8")
+
+
+@pytest.mark.usefixtures("memory_limit")
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"d_model": 1 << 20}, "d_model"),  # refused by the limits alone
+        ({"encoder_layers": 100_000, "decoder_layers": 100_000}, "encoder_layers"),
+        ({"max_position_embeddings": 1 << 28}, "max_position_embeddings"),
+        ({"d_model": 8192, "encoder_ffn_dim": 1 << 20, "decoder_ffn_dim": 1 << 20}, "d_model"),  # each within its limit: the size bound
+        ({"max_position_embeddings": 1 << 20, "d_model": 512}, "max_position_embeddings"),  # a 2 GiB sinusoid table
+    ],
+)
+def test_config_sizes_are_bounded_before_anything_is_allocated(marian_dir, tmp_path, change, field):
+    bad = copy_marian(marian_dir, tmp_path / "bad")
+    edit_json(bad / "config.json", change)
+    assert_refused_in_one_line(_import(bad, tmp_path), names=["config.json", field])
+    assert not (tmp_path / "m.pt").exists()
+
+
+@pytest.mark.usefixtures("memory_limit")
+def test_config_within_the_bounds_is_checked_against_the_stored_shapes_before_the_model_is_built(marian_dir, tmp_path):
+    """d_model 4096 with 2+2 layers is ~400M parameters, within the bound, but 1.6 GB that the 250 KB file does not
+    hold: the stored tensors' shapes refuse it before a model of that size exists."""
+    bad = copy_marian(marian_dir, tmp_path / "bad")
+    edit_json(bad / "config.json", {"d_model": 4096})
+    assert_refused_in_one_line(_import(bad, tmp_path), names=["model.safetensors", "model.shared.weight", "(536, 4096)"])
+
+
+@pytest.mark.usefixtures("memory_limit")
+def test_zero_width_position_table_is_refused_by_its_shape(marian_dir, tmp_path):
+    """120 bytes of header that claim a (5e7, 0) sinusoid table made the importer compute 5e7 sinusoids."""
+    bad = copy_marian(marian_dir, tmp_path / "bad")
+    _save_safetensors(bad, lambda w: w.__setitem__("model.encoder.embed_positions.weight", torch.zeros(50_000_000, 0)))
+    assert_refused_in_one_line(_import(bad, tmp_path), names=["model.safetensors", "model.encoder.embed_positions.weight", "(128, 32)"])
+
+
+@pytest.mark.parametrize(
+    ("file", "change", "field"),
+    [
+        ("generation_config.json", {"num_beams": 2000}, "num_beams"),
+        ("generation_config.json", {"num_beams": "4"}, "num_beams"),
+        ("config.json", {"dropout": 1.5}, "dropout"),
+        ("config.json", {"attention_dropout": -0.1}, "attention_dropout"),
+        ("config.json", {"dropout": "x"}, "dropout"),
+        ("config.json", {"dropout": None}, "dropout"),
+        ("config.json", {"activation_dropout": float("nan")}, "activation_dropout"),
+        ("config.json", {"activation_function": []}, "activation_function"),
+        ("config.json", {"encoder_attention_heads": 0, "decoder_attention_heads": 0}, "encoder_attention_heads"),
+        ("config.json", {"share_encoder_decoder_embeddings": "no"}, "share_encoder_decoder_embeddings"),
+        ("config.json", {"bos_token_id": 10**6}, "bos_token_id"),
+        ("tokenizer_config.json", {"unk_token": {"content": ["<unk>"]}}, "unk_token"),
+    ],
+)
+def test_values_every_later_command_refuses_are_refused_at_import(marian_dir, tmp_path, file, change, field):
+    """Values of the wrong type, or that `tmt translate` would refuse in the checkpoint, are refused naming the file
+    and the field, and no checkpoint is written."""
+    bad = copy_marian(marian_dir, tmp_path / "bad")
+    edit_json(bad / file, change)
+    assert_refused_in_one_line(_import(bad, tmp_path), names=[file, field])
+    assert not (tmp_path / "m.pt").exists()
+
+
+@pytest.mark.parametrize("file", ["config.json", "vocab.json", "model.safetensors.index.json"])
+def test_json_nested_too_deep_is_refused(marian_dir, tmp_path, file):
+    bad = copy_marian(marian_dir, tmp_path / "bad")
+    if file.endswith("index.json"):
+        _shard(bad, lambda name: "model-00001-of-00001.safetensors")
+    (bad / file).write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    assert_refused_in_one_line(_import(bad, tmp_path), names=[file])
+
+
+@pytest.mark.parametrize(
+    ("index", "words"),
+    [
+        ({"weight_map": {"model.shared.weight": 1}}, ["weight_map", "1"]),
+        ({"weight_map": [1, 2]}, ["weight_map"]),
+        ({"weight_map": {"model.shared.weight": "model-00001-of-00001.safetensors"}}, ["model-00001-of-00001.safetensors", "weight_map"]),
+        ({"weight_map": {"model.shared.weight": "x" * 10_000}}, ["weight_map", "x..."]),
+    ],
+)
+def test_weight_index_of_the_wrong_form_is_refused(marian_dir, tmp_path, index, words):
+    bad = copy_marian(marian_dir, tmp_path / "bad")
+    _shard(bad, lambda name: "model-00001-of-00001.safetensors")
+    (bad / "model.safetensors.index.json").write_text(json.dumps(index), encoding="utf-8")
+    assert_refused_in_one_line(_import(bad, tmp_path), names=["model.safetensors.index.json", *words])
+
+
+@pytest.mark.usefixtures("memory_limit")
+@pytest.mark.parametrize(
+    ("name", "tensor"),
+    [
+        ("model.encoder.layers.0.self_attn.k_proj.weight", torch.zeros(32, 31)),  # torch.cat of q, k and v
+        ("model.encoder.layers.0.self_attn.k_proj.weight", torch.zeros(31, 32)),
+        ("model.decoder.layers.1.fc1.weight", torch.zeros(64, 32, 1)),
+        ("model.encoder.embed_positions.weight", torch.zeros(10, 3)),
+        ("final_logits_bias", torch.zeros(2, 268)),  # as many numbers as (1, 536)
+        ("model.encoder.layers.0.fc2.bias", torch.zeros(32, dtype=torch.int64)),
+    ],
+)
+def test_a_tensor_of_the_wrong_shape_or_dtype_is_refused_naming_it(marian_dir, tmp_path, name, tensor):
+    bad = copy_marian(marian_dir, tmp_path / "bad")
+    _save_safetensors(bad, lambda w: w.__setitem__(name, tensor))
+    assert_refused_in_one_line(_import(bad, tmp_path), names=["model.safetensors", name])
+
+
+def test_half_precision_weights_import_as_float32(marian_dir, tmp_path):
+    bad = copy_marian(marian_dir, tmp_path / "half")
+    _save_safetensors(bad, lambda w: w.update({k: v.half() for k, v in w.items()}))
+    outcome = _import(bad, tmp_path)
+    assert outcome.code == 0, outcome.err
+    state = load_checkpoint(tmp_path / "m.pt")["model"]
+    assert all(t.dtype == torch.float32 for t in state.values())
+
+
+@pytest.mark.parametrize("where", ["absolute", "parent", "link-outside", "nested-parent", "directory"])
+def test_shard_names_outside_the_directory_are_refused(marian_dir, tmp_path, where):
+    """A weight_map may name only files of the model's own directory: not an absolute path, not `..`, not a link that
+    leads out of it (a copy of the weights lies outside, so that following the name would import them)."""
+    bad = copy_marian(marian_dir, tmp_path / "bad")
+    outside = tmp_path / "outside.safetensors"
+    shutil.copy(bad / "model.safetensors", outside)
+    names = {
+        "absolute": str(outside),
+        "parent": "../outside.safetensors",
+        "link-outside": "model-00001-of-00001.safetensors",
+        "nested-parent": "sub/../../outside.safetensors",
+        "directory": ".",
+    }
+    _shard(bad, lambda name: names[where])
+    if where == "link-outside":
+        (bad / "model-00001-of-00001.safetensors").unlink()
+        (bad / "model-00001-of-00001.safetensors").symlink_to(outside)
+    outcome = _import(bad, tmp_path)
+    assert_refused_in_one_line(outcome, names=["model.safetensors.index.json"])
+    assert not (tmp_path / "m.pt").exists()
+
+
+def test_a_sharded_model_imports_as_the_single_file_does(marian_dir, tmp_path):
+    first = run_tmt(["import", marian_dir.path, "--from", "marian-hf", "-o", tmp_path / "one.pt"], suite="marian-hf crafted")
+    assert first.code == 0, first.err
+    sharded = copy_marian(marian_dir, tmp_path / "sharded")
+    _shard(sharded, lambda name: "model-00001-of-00001.safetensors")
+    assert _import(sharded, tmp_path).code == 0
+    one, two = load_checkpoint(tmp_path / "one.pt")["model"], load_checkpoint(tmp_path / "m.pt")["model"]
+    assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
+
+
+def test_pytorch_model_bin_is_read_weights_only_and_shape_checked(marian_dir, tmp_path):
+    from safetensors.torch import load_file
+
+    weights = load_file(str(marian_dir.path / "model.safetensors"))
+    first = run_tmt(["import", marian_dir.path, "--from", "marian-hf", "-o", tmp_path / "one.pt"], suite="marian-hf crafted")
+    assert first.code == 0, first.err
+    good = copy_marian(marian_dir, tmp_path / "bin")
+    (good / "model.safetensors").unlink()
+    torch.save(weights, good / "pytorch_model.bin")
+    assert _import(good, tmp_path).code == 0
+    one, two = load_checkpoint(tmp_path / "one.pt")["model"], load_checkpoint(tmp_path / "m.pt")["model"]
+    assert all(torch.equal(one[k], two[k]) for k in one)
+    torch.save({**weights, "model.shared.weight": torch.zeros(536, 33)}, good / "pytorch_model.bin")
+    assert_refused_in_one_line(_import(good, tmp_path / "x"), names=["pytorch_model.bin", "model.shared.weight"])
+
+
+def test_error_lines_never_repeat_a_long_value(marian_dir, tmp_path):
+    bad = copy_marian(marian_dir, tmp_path / "bad")
+    edit_json(bad / "config.json", {"model_type": "m" * 100_000})
+    outcome = _import(bad, tmp_path)
+    assert_refused_in_one_line(outcome, names=["config.json", "model_type"])
+    assert "m" * 100 not in outcome.err

@@ -20,9 +20,9 @@ What does not map is refused in one line naming the field (:class:`~transformer_
 from __future__ import annotations
 
 import json
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn
 
-from transformer_mt.config import ModelConfig
+from transformer_mt.config import LIMITS, ModelConfig, quote
 from transformer_mt.hf import HfError
 from transformer_mt.text import NO_ID
 
@@ -54,6 +54,19 @@ DEFAULTS: dict[str, object] = {
     "eos_token_id": 0,
     "bos_token_id": None,
 }
+# The key of tmt's config each size maps to: its limit (config.LIMITS) is the import's.
+LIMIT_KEYS = {
+    "encoder_layers": "model.encoder_layers",
+    "decoder_layers": "model.decoder_layers",
+    "d_model": "model.d_model",
+    "encoder_attention_heads": "model.heads",
+    "decoder_attention_heads": "model.heads",
+    "encoder_ffn_dim": "model.d_ff",
+    "decoder_ffn_dim": "model.d_ff",
+    "max_position_embeddings": "model.max_positions",
+    "vocab_size": "tokenizer.vocab_size",
+    "decoder_vocab_size": "tokenizer.vocab_size",
+}
 
 
 class MarianShape(NamedTuple):
@@ -66,50 +79,54 @@ class MarianShape(NamedTuple):
 
 def model_config_from_marian(config: dict[str, Any], *, unk_id: int, source: str = "config.json") -> MarianShape:
     """The ``model`` section and vocabulary sizes of a MarianMT ``config.json`` (a parsed dict); ``unk_id`` is the
-    vocabulary's ``<unk>``. Raises HfError naming ``source`` and the field for what tmt cannot represent."""
+    vocabulary's ``<unk>``. Raises HfError naming ``source`` and the field for what tmt cannot represent, and for a
+    value of the wrong type or beyond the limits of :data:`~transformer_mt.config.LIMITS` (before anything is
+    allocated; the whole config then passes :func:`~transformer_mt.config.validate` in the importer)."""
     field = _Fields(config, source)
-    if field.get("model_type", "marian") != "marian":
-        raise HfError(f"{source}: model_type {field.get('model_type')!r} is not marian; tmt imports MarianMT (OPUS-MT) models only")
+    model_type = field.get("model_type", "marian")
+    if model_type != "marian":
+        raise HfError(f"{source}: model_type {quote(model_type)} is not marian; tmt imports MarianMT (OPUS-MT) models only")
     for name, (want, why) in FIXED_FIELDS.items():
         value = field.get(name, DEFAULTS.get(name, want))
-        if value != want:
+        if value != want or isinstance(value, bool) != isinstance(want, bool):  # 1 is not true, false is not 0.0
             raise HfError(f"{source}: {name}={_json(value)} cannot be imported ({why}); only {name}={_json(want)} maps to tmt")
     activation = field.get("activation_function", DEFAULTS["activation_function"])
-    if activation not in ACTIVATIONS:
-        raise HfError(f"{source}: activation_function={activation!r} has no tmt equivalent; tmt has {', '.join(ACTIVATIONS)}")
+    if not isinstance(activation, str) or activation not in ACTIVATIONS:
+        raise HfError(f"{source}: activation_function={_json(activation)} has no tmt equivalent; tmt has {', '.join(ACTIVATIONS)}")
     heads, d_ff = field.same("encoder_attention_heads", "decoder_attention_heads"), field.same("encoder_ffn_dim", "decoder_ffn_dim")
-    shared, tied = field.get("share_encoder_decoder_embeddings", True), field.get("tie_word_embeddings", True)
+    shared = field.flag("share_encoder_decoder_embeddings")
+    tied = field.flag("tie_word_embeddings")
     if shared and not tied:
         raise HfError(
             f"{source}: tie_word_embeddings=false with share_encoder_decoder_embeddings=true cannot be imported "
             "(tmt ties the output layer to a shared embedding matrix)"
         )
-    src_vocab = field.integer("vocab_size")
-    tgt_vocab = src_vocab if shared else field.integer("decoder_vocab_size", default=src_vocab)
-    d_model = field.integer("d_model")
+    src_vocab = field.size("vocab_size")
+    tgt_vocab = src_vocab if shared else field.size("decoder_vocab_size", default=src_vocab)
+    d_model = field.size("d_model")
     if d_model % heads:
         raise HfError(f"{source}: d_model={d_model} is not divisible by encoder_attention_heads={heads}")
-    pad, eos = field.integer("pad_token_id"), field.token_id("eos_token_id")
-    start = field.integer("decoder_start_token_id", default=pad)
-    bos = field.get("bos_token_id", None)
+    pad, eos = field.token_id("pad_token_id", tgt_vocab), field.token_id("eos_token_id", tgt_vocab)
+    start = field.token_id("decoder_start_token_id", tgt_vocab, default=pad)
+    bos = NO_ID if field.get("bos_token_id") is None else field.token_id("bos_token_id", tgt_vocab)
     # MarianMT has no BOS: OPUS-MT configs repeat the EOS id there, which tmt must not mask as a second special id.
-    bos = bos if isinstance(bos, int) and bos not in (eos, pad) else NO_ID
+    bos = bos if bos not in (eos, pad) else NO_ID
     model = ModelConfig(
-        encoder_layers=field.integer("encoder_layers"),
-        decoder_layers=field.integer("decoder_layers"),
+        encoder_layers=field.size("encoder_layers"),
+        decoder_layers=field.size("decoder_layers"),
         d_model=d_model,
         heads=heads,
         d_ff=d_ff,
-        dropout=float(field.get("dropout", DEFAULTS["dropout"])),
-        attention_dropout=float(field.get("attention_dropout", DEFAULTS["attention_dropout"])),
-        activation_dropout=float(field.get("activation_dropout", DEFAULTS["activation_dropout"])),
+        dropout=field.fraction("dropout"),
+        attention_dropout=field.fraction("attention_dropout"),
+        activation_dropout=field.fraction("activation_dropout"),
         activation=ACTIVATIONS[activation],
         norm="post",
         positions="sinusoidal",
         position_layout="halves",
-        max_positions=field.integer("max_position_embeddings", default=MAX_POSITIONS),
-        share_all_embeddings=bool(shared),
-        share_decoder_embeddings=bool(tied),
+        max_positions=field.size("max_position_embeddings", default=MAX_POSITIONS),
+        share_all_embeddings=shared,
+        share_decoder_embeddings=tied,
         output_bias=True,
         pad_id=pad,
         unk_id=unk_id,
@@ -117,9 +134,6 @@ def model_config_from_marian(config: dict[str, Any], *, unk_id: int, source: str
         eos_id=eos,
         decoder_start_id=NO_ID if start == bos else start,
     )
-    for name, value in (("pad_token_id", pad), ("eos_token_id", eos), ("decoder_start_token_id", start)):
-        if not 0 <= value < tgt_vocab:
-            raise HfError(f"{source}: {name}={value} is outside the target vocabulary of {tgt_vocab} (decoder_vocab_size)")
     return MarianShape(model, src_vocab, tgt_vocab)
 
 
@@ -180,7 +194,8 @@ def marian_refusal(cfg: ModelConfig) -> str | None:
 
 
 class _Fields:
-    """Typed reads of a config.json dict, each mistake one line naming the file and the field."""
+    """Typed reads of a config.json dict, each mistake one line naming the file and the field (its value quoted,
+    at most a few dozen characters of it)."""
 
     def __init__(self, config: dict[str, Any], source: str):
         self.config, self.source = config, source
@@ -188,31 +203,60 @@ class _Fields:
     def get(self, name: str, default: object = None) -> Any:
         return self.config.get(name, default)
 
-    def integer(self, name: str, *, default: int | None = None) -> int:
-        value = self.config.get(name, default)
-        if value is None and default is not None:
+    def _fail(self, name: str, value: object, what: str) -> NoReturn:
+        raise HfError(f"{self.source}: {name}={_json(value)} {what}; fix config.json")
+
+    def integer(self, name: str, *, default: int | None = None, low: int = 0, high: int | None = None) -> int:
+        """An integer from ``low`` to ``high``; missing or null: ``default`` (None: required)."""
+        value = self.config.get(name)
+        if value is None:
             value = default
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise HfError(f"{self.source}: {name}={_json(value)} must be a non-negative integer; fix config.json")
+        if value is None:
+            raise HfError(f"{self.source}: {name} is missing; MarianMT's config.json states it as an integer")
+        if not isinstance(value, int) or isinstance(value, bool):
+            self._fail(name, value, "must be an integer")
+        if value < low or (high is not None and value > high):
+            self._fail(name, value, f"is out of range; tmt imports {low} to {high}" if high is not None else f"must be at least {low}")
         return value
 
-    def token_id(self, name: str) -> int:
-        """A token id field that transformers also accepts as a list: tmt has one EOS, so one id."""
+    def size(self, name: str, *, default: int | None = None) -> int:
+        """A size: at least 1, at most the limit tmt's config sets on the key it maps to (:data:`LIMIT_KEYS`)."""
+        return self.integer(name, default=default, low=1, high=LIMITS[LIMIT_KEYS[name]])
+
+    def token_id(self, name: str, vocab_size: int, *, default: int | None = None) -> int:
+        """An id of the target vocabulary; transformers also accepts a list of ids there, and tmt one of them."""
         value = self.config.get(name, DEFAULTS.get(name))
         if isinstance(value, list):
             if len(value) != 1:
-                raise HfError(f"{self.source}: {name}={_json(value)} lists several ids; tmt ends a sequence with one id")
+                self._fail(name, value, "lists several ids; tmt ends a sequence with one id")
             value = value[0]
         self.config = {**self.config, name: value}
-        return self.integer(name)
+        index = self.integer(name, default=default)
+        if index >= vocab_size:
+            raise HfError(f"{self.source}: {name}={index} is outside the target vocabulary of {vocab_size} (decoder_vocab_size)")
+        return index
+
+    def fraction(self, name: str) -> float:
+        """A dropout rate: a number in [0, 1)."""
+        value = self.config.get(name, DEFAULTS[name])
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
+            self._fail(name, value, "must be a number in [0, 1), e.g. 0.1")
+        return float(value)
+
+    def flag(self, name: str) -> bool:
+        """true or false; missing: MarianConfig's default."""
+        value = self.config.get(name, DEFAULTS[name])
+        if not isinstance(value, bool):
+            self._fail(name, value, "must be true or false")
+        return value
 
     def same(self, encoder: str, decoder: str) -> int:
-        enc, dec = self.integer(encoder), self.integer(decoder)
+        enc, dec = self.size(encoder), self.size(decoder)
         if enc != dec:
             raise HfError(f"{self.source}: {encoder}={enc} differs from {decoder}={dec}; tmt uses one size for both stacks")
         return enc
 
 
 def _json(value: object) -> str:
-    """A value as config.json spells it (true, false, null), others as Python's repr."""
-    return json.dumps(value) if isinstance(value, (bool, type(None))) else repr(value)
+    """A value as config.json spells it (true, false, null), others quoted at most a few dozen characters long."""
+    return json.dumps(value) if isinstance(value, (bool, type(None))) else quote(value)

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from transformer_mt.config import quote
 from transformer_mt.hf import HfError
 from transformer_mt.text import Tokenizer
 
@@ -21,16 +22,26 @@ VOCAB, TARGET_VOCAB, TOKENIZER_CONFIG = "vocab.json", "target_vocab.json", "toke
 SOURCE_SPM, TARGET_SPM = "source.spm", "target.spm"
 # MarianTokenizer's default special pieces (tokenizer_config.json may name others)
 SPECIAL_PIECES = {"unk_token": "<unk>", "eos_token": "</s>", "pad_token": "<pad>"}
+# The most a file is read whole: a config (config.json, tokenizer_config.json, generation_config.json, a weight index)
+# is a few KB; vocab.json lists at most tokenizer.vocab_size's limit of pieces; a sentencepiece model holds as many.
+MAX_CONFIG_BYTES = 16 << 20
+MAX_VOCAB_BYTES = 256 << 20
 
 
-def read_json(path: Path) -> dict[str, Any]:
-    """A JSON object from ``path``, or one line naming the file and what is wrong."""
+def read_json(path: Path, *, max_bytes: int = MAX_CONFIG_BYTES) -> dict[str, Any]:
+    """A JSON object from ``path``, or one line naming the file and what is wrong: the file is refused above
+    ``max_bytes`` (before it is read) and when nested too deeply for Python's parser."""
     if not path.is_file():
         raise HfError(f"{path}: file not found; give a directory written by save_pretrained (MarianMTModel and MarianTokenizer)")
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise HfError(f"{path}: {size:,} bytes, more than the {max_bytes:,} such a file may hold; download or save it again")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
-        raise HfError(f"{path}: not valid JSON ({exc}); download or save it again") from None
+        raise HfError(f"{path}: not valid JSON ({quote(str(exc), 120)}); download or save it again") from None
+    except RecursionError:  # json's parser recurses once per nested list or object
+        raise HfError(f"{path}: JSON nested too deeply to be a model's file; download or save it again") from None
     if not isinstance(data, dict):
         raise HfError(f"{path}: holds a JSON {type(data).__name__}, not an object; download or save it again")
     return data
@@ -38,21 +49,27 @@ def read_json(path: Path) -> dict[str, Any]:
 
 def read_vocab(path: Path) -> list[str]:
     """The pieces of a ``vocab.json``, piece at index = id; ids must be 0..n-1, each once."""
-    table = read_json(path)
+    table = read_json(path, max_bytes=MAX_VOCAB_BYTES)
     pieces: list[str | None] = [None] * len(table)
     for piece, index in table.items():
         if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(table) or pieces[index] is not None:
-            raise HfError(f"{path}: piece {piece!r} has id {index!r}; ids must be 0..{len(table) - 1}, each once (one embedding row per piece)")
+            raise HfError(f"{path}: piece {quote(piece)} has id {quote(index)}; ids must be 0..{len(table) - 1}, each once (one embedding row per piece)")
         pieces[index] = piece
     return [p for p in pieces if p is not None]
 
 
-def special_pieces(tokenizer_config: dict[str, Any]) -> dict[str, str]:
-    """unk_token, eos_token and pad_token as ``tokenizer_config.json`` names them (a string or an AddedToken dict)."""
+def special_pieces(tokenizer_config: dict[str, Any], *, path: Path) -> dict[str, str]:
+    """unk_token, eos_token and pad_token as ``tokenizer_config.json`` (``path``) names them: a string or an
+    AddedToken dict whose ``content`` is one; missing or null: MarianTokenizer's default."""
     out = {}
     for key, default in SPECIAL_PIECES.items():
-        value = tokenizer_config.get(key, default)
-        out[key] = value.get("content", default) if isinstance(value, dict) else str(value)
+        value = tokenizer_config.get(key)
+        piece = value.get("content") if isinstance(value, dict) else value
+        if piece is None:
+            piece = default
+        if not isinstance(piece, str):
+            raise HfError(f"{path}: {key}={quote(value)} must be a piece (a string, or an object whose content is one); fix or re-save the tokenizer")
+        out[key] = piece
     return out
 
 
@@ -60,7 +77,7 @@ def special_id(vocab: list[str], piece: str, *, key: str, path: Path) -> int:
     try:
         return vocab.index(piece)
     except ValueError:
-        raise HfError(f"{path}: {key} {piece!r} is not in the vocabulary; MarianTokenizer needs it there") from None
+        raise HfError(f"{path}: {key} {quote(piece)} is not in the vocabulary; MarianTokenizer needs it there") from None
 
 
 def vocab_json(tok: Tokenizer) -> dict[str, int]:
