@@ -212,9 +212,81 @@ def test_two_checkpoints_and_the_default_examples(trained):
     early = Translator.from_checkpoint(run.run_dir / "checkpoint_75.pt", device="cpu")
     out = client.post("/api/translate", json={"text": SENTENCES[1], "checkpoint": "early"}).json()
     assert out["checkpoint"] == "early" and out["translation"] == early.translate(SENTENCES[1])
-    examples = client.get("/api/examples").json()  # the run's data.valid_src, a file of this session
+    # The run's data.valid_src is a file of this session, but the page offers only what --examples names.
+    assert client.get("/api/examples").json() == {"file": "", "sentences": []}
+    app, _ = build([str(run.checkpoint)], examples=run.corpus["val.en"], threads=1)
+    examples = TestClient(app).get("/api/examples").json()
     assert examples["file"] == run.corpus["val.en"].name
     assert examples["sentences"] == run.corpus["val.en"].read_text(encoding="utf-8").splitlines()[: len(examples["sentences"])]
+
+
+def test_a_checkpoint_cannot_make_the_page_serve_a_file(random_ckpt, tmp_path, monkeypatch):
+    from transformer_mt.checkpoint import load_checkpoint, save_checkpoint
+
+    secret = tmp_path / "environ"
+    secret.write_text("AWS_SECRET_ACCESS_KEY=hunter2\n", encoding="utf-8")
+    state = load_checkpoint(random_ckpt)
+    state["config"]["data"].update(valid_src=str(secret), valid_tgt=str(secret))  # as a stranger could name /proc/self/environ
+    crafted = save_checkpoint(state, tmp_path / "crafted.pt")
+    opened = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda file, *a, **k: opened.append(str(file)) or real_open(file, *a, **k))
+    app, _ = build([str(crafted)], threads=1)
+    answer = TestClient(app).get("/api/examples")
+    assert "hunter2" not in answer.text and answer.json() == {"file": "", "sentences": []}
+    assert str(secret) not in opened
+
+
+def test_an_answer_too_large_is_refused_and_the_page_keeps_answering(random_ckpt):
+    from transformer_mt.explore.session import Limits
+
+    sentence = "a b c d e f g h i j k l"
+    app, _ = build([str(random_ckpt)], threads=1)
+    client = TestClient(app)
+    small = client.post("/api/attention", json={"text": sentence, "beam": 1}).json()
+    held = sum(torch.tensor(small[k]).numel() for k in ("encoder_self", "decoder_self", "cross"))
+    app, _ = build([str(random_ckpt)], threads=1, limits=Limits(max_attention=held - 1))
+    client = TestClient(app)
+    refused = client.post("/api/attention", json={"text": sentence, "beam": 1})
+    assert refused.status_code == 413 and f"{held:,} weights" in refused.json()["error"] and "--max-attention" in refused.json()["error"]
+    assert client.post("/api/attention", json={"text": "a b", "beam": 1}).status_code == 200
+
+
+def test_a_body_over_the_cap_is_refused_unread(random_client):
+    from transformer_mt.explore.guard import body_cap
+
+    cap = body_cap(1000)
+    answer = random_client.post("/api/translate", content=b'{"text": "' + b"a" * cap + b'"}', headers={"content-type": "application/json"})
+    assert answer.status_code == 413 and "more than" in answer.json()["error"]
+
+    def chunks():  # no Content-Length: counted as it arrives
+        for _ in range(cap // 65536 + 2):
+            yield b" " * 65536
+
+    answer = random_client.post("/api/translate", content=chunks(), headers={"content-type": "application/json"})
+    assert answer.status_code == 413
+    assert random_client.post("/api/translate", json={"text": "a dog", "beam": 1}).status_code == 200
+
+
+def test_a_foreign_host_is_refused(random_ckpt):
+    from transformer_mt.serve import allowed_hosts
+
+    app, _ = build([str(random_ckpt)], threads=1, allowed=allowed_hosts("127.0.0.1", 8000))
+    client = TestClient(app, base_url="http://127.0.0.1:8000")
+    assert client.get("/api/examples").status_code == 200
+    assert client.get("/api/examples", headers={"host": "localhost:8000"}).status_code == 200
+    rebound = client.get("/api/examples", headers={"host": "attacker.example:8000"})
+    assert rebound.status_code == 421 and "--allowed-host" in rebound.json()["error"]
+
+
+def test_a_bind_beyond_this_machine_is_warned(random_ckpt, monkeypatch, capsys):
+    from transformer_mt.explore import server
+
+    monkeypatch.setattr("transformer_mt.serve.server.build_server", lambda *a, **k: type("S", (), {"run": lambda self: None})())
+    server.explore([str(random_ckpt)], host="0.0.0.0", port=8000, threads=1)
+    assert "tmt: warning: --host 0.0.0.0 accepts connections from other machines" in capsys.readouterr().err
+    server.explore([str(random_ckpt)], host="127.0.0.1", port=8000, threads=1)
+    assert "warning" not in capsys.readouterr().err
 
 
 def test_command_line_refuses_in_one_line(random_ckpt, tmp_path, capsys):

@@ -17,7 +17,7 @@ import torch
 
 from transformer_mt.data import collate, source_tensor
 from transformer_mt.decoding import BeamStep, Hypothesis, Translator, max_output_length, search
-from transformer_mt.explore.session import single_model
+from transformer_mt.explore.session import RequestError, single_model
 
 
 def run_search(tr: Translator, src_ids: list[int], *, beam: int, lenpen: float, observer: Callable[[BeamStep], None] | None = None) -> list[Hypothesis]:
@@ -86,12 +86,21 @@ def translation_view(tr: Translator, src_ids: list[int], *, beam: int, lenpen: f
     }
 
 
-def attention_view(tr: Translator, text: str, *, reference: str | None, beam: int, lenpen: float, topk: int) -> dict:
+def attention_view(tr: Translator, text: str, *, reference: str | None, beam: int, lenpen: float, topk: int, max_weights: int) -> dict:
     """`tmt attention`'s JSON for ``text`` (the translation's maps, or teacher-forcing ``reference``), with the
-    target's token table (per-token loss; its mean is the reference's cross-entropy in nats per token)."""
+    target's token table (per-token loss; its mean is the reference's cross-entropy in nats per token). Refused
+    (413) when the maps hold more than ``max_weights`` weights: as nested JSON lists each costs about 20 bytes, so a
+    long sentence of a deep model would be an answer of hundreds of MB."""
     from transformer_mt.viz.attention import sentence_maps
 
     maps = sentence_maps(tr, text, reference=reference, beam=beam, lenpen=lenpen)
+    weights = maps.encoder_self.numel() + maps.decoder_self.numel() + maps.cross.numel()  # L x H x (S^2 + T^2 + T*S)
+    if weights > max_weights:
+        raise RequestError(
+            413,
+            f"text: its attention maps hold {weights:,} weights (layers x heads x (S^2 + T^2 + T*S) for {maps.encoder_self.size(-1)} "
+            f"source and {maps.cross.size(-2)} target pieces), more than --max-attention {max_weights:,}; give a shorter sentence",
+        )
     src_ids = tr.src_tok.encode([text])[0][: tr.max_src_tokens]
     if reference is not None:
         tgt_ids = tr.tgt_tok.encode([reference])[0]

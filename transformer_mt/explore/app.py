@@ -192,7 +192,11 @@ def _add_sentence_routes(app: FastAPI, explorer: Explorer) -> None:
         explorer.sentence(tr, req.text)
         if req.reference is not None:
             explorer.sentence(tr, req.reference, field_name="reference")
-        return compute(req, lambda: attention_view(tr, req.text, reference=req.reference, beam=beam, lenpen=lenpen, topk=explorer.limits.topk))
+        limits = explorer.limits
+        return compute(
+            req,
+            lambda: attention_view(tr, req.text, reference=req.reference, beam=beam, lenpen=lenpen, topk=limits.topk, max_weights=limits.max_attention),
+        )
 
     @app.post("/api/anatomy")
     def anatomy(req: AnatomyRequest) -> dict:

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import ipaddress
 import socket
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from transformer_mt.explore import INSTALL_HINT, ExploreError
 from transformer_mt.explore.session import Explorer, Limits, load_explorer
-from transformer_mt.serve import address_problem
+from transformer_mt.serve import HostGuard, ServeOptions, address_problem, allowed_hosts
+
+# serve's connection limits for one user's page: the header timeout, keep-alive and graceful stop as serve has
+# them, and far fewer connections at once than a service needs
+EXPLORE_LIMITS = ServeOptions(max_connections=64, shutdown_timeout=5)
 
 
 def require_fastapi() -> None:
@@ -19,13 +26,27 @@ def require_fastapi() -> None:
         raise ExploreError(INSTALL_HINT) from None
 
 
-def build(checkpoints: list[str], *, examples: str | Path | None = None, device: str = "cpu", threads: int = 0, limits: Limits | None = None):
-    """The FastAPI app over freshly loaded checkpoints (tests and notebooks serve it themselves), and its Explorer."""
+def build(
+    checkpoints: list[str],
+    *,
+    examples: str | Path | None = None,
+    device: str = "cpu",
+    threads: int = 0,
+    limits: Limits | None = None,
+    allowed: frozenset[str] | None = None,
+    on_startup: Callable[[], None] | None = None,
+):
+    """The app over freshly loaded checkpoints (tests and notebooks serve it themselves), and its Explorer: the
+    FastAPI app behind the Host check (``allowed``, from serve's ``allowed_hosts``; None: any Host) and the body cap."""
     require_fastapi()
     from transformer_mt.explore.app import build_app
+    from transformer_mt.explore.guard import BodyCap, body_cap
 
     explorer: Explorer = load_explorer(checkpoints, examples=examples, device=device, threads=threads, limits=limits)
-    return build_app(explorer), explorer
+    app = build_app(explorer)
+    if on_startup is not None:
+        app.router.on_startup.append(on_startup)
+    return HostGuard(BodyCap(app, max_bytes=body_cap(explorer.limits.max_chars)), allowed=allowed), explorer
 
 
 def explore(
@@ -37,32 +58,48 @@ def explore(
     device: str = "cpu",
     threads: int = 0,
     limits: Limits | None = None,
+    allowed_extra: Sequence[str] = (),
     log_level: str = "warning",
     on_ready=None,
 ) -> None:
-    """Load the checkpoints (``PATH`` or ``NAME=PATH``), then serve the page on host:port until Ctrl-C.
+    """Load the checkpoints (``PATH`` or ``NAME=PATH``), then serve the page on host:port until Ctrl-C, answering
+    only the Host names it is reached by (plus ``allowed_extra``), with serve's header timeout and connection cap.
     ``on_ready(url)`` is called once the server listens."""
     require_fastapi()
     import torch
-    import uvicorn
 
     from transformer_mt import runtime
+    from transformer_mt.serve.server import build_server
 
     problem = address_problem(host, port)  # before the (slow) loading
     if problem:
         raise ExploreError(problem)
+    allowed = allowed_hosts(host, port, allowed_extra)  # a bad --allowed-host is one line before the loading too
+    if not _is_loopback(host):
+        print(
+            f"tmt: warning: --host {host} accepts connections from other machines: anyone who reaches it can run the models "
+            "and read the examples; tmt explore is meant for this machine (reach it from another through an SSH tunnel)",
+            file=sys.stderr,
+        )
     # torch's CPU threads are set per calling thread (OpenMP): requests run on server threads with `threads`, and
     # this thread, which only loads the checkpoints and runs the event loop, keeps one. Two teams of `threads` would
     # outnumber the cores, and OpenMP then stops spinning between parallel regions: every small matmul would wait
     # for its threads to wake up.
     workers = threads or torch.get_num_threads()
     runtime.set_threads(1)
-    app, _ = build(checkpoints, examples=examples, device=device, threads=workers, limits=limits)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level=log_level))
-    if on_ready is not None:
-        url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
-        app.router.on_startup.append(lambda: on_ready(url))
-    server.run()
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
+    ready = (lambda: on_ready(url)) if on_ready is not None else None
+    app, _ = build(checkpoints, examples=examples, device=device, threads=workers, limits=limits, allowed=allowed, on_startup=ready)
+    build_server(app, EXPLORE_LIMITS, host=host, port=port, log_level=log_level).run()
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a name: it may resolve to anything
+        return False
 
 
 class Background:

@@ -33,9 +33,10 @@ class Limits:
     max_chars: int = 1000  # characters of the source or reference sentence; more -> 413
     max_beam: int = 16  # largest beam; more -> 422 (the trace lists every hypothesis of every step)
     topk: int = 5  # alternatives shown per target piece, at most
+    max_attention: int = 2_000_000  # attention weights in one answer, L x H x (S^2 + T^2 + T*S); more -> 413
 
     def check(self) -> None:
-        for key in ("max_chars", "max_beam", "topk"):
+        for key in ("max_chars", "max_beam", "topk", "max_attention"):
             if getattr(self, key) < 1:
                 raise ExploreError(f"--{key.replace('_', '-')} {getattr(self, key)}: must be at least 1")
 
@@ -124,20 +125,15 @@ def read_examples(path: str | Path | None, *, limit: int = MAX_EXAMPLES) -> list
     return lines
 
 
-def default_examples(tr: Translator) -> Path | None:
-    """The checkpoint's validation source (``data.valid_src``) when that file is here, else None."""
-    valid = tr.cfg.data.valid_src
-    return Path(valid) if valid and Path(valid).is_file() else None
-
-
 def load_explorer(specs: list[str], *, examples: str | Path | None = None, device: str = "cpu", threads: int = 0, limits: Limits | None = None) -> Explorer:
-    """Load every checkpoint (``PATH`` or ``NAME=PATH``) and the example sentences (``examples``, else the first
-    checkpoint's validation source when present, else none)."""
+    """Load every checkpoint (``PATH`` or ``NAME=PATH``) and the example sentences of ``examples`` (None: none).
+
+    Only files named on the command line are read: never a path a checkpoint names (its ``data.valid_src``),
+    since a checkpoint from someone else could name any file of this machine and the page serves the examples."""
     limits = limits or Limits()
     limits.check()
     if not specs:
         raise ExploreError("give at least one checkpoint (-c FILE)")
     translators = {name: Translator.from_checkpoint(path, device=device) for name, path in name_checkpoints(specs)}
-    first = next(iter(translators.values()))
-    source = Path(examples) if examples is not None else default_examples(first)
+    source = Path(examples) if examples is not None else None
     return Explorer(translators, read_examples(source), source.name if source is not None else "", limits, threads)
