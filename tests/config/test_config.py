@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -259,3 +260,10 @@ def test_a_model_too_large_for_memory_is_refused(tmp_path):
     path = write(tmp_path, "model:\n  d_model: 16384\n  heads: 16\n  d_ff: 65536\n")
     msg = refusal(lambda: load_config(path))
     assert "x.yaml" in msg and "parameters" in msg and "GiB" in msg
+
+
+@pytest.mark.parametrize("override", ["data.max_len_ratio=0.5", "model.value_dim=-1", "train.lr_scale=0", "train.lr=-1", "model.head_dim=-2", "data.max_len=0"])
+def test_an_impossible_value_is_refused_under_its_own_key(override):
+    key = override.split("=")[0]
+    with pytest.raises(ConfigError, match=rf"^config: {re.escape(key)}: "):
+        load_config(None, [override])

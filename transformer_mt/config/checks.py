@@ -95,8 +95,9 @@ def _check_model(m: ModelConfig, fail: Fail) -> None:
     for key in ("encoder_layers", "decoder_layers", "d_model", "heads", "d_ff", "max_positions"):
         if getattr(m, key) < 1:
             fail(f"model.{key}", f"must be at least 1, got {getattr(m, key)}")
-    if m.head_dim < 0 or m.value_dim < 0:
-        fail("model.head_dim", "must be 0 (= d_model / heads) or positive")
+    for key in ("head_dim", "value_dim"):
+        if getattr(m, key) < 0:
+            fail(f"model.{key}", f"must be 0 (= d_model / heads) or positive, got {getattr(m, key)}")
     if (m.head_dim == 0 or m.value_dim == 0) and m.d_model % m.heads:
         fail(
             "model.d_model",
@@ -150,8 +151,9 @@ def _check_train(t: TrainConfig, fail: Fail) -> None:
 
 
 def _check_schedule(t: TrainConfig, fail: Fail) -> None:
-    if t.lr <= 0 or t.lr_scale <= 0:
-        fail("train.lr", "learning rate and lr_scale must be positive")
+    for key in ("lr", "lr_scale"):
+        if getattr(t, key) <= 0:
+            fail(f"train.{key}", f"must be positive, got {getattr(t, key):g}")
     if t.lr_schedule == "inverse_sqrt" and t.warmup_updates < 1:
         fail("train.warmup_updates", "inverse_sqrt needs warmup_updates >= 1")
     if t.lr_schedule == "linear" and t.max_updates <= t.warmup_updates:
@@ -179,8 +181,10 @@ def _check_data(data: DataConfig, m: ModelConfig, fail: Fail) -> None:
         fail("data.subword_alpha", f"{data.subword_alpha} is outside [0, 1]; use 0 (off), 0.1-0.5 for unigram or about 0.1 for bpe")
     if data.subword_nbest != -1 and data.subword_nbest < 2:
         fail("data.subword_nbest", f"{data.subword_nbest} samples nothing; use -1 (all segmentations) or at least 2")
-    if data.max_len < 1 or data.max_len_ratio < 1.0:
-        fail("data.max_len", "max_len must be >= 1 and max_len_ratio >= 1")
+    if data.max_len < 1:
+        fail("data.max_len", f"must be at least 1, got {data.max_len}")
+    if data.max_len_ratio < 1.0:
+        fail("data.max_len_ratio", f"{data.max_len_ratio:g} is below 1; a longer side is at least 1 times the shorter (e.g. 3)")
     if data.max_len + 1 > m.max_positions:  # + EOS on the source, + BOS on the decoder input
         fail(
             "data.max_len",
