@@ -35,7 +35,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=deep)
             line = key_node.start_mark.line + 1
             if isinstance(key, (list, dict)):
-                raise ConfigError(f"line {line}: a key must be a name, not {quote(key)}; write key: value")
+                what = "a list" if isinstance(key, list) else "a mapping"  # built empty here (filled later): say which
+                raise ConfigError(f"line {line}: a key must be a name, not {what}; write key: value")
             if key in seen:
                 raise ConfigError(f"line {line}: key {quote(key)} appears twice in one section; keep one of them")
             seen.add(key)
