@@ -367,6 +367,17 @@ def test_a_tensor_of_the_wrong_shape_or_dtype_is_refused_naming_it(marian_dir, t
     assert_refused_in_one_line(_import(bad, tmp_path), names=["model.safetensors", name])
 
 
+def test_a_safetensors_header_past_its_bound_is_refused_before_it_is_parsed(marian_dir, tmp_path):
+    """A header is the tensors' names, shapes and offsets, a few KB: one of 20 MB (here the valid header padded with
+    spaces, which safetensors reads) is refused before the parser builds it."""
+    bad = copy_marian(marian_dir, tmp_path / "bad")
+    raw = (bad / "model.safetensors").read_bytes()
+    size = int.from_bytes(raw[:8], "little")
+    header = raw[8 : 8 + size] + b" " * (20 << 20)
+    (bad / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + raw[8 + size :])
+    assert_refused_in_one_line(_import(bad, tmp_path), names=["model.safetensors", "header"])
+
+
 def test_half_precision_weights_import_as_float32(marian_dir, tmp_path):
     bad = copy_marian(marian_dir, tmp_path / "half")
     _save_safetensors(bad, lambda w: w.update({k: v.half() for k, v in w.items()}))

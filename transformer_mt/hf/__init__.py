@@ -27,6 +27,14 @@ class HfError(TmtError, ValueError):
     """A conversion that cannot be done, worded for the user (one line: what and the fix)."""
 
 
+def brief(exc: BaseException, limit: int = 120) -> str:
+    """What a library's exception says, for a one-line message: its first line, unprintable characters replaced,
+    at most ``limit`` characters (a parser may repeat part of the file it read)."""
+    text = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def require_safetensors() -> ModuleType:
     """The ``safetensors.torch`` module, or an HfError naming the install command."""
     try:
@@ -59,4 +67,4 @@ def export_marian(checkpoint: str | os.PathLike, output: str | os.PathLike, *, f
     return run(checkpoint, output, force=force)
 
 
-__all__ = ["INSTALL_HINT", "HfError", "export_marian", "import_marian", "require_safetensors", "require_transformers"]
+__all__ = ["INSTALL_HINT", "HfError", "brief", "export_marian", "import_marian", "require_safetensors", "require_transformers"]

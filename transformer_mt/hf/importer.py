@@ -16,12 +16,14 @@ its file asks for is allocated:
 4. read the tensors into the model's state dict (float32) and save a self-contained checkpoint: weights, the whole
    config, both sentencepiece models and their vocabularies. Every tmt command accepts it.
 
-Memory: what the import allocates is bounded by what the files hold. The state dict is the declared parameters in
-float32, 4 bytes each (at most 8 GiB, and only once the files were found to hold every one of those tensors, so
-a few-KB config cannot ask for them); besides it, one projection's q, k and v while they are fused, MarianMT's
-sinusoid table while a stored copy is compared with it (computed in float64: about 5 times
-max_position_embeddings x d_model x 4 bytes, only when the files store such a table), and the JSON and tokenizer
-files at the sizes above. A pytorch_model.bin's numbers are memory-mapped, not copied, until they are read.
+Memory: at most 4 P + 3 L + 5 T + F bytes, and only what the files hold, where
+P is the model's numbers in float32 (the state dict: at most MAX_PARAMETERS, 8 GiB, and allocated only once the
+files were found to hold every one of those tensors, so a few-KB config cannot ask for them); L the largest
+projection, whose q, k and v are read and then fused; T MarianMT's sinusoid table (max_position_embeddings x
+d_model x 4 bytes, at most 1 GiB), computed in float64 only when a file stores one to compare; F the files read
+whole (JSON and safetensors headers at most MAX_CONFIG_BYTES each, vocabularies and sentencepiece models at most
+MAX_VOCAB_BYTES each, several times that as Python objects). A pytorch_model.bin's numbers are memory-mapped, not
+copied, until they are read; its pickle (the tensors' names and shapes) is read whole, weights-only.
 
 The special ids come from the model and its vocabulary: EOS, PAD and the decoder's start from ``config.json``
 (which must agree with the pieces ``tokenizer_config.json`` names), UNK from ``vocab.json``; MarianMT has no BOS.
@@ -50,7 +52,7 @@ from transformer_mt.config import (
     to_dict,
     validate,
 )
-from transformer_mt.hf import HfError
+from transformer_mt.hf import HfError, brief
 from transformer_mt.hf.marian_config import MarianShape, model_config_from_marian
 from transformer_mt.hf.vocab import (
     MAX_VOCAB_BYTES,
@@ -139,6 +141,8 @@ def read_marian_dir(directory: Path) -> MarianFiles:
         separate = False
     if not isinstance(separate, bool):
         raise HfError(f"{tok_path}: separate_vocabs={quote(separate)} must be true or false; fix or re-save the tokenizer")
+    if separate and not (directory / TARGET_VOCAB).is_file():
+        raise HfError(f"{tok_path}: separate_vocabs=true but {TARGET_VOCAB} is missing; download it, or re-save the tokenizer")
     src_vocab = read_vocab(directory / VOCAB)
     tgt_vocab = read_vocab(directory / TARGET_VOCAB) if separate else src_vocab
     pieces = special_pieces(tok_config, path=tok_path)
@@ -183,7 +187,7 @@ def read_marian_dir(directory: Path) -> MarianFiles:
         try:
             Tokenizer(proto, vocab=vocab, specials=specials)
         except (TokenizerError, RuntimeError) as exc:  # sentencepiece raises RuntimeError for a proto it cannot parse
-            raise HfError(f"{directory / name}: not a usable sentencepiece model ({str(exc).splitlines()[0][:200]}); download it again") from None
+            raise HfError(f"{directory / name}: not a usable sentencepiece model ({brief(exc)}); download it again") from None
     return files
 
 

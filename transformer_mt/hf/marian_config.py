@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 from typing import Any, NamedTuple, NoReturn
 
-from transformer_mt.config import LIMITS, ModelConfig, quote
+from transformer_mt.config import LIMITS, ModelConfig, quote, specials_problem
 from transformer_mt.hf import HfError
 from transformer_mt.text import NO_ID
 
@@ -53,6 +53,14 @@ DEFAULTS: dict[str, object] = {
     "activation_dropout": 0.0,
     "eos_token_id": 0,
     "bos_token_id": None,
+}
+# MarianMT's names of tmt's special ids (unk_id is vocab.json's <unk>)
+SPECIAL_FIELDS = {
+    "pad_token_id": "pad_id",
+    "eos_token_id": "eos_id",
+    "bos_token_id": "bos_id",
+    "decoder_start_token_id": "decoder_start_id",
+    "vocab.json's <unk>": "unk_id",
 }
 # The key of tmt's config each size maps to: its limit (config.LIMITS) is the import's.
 LIMIT_KEYS = {
@@ -124,7 +132,7 @@ def model_config_from_marian(config: dict[str, Any], *, unk_id: int, source: str
         norm="post",
         positions="sinusoidal",
         position_layout="halves",
-        max_positions=field.size("max_position_embeddings", default=MAX_POSITIONS),
+        max_positions=field.size("max_position_embeddings", default=MAX_POSITIONS, low=2),  # a piece and EOS
         share_all_embeddings=shared,
         share_decoder_embeddings=tied,
         output_bias=True,
@@ -134,6 +142,13 @@ def model_config_from_marian(config: dict[str, Any], *, unk_id: int, source: str
         eos_id=eos,
         decoder_start_id=NO_ID if start == bos else start,
     )
+    problem = specials_problem(model, vocab_size=tgt_vocab)
+    if problem:  # worded with MarianMT's names: the tmt key a special id maps to is not in config.json
+        names = {f"model.{ours}": theirs for theirs, ours in SPECIAL_FIELDS.items()}
+        reason = problem.reason
+        for ours, theirs in names.items():
+            reason = reason.replace(ours, theirs)
+        raise HfError(f"{source}: {names[problem.key]}={quote(problem.value)} {reason}")
     return MarianShape(model, src_vocab, tgt_vocab)
 
 
@@ -219,9 +234,9 @@ class _Fields:
             self._fail(name, value, f"is out of range; tmt imports {low} to {high}" if high is not None else f"must be at least {low}")
         return value
 
-    def size(self, name: str, *, default: int | None = None) -> int:
-        """A size: at least 1, at most the limit tmt's config sets on the key it maps to (:data:`LIMIT_KEYS`)."""
-        return self.integer(name, default=default, low=1, high=LIMITS[LIMIT_KEYS[name]])
+    def size(self, name: str, *, default: int | None = None, low: int = 1) -> int:
+        """A size: at least ``low``, at most the limit tmt's config sets on the key it maps to (:data:`LIMIT_KEYS`)."""
+        return self.integer(name, default=default, low=low, high=LIMITS[LIMIT_KEYS[name]])
 
     def token_id(self, name: str, vocab_size: int, *, default: int | None = None) -> int:
         """An id of the target vocabulary; transformers also accepts a list of ids there, and tmt one of them."""

@@ -15,17 +15,19 @@ from pathlib import Path
 from typing import Any
 
 from transformer_mt.config import quote
-from transformer_mt.hf import HfError
+from transformer_mt.hf import HfError, brief
 from transformer_mt.text import Tokenizer
 
 VOCAB, TARGET_VOCAB, TOKENIZER_CONFIG = "vocab.json", "target_vocab.json", "tokenizer_config.json"
 SOURCE_SPM, TARGET_SPM = "source.spm", "target.spm"
 # MarianTokenizer's default special pieces (tokenizer_config.json may name others)
 SPECIAL_PIECES = {"unk_token": "<unk>", "eos_token": "</s>", "pad_token": "<pad>"}
-# The most a file is read whole: a config (config.json, tokenizer_config.json, generation_config.json, a weight index)
-# is a few KB; vocab.json lists at most tokenizer.vocab_size's limit of pieces; a sentencepiece model holds as many.
+# The most a file is read whole: a config (config.json, tokenizer_config.json, generation_config.json, a weight index,
+# a safetensors header) is a few KB to a few MB; vocab.json lists at most tokenizer.vocab_size's limit of pieces (2^21,
+# ~25 bytes each), and a sentencepiece model holds as many.
 MAX_CONFIG_BYTES = 16 << 20
-MAX_VOCAB_BYTES = 256 << 20
+JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+MAX_VOCAB_BYTES = 64 << 20
 
 
 def read_json(path: Path, *, max_bytes: int = MAX_CONFIG_BYTES) -> dict[str, Any]:
@@ -39,11 +41,11 @@ def read_json(path: Path, *, max_bytes: int = MAX_CONFIG_BYTES) -> dict[str, Any
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
-        raise HfError(f"{path}: not valid JSON ({quote(str(exc), 120)}); download or save it again") from None
+        raise HfError(f"{path}: not valid JSON ({brief(exc)}); download or save it again") from None
     except RecursionError:  # json's parser recurses once per nested list or object
         raise HfError(f"{path}: JSON nested too deeply to be a model's file; download or save it again") from None
     if not isinstance(data, dict):
-        raise HfError(f"{path}: holds a JSON {type(data).__name__}, not an object; download or save it again")
+        raise HfError(f"{path}: holds a JSON {JSON_KINDS.get(type(data), 'value')}, not an object; download or save it again")
     return data
 
 

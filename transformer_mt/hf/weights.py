@@ -35,8 +35,8 @@ import torch
 from torch import Tensor
 
 from transformer_mt.config import quote
-from transformer_mt.hf import HfError, require_safetensors
-from transformer_mt.hf.vocab import read_json
+from transformer_mt.hf import HfError, brief, require_safetensors
+from transformer_mt.hf.vocab import MAX_CONFIG_BYTES, read_json
 from transformer_mt.model import Transformer, sinusoids
 
 SAFETENSORS, SAFETENSORS_INDEX, PYTORCH_BIN = "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"
@@ -86,6 +86,10 @@ def open_weights(directory: Path) -> tuple[dict[str, Stored], str]:
 
 def _safetensors_header(path: Path) -> dict[str, Stored]:
     st = require_safetensors()
+    with path.open("rb") as handle:  # the format: an 8-byte little-endian header length, the JSON header, the numbers
+        length = int.from_bytes(handle.read(8), "little")
+    if length > MAX_CONFIG_BYTES:
+        raise HfError(f"{path}: its header claims {length:,} bytes, more than the {MAX_CONFIG_BYTES:,} a model's tensor list needs; download it again")
     try:
         handle = st.safe_open(str(path), framework="pt")  # parses the header, checks the offsets against the file's size
         slices = {name: handle.get_slice(name) for name in handle.keys()}
@@ -94,7 +98,7 @@ def _safetensors_header(path: Path) -> dict[str, Stored]:
             for name, part in slices.items()
         }
     except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for a damaged file
-        raise HfError(f"{path}: not a readable safetensors file ({quote(str(exc).splitlines()[0] if str(exc) else exc, 120)}); download it again") from None
+        raise HfError(f"{path}: not a readable safetensors file ({brief(exc)}); download it again") from None
 
 
 def _shards(directory: Path, index: Path) -> dict[str, Stored]:
@@ -102,7 +106,9 @@ def _shards(directory: Path, index: Path) -> dict[str, Stored]:
     index names for it, and in no other."""
     weight_map = read_json(index).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
-        raise HfError(f"{index}: weight_map={quote(weight_map)} is not an object of tensor names and shard files; re-save the model with save_pretrained")
+        raise HfError(
+            f"{index}: weight_map={quote(weight_map)} must be a non-empty object of tensor names and shard files; re-save the model with save_pretrained"
+        )
     for name, shard in weight_map.items():
         if not isinstance(shard, str):
             raise HfError(f"{index}: weight_map gives tensor {quote_tensor(name)} the shard {quote(shard)}, not a file name; re-save the model")
@@ -143,9 +149,7 @@ def _pytorch_bin(path: Path) -> dict[str, Stored]:
     try:  # weights-only: no code in the pickle runs; mmap: the tensors' numbers stay in the file until read
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # noqa: BLE001 - torch raises many types for a bad or unsafe pickle; all are one user error
-        raise HfError(
-            f"{path}: cannot be loaded weights-only ({quote(str(exc).splitlines()[0] if str(exc) else exc, 120)}); re-save it as model.safetensors"
-        ) from None
+        raise HfError(f"{path}: cannot be loaded weights-only ({brief(exc)}); re-save it as model.safetensors") from None
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()):
         raise HfError(f"{path}: not a state dict of named tensors; re-save the model with save_pretrained")
     return {name: Stored(str(path), tuple(t.shape), str(t.dtype), t.dtype in FLOAT_TORCH_DTYPES, partial(_same, t)) for name, t in state.items()}
@@ -263,7 +267,7 @@ class _Reader:
         try:
             return tensor.read().float()
         except Exception as exc:  # noqa: BLE001 - a file damaged after its header: safetensors' or torch's error
-            raise HfError(f"{tensor.file}: tensor {name} cannot be read ({quote(str(exc), 120)}); download the file again") from None
+            raise HfError(f"{tensor.file}: tensor {name} cannot be read ({brief(exc)}); download the file again") from None
 
 
 def quote_tensor(name: object) -> str:
