@@ -324,6 +324,12 @@ def test_values_every_later_command_refuses_are_refused_at_import(marian_dir, tm
     assert not (tmp_path / "m.pt").exists()
 
 
+def test_separate_vocabs_without_a_target_vocabulary_names_the_setting(marian_dir, tmp_path):
+    bad = copy_marian(marian_dir, tmp_path / "bad")
+    edit_json(bad / "tokenizer_config.json", {"separate_vocabs": True})
+    assert_refused_in_one_line(_import(bad, tmp_path), names=["tokenizer_config.json", "separate_vocabs", "target_vocab.json"])
+
+
 @pytest.mark.parametrize("file", ["config.json", "vocab.json", "model.safetensors.index.json"])
 def test_json_nested_too_deep_is_refused(marian_dir, tmp_path, file):
     bad = copy_marian(marian_dir, tmp_path / "bad")

@@ -47,6 +47,20 @@ def test_opus_mt_config_fields():
         ({"pad_token_id": 500}, "pad_token_id"),
         ({"d_model": 50}, "d_model"),
         ({"activation_function": "gelu_fast"}, "activation_function"),
+        ({"activation_function": []}, "activation_function"),
+        ({"dropout": "x"}, "dropout"),
+        ({"dropout": None}, "dropout"),
+        ({"attention_dropout": 1.0}, "attention_dropout"),
+        ({"encoder_attention_heads": 0, "decoder_attention_heads": 0}, "encoder_attention_heads"),
+        ({"d_model": 6 << 17}, "d_model"),  # divisible by the 6 heads, past the limit
+        ({"encoder_layers": 10**40}, "encoder_layers"),
+        ({"max_position_embeddings": 1}, "max_position_embeddings"),
+        ({"scale_embedding": 1}, "scale_embedding"),
+        ({"share_encoder_decoder_embeddings": "yes"}, "share_encoder_decoder_embeddings"),
+        ({"decoder_start_token_id": 0}, "decoder_start_token_id"),  # the EOS id
+        ({"pad_token_id": 1}, "pad_token_id"),  # the UNK id
+        ({"bos_token_id": 10**6}, "bos_token_id"),
+        ({"d_model": None}, "d_model"),
     ],
 )
 def test_refused_naming_the_field(change, field):
@@ -54,6 +68,13 @@ def test_refused_naming_the_field(change, field):
     with pytest.raises(HfError, match=field) as info:
         model_config_from_marian(config, unk_id=1, source="m/config.json")
     assert str(info.value).startswith("m/config.json: ") and "\n" not in str(info.value)
+
+
+def test_a_refusal_quotes_a_long_value_short():
+    config = {**marian_config(MARIAN, src_vocab_size=100, tgt_vocab_size=120), "normalize_before": ["x" * 10_000] * 1000}
+    with pytest.raises(HfError, match="normalize_before") as info:
+        model_config_from_marian(config, unk_id=1, source="m/config.json")
+    assert len(str(info.value)) < 300
 
 
 @pytest.mark.parametrize(
