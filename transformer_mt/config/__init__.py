@@ -13,7 +13,19 @@ and what to change. Dotted overrides (``model.encoder_layers=3``) go through the
   config, the command line, the server and the search each check with the same functions.
 """
 
-from transformer_mt.config.checks import CHOICES, LIMITS, MAX_PARAMETERS, PATH_KEYS, ConfigError, model_elements, quote, quote_name, size_problem, validate
+from transformer_mt.config.checks import (
+    CHOICES,
+    LIMITS,
+    MAX_PARAMETERS,
+    MAX_POSITION_TABLE_BYTES,
+    PATH_KEYS,
+    ConfigError,
+    model_elements,
+    quote,
+    quote_name,
+    size_problem,
+    validate,
+)
 from transformer_mt.config.loading import from_dict, load_config, save_config, stated_keys, to_dict
 from transformer_mt.config.rules import Problem, beam_problem, length_problem, lenpen_problem, max_beam, specials_problem
 from transformer_mt.config.sections import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig
@@ -22,6 +34,7 @@ __all__ = [
     "CHOICES",
     "LIMITS",
     "MAX_PARAMETERS",
+    "MAX_POSITION_TABLE_BYTES",
     "PATH_KEYS",
     "Config",
     "ConfigError",

@@ -222,6 +222,8 @@ LIMITS = {
 # holds with room to decode, and ten times Transformer-big (213M) or the largest MarianMT model (~600M). A config,
 # a checkpoint or an imported model above it is refused before anything is allocated.
 MAX_PARAMETERS = 1 << 31
+# A sinusoid position table computed on load (never stored): 1 GiB is 500k positions at d_model 512, far past any sentence
+MAX_POSITION_TABLE_BYTES = 1 << 30
 
 
 def model_elements(m: ModelConfig, *, src_vocab_size: int, tgt_vocab_size: int) -> int:

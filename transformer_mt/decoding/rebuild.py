@@ -26,10 +26,9 @@ import torch
 from torch import Tensor
 
 from transformer_mt.checkpoint import CheckpointError
-from transformer_mt.config import ConfigError, ModelConfig, model_elements, quote_name, size_problem
+from transformer_mt.config import MAX_POSITION_TABLE_BYTES, ConfigError, ModelConfig, model_elements, quote_name, size_problem
 from transformer_mt.model import Transformer
 
-MAX_POSITION_TABLE_BYTES = 1 << 30  # a sinusoid table of 1 GiB: 500k positions at d_model 512, far past any sentence
 _KEPT_IDS = "output_ids"  # model.restrict_output's kept pieces: (K,) ascending ids, K known only from the checkpoint
 
 

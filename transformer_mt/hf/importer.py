@@ -41,6 +41,7 @@ import torch
 from transformer_mt.checkpoint import pack_tokenizers, save_checkpoint
 from transformer_mt.config import (
     LIMITS,
+    MAX_POSITION_TABLE_BYTES,
     Config,
     DataConfig,
     DecodeConfig,
@@ -71,9 +72,6 @@ from transformer_mt.model import Transformer
 from transformer_mt.text import SpecialIds, Tokenizer, TokenizerError
 
 GENERATION_CONFIG = "generation_config.json"
-# The sinusoid table a model computes rather than stores (max_positions x d_model float32), as the checkpoint loader
-# bounds it: 1 GiB is 500k positions at d_model 512, far past any sentence (MarianMT's tables have 512).
-MAX_POSITION_TABLE_BYTES = 1 << 30
 
 
 @dataclasses.dataclass(frozen=True)

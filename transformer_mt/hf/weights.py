@@ -34,7 +34,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from transformer_mt.config import quote
+from transformer_mt.config import quote, quote_name
 from transformer_mt.hf import HfError, brief, require_safetensors
 from transformer_mt.hf.vocab import MAX_CONFIG_BYTES, read_json
 from transformer_mt.model import Transformer, sinusoids
@@ -111,18 +111,18 @@ def _shards(directory: Path, index: Path) -> dict[str, Stored]:
         )
     for name, shard in weight_map.items():
         if not isinstance(shard, str):
-            raise HfError(f"{index}: weight_map gives tensor {quote_tensor(name)} the shard {quote(shard)}, not a file name; re-save the model")
+            raise HfError(f"{index}: weight_map gives tensor {quote_name(name)} the shard {quote(shard)}, not a file name; re-save the model")
     weights: dict[str, Stored] = {}
     for shard in sorted(set(weight_map.values())):
         for name, tensor in _safetensors_header(_shard_path(directory, shard, index)).items():
             if weight_map.get(name) != shard:
                 where = "in no shard" if name not in weight_map else f"in {quote(weight_map[name])}"
-                raise HfError(f"{index}: shard {quote(shard)} holds tensor {quote_tensor(name)}, which weight_map puts {where}; re-save the model")
+                raise HfError(f"{index}: shard {quote(shard)} holds tensor {quote_name(name)}, which weight_map puts {where}; re-save the model")
             weights[name] = tensor
     absent = sorted(set(weight_map) - set(weights))
     if absent:
         raise HfError(
-            f"{index}: tensor {quote_tensor(absent[0])} is not in its shard {quote(weight_map[absent[0]])} ({len(absent)} such); download every shard again"
+            f"{index}: tensor {quote_name(absent[0])} is not in its shard {quote(weight_map[absent[0]])} ({len(absent)} such); download every shard again"
         )
     return weights
 
@@ -218,7 +218,7 @@ def check_stored(stored: dict[str, Stored], layout: Layout, *, source: str) -> N
     if surplus:
         first = stored[surplus[0]]
         raise HfError(
-            f"{first.file}: tensor {quote_tensor(surplus[0])} has no place in a MarianMT model of this config.json ({len(surplus)} such); tmt cannot import it"
+            f"{first.file}: tensor {quote_name(surplus[0])} has no place in a MarianMT model of this config.json ({len(surplus)} such); tmt cannot import it"
         )
     for name in (n for n in layout.shapes if n in stored):  # the embeddings first, then layer by layer
         tensor, allowed = stored[name], layout.shapes[name]
@@ -268,11 +268,6 @@ class _Reader:
             return tensor.read().float()
         except Exception as exc:  # noqa: BLE001 - a file damaged after its header: safetensors' or torch's error
             raise HfError(f"{tensor.file}: tensor {name} cannot be read ({brief(exc)}); download the file again") from None
-
-
-def quote_tensor(name: object) -> str:
-    """A tensor's name from a file as a message shows it: as it is when short and printable, else quoted."""
-    return name if isinstance(name, str) and name.isprintable() and len(name) <= 120 else quote(name, 80)
 
 
 def residual_order(model: Transformer) -> Tensor:
