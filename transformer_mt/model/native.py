@@ -50,6 +50,7 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # -fopenmp: at::parallel_for runs
 ENV_SWITCH = "TMT_NATIVE_KERNELS"  # "0": never build or load
 BUILD_LOCK = "tmt_build.lock"  # in the build directory: flocked by the process that builds, holding "PID HOST"
 BUILD_WAIT = 600.0  # seconds a process waits for another's build before training with the torch ops
+QUIET_WAIT = 10.0  # seconds of that wait before it is announced (a cached build loads well within it)
 TORCH_LOCK = "lock"  # torch's FileBaton in the build directory (torch.utils.cpp_extension._jit_compile)
 
 _lock = threading.Lock()
@@ -149,8 +150,12 @@ def _build_lock(build_dir: Path, *, wait: float) -> Iterator[bool]:
     try:
         if not _try_flock(fcntl, fd):
             holder = _holder(path)
-            print(f"tmt: waiting for {holder}, which builds the C++ kernels in {build_dir} (at most {wait:g} s)", file=sys.stderr)
-            stopped = _wait_for_flock(fcntl, fd, wait)
+            # silent at first: the ranks of one run start together, and all but one wait a moment for its load
+            quiet = min(QUIET_WAIT, wait)
+            stopped = _wait_for_flock(fcntl, fd, quiet)
+            if stopped is None and not _try_flock(fcntl, fd):
+                print(f"tmt: waiting for {holder}, which builds the C++ kernels in {build_dir} (at most {wait:g} s)", file=sys.stderr)
+                stopped = _wait_for_flock(fcntl, fd, wait - quiet)
             if stopped is not None or not _try_flock(fcntl, fd):
                 why = f"{stopped} ended the wait" if stopped else f"{holder} still holds {path} after {wait:g} s"
                 print(
