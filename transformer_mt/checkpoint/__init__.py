@@ -2,7 +2,7 @@
 run and their pruning (retention), averaging (averaging), and the directories `tmt export` writes (exports)."""
 
 from transformer_mt.checkpoint.averaging import average_checkpoints, check_average_output
-from transformer_mt.checkpoint.exports import EXPORT_MARKER, output_problem, staged_directory, write_export_marker
+from transformer_mt.checkpoint.exports import EXPORT_MARKER, file_sha256, output_problem, staged_directory, write_export_marker
 from transformer_mt.checkpoint.io import (
     FORMAT,
     CheckpointError,
@@ -21,6 +21,7 @@ from transformer_mt.checkpoint.retention import checkpoint_update, last_checkpoi
 from transformer_mt.checkpoint.rng import rng_state, set_rng_state
 
 __all__ = [
+    "file_sha256",
     "CheckpointError",
     "EXPORT_MARKER",
     "FORMAT",

@@ -28,7 +28,7 @@ FILES_KEY = "files"  # the marker's {file name: sha256} of every other file the 
 def write_export_marker(directory: Path, notes: dict[str, Any]) -> None:
     """Write ``directory``'s :data:`EXPORT_MARKER`: ``notes`` and the sha256 of every file in it (the export's, all
     written by now)."""
-    files = {path.name: _sha256(path) for path in sorted(directory.iterdir()) if path.name != EXPORT_MARKER and path.is_file()}
+    files = {path.name: file_sha256(path) for path in sorted(directory.iterdir()) if path.name != EXPORT_MARKER and path.is_file()}
     (directory / EXPORT_MARKER).write_text(json.dumps({**notes, FILES_KEY: files}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
@@ -55,7 +55,7 @@ def output_problem(out: Path, *, force: bool) -> str | None:
             continue
         if name not in written:
             return f"{path}: not written by tmt export, and --force replaces only an export's own files; move it out of {out} or choose a new -o directory"
-        if path.is_symlink() or not path.is_file() or _sha256(path) != written[name]:
+        if path.is_symlink() or not path.is_file() or file_sha256(path) != written[name]:
             return f"{path}: changed since tmt export wrote it, and --force replaces only unchanged files; move it out of {out} or choose a new -o directory"
     return None
 
@@ -121,7 +121,8 @@ def _move_into_place(staging: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes (hex), read in 1 MiB blocks."""
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

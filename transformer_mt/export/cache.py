@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer_mt import __version__
-from transformer_mt.checkpoint import EXPORT_MARKER, load_checkpoint, output_problem
+from transformer_mt.checkpoint import EXPORT_MARKER, file_sha256, load_checkpoint, output_problem
 from transformer_mt.export import ExportError
 from transformer_mt.export.ctranslate2 import export_ctranslate2, require_ctranslate2
 
@@ -77,7 +77,7 @@ def cached_model(checkpoint: str | os.PathLike, *, weights: str | None = None) -
         notes = _fresh_notes(place, ckpt, stat, versions, digest)
         if notes is not None:
             return CachedModel(place, notes)
-    key = {**versions, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns, "sha256": digest[0] if digest else _sha256(ckpt)}
+    key = {**versions, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns, "sha256": digest[0] if digest else file_sha256(ckpt)}
     if _ours_or_free(beside):
         try:
             return _convert(
@@ -121,7 +121,7 @@ def _fresh_notes(place: Path, ckpt: Path, stat: os.stat_result, versions: dict[s
     if (key.get("mtime_ns"), key.get("ctime_ns")) == (stat.st_mtime_ns, stat.st_ctime_ns):
         return notes
     if not digest:
-        digest.append(_sha256(ckpt))
+        digest.append(file_sha256(ckpt))
     if key.get("sha256") != digest[0]:
         return None
     key.update(mtime_ns=stat.st_mtime_ns, ctime_ns=stat.st_ctime_ns)  # the same content (copied, touched): check it by its times again
@@ -137,14 +137,6 @@ def _convert(ckpt: Path, out: Path, key: dict[str, Any], *, weights: str | None,
     what it wrote."""
     export_ctranslate2(ckpt, out, force=True, weights=weights, notes={CACHE_KEY: key}, never_generated=True)  # tmt's search rule
     return CachedModel(out, json.loads((out / EXPORT_MARKER).read_text(encoding="utf-8")), note)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _write_atomically(path: Path, text: str) -> None:
