@@ -36,7 +36,9 @@ def time_call(fn, *, reps: int) -> float:
     return best
 
 
-def case(attn: MultiHeadAttention, *, batch: int, queries: int, keys: int, causal: bool, padded: bool, reps: int) -> dict[str, float]:
+def case(
+    attn: MultiHeadAttention, *, batch: int, queries: int, keys: int, causal: bool, padded: bool, reps: int
+) -> dict[str, float]:
     """Both paths on one shape: q (B, H, T, Dk), k and v (B, H, K, Dk); returns ms per call and the largest output difference."""
     g = torch.Generator().manual_seed(0)
     h, dk = attn.heads, attn.dk
@@ -72,12 +74,20 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} threads; ms per forward + backward call, best of 3 x {args.reps}")
-    print("\n| shape | SDPA ms | spelled out ms | SDPA / spelled | max difference |\n| --- | ---: | ---: | ---: | ---: |")
+    print(
+        "\n| shape | SDPA ms | spelled out ms | SDPA / spelled | max difference |\n| --- | ---: | ---: | ---: | ---: |"
+    )
     recipe = MultiHeadAttention(ModelConfig(d_model=128, heads=4))
     rows = [
-        ("recipe encoder self-attention (240 x 17 keys, padding mask)", dict(queries=17, keys=17, causal=False, padded=True)),
+        (
+            "recipe encoder self-attention (240 x 17 keys, padding mask)",
+            dict(queries=17, keys=17, causal=False, padded=True),
+        ),
         ("recipe decoder self-attention (240 x 18, causal)", dict(queries=18, keys=18, causal=True, padded=False)),
-        ("recipe cross-attention (240 x 18 queries x 17 keys, padding mask)", dict(queries=18, keys=17, causal=False, padded=True)),
+        (
+            "recipe cross-attention (240 x 18 queries x 17 keys, padding mask)",
+            dict(queries=18, keys=17, causal=False, padded=True),
+        ),
     ]
     for name, shape in rows:
         r = case(recipe, batch=240, reps=args.reps, **shape)
@@ -87,9 +97,13 @@ def main() -> None:
         for keys in (16, 32, 64, 96, 128):
             for causal in (False, True):
                 batch = max(1, args.batch_tokens // keys)
-                r = case(attn, batch=batch, queries=keys, keys=keys, causal=causal, padded=False, reps=max(5, args.reps // 3))
+                r = case(
+                    attn, batch=batch, queries=keys, keys=keys, causal=causal, padded=False, reps=max(5, args.reps // 3)
+                )
                 kind = "causal" if causal else "no mask"
-                print(f"| d_k {dk}, {batch} x {keys} keys, {kind} | {r['sdpa']:.2f} | {r['spelled']:.2f} | {r['sdpa'] / r['spelled']:.2f} | {r['diff']:.1e} |")
+                print(
+                    f"| d_k {dk}, {batch} x {keys} keys, {kind} | {r['sdpa']:.2f} | {r['spelled']:.2f} | {r['sdpa'] / r['spelled']:.2f} | {r['diff']:.1e} |"
+                )
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ entry point, also of each phase's own process (``--phase SPEC.json``).
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmarking package beside this file, also when loaded by path
+sys.path.insert(
+    0, str(Path(__file__).resolve().parent)
+)  # the benchmarking package beside this file, also when loaded by path
 
 from benchmarking import dry_run, gpu_bf16_peak, main, parse_args, phase_ctranslate2
 

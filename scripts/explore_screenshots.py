@@ -30,10 +30,18 @@ SECTIONS = {  # PNG name: the page's section
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-c", "--checkpoint", action="append", required=True, help="PATH or NAME=PATH; repeat for a second checkpoint")
+    parser.add_argument(
+        "-c", "--checkpoint", action="append", required=True, help="PATH or NAME=PATH; repeat for a second checkpoint"
+    )
     parser.add_argument("--sentence", default="A man in a blue shirt is standing on a ladder.")
-    parser.add_argument("--reference", default=None, help="teacher-force this target (the loss view) instead of the translation")
-    parser.add_argument("--batch-with", default="Two dogs play.", help="a second sentence in the masks' batch, so one is padded ('' for none)")
+    parser.add_argument(
+        "--reference", default=None, help="teacher-force this target (the loss view) instead of the translation"
+    )
+    parser.add_argument(
+        "--batch-with",
+        default="Two dogs play.",
+        help="a second sentence in the masks' batch, so one is padded ('' for none)",
+    )
     parser.add_argument("--head", default="mean", help="attention head drawn large: a number or 'mean'")
     parser.add_argument("--layer", type=int, default=0, help="the layer whose attention is drawn (0 = the lowest)")
     parser.add_argument("-o", "--output", type=Path, default=Path("docs/img"))
@@ -42,7 +50,10 @@ def main(argv: list[str] | None = None) -> int:
 
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
-        print("explore_screenshots: no chromium on PATH; install it (Debian: apt-get install -y chromium)", file=sys.stderr)
+        print(
+            "explore_screenshots: no chromium on PATH; install it (Debian: apt-get install -y chromium)",
+            file=sys.stderr,
+        )
         return 2
     import torch
     from playwright.sync_api import sync_playwright
@@ -70,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
             page.fill("#batch-with", args.batch_with)
             tic = time.perf_counter()
             page.press("#source", "Enter")
-            page.wait_for_function("document.getElementById('status').textContent.startsWith('done') || !document.getElementById('error').hidden")
+            page.wait_for_function(
+                "document.getElementById('status').textContent.startsWith('done') || !document.getElementById('error').hidden"
+            )
             translate_s = time.perf_counter() - tic
             if not page.locator("#error").is_hidden():
                 print(f"explore_screenshots: the page says: {page.text_content('#error')}", file=sys.stderr)
@@ -85,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
             browser.close()
     finally:
         server.stop()
-    print(f"translation: {page_text(args.sentence)} -> page load {load_s:.2f} s, translation with every view {translate_s:.2f} s")
+    print(
+        f"translation: {page_text(args.sentence)} -> page load {load_s:.2f} s, translation with every view {translate_s:.2f} s"
+    )
     return 0
 
 

@@ -55,7 +55,9 @@ def _generate(hf, tok, lines: list[str], *, beam: int, max_len: int, batch_size:
     return out
 
 
-def max_logprob_difference(hf, tok, tr: Translator, lines: list[str], targets: list[list[int]], *, batch_size: int) -> float:
+def max_logprob_difference(
+    hf, tok, tr: Translator, lines: list[str], targets: list[list[int]], *, batch_size: int
+) -> float:
     """Teacher forcing of ``targets`` (target ids without EOS) in both: the largest |log p_tmt - log p_hf| at a real position."""
     eos, pad, start = hf.config.eos_token_id, hf.config.pad_token_id, hf.config.decoder_start_token_id
     worst = 0.0
@@ -70,23 +72,37 @@ def max_logprob_difference(hf, tok, tr: Translator, lines: list[str], targets: l
         for r, row in enumerate(rows):
             real[r, : len(row)] = True
         with torch.inference_mode():
-            theirs = hf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], decoder_input_ids=tgt_in).logits.log_softmax(-1)
+            theirs = hf(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], decoder_input_ids=tgt_in
+            ).logits.log_softmax(-1)
             ours = tr.model.decode(tgt_in, tr.model.encode(batch["input_ids"])).log_softmax(-1)
         worst = max(worst, (ours - theirs)[real].abs().max().item())
     return worst
 
 
-def compare(model_dir: Path, lines: list[str], refs: list[str] | None, *, max_len: int, batch_size: int, batch_tokens: int) -> dict:
+def compare(
+    model_dir: Path, lines: list[str], refs: list[str] | None, *, max_len: int, batch_size: int, batch_tokens: int
+) -> dict:
     transformers = require_transformers()
     hf = transformers.MarianMTModel.from_pretrained(model_dir).eval()
     tok = transformers.MarianTokenizer.from_pretrained(model_dir)
     with tempfile.TemporaryDirectory() as tmp:
         tr = Translator.from_checkpoint(import_marian(model_dir, Path(tmp) / "model.pt"), device="cpu")
     src_ids = tr.src_tok.encode(lines)
-    report: dict = {"model": str(model_dir), "lines": len(lines), "max_len": max_len, "threads": torch.get_num_threads()}
+    report: dict = {
+        "model": str(model_dir),
+        "lines": len(lines),
+        "max_len": max_len,
+        "threads": torch.get_num_threads(),
+    }
     for beam in (1, 4):
         start = time.perf_counter()
-        ours = [h[0].tokens for h in translate_ids(tr.model, src_ids, beam=beam, lenpen=0.0, max_len_a=0.0, max_len_b=max_len, batch_tokens=batch_tokens)]
+        ours = [
+            h[0].tokens
+            for h in translate_ids(
+                tr.model, src_ids, beam=beam, lenpen=0.0, max_len_a=0.0, max_len_b=max_len, batch_tokens=batch_tokens
+            )
+        ]
         tmt_s = time.perf_counter() - start
         # the same order for transformers: longest source first, as tmt batches them
         order = sorted(range(len(lines)), key=lambda i: len(src_ids[i]), reverse=True)
@@ -125,7 +141,9 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.threads)
     lines = [line for _, line in zip(range(args.n), iter_file(args.src))]
     refs = [line for _, line in zip(range(len(lines)), iter_file(args.ref))] if args.ref else None
-    report = compare(args.model_dir, lines, refs, max_len=args.max_len, batch_size=args.batch_size, batch_tokens=args.batch_tokens)
+    report = compare(
+        args.model_dir, lines, refs, max_len=args.max_len, batch_size=args.batch_size, batch_tokens=args.batch_tokens
+    )
     for key, value in report.items():
         print(f"{key}: {value:.3g}" if isinstance(value, float) else f"{key}: {value}")
     if args.json:

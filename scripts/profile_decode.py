@@ -47,10 +47,22 @@ GROUPS = (
     ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear")),
     ("attention (SDPA)", ("aten::_scaled_dot_product", "aten::scaled_dot_product")),
     ("norms", ("aten::norm", "aten::linalg_vector_norm", "aten::clamp", "aten::clamp_min", "aten::native_layer_norm")),
-    ("softmax / top-k", ("aten::_log_softmax", "aten::log_softmax", "aten::topk", "aten::max", "aten::sort", "aten::argsort")),
-    ("reorder / gather", ("aten::index_select", "aten::index", "aten::index_put", "aten::index_copy", "aten::gather", "aten::embedding")),
-    ("element-wise", ("aten::add", "aten::mul", "aten::div", "aten::sub", "aten::relu", "aten::where", "aten::copy_", "aten::fill_")),
-    ("allocation / views", ("aten::empty", "aten::new_", "aten::full", "aten::zeros", "aten::clone", "aten::cat", "aten::stack")),
+    (
+        "softmax / top-k",
+        ("aten::_log_softmax", "aten::log_softmax", "aten::topk", "aten::max", "aten::sort", "aten::argsort"),
+    ),
+    (
+        "reorder / gather",
+        ("aten::index_select", "aten::index", "aten::index_put", "aten::index_copy", "aten::gather", "aten::embedding"),
+    ),
+    (
+        "element-wise",
+        ("aten::add", "aten::mul", "aten::div", "aten::sub", "aten::relu", "aten::where", "aten::copy_", "aten::fill_"),
+    ),
+    (
+        "allocation / views",
+        ("aten::empty", "aten::new_", "aten::full", "aten::zeros", "aten::clone", "aten::cat", "aten::stack"),
+    ),
 )
 
 
@@ -110,7 +122,9 @@ def profile_table(tr: Translator, batches: list[list[str]], *, beam: int, title:
     grouped: dict[str, float] = collections.defaultdict(float)
     for name, us in times.items():
         grouped[group_of(name)] += us
-    rows = sorted(grouped.items(), key=lambda kv: -kv[1]) + [("outside operators", max(0.0, wall - sum(grouped.values())))]
+    rows = sorted(grouped.items(), key=lambda kv: -kv[1]) + [
+        ("outside operators", max(0.0, wall - sum(grouped.values())))
+    ]
     print(f"\n# {title}, beam {beam}: {wall / 1e3:.0f} ms under the profiler")
     print("\n| group | ms | share of wall |\n| --- | ---: | ---: |")
     for group, us in rows:
@@ -126,10 +140,14 @@ def hypotheses(tr: Translator, lines: list[str], args: argparse.Namespace) -> di
     ids = tr.src_tok.encode(lines)
     d = tr.cfg.decode
     out = {}
-    runs = [(beam, lenpen, 1, len(ids)) for beam in (1, 5) for lenpen in sorted({0.0, d.lenpen})] + [(5, d.lenpen, 5, args.nbest_lines)]
+    runs = [(beam, lenpen, 1, len(ids)) for beam in (1, 5) for lenpen in sorted({0.0, d.lenpen})] + [
+        (5, d.lenpen, 5, args.nbest_lines)
+    ]
     for beam, lenpen, nbest, n in runs:
         lengths = {"max_len_a": d.max_len_a, "max_len_b": d.max_len_b}
-        hyps = translate_ids(tr.model, ids[:n], beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=d.batch_tokens, **lengths)
+        hyps = translate_ids(
+            tr.model, ids[:n], beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=d.batch_tokens, **lengths
+        )
         out[f"beam{beam}-lenpen{lenpen:g}-nbest{nbest}"] = [[[h.tokens, h.score, h.logprob] for h in nb] for nb in hyps]
     return out
 
@@ -140,7 +158,9 @@ def compare(new: dict[str, list], old: dict[str, list]) -> bool:
         got = new[name]
         same = sum(all(a[0] == b[0] for a, b in zip(x, y)) and len(x) == len(y) for x, y in zip(got, lists))
         diff = max(abs(a[i] - b[i]) for x, y in zip(got, lists) for a, b in zip(x, y) for i in (1, 2))
-        print(f"{name}: {same}/{len(lists)} lines with identical hypotheses, largest score / log-prob difference {diff:.2e}")
+        print(
+            f"{name}: {same}/{len(lists)} lines with identical hypotheses, largest score / log-prob difference {diff:.2e}"
+        )
         same_everywhere &= same == len(lists)
     return same_everywhere
 
@@ -154,7 +174,13 @@ def main(argv: list[str] | None = None) -> None:
     elif args.mode == "profile":
         for beam in args.beams:
             profile_table(tr, [lines], beam=beam, title=f"{len(lines)} lines in one call", top=args.top)
-            profile_table(tr, [[line] for line in lines[: args.single]], beam=beam, title=f"{args.single} lines one at a time", top=args.top)
+            profile_table(
+                tr,
+                [[line] for line in lines[: args.single]],
+                beam=beam,
+                title=f"{args.single} lines one at a time",
+                top=args.top,
+            )
     else:
         if (args.save is None) == (args.check is None):
             sys.exit("outputs needs exactly one of --save FILE, --check FILE")

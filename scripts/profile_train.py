@@ -34,16 +34,54 @@ from transformer_mt.config import load_config
 from transformer_mt.training import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
-REFERENCE = ["model.norm=post", "model.dropout=0.1", "model.activation_dropout=0.0", "train.max_tokens=4096", "train.lr=5e-4", "train.warmup_updates=1000"]
+REFERENCE = [
+    "model.norm=post",
+    "model.dropout=0.1",
+    "model.activation_dropout=0.0",
+    "train.max_tokens=4096",
+    "train.lr=5e-4",
+    "train.warmup_updates=1000",
+]
 # Operator name -> group. The first matching prefix wins; everything unmatched is "other ops".
 GROUPS = (
-    ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear", "mkldnn::_linear_pointwise")),
+    (
+        "matmul",
+        (
+            "aten::mm",
+            "aten::addmm",
+            "aten::bmm",
+            "aten::baddbmm",
+            "aten::matmul",
+            "aten::linear",
+            "mkldnn::_linear_pointwise",
+        ),
+    ),
     ("attention (SDPA)", ("aten::_scaled_dot_product", "aten::scaled_dot_product", "tmt::short_attention")),
     ("layer norm", ("aten::native_layer_norm", "aten::layer_norm", "tmt::scale_norm")),
-    ("dropout", ("aten::native_dropout", "aten::dropout", "aten::bernoulli", "aten::uniform_", "aten::rand", "aten::random_", "tmt::dropout")),
+    (
+        "dropout",
+        (
+            "aten::native_dropout",
+            "aten::dropout",
+            "aten::bernoulli",
+            "aten::uniform_",
+            "aten::rand",
+            "aten::random_",
+            "tmt::dropout",
+        ),
+    ),
     (
         "softmax / loss",
-        ("aten::_log_softmax", "aten::log_softmax", "aten::_softmax", "aten::softmax", "aten::nll_loss", "aten::gather", "aten::scatter", "tmt::softmax_rows"),
+        (
+            "aten::_log_softmax",
+            "aten::log_softmax",
+            "aten::_softmax",
+            "aten::softmax",
+            "aten::nll_loss",
+            "aten::gather",
+            "aten::scatter",
+            "tmt::softmax_rows",
+        ),
     ),
     ("embedding", ("aten::embedding", "aten::index_select", "aten::index_add", "aten::embedding_dense_backward")),
     ("optimizer", ("aten::_fused_adam", "aten::_foreach", "Optimizer.step")),
@@ -123,7 +161,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=20, help="untimed updates before the profiler starts")
     p.add_argument("--updates", type=int, default=30, help="profiled updates")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--set", dest="overrides", action="append", default=[], help="config override section.key=value (repeatable)")
+    p.add_argument(
+        "--set", dest="overrides", action="append", default=[], help="config override section.key=value (repeatable)"
+    )
     p.add_argument("--out", type=Path, default=Path("prof"))
     p.add_argument("--trace", action="store_true", help="also write a Chrome trace (<out>/<model>.trace.json)")
     p.add_argument("--top", type=int, default=15, help="operators listed")
@@ -150,7 +190,9 @@ def profile_updates(cfg, *, warmup: int, total: int) -> tuple[profile, float, in
     return prof, (marks["stop"] - marks["start"]) * 1e6, sum(tokens)
 
 
-def print_tables(args: argparse.Namespace, rows: list[tuple[str, float]], times: dict[str, float], *, wall_us: float, ntok: int) -> None:
+def print_tables(
+    args: argparse.Namespace, rows: list[tuple[str, float]], times: dict[str, float], *, wall_us: float, ntok: int
+) -> None:
     print(
         f"# {args.model}: {args.updates} updates profiled after {args.warmup}, {ntok} target tokens, "
         f"{wall_us / 1e3 / args.updates:.1f} ms per update, {ntok / (wall_us / 1e6):.0f} target tokens/s (under the profiler), "
@@ -178,7 +220,14 @@ def main(argv: list[str] | None = None) -> None:
     rows = sorted(grouped.items(), key=lambda kv: -kv[1]) + [("outside operators", max(0.0, wall_us - accounted))]
     print_tables(args, rows, times, wall_us=wall_us, ntok=ntok)
     args.out.mkdir(parents=True, exist_ok=True)
-    report = {"model": args.model, "updates": args.updates, "wall_us": wall_us, "target_tokens": ntok, "groups": dict(rows), "ops": times}
+    report = {
+        "model": args.model,
+        "updates": args.updates,
+        "wall_us": wall_us,
+        "target_tokens": ntok,
+        "groups": dict(rows),
+        "ops": times,
+    }
     (args.out / f"{args.model}.profile.json").write_text(json.dumps(report, indent=1))
     if args.trace:
         prof.export_chrome_trace(str(args.out / f"{args.model}.trace.json"))

@@ -36,7 +36,9 @@ def moses_pipeline(lang: str):
     try:
         from sacremoses import MosesPunctNormalizer, MosesTokenizer
     except ImportError:
-        sys.exit("published_bleu.py: needs the sacremoses package (the Moses tokenizer in Python); run: pip install sacremoses")
+        sys.exit(
+            "published_bleu.py: needs the sacremoses package (the Moses tokenizer in Python); run: pip install sacremoses"
+        )
     normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
 
     def apply(lines: list[str]) -> list[str]:
@@ -50,8 +52,14 @@ def moses_pipeline(lang: str):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("hyps", nargs="+", help="detokenized hypothesis files (tmt translate / evaluate output)")
-    parser.add_argument("--ref", required=True, help="the detokenized reference file (e.g. data/multi30k/test_2016_flickr.de)")
-    parser.add_argument("--lang", default=None, help="Moses language code of the target (default: the reference's two-letter extension, e.g. de)")
+    parser.add_argument(
+        "--ref", required=True, help="the detokenized reference file (e.g. data/multi30k/test_2016_flickr.de)"
+    )
+    parser.add_argument(
+        "--lang",
+        default=None,
+        help="Moses language code of the target (default: the reference's two-letter extension, e.g. de)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object per hypothesis file")
     args = parser.parse_args(argv)
     lang = args.lang or Path(args.ref).suffix.lstrip(".")
@@ -60,14 +68,30 @@ def main(argv: list[str] | None = None) -> int:
     prepare = moses_pipeline(lang)
     try:
         ref = prepare(read_lines(args.ref))
-        print(f"{args.ref}: {sum(len(line.split()) for line in ref)} reference tokens after lowercase | normalize | tokenize -l {lang}", file=sys.stderr)
+        print(
+            f"{args.ref}: {sum(len(line.split()) for line in ref)} reference tokens after lowercase | normalize | tokenize -l {lang}",
+            file=sys.stderr,
+        )
         for hyp_path in args.hyps:
             hyp = prepare(read_lines(hyp_path))
-            bleu = score(hyp, [ref], metrics=("bleu",), tokenize="none", hyp_name=hyp_path, ref_names=[args.ref])["bleu"]
+            bleu = score(hyp, [ref], metrics=("bleu",), tokenize="none", hyp_name=hyp_path, ref_names=[args.ref])[
+                "bleu"
+            ]
             if args.json:
-                print(json.dumps({"file": hyp_path, "bleu": round(bleu["score"], 2), "verbose": bleu["verbose"], "convention": f"moses-lc-norm-tok-{lang}"}))
+                print(
+                    json.dumps(
+                        {
+                            "file": hyp_path,
+                            "bleu": round(bleu["score"], 2),
+                            "verbose": bleu["verbose"],
+                            "convention": f"moses-lc-norm-tok-{lang}",
+                        }
+                    )
+                )
             else:
-                print(f"{hyp_path}: BLEU {bleu['score']:.2f} {bleu['verbose']} (lowercased, Moses-normalized and -tokenized, {lang})")
+                print(
+                    f"{hyp_path}: BLEU {bleu['score']:.2f} {bleu['verbose']} (lowercased, Moses-normalized and -tokenized, {lang})"
+                )
     except TmtError as exc:  # MetricsError, or textio's TextError for a file that is not UTF-8
         sys.exit(f"published_bleu.py: {exc}")
     return 0

@@ -65,7 +65,9 @@ def build_tiny(lines: list[str], out_dir: Path) -> Path:
     torch.manual_seed(0)
     model = Transformer(cfg.model, src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size)
     path = out_dir / "tiny.pt"
-    save_checkpoint({"model": model.state_dict(), "config": to_dict(cfg), "tokenizers": pack_tokenizers(tok.proto)}, path)
+    save_checkpoint(
+        {"model": model.state_dict(), "config": to_dict(cfg), "tokenizers": pack_tokenizers(tok.proto)}, path
+    )
     return path
 
 
@@ -85,8 +87,18 @@ def in_process(ckpt: Path, lines: list[str], *, threads: int, beam: int | None) 
         tr.translate_batch([line], beam=beam_, lenpen=lenpen)
         latencies.append(time.perf_counter() - tic)
     rows = [
-        {"mode": "in-process, all lines in one call", "clients": 0, "sentences_per_s": len(lines) / batched_s, "p50_ms": None, "p95_ms": None, "p99_ms": None},
-        _latency({"mode": "in-process, one line per call", "clients": 1, "sentences_per_s": len(lines) / sum(latencies)}, latencies),
+        {
+            "mode": "in-process, all lines in one call",
+            "clients": 0,
+            "sentences_per_s": len(lines) / batched_s,
+            "p50_ms": None,
+            "p95_ms": None,
+            "p99_ms": None,
+        },
+        _latency(
+            {"mode": "in-process, one line per call", "clients": 1, "sentences_per_s": len(lines) / sum(latencies)},
+            latencies,
+        ),
     ]
     return [nb[0][1] for nb in result.hypotheses], rows
 
@@ -99,7 +111,18 @@ def start_server(ckpt: Path, *, threads: int, extra: list[str]) -> tuple[subproc
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "transformer_mt.cli", "serve", "-c", f"bench={ckpt}", "--port", str(port), "--threads", str(threads)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "transformer_mt.cli",
+        "serve",
+        "-c",
+        f"bench={ckpt}",
+        "--port",
+        str(port),
+        "--threads",
+        str(threads),
+    ]
     proc = subprocess.Popen([*cmd, "--log-level", "warning", "--timeout", "0", "--max-queue", "4096", *extra], cwd=REPO)
     url = f"http://127.0.0.1:{port}"
     for _ in range(1200):  # up to 2 minutes for the model to load
@@ -124,13 +147,17 @@ def batch_sums(url: str) -> dict[str, float]:
     return {s.name: s.value for f in families for s in f.samples if s.name in wanted}
 
 
-async def clients(url: str, lines: list[str], n: int, *, beam: int | None) -> tuple[list[float], list[str | None], float]:
+async def clients(
+    url: str, lines: list[str], n: int, *, beam: int | None
+) -> tuple[list[float], list[str | None], float]:
     """``n`` clients sending the lines one per request, each taking the next unsent line; latencies, answers, wall time."""
     answers: list[str | None] = [None] * len(lines)
     latencies: list[float] = []
     queue = iter(range(len(lines)))
     body = {} if beam is None else {"beam": beam}
-    async with httpx.AsyncClient(base_url=url, timeout=600, limits=httpx.Limits(max_connections=n, max_keepalive_connections=n)) as client:
+    async with httpx.AsyncClient(
+        base_url=url, timeout=600, limits=httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    ) as client:
 
         async def one() -> None:
             for i in queue:
@@ -155,7 +182,9 @@ def served(url: str, lines: list[str], counts: list[int], expected: list[str], *
         row = {"mode": "tmt serve, single-line requests", "clients": n, "sentences_per_s": len(lines) / wall}
         row = _latency(row, latencies)
         row["batch_lines_mean"] = (after["tmt_batch_lines_sum"] - before["tmt_batch_lines_sum"]) / max(calls, 1)
-        row["batch_requests_mean"] = (after["tmt_batch_requests_sum"] - before["tmt_batch_requests_sum"]) / max(calls, 1)
+        row["batch_requests_mean"] = (after["tmt_batch_requests_sum"] - before["tmt_batch_requests_sum"]) / max(
+            calls, 1
+        )
         row["mismatches"] = sum(a != e for a, e in zip(answers, expected))
         rows.append(row)
     return rows
@@ -174,10 +203,19 @@ def markdown(rows: list[dict]) -> str:
         return "" if value is None else format(value, spec)
 
     for r in rows:
-        cells = [r["mode"], str(r["clients"] or "-"), fmt(r["sentences_per_s"], ".1f"), fmt(100 * r["sentences_per_s"] / base, ".0f")]
+        cells = [
+            r["mode"],
+            str(r["clients"] or "-"),
+            fmt(r["sentences_per_s"], ".1f"),
+            fmt(100 * r["sentences_per_s"] / base, ".0f"),
+        ]
         cells += [fmt(r.get(f"p{q}_ms"), ".1f") for q in (50, 95, 99)]
         cells += [fmt(r["p50_ms"] / direct if r.get("p50_ms") is not None else None, ".2f")]
-        cells += [fmt(r.get("batch_lines_mean"), ".1f"), fmt(r.get("batch_requests_mean"), ".1f"), fmt(r.get("mismatches"), "d")]
+        cells += [
+            fmt(r.get("batch_lines_mean"), ".1f"),
+            fmt(r.get("batch_requests_mean"), ".1f"),
+            fmt(r.get("mismatches"), "d"),
+        ]
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -191,7 +229,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lines", type=int, default=0, help="use the first N lines (0: all)")
     p.add_argument("--clients", default="1,8,32,64", help="comma-separated client counts")
     p.add_argument("--beam", type=int, default=None, help="beam for both sides (default: the checkpoint's)")
-    p.add_argument("--threads", type=int, default=int(os.environ.get("TMT_BENCH_THREADS", "0")), help="torch threads for both sides (0: torch's default)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=int(os.environ.get("TMT_BENCH_THREADS", "0")),
+        help="torch threads for both sides (0: torch's default)",
+    )
     p.add_argument("--json", type=Path, help="also write the rows as JSON here")
     p.add_argument("serve_args", nargs="*", help="after --: more `tmt serve` options, e.g. -- --batch-wait-ms 10")
     args = p.parse_args(argv)
@@ -207,7 +250,10 @@ def main(argv: list[str] | None = None) -> int:
         proc.wait(60)
     print(markdown(rows))
     if args.json:
-        args.json.write_text(json.dumps({"checkpoint": ckpt.name, "lines": len(lines), "threads": args.threads, "rows": rows}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps({"checkpoint": ckpt.name, "lines": len(lines), "threads": args.threads, "rows": rows}, indent=2)
+            + "\n"
+        )
     return 0
 
 

@@ -65,7 +65,9 @@ def render(sweep: dict) -> str:
         label, p_ppl, p_bleu, p_params = PAPER.get(name, ("(not in the paper)", None, None, None))
         change = ", ".join(s.split(".", 1)[1] for s in r["set"]) or "—"
         if r.get("status") != "done":
-            out.append(f"| {r['row']} | {change} | {r.get('status')} {r.get('note', '')} | | {label} | {p_bleu or ''} | | | | | {p_params or ''} | |")
+            out.append(
+                f"| {r['row']} | {change} | {r.get('status')} {r.get('note', '')} | | {label} | {p_bleu or ''} | | | | | {p_params or ''} | |"
+            )
             continue
         ours = f"{r['val_bleu']:.2f}"
         d_ours = "" if name == "base" else signed(r["val_bleu"] - base["val_bleu"], "+.2f")

@@ -27,7 +27,9 @@ def head(path: Path, n: int, *, skip: int = 0) -> list[str]:
 
 # ---------------------------------------------------------------- tiny random models
 TINY_VOCAB = 40  # 4 special ids + 36 symbols
-TINY_MODEL = ModelConfig(encoder_layers=2, decoder_layers=2, d_model=32, heads=4, d_ff=64, dropout=0.0, max_positions=64)
+TINY_MODEL = ModelConfig(
+    encoder_layers=2, decoder_layers=2, d_model=32, heads=4, d_ff=64, dropout=0.0, max_positions=64
+)
 
 
 def tiny_model_config(**changes) -> ModelConfig:
@@ -36,7 +38,13 @@ def tiny_model_config(**changes) -> ModelConfig:
 
 
 def tiny_model(
-    vocab: int = TINY_VOCAB, *, seed: int = 0, src_vocab: int | None = None, tgt_vocab: int | None = None, config: ModelConfig | None = None, **changes
+    vocab: int = TINY_VOCAB,
+    *,
+    seed: int = 0,
+    src_vocab: int | None = None,
+    tgt_vocab: int | None = None,
+    config: ModelConfig | None = None,
+    **changes,
 ):
     """A randomly initialised Transformer (torch seeded with `seed` first) in eval mode: `config`
     (default TINY_MODEL) with `changes`; `vocab` for both sides unless src_vocab / tgt_vocab say otherwise."""
@@ -60,7 +68,9 @@ def tokens(lengths: list[int], *, bos: bool = False, seed: int = 1, vocab: int =
     return out
 
 
-def make_checkpoint(spm_model: Path, path: Path, *, seed: int = 0, d_model: int = 32, positions: str = "learned") -> Path:
+def make_checkpoint(
+    spm_model: Path, path: Path, *, seed: int = 0, d_model: int = 32, positions: str = "learned"
+) -> Path:
     """A randomly initialised 1+1-layer model with its tokenizer, saved as an inference checkpoint:
     enough to test plumbing, not quality (for a trained one, see `tiny_checkpoint`)."""
     from transformer_mt.checkpoint import pack_tokenizers, save_checkpoint
@@ -86,7 +96,9 @@ def make_checkpoint(spm_model: Path, path: Path, *, seed: int = 0, d_model: int 
     tok = Tokenizer(spm_model)
     torch.manual_seed(seed)
     model = Transformer(cfg.model, src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size)
-    save_checkpoint({"model": model.state_dict(), "config": to_dict(cfg), "tokenizers": pack_tokenizers(tok.proto)}, path)
+    save_checkpoint(
+        {"model": model.state_dict(), "config": to_dict(cfg), "tokenizers": pack_tokenizers(tok.proto)}, path
+    )
     return path
 
 
@@ -229,7 +241,9 @@ def _train_tiny(corpus_slice: dict[str, Path], spm_model: Path, out_dir: Path, *
     cfg = run_config(corpus_slice, spm_model, out_dir, *TINY_RUN, *extra)
     result = train(cfg)
     assert result.progress.update == cfg.train.max_updates, result.stop_reason
-    return TrainedRun(run_dir=out_dir, checkpoint=out_dir / "checkpoint_last.pt", spm_model=spm_model, corpus=corpus_slice)
+    return TrainedRun(
+        run_dir=out_dir, checkpoint=out_dir / "checkpoint_last.pt", spm_model=spm_model, corpus=corpus_slice
+    )
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,9 @@ def test_the_cap_turns_a_huge_allocation_into_an_error_and_is_lifted_after():
 
 
 def test_a_refusal_must_be_one_line_naming_the_file():
-    assert_refused_in_one_line(Outcome(2, "", "tmt: error: a.pt: model.heads=0: must be positive\n", 0.0), names=["a.pt", "model.heads"])
+    assert_refused_in_one_line(
+        Outcome(2, "", "tmt: error: a.pt: model.heads=0: must be positive\n", 0.0), names=["a.pt", "model.heads"]
+    )
     for bad in (
         Outcome(1, "", "tmt: error: a.pt: bad\n", 0.0),  # exit code
         Outcome(2, "", "summary\ntmt: error: a.pt: bad\n", 0.0),  # a line before it

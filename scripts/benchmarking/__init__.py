@@ -52,7 +52,15 @@ runner (one subprocess per phase); report (benchmark.json) and markdown (benchma
 
 from benchmarking.cli import dry_run, main, parse_args, run_all
 from benchmarking.ct2 import phase_ctranslate2
-from benchmarking.fairseq_side import PeerError, parse_preprocess_log, peer_config, prepare, require_env, train_command, write_dictionary
+from benchmarking.fairseq_side import (
+    PeerError,
+    parse_preprocess_log,
+    peer_config,
+    prepare,
+    require_env,
+    train_command,
+    write_dictionary,
+)
 from benchmarking.flops import count_flops, train_step_flops
 from benchmarking.markdown import render_markdown
 from benchmarking.peer import parse_train_log, phase_fairseq

@@ -15,7 +15,16 @@ from benchmarking.markdown import render_markdown
 from benchmarking.plan import cpu_plan, ctranslate2_specs, cuda_plan
 from benchmarking.report import Where, cpu_report, cuda_report
 from benchmarking.runner import run_each, run_phase_file, run_specs
-from benchmarking.settings import FALLBACK_CONFIG, FULL, QUICK, RECIPE_CONFIG, REFERENCE_VOCAB, REPO, gpu_bf16_peak, sizes_for
+from benchmarking.settings import (
+    FALLBACK_CONFIG,
+    FULL,
+    QUICK,
+    RECIPE_CONFIG,
+    REFERENCE_VOCAB,
+    REPO,
+    gpu_bf16_peak,
+    sizes_for,
+)
 from benchmarking.specs import prepare_data
 from transformer_mt.config import Config, load_config
 
@@ -24,31 +33,72 @@ DESCRIPTION = "Benchmark transformer_mt on this machine; writes <out>/benchmark.
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", type=Path, default=RECIPE_CONFIG, help="recipe config (default configs/multi30k_en_de.yaml, else multi30k_small.yaml)")
-    p.add_argument("--data", type=Path, default=None, help="Multi30k directory (default ../shared/data/multi30k beside the repo, else data/multi30k)")
-    p.add_argument("--out", type=Path, default=Path("bench"), help="output directory; also holds the cached tokenizer and corpus")
+    p.add_argument(
+        "--config",
+        type=Path,
+        default=RECIPE_CONFIG,
+        help="recipe config (default configs/multi30k_en_de.yaml, else multi30k_small.yaml)",
+    )
+    p.add_argument(
+        "--data",
+        type=Path,
+        default=None,
+        help="Multi30k directory (default ../shared/data/multi30k beside the repo, else data/multi30k)",
+    )
+    p.add_argument(
+        "--out", type=Path, default=Path("bench"), help="output directory; also holds the cached tokenizer and corpus"
+    )
     p.add_argument("--threads", type=int, default=2, help="torch CPU threads in every phase")
-    p.add_argument("--warmup", type=int, default=None, help=f"untimed updates per training run (default {FULL.warmup}, quick {QUICK.warmup})")
-    p.add_argument("--updates", type=int, default=None, help=f"timed updates per training run (default {FULL.updates}, quick {QUICK.updates})")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help=f"untimed updates per training run (default {FULL.warmup}, quick {QUICK.warmup})",
+    )
+    p.add_argument(
+        "--updates",
+        type=int,
+        default=None,
+        help=f"timed updates per training run (default {FULL.updates}, quick {QUICK.updates})",
+    )
     p.add_argument("--sentences", type=int, default=None, help="test sentences translated (default all 1000, quick 20)")
-    p.add_argument("--checkpoint", type=Path, default=None, help="the trained recipe model: its translation speed is timed too")
+    p.add_argument(
+        "--checkpoint", type=Path, default=None, help="the trained recipe model: its translation speed is timed too"
+    )
     p.add_argument(
         "--reference-checkpoint",
         type=Path,
         default=None,
         help="a trained 3+3/d256 model, the size of the quoted fairseq beam-5 figure (else the benchmark's barely trained one)",
     )
-    p.add_argument("--ctranslate2", action="store_true", help="also decode each translated checkpoint with CTranslate2 (needs the export extra)")
-    p.add_argument("--quick", action="store_true", help="tiny models and sizes, seconds: checks the script, measures nothing")
+    p.add_argument(
+        "--ctranslate2",
+        action="store_true",
+        help="also decode each translated checkpoint with CTranslate2 (needs the export extra)",
+    )
+    p.add_argument(
+        "--quick", action="store_true", help="tiny models and sizes, seconds: checks the script, measures nothing"
+    )
     p.add_argument(
         "--device",
         choices=("cpu", "cuda"),
         default="cpu",
         help="cuda: the GPU plan (base and big at 25k-token batches, bf16 and fp32+TF32, the recipe; MFU, peak GPU memory)",
     )
-    p.add_argument("--compile", action="store_true", help="--device cuda: also train base and big in bf16 with torch.compile")
-    p.add_argument("--peak-tflops", type=float, default=0.0, help="--device cuda: the bf16 dense peak for MFU (default: datasheet table)")
-    p.add_argument("--dry-run", action="store_true", help="print the phases as JSON and exit: nothing is trained, measured or put on a GPU")
+    p.add_argument(
+        "--compile", action="store_true", help="--device cuda: also train base and big in bf16 with torch.compile"
+    )
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=0.0,
+        help="--device cuda: the bf16 dense peak for MFU (default: datasheet table)",
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the phases as JSON and exit: nothing is trained, measured or put on a GPU",
+    )
     peer.add_arguments(p)  # --peer, --fairseq-env, --peer-updates, --only
     p.add_argument("--phase", type=Path, default=None, help=argparse.SUPPRESS)  # internal: run one phase's spec
     return p
@@ -88,17 +138,24 @@ def dry_run(args: argparse.Namespace) -> list[dict]:
     """The phases the run would take, in order, with placeholder data paths (nothing prepared or run)."""
     recipe = load_config(args.config if args.config.is_file() else FALLBACK_CONFIG, check_files=False)
     sizes, data = sizes_for(device=args.device, quick=args.quick), args.out / "<prepared>"
-    paths = dict(spm=data / "spm.model", src=data / "train.en", tgt=data / "train.de", test_src=args.data / "test_2016_flickr.en")
+    paths = dict(
+        spm=data / "spm.model", src=data / "train.en", tgt=data / "train.de", test_src=args.data / "test_2016_flickr.en"
+    )
     if args.device == "cuda":
         return cuda_plan(args, sizes, recipe, **paths)
-    raise SystemExit("benchmark: --dry-run lists the --device cuda plan; the CPU plan is in the benchmarking package's docstring")
+    raise SystemExit(
+        "benchmark: --dry-run lists the --device cuda plan; the CPU plan is in the benchmarking package's docstring"
+    )
 
 
 def recipe_config(args: argparse.Namespace) -> tuple[Path, str, Config]:
     """(path, note, config) of the recipe model: --config, or multi30k_small.yaml when the default recipe is absent."""
     config, note = args.config, ""
     if not config.is_file() and config.resolve() == RECIPE_CONFIG:
-        config, note = FALLBACK_CONFIG, f"{RECIPE_CONFIG.relative_to(REPO)} not found: recipe model from {FALLBACK_CONFIG.relative_to(REPO)}"
+        config, note = (
+            FALLBACK_CONFIG,
+            f"{RECIPE_CONFIG.relative_to(REPO)} not found: recipe model from {FALLBACK_CONFIG.relative_to(REPO)}",
+        )
         print(f"benchmark: {note}", file=sys.stderr)
     return config, note, load_config(config, check_files=False)
 
@@ -110,17 +167,26 @@ def run_all(args: argparse.Namespace) -> dict:
     test_src = args.data / "test_2016_flickr.en"
     for path in (args.data / "train.en", args.data / "train.de", test_src):
         if not path.is_file():
-            raise SystemExit(f"benchmark: {path} not found; pass --data DIR holding Multi30k (scripts/prepare_multi30k.sh downloads it)")
+            raise SystemExit(
+                f"benchmark: {path} not found; pass --data DIR holding Multi30k (scripts/prepare_multi30k.sh downloads it)"
+            )
     load_start = os.getloadavg()
     spm, src, tgt = prepare_data(args, recipe, sizes, sizes.spm_vocab or recipe.tokenizer.vocab_size)
     where = Where(config=config, note=note, spm=spm, test_src=test_src)
     if args.device == "cuda":
-        matmul, phases = run_specs(cuda_plan(args, sizes, recipe, spm=spm, src=src, tgt=tgt, test_src=test_src), args.out)
-        gpu = next((res["gpu"] for _, res in phases if "gpu" in res), torch.cuda.get_device_name() if torch.cuda.is_available() else "?")
+        matmul, phases = run_specs(
+            cuda_plan(args, sizes, recipe, spm=spm, src=src, tgt=tgt, test_src=test_src), args.out
+        )
+        gpu = next(
+            (res["gpu"] for _, res in phases if "gpu" in res),
+            torch.cuda.get_device_name() if torch.cuda.is_available() else "?",
+        )
         peak = gpu_bf16_peak(gpu, matmul["bfloat16"]["gflops"], args.peak_tflops)
         return cuda_report(args, where, load_start=load_start, matmul=matmul, phases=phases, gpu=gpu, peak=peak)
     ref_spm = prepare_data(args, recipe, sizes, sizes.spm_vocab or REFERENCE_VOCAB)[0]
-    matmul, phases = run_specs(cpu_plan(args, sizes, recipe, spm=spm, ref_spm=ref_spm, src=src, tgt=tgt, test_src=test_src), args.out)
+    matmul, phases = run_specs(
+        cpu_plan(args, sizes, recipe, spm=spm, ref_spm=ref_spm, src=src, tgt=tgt, test_src=test_src), args.out
+    )
     ct2 = run_each(ctranslate2_specs(args, test_src), args.out, label="ctranslate2") if args.ctranslate2 else []
     return cpu_report(args, where, load_start=load_start, matmul=matmul, phases=phases, ct2_phases=ct2)
 

@@ -65,14 +65,22 @@ def phase_ctranslate2(spec: dict) -> dict:
 
     lines, beam, threads = read_input(spec), spec["beam"], spec["threads"]
     n_latency = min(LATENCY_SENTENCES, len(lines))
-    engine = ctranslate2_translator([spec["checkpoint"]], device="cpu", threads=threads)  # converted once, cached beside it
+    engine = ctranslate2_translator(
+        [spec["checkpoint"]], device="cpu", threads=threads
+    )  # converted once, cached beside it
     d = engine.cfg.decode
     pieces = [p[: engine.max_src_tokens] for p in engine.src_tok.encode_pieces(lines)]  # tmt's truncation
     limits = [max_output_length(len(p) + 1, max_len_a=d.max_len_a, max_len_b=d.max_len_b) for p in pieces]
     options = dict(beam_size=beam, length_penalty=0.0, max_batch_size=d.batch_tokens, batch_type="tokens")
     jobs = {
         "tmt": (_tmt_row, (spec["checkpoint"], lines, beam, threads, n_latency)),
-        **{f"CTranslate2 {ct}": (_ctranslate2_row, (str(engine.model_dir), pieces, limits, options, ct, threads, n_latency)) for ct in ("float32", "int8")},
+        **{
+            f"CTranslate2 {ct}": (
+                _ctranslate2_row,
+                (str(engine.model_dir), pieces, limits, options, ct, threads, n_latency),
+            )
+            for ct in ("float32", "int8")
+        },
         ENGINE_ROW: (_engine_row, (spec["checkpoint"], lines, beam, threads, n_latency)),
     }
     passes: dict[str, list[dict]] = {name: [] for name in jobs}
@@ -106,15 +114,21 @@ def _best(runs: list[dict]) -> dict:
     return best
 
 
-def _ctranslate2_row(model_dir: str, pieces: list, limits: list[int], options: dict, compute_type: str, threads: int, n_latency: int):
+def _ctranslate2_row(
+    model_dir: str, pieces: list, limits: list[int], options: dict, compute_type: str, threads: int, n_latency: int
+):
     """CTranslate2 as its users call it: one translate_batch over all lines (timed alone); outputs as pieces."""
     import ctranslate2
 
-    ct = ctranslate2.Translator(model_dir, device="cpu", compute_type=compute_type, intra_threads=threads, inter_threads=1)
+    ct = ctranslate2.Translator(
+        model_dir, device="cpu", compute_type=compute_type, intra_threads=threads, inter_threads=1
+    )
     ct.translate_batch(pieces[:8], max_decoding_length=max(limits[:8]), **options)  # warm-up
     seconds, out = _timed(lambda: ct.translate_batch(pieces, max_decoding_length=max(limits), **options))
     hyps = [r.hypotheses[0] for r in out]
-    latency = _latency_ms(lambda i: ct.translate_batch([pieces[i]], max_decoding_length=limits[i], **options), n_latency)
+    latency = _latency_ms(
+        lambda i: ct.translate_batch([pieces[i]], max_decoding_length=limits[i], **options), n_latency
+    )
     return _row(seconds, sum(len(h) + 1 for h in hyps), latency, dtype=compute_type), hyps  # + EOS, as tmt counts
 
 
@@ -130,7 +144,9 @@ def _tmt_row(checkpoint: str, lines: list[str], beam: int, threads: int, n_laten
     """tmt's own search, the reference of the same-output shares."""
     from transformer_mt.decoding import Translator
 
-    return _translator_row(Translator.from_checkpoint(checkpoint, device="cpu", dtype="float32", threads=threads), lines, beam, n_latency)
+    return _translator_row(
+        Translator.from_checkpoint(checkpoint, device="cpu", dtype="float32", threads=threads), lines, beam, n_latency
+    )
 
 
 def _translator_row(tr, lines: list[str], beam: int, n_latency: int):

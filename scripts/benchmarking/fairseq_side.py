@@ -32,7 +32,14 @@ from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 PEER_CONFIG = REPO / "configs" / "multi30k_reference.yaml"
 # The side-by-side config; float32 stated (the YAML's value) so that no auto dtype applies.
-PEER_OVERRIDES = ("model.norm=post", "model.dropout=0.1", "train.max_tokens=4096", "train.lr=5e-4", "train.warmup_updates=1000", "train.dtype=float32")
+PEER_OVERRIDES = (
+    "model.norm=post",
+    "model.dropout=0.1",
+    "train.max_tokens=4096",
+    "train.lr=5e-4",
+    "train.warmup_updates=1000",
+    "train.dtype=float32",
+)
 FAIRSEQ_SPECIALS = 4  # <s>, <pad>, </s>, <unk>: fairseq's Dictionary puts them at ids 0-3 before the file's symbols
 ENV_SCRIPT = "scripts/fairseq_env.sh"
 
@@ -61,7 +68,11 @@ def require_env(env: Path | None) -> Path:
 def clean_env(threads: int | None = None) -> dict:
     """The environment for the side env's tools: unbuffered, so each log line is stamped when written; no
     PYTHONPATH or VIRTUAL_ENV of ours; OMP/MKL threads as tmt's phase has them (fairseq never sets torch's)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "WORLD_SIZE", "RANK", "LOCAL_RANK")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "VIRTUAL_ENV", "WORLD_SIZE", "RANK", "LOCAL_RANK")
+    }
     env["PYTHONUNBUFFERED"] = "1"
     if threads:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
@@ -95,27 +106,78 @@ def _check_mappable(cfg: Config) -> None:
         )
 
 
-def train_command(cfg: Config, *, env: Path, data_bin: Path, save_dir: Path, last_update: int, langs: tuple[str, str] = ("en", "de")) -> list[str]:
+def train_command(
+    cfg: Config, *, env: Path, data_bin: Path, save_dir: Path, last_update: int, langs: tuple[str, str] = ("en", "de")
+) -> list[str]:
     """The ``fairseq-train`` command that trains what ``cfg`` makes tmt train (model, optimiser, schedule, loss,
     batches), on CPU in float32, for ``last_update`` updates, logging every update as JSON, never validating or saving."""
     _check_mappable(cfg)
     m, t = cfg.model, cfg.train
-    pre = ["--encoder-normalize-before", "--decoder-normalize-before"] if m.norm == "pre" else []  # fairseq's default is post-norm
+    pre = (
+        ["--encoder-normalize-before", "--decoder-normalize-before"] if m.norm == "pre" else []
+    )  # fairseq's default is post-norm
     learned = ["--encoder-learned-pos", "--decoder-learned-pos"] if m.positions == "learned" else []
-    task = [str(env / "bin" / "fairseq-train"), str(data_bin), "--task", "translation", "--source-lang", langs[0], "--target-lang", langs[1]]
-    layers = ["--arch", "transformer", "--encoder-layers", str(m.encoder_layers), "--decoder-layers", str(m.decoder_layers)]
+    task = [
+        str(env / "bin" / "fairseq-train"),
+        str(data_bin),
+        "--task",
+        "translation",
+        "--source-lang",
+        langs[0],
+        "--target-lang",
+        langs[1],
+    ]
+    layers = [
+        "--arch",
+        "transformer",
+        "--encoder-layers",
+        str(m.encoder_layers),
+        "--decoder-layers",
+        str(m.decoder_layers),
+    ]
     widths = ["--encoder-embed-dim", str(m.d_model), "--decoder-embed-dim", str(m.d_model)]
     widths += ["--encoder-ffn-embed-dim", str(m.d_ff), "--decoder-ffn-embed-dim", str(m.d_ff)]
     heads = ["--encoder-attention-heads", str(m.heads), "--decoder-attention-heads", str(m.heads)]
-    model = ["--activation-fn", m.activation, "--dropout", repr(m.dropout), "--attention-dropout", repr(m.attention_dropout)]
+    model = [
+        "--activation-fn",
+        m.activation,
+        "--dropout",
+        repr(m.dropout),
+        "--attention-dropout",
+        repr(m.attention_dropout),
+    ]
     model += ["--activation-dropout", repr(m.activation_dropout), "--share-all-embeddings"]
     model += ["--max-source-positions", str(m.max_positions), "--max-target-positions", str(m.max_positions)]
-    adam = ["--optimizer", "adam", "--adam-betas", f"({t.optimizer_betas[0]!r}, {t.optimizer_betas[1]!r})", "--adam-eps", repr(t.optimizer_eps)]
+    adam = [
+        "--optimizer",
+        "adam",
+        "--adam-betas",
+        f"({t.optimizer_betas[0]!r}, {t.optimizer_betas[1]!r})",
+        "--adam-eps",
+        repr(t.optimizer_eps),
+    ]
     optim = [*adam, "--weight-decay", "0", "--clip-norm", repr(t.clip_norm), "--lr", repr(t.lr)]
     optim += ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(t.warmup_updates), "--warmup-init-lr", "0"]
     loss = ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", repr(t.label_smoothing)]
-    batches = ["--max-tokens", str(t.max_tokens), "--required-batch-size-multiple", "1", "--update-freq", str(t.update_freq)]
-    run = ["--seed", str(t.seed), "--max-update", str(last_update), "--cpu", "--num-workers", "0", "--disable-validation", "--no-save"]
+    batches = [
+        "--max-tokens",
+        str(t.max_tokens),
+        "--required-batch-size-multiple",
+        "1",
+        "--update-freq",
+        str(t.update_freq),
+    ]
+    run = [
+        "--seed",
+        str(t.seed),
+        "--max-update",
+        str(last_update),
+        "--cpu",
+        "--num-workers",
+        "0",
+        "--disable-validation",
+        "--no-save",
+    ]
     run += ["--save-dir", str(save_dir), "--log-format", "json", "--log-interval", "1", "--no-progress-bar"]
     return [*task, *layers, *widths, *heads, *pre, *learned, *model, *optim, *loss, *batches, *run]
 
@@ -126,10 +188,14 @@ def write_dictionary(tok: Tokenizer, path: Path) -> int:
     so fairseq id i is sentencepiece id i for every piece. Returns the dictionary size fairseq will have."""
     specials = sorted((PAD_ID, UNK_ID, BOS_ID, EOS_ID))
     if specials != list(range(FAIRSEQ_SPECIALS)):
-        raise PeerError(f"sentencepiece specials are ids {specials}, expected 0-3: the id-order dictionary assumes them there")
+        raise PeerError(
+            f"sentencepiece specials are ids {specials}, expected 0-3: the id-order dictionary assumes them there"
+        )
     with open(path, "w", encoding="utf-8") as handle:
         for i in range(FAIRSEQ_SPECIALS, tok.vocab_size):
-            handle.write(f"{tok.sp.id_to_piece(i)} 1\n")  # the count is unused: a given --srcdict is neither sorted nor cut
+            handle.write(
+                f"{tok.sp.id_to_piece(i)} 1\n"
+            )  # the count is unused: a given --srcdict is neither sorted nor cut
     return tok.vocab_size
 
 
@@ -149,7 +215,9 @@ def prepare(cfg: Config, *, env: Path, out: Path, langs: tuple[str, str] = ("en"
         with open(out / f"train.{lang}", "w", encoding="utf-8") as handle:
             for i in range(len(data)):
                 handle.write(" ".join(tok.sp.id_to_piece(int(x)) for x in data.pair(i)[side]) + "\n")
-        tokens[lang] = int((data.src_lengths if side == 0 else data.tgt_lengths).sum()) + len(data)  # + EOS per sentence
+        tokens[lang] = int((data.src_lengths if side == 0 else data.tgt_lengths).sum()) + len(
+            data
+        )  # + EOS per sentence
     size = write_dictionary(tok, out / "dict.txt")
     _binarize(env, out, bin_dir, langs=langs, expected={lang: (len(data), tokens[lang], 0) for lang in langs})
     prepared = {
@@ -166,17 +234,29 @@ def prepare(cfg: Config, *, env: Path, out: Path, langs: tuple[str, str] = ("en"
     return prepared
 
 
-def _binarize(env: Path, out: Path, bin_dir: Path, *, langs: tuple[str, str], expected: dict[str, tuple[int, int, int]]) -> None:
+def _binarize(
+    env: Path, out: Path, bin_dir: Path, *, langs: tuple[str, str], expected: dict[str, tuple[int, int, int]]
+) -> None:
     """``fairseq-preprocess`` of out/train.{langs} with out/dict.txt into ``bin_dir``; :class:`PeerError` unless
     its log reports ``expected`` (sentences, tokens, replaced by <unk>) per language."""
-    cmd = [str(env / "bin" / "fairseq-preprocess"), "--source-lang", langs[0], "--target-lang", langs[1], "--trainpref", str(out / "train")]
+    cmd = [
+        str(env / "bin" / "fairseq-preprocess"),
+        "--source-lang",
+        langs[0],
+        "--target-lang",
+        langs[1],
+        "--trainpref",
+        str(out / "train"),
+    ]
     cmd += ["--destdir", str(bin_dir), "--srcdict", str(out / "dict.txt"), "--joined-dictionary", "--workers", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=clean_env())
     (out / "preprocess.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
     if proc.returncode != 0:
         raise PeerError(f"fairseq-preprocess failed (exit {proc.returncode}); see {out / 'preprocess.log'}")
     counts = parse_preprocess_log(proc.stdout + proc.stderr)
-    for lang in langs:  # the pieces must reach fairseq whole: a piece split at a character it takes for a space would differ here
+    for lang in (
+        langs
+    ):  # the pieces must reach fairseq whole: a piece split at a character it takes for a space would differ here
         if counts.get(lang) != expected[lang]:
             raise PeerError(
                 f"fairseq-preprocess [{lang}] read {counts.get(lang)} (sentences, tokens, replaced by <unk>), "
@@ -187,6 +267,8 @@ def _binarize(env: Path, out: Path, bin_dir: Path, *, langs: tuple[str, str], ex
 def parse_preprocess_log(text: str) -> dict[str, tuple[int, int, float]]:
     """{lang: (sentences, tokens, % replaced by <unk>)} from fairseq-preprocess's summary lines."""
     out = {}
-    for lang, sents, toks, replaced in re.findall(r"\[(\w+)\] \S+: (\d+) sents, (\d+) tokens(?:, ([\d.e+-]+)% replaced)?", text):
+    for lang, sents, toks, replaced in re.findall(
+        r"\[(\w+)\] \S+: (\d+) sents, (\d+) tokens(?:, ([\d.e+-]+)% replaced)?", text
+    ):
         out[lang] = (int(sents), int(toks), float(replaced or 0))
     return out

@@ -46,7 +46,10 @@ def cpu_formulas() -> dict:
     def short_attention_backward(_g, q, k, v, *_args, **_kwargs) -> int:  # dP = dO V^T, dQ, dK, dV
         return 2 * short_attention(q, k, v)
 
-    names = {"_scaled_dot_product_flash_attention_for_cpu": fwd, "_scaled_dot_product_flash_attention_for_cpu_backward": bwd}
+    names = {
+        "_scaled_dot_product_flash_attention_for_cpu": fwd,
+        "_scaled_dot_product_flash_attention_for_cpu_backward": bwd,
+    }
     formulas = {getattr(aten, name): fn for name, fn in names.items() if hasattr(aten, name)}
     onednn = getattr(torch.ops.mkldnn, "_linear_pointwise", None) if torch.backends.mkldnn.is_available() else None
     if onednn is not None:

@@ -7,8 +7,30 @@ from __future__ import annotations
 
 from benchmarking.settings import DTYPES
 
-COLUMNS = ["phase", "model", "dtype", "tokens/s", "updates/s", "sentences/s", "GFLOP/s", "% of peak", "peak RSS MiB", "vs quoted reference"]
-COLUMNS_CUDA = ["phase", "model", "dtype", "tokens/s", "updates/s", "sentences/s", "TFLOP/s", "MFU %", "peak GPU MiB", "notes"]
+COLUMNS = [
+    "phase",
+    "model",
+    "dtype",
+    "tokens/s",
+    "updates/s",
+    "sentences/s",
+    "GFLOP/s",
+    "% of peak",
+    "peak RSS MiB",
+    "vs quoted reference",
+]
+COLUMNS_CUDA = [
+    "phase",
+    "model",
+    "dtype",
+    "tokens/s",
+    "updates/s",
+    "sentences/s",
+    "TFLOP/s",
+    "MFU %",
+    "peak GPU MiB",
+    "notes",
+]
 NOT_REPRESENTATIVE = "† not representative: the {} after only the benchmark's updates (outputs too long); pass {}."
 
 
@@ -17,11 +39,17 @@ def num(x: float | None, fmt: str) -> str:
 
 
 def table(columns: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns), *("| " + " | ".join(row) + " |" for row in rows)]
+    return [
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+        *("| " + " | ".join(row) + " |" for row in rows),
+    ]
 
 
 def syncs_line(sy: dict) -> str:
-    steps = "; ".join(f"{t['search']} batch {t['batch']}: {t['per_step_max']} (median {t['per_step_median']:g})" for t in sy["search"])
+    steps = "; ".join(
+        f"{t['search']} batch {t['batch']}: {t['per_step_max']} (median {t['per_step_median']:g})" for t in sy["search"]
+    )
     return (
         f"Host syncs ({sy['device']}, transformer_mt.runtime.SyncCounter): per training update of the recipe model "
         f"{', '.join(str(u['syncs']) for u in sy['train_updates'])} (budget 1); per search step, the most over the steps: {steps} "
@@ -55,17 +83,61 @@ def _vs(v: dict | None, unit: str) -> str:
 
 def _cpu_rows(r: dict) -> list[list[str]]:
     mm = r["matmul_peak"]
-    rows = [[f"matmul peak (n={mm['n']})", "", d, "", "", "", num(mm[d]["gflops"], ".1f"), "", num(mm["peak_rss_mib"], ".0f"), ""] for d in DTYPES]
+    rows = [
+        [
+            f"matmul peak (n={mm['n']})",
+            "",
+            d,
+            "",
+            "",
+            "",
+            num(mm[d]["gflops"], ".1f"),
+            "",
+            num(mm["peak_rss_mib"], ".0f"),
+            "",
+        ]
+        for d in DTYPES
+    ]
     for t in r["training"]:
         plain = " [plain ops]" if t["ops"] == "plain" else ""
         speedup = "" if t.get("speedup_vs_plain_ops") is None else f"{t['speedup_vs_plain_ops']:.2f}x of plain ops"
         versus = "; ".join(x for x in (_vs(t["vs_quoted"], "tok/s (fairseq)"), speedup) if x)
-        rate = [num(t["tokens_per_s"], ",.0f"), num(t["updates_per_s"], ".3f"), "", num(t["gflops"], ".1f"), num(100 * t["fraction_of_peak"], ".1f")]
-        rows.append([f"train{plain}", f"{t['model']} ({t['description']})", t["dtype"], *rate, num(t["peak_rss_mib"], ".0f"), versus])
+        rate = [
+            num(t["tokens_per_s"], ",.0f"),
+            num(t["updates_per_s"], ".3f"),
+            "",
+            num(t["gflops"], ".1f"),
+            num(100 * t["fraction_of_peak"], ".1f"),
+        ]
+        rows.append(
+            [
+                f"train{plain}",
+                f"{t['model']} ({t['description']})",
+                t["dtype"],
+                *rate,
+                num(t["peak_rss_mib"], ".0f"),
+                versus,
+            ]
+        )
     for t in r["translation"]:
         flag = "" if t["representative"] else " †"
-        rate = [num(t["tokens_per_s"], ",.0f"), "", num(t["sentences_per_s"], ".1f"), "", "", num(t["peak_rss_mib"], ".0f")]
-        rows.append([f"translate {t['search']}{flag}", f"{t['model']} ({t['description']})", t["dtype"], *rate, _vs(t["vs_quoted"], "sent/s (fairseq)")])
+        rate = [
+            num(t["tokens_per_s"], ",.0f"),
+            "",
+            num(t["sentences_per_s"], ".1f"),
+            "",
+            "",
+            num(t["peak_rss_mib"], ".0f"),
+        ]
+        rows.append(
+            [
+                f"translate {t['search']}{flag}",
+                f"{t['model']} ({t['description']})",
+                t["dtype"],
+                *rate,
+                _vs(t["vs_quoted"], "sent/s (fairseq)"),
+            ]
+        )
     for t in r.get("ctranslate2", []):  # --ctranslate2: tmt and CTranslate2 on the same checkpoint, lines and settings
         flag = "" if t["representative"] else " †"
         for engine, e in t["engines"].items():
@@ -75,7 +147,9 @@ def _cpu_rows(r: dict) -> list[list[str]]:
                 versus += f"; {ratio:.2f}x of tmt's tokens/s; {100 * e['same_as_tmt']:.1f}% same output"
             phase = f"translate {t['search']} lenpen 0 [{engine.removesuffix(' ' + e['dtype'])}]{flag}"
             rate = [num(e["tokens_per_s"], ",.0f"), "", num(e["sentences_per_s"], ".1f"), "", ""]
-            rows.append([phase, f"{t['model']} ({t['description']})", e["dtype"], *rate, num(t["peak_rss_mib"], ".0f"), versus])
+            rows.append(
+                [phase, f"{t['model']} ({t['description']})", e["dtype"], *rate, num(t["peak_rss_mib"], ".0f"), versus]
+            )
     return rows
 
 
@@ -88,7 +162,10 @@ def peak_share_line(r: dict) -> str:
     parts = [
         f"{t['model']} {100 * t['fraction_of_peak']:.1f}% (target {100 * PEAK_TARGETS[t['model']]:.0f}%)"
         for t in r["training"]
-        if t["ops"] == "fast" and t["dtype"] == "float32" and t["model"] in PEAK_TARGETS and t.get("fraction_of_peak") is not None
+        if t["ops"] == "fast"
+        and t["dtype"] == "float32"
+        and t["model"] in PEAK_TARGETS
+        and t.get("fraction_of_peak") is not None
     ]
     return f"Training update, share of the fp32 matmul peak ({r['matmul_peak']['float32']['gflops']:.1f} GFLOP/s): {'; '.join(parts)}."
 
@@ -150,15 +227,41 @@ def _tf32(dtype: str) -> str:
 
 def _cuda_rows(r: dict) -> list[list[str]]:
     mm = r["matmul_peak"]
-    rows = [[f"matmul peak (n={mm['n']})", "", _tf32(d), "", "", "", num(mm[d]["gflops"] / 1e3, ".1f"), "", "", ""] for d in DTYPES]
+    rows = [
+        [f"matmul peak (n={mm['n']})", "", _tf32(d), "", "", "", num(mm[d]["gflops"] / 1e3, ".1f"), "", "", ""]
+        for d in DTYPES
+    ]
     for t in r["training"]:
         compiled = t["ops"] == "compiled"
         note = f"{t['max_tokens']:,}-token batches" + ("; torch.compile" if compiled else "")
-        rate = [num(t["tokens_per_s"], ",.0f"), num(t["updates_per_s"], ".2f"), "", num(t["gflops"] / 1e3, ".1f"), num(100 * t["mfu"], ".1f")]
+        rate = [
+            num(t["tokens_per_s"], ",.0f"),
+            num(t["updates_per_s"], ".2f"),
+            "",
+            num(t["gflops"] / 1e3, ".1f"),
+            num(100 * t["mfu"], ".1f"),
+        ]
         phase = f"train{' [compiled]' if compiled else ''}"
-        rows.append([phase, f"{t['model']} ({t['description']})", _tf32(t["dtype"]), *rate, num(t.get("gpu_peak_memory_mib"), ",.0f"), note])
+        rows.append(
+            [
+                phase,
+                f"{t['model']} ({t['description']})",
+                _tf32(t["dtype"]),
+                *rate,
+                num(t.get("gpu_peak_memory_mib"), ",.0f"),
+                note,
+            ]
+        )
     for t in r["translation"]:
         flag = "" if t["representative"] else " †"
         rate = [num(t["tokens_per_s"], ",.0f"), "", num(t["sentences_per_s"], ".1f"), "", "", ""]
-        rows.append([f"translate {t['search']}{flag}", f"{t['model']} ({t['description']})", t["dtype"], *rate, f"{t['sentences']} sentences"])
+        rows.append(
+            [
+                f"translate {t['search']}{flag}",
+                f"{t['model']} ({t['description']})",
+                t["dtype"],
+                *rate,
+                f"{t['sentences']} sentences",
+            ]
+        )
     return rows

@@ -30,7 +30,17 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from benchmarking.fairseq_side import ENV_SCRIPT, PEER_CONFIG, PEER_OVERRIDES, PeerError, clean_env, peer_config, prepare, require_env, train_command
+from benchmarking.fairseq_side import (
+    ENV_SCRIPT,
+    PEER_CONFIG,
+    PEER_OVERRIDES,
+    PeerError,
+    clean_env,
+    peer_config,
+    prepare,
+    require_env,
+    train_command,
+)
 from benchmarking.settings import REPO, Sizes
 from benchmarking.specs import train_spec
 from transformer_mt.config import from_dict
@@ -40,8 +50,18 @@ WINDOW, QUICK_WINDOW = (40, 160), (2, 6)  # (FIRST, LAST) of --peer-updates
 
 # ---------------------------------------------------------------- options (added to benchmark.py's parser)
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--peer", choices=("fairseq",), default=None, help="also train fairseq on the reference config in this run and report the ratio")
-    p.add_argument("--fairseq-env", type=Path, default=None, help=f"fairseq side environment (default $FAIRSEQ_ENV, else .venv-fairseq; {ENV_SCRIPT} makes it)")
+    p.add_argument(
+        "--peer",
+        choices=("fairseq",),
+        default=None,
+        help="also train fairseq on the reference config in this run and report the ratio",
+    )
+    p.add_argument(
+        "--fairseq-env",
+        type=Path,
+        default=None,
+        help=f"fairseq side environment (default $FAIRSEQ_ENV, else .venv-fairseq; {ENV_SCRIPT} makes it)",
+    )
     p.add_argument(
         "--peer-updates",
         type=int,
@@ -50,7 +70,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help=f"timed updates FIRST+1..LAST of both peer runs (default {WINDOW[0]} {WINDOW[1]}, quick {QUICK_WINDOW[0]} {QUICK_WINDOW[1]})",
     )
-    p.add_argument("--only", choices=("peer",), default=None, help="peer: only the matmul peak and the two peer runs (needs --peer)")
+    p.add_argument(
+        "--only",
+        choices=("peer",),
+        default=None,
+        help="peer: only the matmul peak and the two peer runs (needs --peer)",
+    )
 
 
 def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -59,13 +84,17 @@ def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         args.peer_updates = list(QUICK_WINDOW if args.quick else WINDOW)
     first, last = args.peer_updates
     if not 1 <= first < last:
-        p.error(f"--peer-updates {first} {last}: need 1 <= FIRST < LAST (FIRST untimed updates, then LAST - FIRST timed)")
+        p.error(
+            f"--peer-updates {first} {last}: need 1 <= FIRST < LAST (FIRST untimed updates, then LAST - FIRST timed)"
+        )
     if args.only and not args.peer:
         p.error("--only peer needs --peer fairseq")
     if args.peer and args.device != "cpu":
         p.error("--peer fairseq is a CPU comparison (fairseq-train --cpu); leave out --device cuda")
     if args.only and (args.checkpoint or args.reference_checkpoint or args.ctranslate2):
-        p.error("--only peer trains and times only the peer runs; leave out --checkpoint, --reference-checkpoint and --ctranslate2")
+        p.error(
+            "--only peer trains and times only the peer runs; leave out --checkpoint, --reference-checkpoint and --ctranslate2"
+        )
     if args.peer:
         try:
             args.fairseq_env = require_env(args.fairseq_env)
@@ -96,7 +125,9 @@ def parse_train_log(lines: Iterable[tuple[float, str]], *, first: int, last: int
         )
     window = [updates[u] for u in range(first + 1, last + 1)]
     if any(wps <= 0 for _, _, wps in window):
-        raise PeerError(f"fairseq's log gives wps 0 for an update in {first + 1}..{last}: its meters were not running; time later updates")
+        raise PeerError(
+            f"fairseq's log gives wps 0 for an update in {first + 1}..{last}: its meters were not running; time later updates"
+        )
     tokens = sum(wpb for _, wpb, _ in window)
     seconds = sum(wpb / wps for _, wpb, wps in window)
     wall = updates[last][0] - updates[first][0]
@@ -119,7 +150,9 @@ def phase_fairseq(spec: dict) -> dict:
     load_start = os.getloadavg()
     with (
         open(log_path, "w", encoding="utf-8") as log,
-        subprocess.Popen(spec["command"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(spec["threads"])) as proc,
+        subprocess.Popen(
+            spec["command"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean_env(spec["threads"])
+        ) as proc,
     ):
         assert proc.stdout is not None  # stdout=PIPE
         for text in proc.stdout:
@@ -130,7 +163,9 @@ def phase_fairseq(spec: dict) -> dict:
         raise PeerError(f"fairseq-train failed (exit {proc.returncode}); {log_path} ends with:\n{tail}")
     out = parse_train_log(lines, first=spec["first"], last=spec["last"])
     version = subprocess.run(
-        [str(Path(spec["command"][0]).with_name("python")), "-c", "import fairseq; print(fairseq.__version__)"], capture_output=True, text=True
+        [str(Path(spec["command"][0]).with_name("python")), "-c", "import fairseq; print(fairseq.__version__)"],
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     shutil.rmtree(spec["save_dir"], ignore_errors=True)
     return {
@@ -139,7 +174,8 @@ def phase_fairseq(spec: dict) -> dict:
         "log": str(log_path),
         "loadavg_start": list(load_start),
         "loadavg_end": list(os.getloadavg()),
-        "fairseq_peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,  # the largest waited-for child's
+        "fairseq_peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        / 1024,  # the largest waited-for child's
     }
 
 
@@ -149,12 +185,24 @@ def plan(args: argparse.Namespace, sizes: Sizes, *, spm: Path, src: Path, tgt: P
     and fairseq-train on the same pairs (binarized here, before any timing)."""
     first, last = args.peer_updates
     window = argparse.Namespace(**{**vars(args), "warmup": first, "updates": last - first})
-    tmt = train_spec("peer-tmt-float32", peer_config(), dtype="float32", args=window, sizes=sizes, spm=spm, src=src, tgt=tgt, keep=False)
+    tmt = train_spec(
+        "peer-tmt-float32",
+        peer_config(),
+        dtype="float32",
+        args=window,
+        sizes=sizes,
+        spm=spm,
+        src=src,
+        tgt=tgt,
+        keep=False,
+    )
     cfg = from_dict(tmt["config"], source="benchmark peer")
     env = require_env(args.fairseq_env)
     print(f"benchmark: binarizing the peer's pieces for fairseq -> {args.out / 'fairseq'}", file=sys.stderr, flush=True)
     data = prepare(cfg, env=env, out=args.out / "fairseq")
-    command = train_command(cfg, env=env, data_bin=Path(data["data_bin"]), save_dir=args.out / "runs" / "peer-fairseq", last_update=last)
+    command = train_command(
+        cfg, env=env, data_bin=Path(data["data_bin"]), save_dir=args.out / "runs" / "peer-fairseq", last_update=last
+    )
     fairseq = {
         "kind": "fairseq",
         "name": "peer-fairseq-float32",
@@ -172,9 +220,13 @@ def report(phases: list[tuple[dict, dict]], matmul: dict) -> dict:
     """The peer section of benchmark.json: both rows, the ratio, the fp32 matmul peak they are measured against."""
     (tmt_spec, tmt), (fs_spec, fs) = sorted(phases, key=lambda p: p[0]["peer"] != "tmt")
     peak = matmul["float32"]["gflops"]
-    flops = tmt["flops_per_token"]  # measured on tmt's model and batches; the same model and batches up to padding on fairseq's side
+    flops = tmt[
+        "flops_per_token"
+    ]  # measured on tmt's model and batches; the same model and batches up to padding on fairseq's side
     rows = {
-        "tmt": {k: tmt[k] for k in ("tokens_per_s", "seconds", "target_tokens", "vocab_size", "parameters", "peak_rss_mib")},
+        "tmt": {
+            k: tmt[k] for k in ("tokens_per_s", "seconds", "target_tokens", "vocab_size", "parameters", "peak_rss_mib")
+        },
         "fairseq": {
             "tokens_per_s": fs["tokens_per_s"],
             "seconds": fs["seconds"],
@@ -212,7 +264,16 @@ def render(r: dict) -> str:
     if not p:
         return ""
     m, (first, last), rows = p["model_config"], p["updates"], p["rows"]
-    head = ["", "target tokens/s", "ratio", "GFLOP/s", "% of fp32 matmul peak", "tokens/update", "vocabulary", "peak RSS MiB"]
+    head = [
+        "",
+        "target tokens/s",
+        "ratio",
+        "GFLOP/s",
+        "% of fp32 matmul peak",
+        "tokens/update",
+        "vocabulary",
+        "peak RSS MiB",
+    ]
     mc = r["machine"]
     lines = [
         "",
@@ -228,7 +289,10 @@ def render(r: dict) -> str:
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
-    for name, label in (("fairseq", f"fairseq {rows['fairseq']['version']} (`fairseq-train --cpu`, wps)"), ("tmt", "tmt (`Trainer`)")):
+    for name, label in (
+        ("fairseq", f"fairseq {rows['fairseq']['version']} (`fairseq-train --cpu`, wps)"),
+        ("tmt", "tmt (`Trainer`)"),
+    ):
         row = rows[name]
         ratio = row["tokens_per_s"] / rows["fairseq"]["tokens_per_s"]
         bold = "**" if name == "tmt" else ""

@@ -43,7 +43,11 @@ def phase_matmul(spec: dict) -> dict:
             torch.mm(a, b, out=c)
             sync()
             times.append(time.perf_counter() - tic)
-        out[name] = {"gflops": 2 * n**3 / min(times) / 1e9, "gflops_median": 2 * n**3 / statistics.median(times) / 1e9, "seconds_best": min(times)}
+        out[name] = {
+            "gflops": 2 * n**3 / min(times) / 1e9,
+            "gflops_median": 2 * n**3 / statistics.median(times) / 1e9,
+            "seconds_best": min(times),
+        }
     return out
 
 
@@ -85,9 +89,13 @@ def phase_train(spec: dict) -> dict:
     result = trainer.run()
     gpu_peak_mib = torch.cuda.max_memory_allocated() / 2**20 if timing.cuda else None
     if len(timing.marks) < 2:
-        raise RuntimeError(f"training stopped at update {result.progress.update} ({result.stop_reason}) before update {warmup + updates}")
+        raise RuntimeError(
+            f"training stopped at update {result.progress.update} ({result.stop_reason}) before update {warmup + updates}"
+        )
     seconds = timing.marks[warmup + updates] - timing.marks[warmup]
-    timed = itertools.islice(update_schedule(trainer.train_data, cfg.train), warmup, warmup + updates)  # as Trainer.run took them
+    timed = itertools.islice(
+        update_schedule(trainer.train_data, cfg.train), warmup, warmup + updates
+    )  # as Trainer.run took them
     batches = [trainer.train_data.get_batch(idx) for u in timed for idx in u.batches]
     if sum(b.ntokens for b in batches) != sum(timing.tokens):
         raise RuntimeError("the batches replayed for FLOP counting differ from those Trainer.run trained on")
@@ -139,10 +147,14 @@ def _flops_per_token(trainer: Trainer, cfg, batches: list, *, flop_batches: int)
     sample = batches[::step][:flop_batches] if step else []
 
     def analytic(b) -> int:
-        return 3 * forward_flops(cfg.model, vocab=vocab, batch=b.nsentences, src_len=b.src.size(1), tgt_len=b.tgt_in.size(1))
+        return 3 * forward_flops(
+            cfg.model, vocab=vocab, batch=b.nsentences, src_len=b.src.size(1), tgt_len=b.tgt_in.size(1)
+        )
 
     total = sum(analytic(b) for b in batches)
-    measured = sum(train_step_flops(trainer.model, b, dtype=cfg.train.dtype, epsilon=cfg.train.label_smoothing) for b in sample)
+    measured = sum(
+        train_step_flops(trainer.model, b, dtype=cfg.train.dtype, epsilon=cfg.train.label_smoothing) for b in sample
+    )
     ratio = measured / sum(analytic(b) for b in sample) if sample else 1.0
     ntok = sum(b.ntokens for b in batches)
     return {
@@ -166,7 +178,12 @@ def phase_syncs(spec: dict) -> dict:
     finally:
         trainer.close()
         shutil.rmtree(cfg.train.out_dir, ignore_errors=True)
-    return {"device": str(trainer.device), "train_updates": updates, "per_update_max": max(u["syncs"] for u in updates), "search": search}
+    return {
+        "device": str(trainer.device),
+        "train_updates": updates,
+        "per_update_max": max(u["syncs"] for u in updates),
+        "search": search,
+    }
 
 
 def _update_syncs(trainer: Trainer, cfg) -> list[dict]:
@@ -176,7 +193,14 @@ def _update_syncs(trainer: Trainer, cfg) -> list[dict]:
         batches = [trainer.train_data.get_batch(idx) for idx in u.batches]  # collated on the host, outside the count
         with SyncCounter() as syncs:
             trainer.update(batches, ntokens=target_tokens(trainer.train_data, u.batches))
-        updates.append({"micro_batches": len(batches), "syncs": syncs.total, "kinds": dict(syncs.counts), "collectives": dict(syncs.collectives)})
+        updates.append(
+            {
+                "micro_batches": len(batches),
+                "syncs": syncs.total,
+                "kinds": dict(syncs.counts),
+                "collectives": dict(syncs.collectives),
+            }
+        )
     return updates
 
 
@@ -193,7 +217,9 @@ def _search_syncs(trainer: Trainer, cfg, input_path: str) -> list[dict]:
             if beam == 1:
                 run = functools.partial(greedy_search, model, src, max_len_a=d.max_len_a, max_len_b=d.max_len_b)
             else:
-                run = functools.partial(beam_search, model, src, beam=beam, lenpen=d.lenpen, max_len_a=d.max_len_a, max_len_b=d.max_len_b)
+                run = functools.partial(
+                    beam_search, model, src, beam=beam, lenpen=d.lenpen, max_len_a=d.max_len_a, max_len_b=d.max_len_b
+                )
             _, syncs, per_step = per_call(model, "decode_step", run)
             search.append(
                 {
@@ -220,7 +246,12 @@ def read_input(spec: dict) -> list[str]:
 
 def phase_translate(spec: dict) -> dict:
     """The Translator on the test lines at the checkpoint's batch_tokens and lenpen, after an untimed warm-up."""
-    translator = Translator.from_checkpoint(spec["checkpoint"], device=spec.get("device", "cpu"), dtype=spec.get("dtype", "float32"), threads=spec["threads"])
+    translator = Translator.from_checkpoint(
+        spec["checkpoint"],
+        device=spec.get("device", "cpu"),
+        dtype=spec.get("dtype", "float32"),
+        threads=spec["threads"],
+    )
     lines = read_input(spec)
     d, beam = translator.cfg.decode, spec["beam"]
     translator.translate_batch(lines[:8], beam=beam, lenpen=d.lenpen)  # warm-up: allocator, kernel selection

@@ -17,7 +17,17 @@ from typing import NamedTuple
 import torch
 
 from benchmarking import peer
-from benchmarking.settings import BEAM5_QUOTED, BEAM5_TARGET, GPU_BATCH_TOKENS, QUOTED, REFERENCE_MODEL, REFERENCE_TRAIN, SCHEMA, TRAIN_QUOTED, TRAIN_TARGET
+from benchmarking.settings import (
+    BEAM5_QUOTED,
+    BEAM5_TARGET,
+    GPU_BATCH_TOKENS,
+    QUOTED,
+    REFERENCE_MODEL,
+    REFERENCE_TRAIN,
+    SCHEMA,
+    TRAIN_QUOTED,
+    TRAIN_TARGET,
+)
 
 
 class Where(NamedTuple):
@@ -69,7 +79,15 @@ def split_phases(phases: list, matmul: dict) -> tuple[list, list, dict]:
 
 def training_row(spec: dict, res: dict, model: str, dtype: str, *, ops: str, vs_quoted: dict | None) -> dict:
     mcfg = spec["config"]["model"]
-    return {"model": model, "dtype": dtype, "ops": ops, "description": describe(mcfg, res["parameters"]), "model_config": mcfg, **res, "vs_quoted": vs_quoted}
+    return {
+        "model": model,
+        "dtype": dtype,
+        "ops": ops,
+        "description": describe(mcfg, res["parameters"]),
+        "model_config": mcfg,
+        **res,
+        "vs_quoted": vs_quoted,
+    }
 
 
 def translation_row(spec: dict, res: dict, *, dtype: str, reference_size: bool, vs_quoted: dict | None) -> dict:
@@ -97,10 +115,16 @@ def cpu_training(trained: list) -> list[dict]:
     as a ratio over the plain-ops run of the same model, batches and dtype."""
     rows = []
     for spec, res, model, dtype in trained:
-        vs = versus(res["tokens_per_s"], TRAIN_QUOTED, TRAIN_TARGET) if model == "reference" and not spec["plain_ops"] else None
+        vs = (
+            versus(res["tokens_per_s"], TRAIN_QUOTED, TRAIN_TARGET)
+            if model == "reference" and not spec["plain_ops"]
+            else None
+        )
         rows.append(training_row(spec, res, model, dtype, ops="plain" if spec["plain_ops"] else "fast", vs_quoted=vs))
     for t in rows:
-        plain = next((p for p in rows if p["ops"] == "plain" and p["model"] == t["model"] and p["dtype"] == t["dtype"]), None)
+        plain = next(
+            (p for p in rows if p["ops"] == "plain" and p["model"] == t["model"] and p["dtype"] == t["dtype"]), None
+        )
         t["speedup_vs_plain_ops"] = t["tokens_per_s"] / plain["tokens_per_s"] if plain and t["ops"] == "fast" else None
     return rows
 
@@ -109,7 +133,10 @@ def cpu_translation(translated: list, *, quick: bool) -> list[dict]:
     """Translation rows; the reference-size model's beam 5 against the quoted fairseq sentences/s."""
     rows = []
     for spec, res in translated:
-        reference_size = all(res["model_config"][k] == REFERENCE_MODEL[k] for k in ("encoder_layers", "decoder_layers", "d_model", "d_ff", "heads"))
+        reference_size = all(
+            res["model_config"][k] == REFERENCE_MODEL[k]
+            for k in ("encoder_layers", "decoder_layers", "d_model", "d_ff", "heads")
+        )
         vs = None
         if spec["beam"] == 5 and spec["model"] == "reference" and (reference_size or quick):
             vs = versus(res["sentences_per_s"], BEAM5_QUOTED, BEAM5_TARGET)
@@ -119,7 +146,10 @@ def cpu_translation(translated: list, *, quick: bool) -> list[dict]:
 
 def ctranslate2_rows(phases: list[tuple[dict, dict]]) -> list[dict]:
     keys = ("model", "search", "beam", "checkpoint", "representative")
-    return [{key: spec[key] for key in keys} | {"description": describe(res["model_config"], res["parameters"]), **res} for spec, res in phases]
+    return [
+        {key: spec[key] for key in keys} | {"description": describe(res["model_config"], res["parameters"]), **res}
+        for spec, res in phases
+    ]
 
 
 def _header(args: argparse.Namespace, load_start: tuple, **extra: object) -> dict:
@@ -151,7 +181,9 @@ def _settings(args: argparse.Namespace, where: Where, **extra: object) -> dict:
     }
 
 
-def cpu_report(args: argparse.Namespace, where: Where, *, load_start: tuple, matmul: dict, phases: list, ct2_phases: list) -> dict:
+def cpu_report(
+    args: argparse.Namespace, where: Where, *, load_start: tuple, matmul: dict, phases: list, ct2_phases: list
+) -> dict:
     """The CPU report: the rows of the timed phases and of the CTranslate2 phases, and the peer section."""
     peer_phases, phases = [p for p in phases if p[0].get("peer")], [p for p in phases if not p[0].get("peer")]
     trained, translated, syncs = split_phases(phases, matmul)
@@ -168,7 +200,16 @@ def cpu_report(args: argparse.Namespace, where: Where, *, load_start: tuple, mat
     }
 
 
-def cuda_report(args: argparse.Namespace, where: Where, *, load_start: tuple, matmul: dict, phases: list, gpu: str, peak: tuple[float, str]) -> dict:
+def cuda_report(
+    args: argparse.Namespace,
+    where: Where,
+    *,
+    load_start: tuple,
+    matmul: dict,
+    phases: list,
+    gpu: str,
+    peak: tuple[float, str],
+) -> dict:
     """The ``--device cuda`` report: the CPU report's schema, MFU against the GPU's bf16 dense peak
     (``peak``: FLOP/s and its source), peak GPU memory per training row."""
     trained, translated, syncs = split_phases(phases, matmul)
@@ -177,8 +218,13 @@ def cuda_report(args: argparse.Namespace, where: Where, *, load_start: tuple, ma
         res["mfu"] = res["gflops"] * 1e9 / peak[0]
         row = training_row(spec, res, model, dtype, ops="compiled" if spec["compile"] else "fast", vs_quoted=None)
         training.append({**row, "speedup_vs_plain_ops": None})
-    translation = [translation_row(spec, res, dtype=spec["dtype"], reference_size=False, vs_quoted=None) for spec, res in translated]
-    header = _header(args, load_start, device="cuda", gpu=gpu, bf16_dense_peak_tflops=peak[0] / 1e12, peak_source=peak[1])
+    translation = [
+        translation_row(spec, res, dtype=spec["dtype"], reference_size=False, vs_quoted=None)
+        for spec, res in translated
+    ]
+    header = _header(
+        args, load_start, device="cuda", gpu=gpu, bf16_dense_peak_tflops=peak[0] / 1e12, peak_source=peak[1]
+    )
     return {
         **header,
         "settings": _settings(args, where, batch_tokens_base_big=GPU_BATCH_TOKENS, compile=args.compile),

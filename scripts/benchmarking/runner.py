@@ -53,13 +53,19 @@ def run_phase(spec: dict, out: Path, *, step: str) -> dict:
     spec_path, spec["result"] = phases / f"{spec['name']}.spec.json", str(phases / f"{spec['name']}.result.json")
     spec_path.write_text(json.dumps(spec, indent=1), encoding="utf-8")
     print(f"benchmark: {step} {spec['name']} ...", file=sys.stderr, flush=True)
-    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}  # one process, never torchrun's
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")
+    }  # one process, never torchrun's
     env.update(OMP_NUM_THREADS=str(spec["threads"]), MKL_NUM_THREADS=str(spec["threads"]))
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--phase", str(spec_path)], env=env, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--phase", str(spec_path)], env=env, capture_output=True, text=True
+    )
     (phases / f"{spec['name']}.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
-        raise SystemExit(f"benchmark: phase {spec['name']} failed (exit {proc.returncode}); its output ends with:\n{tail}")
+        raise SystemExit(
+            f"benchmark: phase {spec['name']} failed (exit {proc.returncode}); its output ends with:\n{tail}"
+        )
     return json.loads(Path(spec["result"]).read_text(encoding="utf-8"))
 
 

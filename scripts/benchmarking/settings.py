@@ -11,12 +11,23 @@ SCHEMA = "transformer_mt.benchmark/1"
 RECIPE_CONFIG, FALLBACK_CONFIG = REPO / "configs" / "multi30k_en_de.yaml", REPO / "configs" / "multi30k_small.yaml"
 DTYPES = ("float32", "bfloat16")
 
-REFERENCE_MODEL = dict(encoder_layers=3, decoder_layers=3, d_model=256, heads=4, d_ff=1024, dropout=0.1, norm="post", share_all_embeddings=True)
+REFERENCE_MODEL = dict(
+    encoder_layers=3,
+    decoder_layers=3,
+    d_model=256,
+    heads=4,
+    d_ff=1024,
+    dropout=0.1,
+    norm="post",
+    share_all_embeddings=True,
+)
 # The reference model's vocabulary: a joint unigram model of 8,000 pieces whatever the recipe uses, so its
 # output layer (a large share of a small model's FLOPs) stays the same from one recipe to the next.
 REFERENCE_VOCAB = 8000
 # The reference model's optimiser: multi30k_small.yaml's schedule, so the few benchmark updates move the weights.
-REFERENCE_TRAIN = dict(max_tokens=4096, update_freq=1, label_smoothing=0.1, lr_schedule="inverse_sqrt", lr=1e-3, warmup_updates=400)
+REFERENCE_TRAIN = dict(
+    max_tokens=4096, update_freq=1, label_smoothing=0.1, lr_schedule="inverse_sqrt", lr=1e-3, warmup_updates=400
+)
 
 # Figures of other toolkits on the reference setting, measured on other machines and never by this script:
 # the speed targets were set against them. A ratio to them is no side-by-side measurement (--peer fairseq is).

@@ -28,7 +28,9 @@ def prepare_data(args: argparse.Namespace, recipe: Config, sizes: Sizes, vocab: 
     tok = recipe.tokenizer
     prefix = args.out / "spm" / f"joint-{tok.model_type}{vocab}-{sizes.train_lines or 'all'}"
     if not prefix.with_suffix(".model").is_file():
-        print(f"benchmark: training sentencepiece {tok.model_type} {vocab} -> {prefix}.model", file=sys.stderr, flush=True)
+        print(
+            f"benchmark: training sentencepiece {tok.model_type} {vocab} -> {prefix}.model", file=sys.stderr, flush=True
+        )
         train_sentencepiece(
             [src, tgt],
             prefix,
@@ -39,13 +41,23 @@ def prepare_data(args: argparse.Namespace, recipe: Config, sizes: Sizes, vocab: 
         )
     spm = prefix.with_suffix(".model")
     tokenizer = Tokenizer(spm)
-    load_parallel(src, tgt, tokenizer, tokenizer, data_config(recipe, src, tgt, args.out), cache_dir=args.out / "cache", quiet=True)
+    load_parallel(
+        src,
+        tgt,
+        tokenizer,
+        tokenizer,
+        data_config(recipe, src, tgt, args.out),
+        cache_dir=args.out / "cache",
+        quiet=True,
+    )
     return spm, src, tgt
 
 
 def data_config(recipe: Config, src: Path, tgt: Path, out: Path) -> DataConfig:
     """The recipe's data settings on the benchmark's training files, with no validation set."""
-    return dataclasses.replace(recipe.data, train_src=str(src), train_tgt=str(tgt), valid_src="", valid_tgt="", cache_dir=str(out / "cache"))
+    return dataclasses.replace(
+        recipe.data, train_src=str(src), train_tgt=str(tgt), valid_src="", valid_tgt="", cache_dir=str(out / "cache")
+    )
 
 
 def train_spec(

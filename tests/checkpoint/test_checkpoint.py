@@ -53,7 +53,9 @@ def tiny_config(d_model: int = 8) -> Config:
     return cfg
 
 
-def training_state(seed: int, *, proto: bytes = b"\x00sp\xff", d_model: int = 8, vocab: int = 11, steps: int = 0) -> dict:
+def training_state(
+    seed: int, *, proto: bytes = b"\x00sp\xff", d_model: int = 8, vocab: int = 11, steps: int = 0
+) -> dict:
     """A full training-state checkpoint of a Tiny model after one Adam update."""
     torch.manual_seed(seed)
     model = Tiny(d_model, vocab)
@@ -71,7 +73,14 @@ def training_state(seed: int, *, proto: bytes = b"\x00sp\xff", d_model: int = 8,
         "scheduler": sched.state_dict(),
         "scaler": None,
         "rng": rng_state(),
-        "progress": {"update": 1, "epoch": 1, "epoch_batch": 1, "best_metric": None, "bad_validations": 0, "elapsed": 0.5},
+        "progress": {
+            "update": 1,
+            "epoch": 1,
+            "epoch_batch": 1,
+            "best_metric": None,
+            "bad_validations": 0,
+            "elapsed": 0.5,
+        },
         "metrics": {"loss": 2.5, "bleu": 0.0},
     }
 
@@ -208,7 +217,10 @@ def test_fsync_failure_after_full_write_keeps_previous_checkpoint(tmp_path, monk
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", no_space)
-    with pytest.raises(CheckpointError, match="No space left on device; free space or change train.out_dir; the previous checkpoint is intact"):
+    with pytest.raises(
+        CheckpointError,
+        match="No space left on device; free space or change train.out_dir; the previous checkpoint is intact",
+    ):
         save_checkpoint(training_state(2), path)
     monkeypatch.undo()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint_last.pt"]
@@ -248,7 +260,9 @@ def test_truncated_file_is_reported(tmp_path, keep):
         load_checkpoint(bad)
     msg = str(err.value)
     assert msg.startswith(f"{bad}: checkpoint is truncated or corrupt (")
-    assert msg.endswith("); use another one, e.g. checkpoint_last.pt or a numbered checkpoint_<update>.pt from the same run")
+    assert msg.endswith(
+        "); use another one, e.g. checkpoint_last.pt or a numbered checkpoint_<update>.pt from the same run"
+    )
     assert "\n" not in msg
     if n == 0:
         assert "(the file is empty)" in msg
@@ -265,7 +279,10 @@ def test_missing_and_foreign_files_are_reported(tmp_path):
     torch.save({"weight": torch.ones(2)}, plain)  # loads fine, but is not ours
     with pytest.raises(CheckpointError) as err:
         load_checkpoint(plain)
-    assert str(err.value) == f"{plain}: not a transformer_mt checkpoint (no 'format' key); give a checkpoint written by `tmt train` or `tmt average`"
+    assert (
+        str(err.value)
+        == f"{plain}: not a transformer_mt checkpoint (no 'format' key); give a checkpoint written by `tmt train` or `tmt average`"
+    )
 
     pickled = tmp_path / "pickled.pt"
     torch.save({"format": FORMAT, "model": nn.Linear(2, 2)}, pickled)  # a whole module: refused by weights_only
@@ -302,7 +319,9 @@ def test_prune_keeps_newest_numbered_and_never_best_or_last(tmp_path):
 
 
 def test_average_is_elementwise_mean(tmp_path):
-    states = [training_state(seed, proto=b"proto", steps=seed) for seed in (1, 2, 3)]  # one tokenizer: averaging refuses two
+    states = [
+        training_state(seed, proto=b"proto", steps=seed) for seed in (1, 2, 3)
+    ]  # one tokenizer: averaging refuses two
     paths = [save_checkpoint(s, numbered_checkpoint_path(tmp_path, 100 * i)) for i, s in enumerate(states, 1)]
 
     two = average_checkpoints(paths[:2])
@@ -352,14 +371,24 @@ def test_model_weights_checks_every_entry_before_casting_any():
         model_weights(state, source="x.pt")
     assert model_weights(state, weights="raw", source="x.pt") is state["model"]  # the trained weights need no EMA
     # an EMA weight of 10^10 half floats that the file holds as one (stride 0): cast to float32 it would take 40 GB
-    state["ema"] = {"decay": 0.9, "updates": 1, "weights": {"emb.weight": torch.zeros(1, dtype=torch.float16).expand(100_000, 100_000)}}
+    state["ema"] = {
+        "decay": 0.9,
+        "updates": 1,
+        "weights": {"emb.weight": torch.zeros(1, dtype=torch.float16).expand(100_000, 100_000)},
+    }
     state["model"] = {"emb.weight": torch.zeros(1).expand(100_000, 100_000)}
-    with address_space_limit(), pytest.raises(CheckpointError, match=r"x.pt: .*emb.weight.*\(100000, 100000\).*more numbers than the file"):
+    with (
+        address_space_limit(),
+        pytest.raises(CheckpointError, match=r"x.pt: .*emb.weight.*\(100000, 100000\).*more numbers than the file"),
+    ):
         model_weights(state, source="x.pt")
     for bad, words in (
         ({"model": {"emb.weight": "x"}}, "'model' entry emb.weight is not a named tensor"),
         ({"model": {3: torch.zeros(1)}}, "'model' entry 3 is not a named tensor"),
-        ({"model": {"a": torch.zeros(2)}, "ema": {"weights": {"a": torch.zeros(3)}}}, "EMA weight a is torch.float32 (3,)"),
+        (
+            {"model": {"a": torch.zeros(2)}, "ema": {"weights": {"a": torch.zeros(3)}}},
+            "EMA weight a is torch.float32 (3,)",
+        ),
         ({"model": {"a": torch.zeros(2)}, "ema": [1]}, "'ema' entry holds no 'weights'"),
     ):
         with pytest.raises(CheckpointError, match=re.escape(words)):

@@ -76,7 +76,11 @@ def set_config(state, data) -> list[str]:
 
 
 def break_config(state, data) -> list[str]:
-    kind = data.draw(st.sampled_from(["section-junk", "section-dropped", "unknown-key", "unknown-section", "non-str-key", "config-junk"]))
+    kind = data.draw(
+        st.sampled_from(
+            ["section-junk", "section-dropped", "unknown-key", "unknown-section", "non-str-key", "config-junk"]
+        )
+    )
     cfg = state["config"]
     section = data.draw(st.sampled_from(sorted(cfg)))
     if kind == "section-junk":
@@ -134,7 +138,11 @@ def mutate_tensor(state, data) -> list[str]:
 
 def mutate_entry(state, data) -> list[str]:
     """The entries `tmt translate` reads besides the config and the weights, and those it must ignore."""
-    entry = data.draw(st.sampled_from(["ema", "optimizer", "scheduler", "progress", "rng", "metrics", "tokenizers", "format", "src", "src_vocab"]))
+    entry = data.draw(
+        st.sampled_from(
+            ["ema", "optimizer", "scheduler", "progress", "rng", "metrics", "tokenizers", "format", "src", "src_vocab"]
+        )
+    )
     if entry == "ema":
         raw = {k: v.clone() for k, v in state["model"].items() if k != "output_ids"}
         ema = data.draw(
@@ -154,7 +162,9 @@ def mutate_entry(state, data) -> list[str]:
         state["ema"] = ema
         return ["ema", "EMA"]
     if entry in ("src", "src_vocab"):
-        state["tokenizers"][entry] = data.draw(st.one_of(junk, st.just(torch.randint(0, 255, (64,), dtype=torch.uint8)), st.just(["a", "a", "b"])))
+        state["tokenizers"][entry] = data.draw(
+            st.one_of(junk, st.just(torch.randint(0, 255, (64,), dtype=torch.uint8)), st.just(["a", "a", "b"]))
+        )
         return ["tokenizer", "sentencepiece", entry]
     state[entry] = data.draw(junk)
     return [entry, "checkpoint", "sentencepiece", "tokenizers"]
@@ -169,11 +179,19 @@ def kept_ids(state, data) -> list[str]:
     if data.draw(st.booleans(), label="sorted"):
         ids = sorted(set(ids) | {0, 1, 2, 3})
     kept = torch.tensor(ids, dtype=torch.int64)
-    state["model"]["output_ids"] = data.draw(st.sampled_from([kept, kept.int(), kept.float(), kept[None], kept.expand(2, -1)[0]]), label="as")
+    state["model"]["output_ids"] = data.draw(
+        st.sampled_from([kept, kept.int(), kept.float(), kept[None], kept.expand(2, -1)[0]]), label="as"
+    )
     return ["output_ids", "decode.beam"]  # a valid set may be too small for the checkpoint's beam
 
 
-MUTATIONS = {"config-value": set_config, "config-shape": break_config, "tensor": mutate_tensor, "entry": mutate_entry, "kept-ids": kept_ids}
+MUTATIONS = {
+    "config-value": set_config,
+    "config-shape": break_config,
+    "tensor": mutate_tensor,
+    "entry": mutate_entry,
+    "kept-ids": kept_ids,
+}
 
 
 def check(outcome: Outcome, path: Path, names: list[str]) -> None:
@@ -202,14 +220,20 @@ def test_a_mutated_checkpoint_translates_or_is_refused_in_one_line(base, source,
 @pytest.mark.usefixtures("memory_limit")
 @examples(60)
 @given(cut=st.floats(0.0, 1.0), flips=st.lists(st.tuples(st.floats(0.0, 1.0), st.integers(0, 255)), max_size=4))
-def test_a_truncated_or_bit_flipped_checkpoint_translates_or_is_refused_in_one_line(tiny_checkpoint, source, tmp_path_factory, cut, flips):
+def test_a_truncated_or_bit_flipped_checkpoint_translates_or_is_refused_in_one_line(
+    tiny_checkpoint, source, tmp_path_factory, cut, flips
+):
     data = bytearray(Path(tiny_checkpoint).read_bytes())
     for where, byte in flips:
         data[int(where * (len(data) - 1))] = byte
     path = tmp_path_factory.mktemp("case") / "cut.pt"
     path.write_bytes(bytes(data[: max(0, int(cut * len(data)) if cut < 0.9 else len(data))]))
     outcome = run_tmt(["translate", source, "-c", path, "--device", "cpu", "--threads", "1"], suite=SUITE)
-    check(outcome, path, ["truncated or corrupt", "checkpoint", "weights do not fit", "tokenizer", "sentencepiece", "model", "config"])
+    check(
+        outcome,
+        path,
+        ["truncated or corrupt", "checkpoint", "weights do not fit", "tokenizer", "sentencepiece", "model", "config"],
+    )
 
 
 @pytest.mark.usefixtures("memory_limit")

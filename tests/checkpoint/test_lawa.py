@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from tests.conftest import run_cli, run_config
-from transformer_mt.checkpoint import load_checkpoint, numbered_checkpoint_path, pack_tokenizers, prune_checkpoints, save_checkpoint
+from transformer_mt.checkpoint import (
+    load_checkpoint,
+    numbered_checkpoint_path,
+    pack_tokenizers,
+    prune_checkpoints,
+    save_checkpoint,
+)
 from transformer_mt.config import load_config, to_dict
 from transformer_mt.training import train
 
@@ -18,8 +24,15 @@ def fake_run(run_dir, updates: list[int]) -> dict[int, dict[str, torch.Tensor]]:
     weights = {}
     for u in updates:
         g = torch.Generator().manual_seed(u)
-        weights[u] = {"w": torch.randn(3, 4, generator=g), "b": torch.randn(4, generator=g).half(), "steps": torch.tensor(u)}
-        save_checkpoint({"model": weights[u], "config": config, "tokenizers": pack_tokenizers(b"proto")}, numbered_checkpoint_path(run_dir, u))
+        weights[u] = {
+            "w": torch.randn(3, 4, generator=g),
+            "b": torch.randn(4, generator=g).half(),
+            "steps": torch.tensor(u),
+        }
+        save_checkpoint(
+            {"model": weights[u], "config": config, "tokenizers": pack_tokenizers(b"proto")},
+            numbered_checkpoint_path(run_dir, u),
+        )
     return weights
 
 
@@ -56,14 +69,27 @@ def test_every_averages_the_newest_multiples(tmp_path, capsys):
 
 def test_too_few_multiples_is_one_line_naming_what_was_found(tmp_path, capsys):
     fake_run(tmp_path, [500, 1000, 1500, 2000, 2500])
-    code, out, err = run_cli(["average", "--run", tmp_path, "--every", 1000, "--last", 3, "-o", tmp_path / "x.pt"], capsys)
+    code, out, err = run_cli(
+        ["average", "--run", tmp_path, "--every", 1000, "--last", 3, "-o", tmp_path / "x.pt"], capsys
+    )
     assert code == 2 and out == ""
     assert err == (
         f"tmt: error: {tmp_path}: asked for the last 3 checkpoints at multiples of 1000 updates but found 2 (updates: 1000, 2000); "
         "ask for fewer with --last, or train with train.keep_every=1000 (and numbered saves on those updates) so pruning keeps them\n"
     )
     assert not (tmp_path / "x.pt").exists()
-    code, _, err = run_cli(["average", tmp_path / "checkpoint_500.pt", tmp_path / "checkpoint_1000.pt", "--every", 1000, "-o", tmp_path / "x.pt"], capsys)
+    code, _, err = run_cli(
+        [
+            "average",
+            tmp_path / "checkpoint_500.pt",
+            tmp_path / "checkpoint_1000.pt",
+            "--every",
+            1000,
+            "-o",
+            tmp_path / "x.pt",
+        ],
+        capsys,
+    )
     assert code == 2 and err.count("\n") == 1 and "--every 1000" in err and "--run" in err
 
 

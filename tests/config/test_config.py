@@ -23,8 +23,17 @@ def test_defaults_are_the_paper_base_model():
     cfg = load_config(None)
     m = cfg.model
     assert (m.encoder_layers, m.decoder_layers, m.d_model, m.d_ff, m.heads, m.dropout) == (6, 6, 512, 2048, 8, 0.1)
-    assert cfg.train.label_smoothing == 0.1 and cfg.train.optimizer_betas == (0.9, 0.98) and cfg.train.optimizer_eps == 1e-9
-    assert cfg.train.warmup_updates == 4000 and cfg.decode.beam == 4 and cfg.decode.lenpen == 0.6 and cfg.decode.max_len_b == 50
+    assert (
+        cfg.train.label_smoothing == 0.1
+        and cfg.train.optimizer_betas == (0.9, 0.98)
+        and cfg.train.optimizer_eps == 1e-9
+    )
+    assert (
+        cfg.train.warmup_updates == 4000
+        and cfg.decode.beam == 4
+        and cfg.decode.lenpen == 0.6
+        and cfg.decode.max_len_b == 50
+    )
 
 
 def test_shipped_configs_load_with_paper_sizes():
@@ -37,7 +46,10 @@ def test_shipped_configs_load_with_paper_sizes():
 
 
 def test_yaml_values_are_loaded_and_typed(tmp_path):
-    path = write(tmp_path, "model:\n  d_model: 256\n  heads: 4\n  norm: pre\ntrain:\n  lr: 7e-4\n  optimizer_betas: [0.9, 0.997]\n")
+    path = write(
+        tmp_path,
+        "model:\n  d_model: 256\n  heads: 4\n  norm: pre\ntrain:\n  lr: 7e-4\n  optimizer_betas: [0.9, 0.997]\n",
+    )
     cfg = load_config(path)
     assert cfg.model.d_model == 256 and cfg.model.norm == "pre"
     assert cfg.train.lr == pytest.approx(7e-4) and cfg.train.optimizer_betas == (0.9, 0.997)
@@ -91,7 +103,10 @@ def test_model_options_for_converted_checkpoints(tmp_path):
         ("model:\n  activation: silu\n", r"model\.activation: 'silu' is not one of relu, gelu, swish$"),
         ("model:\n  position_layout: split\n", r"model\.position_layout: 'split' is not one of interleaved, halves$"),
         ("model:\n  output_bias: maybe\n", r"model\.output_bias: .*'maybe'"),
-        ("model:\n  positions: learned\n  position_layout: halves\n", r"model\.position_layout: 'halves' orders sinusoids only; .*sinusoidal$"),
+        (
+            "model:\n  positions: learned\n  position_layout: halves\n",
+            r"model\.position_layout: 'halves' orders sinusoids only; .*sinusoidal$",
+        ),
     ):
         with pytest.raises(ConfigError, match=message) as err:
             load_config(write(tmp_path, text))
@@ -101,9 +116,13 @@ def test_model_options_for_converted_checkpoints(tmp_path):
 def test_keep_every_must_fall_on_numbered_checkpoints(tmp_path):
     # numbered checkpoints come every save_every updates (every validate_every when save_every is 0); a keep_every
     # between them would keep only the common multiples, so it is refused
-    with pytest.raises(ConfigError, match=r"train\.keep_every: 1100 is not a multiple of train\.save_every \(250\).*e\.g\. 1000"):
+    with pytest.raises(
+        ConfigError, match=r"train\.keep_every: 1100 is not a multiple of train\.save_every \(250\).*e\.g\. 1000"
+    ):
         load_config(write(tmp_path, "train:\n  save_every: 250\n  keep_every: 1100\n"))
-    with pytest.raises(ConfigError, match=r"train\.keep_every: 1500 is not a multiple of train\.validate_every \(1000\)"):
+    with pytest.raises(
+        ConfigError, match=r"train\.keep_every: 1500 is not a multiple of train\.validate_every \(1000\)"
+    ):
         load_config(write(tmp_path, "train:\n  validate_every: 1000\n  keep_every: 1500\n"))
     assert load_config(write(tmp_path, "train:\n  save_every: 250\n  keep_every: 1000\n")).train.keep_every == 1000
 
@@ -122,9 +141,14 @@ def test_which_updates_write_numbered_checkpoints():
 
 
 def test_linear_schedule_needs_max_updates_above_warmup(tmp_path):
-    with pytest.raises(ConfigError, match=r"train\.max_updates: lr_schedule linear decays to 0 at max_updates.*max_updates=0, warmup_updates=4000"):
+    with pytest.raises(
+        ConfigError,
+        match=r"train\.max_updates: lr_schedule linear decays to 0 at max_updates.*max_updates=0, warmup_updates=4000",
+    ):
         load_config(write(tmp_path, "train:\n  lr_schedule: linear\n"))
-    assert load_config(write(tmp_path, "train:\n  lr_schedule: linear\n  max_updates: 5000\n")).train.max_updates == 5000
+    assert (
+        load_config(write(tmp_path, "train:\n  lr_schedule: linear\n  max_updates: 5000\n")).train.max_updates == 5000
+    )
 
 
 def test_subword_sampling_settings_are_checked(tmp_path):
@@ -156,7 +180,9 @@ def test_share_all_needs_joint_vocab(tmp_path):
 
 def test_overrides_apply_and_validate(tmp_path):
     path = write(tmp_path, "model:\n  d_model: 256\n  heads: 4\n")
-    cfg = load_config(path, ["model.encoder_layers=3", "train.lr=7e-4", "model.norm=pre", "train.optimizer_betas=[0.9, 0.99]"])
+    cfg = load_config(
+        path, ["model.encoder_layers=3", "train.lr=7e-4", "model.norm=pre", "train.optimizer_betas=[0.9, 0.99]"]
+    )
     assert cfg.model.encoder_layers == 3 and cfg.train.lr == pytest.approx(7e-4) and cfg.model.norm == "pre"
     assert cfg.train.optimizer_betas == (0.9, 0.99)
     with pytest.raises(ConfigError, match=r"--set model\.layer: unknown key 'model\.layer'; did you mean"):
@@ -262,7 +288,17 @@ def test_a_model_too_large_for_memory_is_refused(tmp_path):
     assert "x.yaml" in msg and "parameters" in msg and "GiB" in msg
 
 
-@pytest.mark.parametrize("override", ["data.max_len_ratio=0.5", "model.value_dim=-1", "train.lr_scale=0", "train.lr=-1", "model.head_dim=-2", "data.max_len=0"])
+@pytest.mark.parametrize(
+    "override",
+    [
+        "data.max_len_ratio=0.5",
+        "model.value_dim=-1",
+        "train.lr_scale=0",
+        "train.lr=-1",
+        "model.head_dim=-2",
+        "data.max_len=0",
+    ],
+)
 def test_an_impossible_value_is_refused_under_its_own_key(override):
     key = override.split("=")[0]
     with pytest.raises(ConfigError, match=rf"^config: {re.escape(key)}: "):

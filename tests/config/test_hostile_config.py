@@ -52,7 +52,11 @@ values = st.one_of(
 )
 
 # raw YAML written in place of a value: tags, anchors, aliases, numbers Python cannot read, broken syntax
-ALIAS_BOMB = "[&a0 [x, x, x, x, x, x, x, x, x]" + "".join(f", &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10)) + "]"
+ALIAS_BOMB = (
+    "[&a0 [x, x, x, x, x, x, x, x, x]"
+    + "".join(f", &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 10))
+    + "]"
+)
 RAW_VALUES = [
     "!!python/object/apply:os.system ['echo owned']",
     "!!python/name:builtins.print",
@@ -106,7 +110,11 @@ def base_with(section: str, key: str, raw_value: str) -> str:
     for sec, keys in BASE.items():
         lines.append(f"{sec}:")
         for k, v in keys.items():
-            text = raw_value if (sec, k) == (section, key) else yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("...").strip()
+            text = (
+                raw_value
+                if (sec, k) == (section, key)
+                else yaml.safe_dump(v, default_flow_style=True).strip().removesuffix("...").strip()
+            )
             lines.append(f"  {k}: {text}")
     return "\n".join(lines) + "\n"
 
@@ -128,7 +136,10 @@ def raw_value_mutation(data) -> tuple[bytes, list[str]]:
 
 def key_mutation(data) -> tuple[bytes, list[str]]:
     raw: dict[Any, Any] = copy.deepcopy(BASE)
-    kind = data.draw(st.sampled_from(["unknown-key", "unknown-section", "odd-key", "section-value", "duplicate", "complex-key"]), label="kind")
+    kind = data.draw(
+        st.sampled_from(["unknown-key", "unknown-section", "odd-key", "section-value", "duplicate", "complex-key"]),
+        label="kind",
+    )
     section = data.draw(st.sampled_from(sorted(BASE)), label="section")
     if kind == "unknown-key":
         name = data.draw(st.text(min_size=1, max_size=30).filter(lambda s: s not in BASE[section]))
@@ -151,7 +162,10 @@ def key_mutation(data) -> tuple[bytes, list[str]]:
 
 def file_mutation(data) -> tuple[bytes, list[str]]:
     text = dump(BASE).encode()
-    kind = data.draw(st.sampled_from(["empty", "list", "scalar", "not-utf8", "bom", "nul", "huge", "documents", "cut", "bytes"]), label="kind")
+    kind = data.draw(
+        st.sampled_from(["empty", "list", "scalar", "not-utf8", "bom", "nul", "huge", "documents", "cut", "bytes"]),
+        label="kind",
+    )
     if kind == "empty":
         return b"", []
     if kind == "list":

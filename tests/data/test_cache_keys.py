@@ -32,11 +32,15 @@ def test_encoded_cache_sees_an_edit_in_the_middle_with_mtime_restored(multi30k, 
     src, tgt = tmp_path / "big.en", tmp_path / "big.de"
     src.write_text("".join(line + "\n" for line in head(multi30k / "train.en", 4000)), encoding="utf-8")
     tgt.write_text("".join(line + "\n" for line in head(multi30k / "train.de", 4000)), encoding="utf-8")
-    assert src.stat().st_size > 3 * (1 << 16)  # line 2000 on is in the middle, is outside the head and tail the key hashes
+    assert src.stat().st_size > 3 * (
+        1 << 16
+    )  # line 2000 on is in the middle, is outside the head and tail the key hashes
     mid = next(i for i in range(2000, 2400) if head(src, 1, skip=i)[0].isascii())
     cfg = DataConfig(max_len=250)
     first = load_parallel(src, tgt, tok, tok, cfg, cache_dir=tmp_path / "cache", filter_long=False, quiet=True)
-    assert load_parallel(src, tgt, tok, tok, cfg, cache_dir=tmp_path / "cache", filter_long=False, quiet=True).summary.from_cache
+    assert load_parallel(
+        src, tgt, tok, tok, cfg, cache_dir=tmp_path / "cache", filter_long=False, quiet=True
+    ).summary.from_cache
     new_line = _edit_middle_keeping_size_and_mtime(src, mid)
     again = load_parallel(src, tgt, tok, tok, cfg, cache_dir=tmp_path / "cache", filter_long=False, quiet=True)
     assert not again.summary.from_cache and again.directory != first.directory
@@ -46,7 +50,15 @@ def test_encoded_cache_sees_an_edit_in_the_middle_with_mtime_restored(multi30k, 
 @pytest.mark.slow  # trains two small sentencepiece models
 def test_tokenizer_is_retrained_after_an_edit_with_mtime_restored(corpus_slice, tmp_path):
     src, tgt = (Path(shutil.copy(corpus_slice[f"train.{side}"], tmp_path / f"t.{side}")) for side in ("en", "de"))
-    cfg = load_config(None, [f"data.train_src={src}", f"data.train_tgt={tgt}", "tokenizer.vocab_size=300", f"train.out_dir={tmp_path / 'run'}"])
+    cfg = load_config(
+        None,
+        [
+            f"data.train_src={src}",
+            f"data.train_tgt={tgt}",
+            "tokenizer.vocab_size=300",
+            f"train.out_dir={tmp_path / 'run'}",
+        ],
+    )
     logs: list[str] = []
     prepare_tokenizers(cfg, log=logs.append)
     prepare_tokenizers(cfg, log=logs.append)

@@ -63,7 +63,9 @@ def test_invalid_utf8_names_file_and_line(tmp_path, multi30k, tok):
     lines[3] = "Ein Mädchen".encode("latin-1")  # a file saved in the wrong encoding
     tgt = tmp_path / "b.de"
     tgt.write_bytes(b"\n".join(lines) + b"\n")
-    with pytest.raises(TextError, match=rf"^{tgt}:4: invalid UTF-8 .*iconv") as err:  # textio's error, as every reader gives
+    with pytest.raises(
+        TextError, match=rf"^{tgt}:4: invalid UTF-8 .*iconv"
+    ) as err:  # textio's error, as every reader gives
         load_parallel(src, tgt, tok, tok, DataConfig(), cache_dir=tmp_path / "cache", quiet=True)
     assert "\n" not in str(err.value)
     leftovers = list((tmp_path / "cache").iterdir())
@@ -81,19 +83,43 @@ def test_summary_counts_empty_long_and_ratio_pairs(tmp_path, multi30k, tok):
     assert expected["empty"] == 3 and expected["too_long"] >= 1 and expected["ratio"] >= 1
     assert 40 not in expected["kept"] and 50 not in expected["kept"]
 
-    d = load_parallel(write(tmp_path / "c.en", src), write(tmp_path / "c.de", tgt), tok, tok, cfg, cache_dir=tmp_path / "cache", quiet=True)
+    d = load_parallel(
+        write(tmp_path / "c.en", src),
+        write(tmp_path / "c.de", tgt),
+        tok,
+        tok,
+        cfg,
+        cache_dir=tmp_path / "cache",
+        quiet=True,
+    )
     s = d.summary
-    assert (s.pairs_read, s.dropped_empty, s.dropped_too_long, s.dropped_ratio) == (300, 3, expected["too_long"], expected["ratio"])
+    assert (s.pairs_read, s.dropped_empty, s.dropped_too_long, s.dropped_ratio) == (
+        300,
+        3,
+        expected["too_long"],
+        expected["ratio"],
+    )
     assert s.kept == d.num_pairs == len(expected["kept"]) == 300 - 3 - expected["too_long"] - expected["ratio"]
     assert d.line_numbers.tolist() == expected["kept"]
     kept_src = tok.encode([src[i].strip() for i in expected["kept"]])
     assert s.src_tokens == sum(map(len, kept_src)) and s.src_max == max(map(len, kept_src))
     text = s.format()
-    assert "300 pairs read" in text and f"{s.kept} kept" in text and "3 empty" in text and f"{s.dropped_ratio} with length ratio over 1.8" in text
+    assert (
+        "300 pairs read" in text
+        and f"{s.kept} kept" in text
+        and "3 empty" in text
+        and f"{s.dropped_ratio} with length ratio over 1.8" in text
+    )
 
     # Validation path: only the empty pairs go; the summary counts what the filters would have removed.
-    v = load_parallel(tmp_path / "c.en", tmp_path / "c.de", tok, tok, cfg, cache_dir=tmp_path / "cache", filter_long=False, quiet=True)
-    assert v.num_pairs == 297 and v.summary.dropped_empty == 3 and v.summary.dropped_too_long == v.summary.dropped_ratio == 0
+    v = load_parallel(
+        tmp_path / "c.en", tmp_path / "c.de", tok, tok, cfg, cache_dir=tmp_path / "cache", filter_long=False, quiet=True
+    )
+    assert (
+        v.num_pairs == 297
+        and v.summary.dropped_empty == 3
+        and v.summary.dropped_too_long == v.summary.dropped_ratio == 0
+    )
     assert v.summary.long_kept == expected["too_long"] + expected["ratio"]
     assert v.line_numbers.tolist() == [i for i in range(300) if i not in (10, 20, 30)]
     assert v.texts("tgt") == [tgt[i].strip() for i in v.line_numbers] and v.texts("src")[40] == src[43]
@@ -101,10 +127,22 @@ def test_summary_counts_empty_long_and_ratio_pairs(tmp_path, multi30k, tok):
 
 def test_crlf_and_byte_order_mark_read_as_plain_lines(tmp_path, multi30k, tok):
     src, tgt = head(multi30k / "train.en", 20), head(multi30k / "train.de", 20)
-    clean = load_parallel(write(tmp_path / "d.en", src), write(tmp_path / "d.de", tgt), tok, tok, DataConfig(), cache_dir=tmp_path / "c1", quiet=True)
+    clean = load_parallel(
+        write(tmp_path / "d.en", src),
+        write(tmp_path / "d.de", tgt),
+        tok,
+        tok,
+        DataConfig(),
+        cache_dir=tmp_path / "c1",
+        quiet=True,
+    )
     (tmp_path / "e.en").write_bytes(b"\xef\xbb\xbf" + "".join(s + "\r\n" for s in src).encode())
-    (tmp_path / "e.de").write_bytes("".join(t + "\r\n" for t in tgt[:-1]).encode() + tgt[-1].encode())  # no final newline
-    dirty = load_parallel(tmp_path / "e.en", tmp_path / "e.de", tok, tok, DataConfig(), cache_dir=tmp_path / "c2", quiet=True)
+    (tmp_path / "e.de").write_bytes(
+        "".join(t + "\r\n" for t in tgt[:-1]).encode() + tgt[-1].encode()
+    )  # no final newline
+    dirty = load_parallel(
+        tmp_path / "e.en", tmp_path / "e.de", tok, tok, DataConfig(), cache_dir=tmp_path / "c2", quiet=True
+    )
     assert dirty.num_pairs == clean.num_pairs == 20
     for i in range(20):
         assert [a.tolist() for a in dirty.pair(i)] == [a.tolist() for a in clean.pair(i)]
@@ -117,7 +155,9 @@ def test_cache_holds_the_tokenizer_ids_and_second_load_reads_it(tmp_path, corpus
     cfg = DataConfig()
     src_lines, tgt_lines = head(corpus_slice["train.en"], 2000), head(corpus_slice["train.de"], 2000)
     monkeypatch.setattr(data, "CHUNK_LINES", 300)  # several chunks: offsets must carry across them
-    first = load_parallel(corpus_slice["train.en"], corpus_slice["train.de"], tok, tok, cfg, cache_dir=tmp_path, quiet=True)
+    first = load_parallel(
+        corpus_slice["train.en"], corpus_slice["train.de"], tok, tok, cfg, cache_dir=tmp_path, quiet=True
+    )
     assert not first.summary.from_cache
 
     def no_encoding(*args, **kwargs):
@@ -153,12 +193,16 @@ def test_cache_is_invalidated_by_data_tokenizer_and_settings(tmp_path, corpus_sl
     assert not b.summary.from_cache and b.directory != a.directory
     assert b.pair(5)[1].tolist() == tok.encode([lines[5]])[0] != a.pair(5)[1].tolist()
 
-    other = Tokenizer(train_sentencepiece([corpus_slice["train.de"]], tmp_path_factory.mktemp("spm2") / "de", vocab_size=600))
+    other = Tokenizer(
+        train_sentencepiece([corpus_slice["train.de"]], tmp_path_factory.mktemp("spm2") / "de", vocab_size=600)
+    )
     c = load_parallel(src, tgt, tok, other, DataConfig(), cache_dir=cache, quiet=True)
     assert not c.summary.from_cache and c.pair(5)[1].tolist() == other.encode([lines[5]])[0]
     d = load_parallel(src, tgt, tok, tok, DataConfig(max_len=10), cache_dir=cache, quiet=True)
     assert not d.summary.from_cache and d.num_pairs < b.num_pairs
-    assert load_parallel(src, tgt, tok, tok, DataConfig(), cache_dir=cache, quiet=True).summary.from_cache  # b's cache is still there
+    assert load_parallel(
+        src, tgt, tok, tok, DataConfig(), cache_dir=cache, quiet=True
+    ).summary.from_cache  # b's cache is still there
 
 
 def test_cache_is_found_from_another_working_directory(tmp_path, corpus_slice, tok, monkeypatch):
@@ -167,7 +211,9 @@ def test_cache_is_found_from_another_working_directory(tmp_path, corpus_slice, t
     monkeypatch.chdir(tmp_path)
     a = load_parallel("w.en", "w.de", tok, tok, DataConfig(), cache_dir="cache", quiet=True)
     monkeypatch.chdir(tmp_path.parent)
-    b = load_parallel(tmp_path / "w.en", tmp_path / "w.de", tok, tok, DataConfig(), cache_dir=tmp_path / "cache", quiet=True)
+    b = load_parallel(
+        tmp_path / "w.en", tmp_path / "w.de", tok, tok, DataConfig(), cache_dir=tmp_path / "cache", quiet=True
+    )
     assert b.summary.from_cache and b.directory.name == a.directory.name
     assert b.texts("src")[:3] == head(corpus_slice["val.en"], 3)  # paths as given now, not as when written
 
@@ -185,9 +231,13 @@ def test_crash_mid_encode_leaves_no_valid_looking_cache(tmp_path, corpus_slice, 
 
     bad = Failing(tok.proto)
     with pytest.raises(KeyboardInterrupt):
-        load_parallel(corpus_slice["train.en"], corpus_slice["train.de"], bad, bad, DataConfig(), cache_dir=tmp_path, quiet=True)
+        load_parallel(
+            corpus_slice["train.en"], corpus_slice["train.de"], bad, bad, DataConfig(), cache_dir=tmp_path, quiet=True
+        )
     assert list(tmp_path.iterdir()) == []
-    d = load_parallel(corpus_slice["train.en"], corpus_slice["train.de"], tok, tok, DataConfig(), cache_dir=tmp_path, quiet=True)
+    d = load_parallel(
+        corpus_slice["train.en"], corpus_slice["train.de"], tok, tok, DataConfig(), cache_dir=tmp_path, quiet=True
+    )
     assert not d.summary.from_cache and d.summary.pairs_read == 2000
 
     # A damaged cache (a truncated token file) is detected by its size and rebuilt.
@@ -196,7 +246,9 @@ def test_crash_mid_encode_leaves_no_valid_looking_cache(tmp_path, corpus_slice, 
     del d  # unmap before damaging the file
     tokens = directory / "tgt.tokens"
     tokens.write_bytes(tokens.read_bytes()[:-2])
-    e = load_parallel(corpus_slice["train.en"], corpus_slice["train.de"], tok, tok, DataConfig(), cache_dir=tmp_path, quiet=True)
+    e = load_parallel(
+        corpus_slice["train.en"], corpus_slice["train.de"], tok, tok, DataConfig(), cache_dir=tmp_path, quiet=True
+    )
     assert not e.summary.from_cache and e.directory == directory and e.pair(e.num_pairs - 1)[1].tolist() == last
 
 
@@ -204,7 +256,9 @@ def test_crash_mid_encode_leaves_no_valid_looking_cache(tmp_path, corpus_slice, 
 
 
 def test_batches_respect_budget_and_cover_each_pair_once(tmp_path, corpus_slice, tok):
-    d = load_parallel(corpus_slice["train.en"], corpus_slice["train.de"], tok, tok, DataConfig(), cache_dir=tmp_path, quiet=True)
+    d = load_parallel(
+        corpus_slice["train.en"], corpus_slice["train.de"], tok, tok, DataConfig(), cache_dir=tmp_path, quiet=True
+    )
     ls, lt = d.src_lengths + 1, d.tgt_lengths + 1  # EOS / BOS
     for max_tokens in (200, 1000):
         batches = d.batches(3, max_tokens=max_tokens, seed=7)
@@ -286,7 +340,16 @@ def test_collate_builds_teacher_forcing_in_one_place():
 
 
 def test_get_batch_rows_match_the_pairs(tmp_path, corpus_slice, tok):
-    d = load_parallel(corpus_slice["val.en"], corpus_slice["val.de"], tok, tok, DataConfig(), cache_dir=tmp_path, filter_long=False, quiet=True)
+    d = load_parallel(
+        corpus_slice["val.en"],
+        corpus_slice["val.de"],
+        tok,
+        tok,
+        DataConfig(),
+        cache_dir=tmp_path,
+        filter_long=False,
+        quiet=True,
+    )
     idx = d.batches(1, max_tokens=600, seed=1)[0]
     b = d.get_batch(idx)
     assert b.nsentences == len(idx) and b.indices.tolist() == idx.tolist()
@@ -307,7 +370,15 @@ def _segmentation(s: SampledSegmentation) -> list[tuple[list[int], list[int]]]:
 
 
 def test_sampled_segmentation_is_a_seeded_resegmentation_of_the_same_text(tmp_path, corpus_slice, tok):
-    d = load_parallel(corpus_slice["train.en"], corpus_slice["train.de"], tok, tok, DataConfig(max_len=100), cache_dir=tmp_path, quiet=True)
+    d = load_parallel(
+        corpus_slice["train.en"],
+        corpus_slice["train.de"],
+        tok,
+        tok,
+        DataConfig(max_len=100),
+        cache_dir=tmp_path,
+        quiet=True,
+    )
     best = [tuple(x.tolist() for x in d.pair(i)) for i in range(d.num_pairs)]
     s = SampledSegmentation(d, tok, tok, alpha=0.3, nbest=-1, seed=5, max_len=100)
     assert _segmentation(s) == best  # before the first epoch: the cached best segmentation
@@ -334,7 +405,15 @@ def test_sampled_segmentation_is_a_seeded_resegmentation_of_the_same_text(tmp_pa
 
 
 def test_sampled_batches_cover_each_pair_once_within_budget(tmp_path, corpus_slice, tok):
-    d = load_parallel(corpus_slice["train.en"], corpus_slice["train.de"], tok, tok, DataConfig(max_len=100), cache_dir=tmp_path, quiet=True)
+    d = load_parallel(
+        corpus_slice["train.en"],
+        corpus_slice["train.de"],
+        tok,
+        tok,
+        DataConfig(max_len=100),
+        cache_dir=tmp_path,
+        quiet=True,
+    )
     s = SampledSegmentation(d, tok, tok, alpha=0.2, nbest=-1, seed=1, max_len=100)
     batches = s.batches(3, max_tokens=600, seed=1)
     assert np.array_equal(np.sort(np.concatenate(batches)), np.arange(d.num_pairs))
@@ -350,7 +429,15 @@ def test_sampled_batches_cover_each_pair_once_within_budget(tmp_path, corpus_sli
 
 def test_sampled_pairs_over_max_len_keep_their_best_segmentation(tmp_path, corpus_slice, tok):
     limit = 20
-    d = load_parallel(corpus_slice["train.en"], corpus_slice["train.de"], tok, tok, DataConfig(max_len=limit), cache_dir=tmp_path, quiet=True)
+    d = load_parallel(
+        corpus_slice["train.en"],
+        corpus_slice["train.de"],
+        tok,
+        tok,
+        DataConfig(max_len=limit),
+        cache_dir=tmp_path,
+        quiet=True,
+    )
     capped = SampledSegmentation(d, tok, tok, alpha=0.1, nbest=-1, seed=3, max_len=limit)
     free = SampledSegmentation(d, tok, tok, alpha=0.1, nbest=-1, seed=3, max_len=10_000)  # the same draws, no cap
     capped.segment(1)
@@ -366,8 +453,14 @@ def test_sampled_pairs_over_max_len_keep_their_best_segmentation(tmp_path, corpu
 
 
 def test_bpe_models_sample_by_dropping_merges(tmp_path, corpus_slice):
-    bpe = Tokenizer(train_sentencepiece([corpus_slice["train.en"], corpus_slice["train.de"]], tmp_path / "bpe", vocab_size=1000, model_type="bpe"))
-    d = load_parallel(corpus_slice["val.en"], corpus_slice["val.de"], bpe, bpe, DataConfig(), cache_dir=tmp_path, quiet=True)
+    bpe = Tokenizer(
+        train_sentencepiece(
+            [corpus_slice["train.en"], corpus_slice["train.de"]], tmp_path / "bpe", vocab_size=1000, model_type="bpe"
+        )
+    )
+    d = load_parallel(
+        corpus_slice["val.en"], corpus_slice["val.de"], bpe, bpe, DataConfig(), cache_dir=tmp_path, quiet=True
+    )
     s = SampledSegmentation(d, bpe, bpe, alpha=0.1, nbest=-1, seed=1, max_len=256)
     s.segment(1)
     e1 = _segmentation(s)

@@ -31,8 +31,22 @@ def config(corpus_slice, tmp_path):
                     "max_len": MAX_LEN,
                 },
                 "tokenizer": {"vocab_size": 400},  # no model given: trained into out_dir, as `tmt train` would
-                "model": {"encoder_layers": 1, "decoder_layers": 1, "d_model": 32, "heads": 2, "d_ff": 64, "max_positions": 64},
-                "train": {"out_dir": str(tmp_path / "run"), "max_updates": 1, "max_tokens": 500, "threads": 1, "valid_bleu_sentences": -1, "device": "cpu"},
+                "model": {
+                    "encoder_layers": 1,
+                    "decoder_layers": 1,
+                    "d_model": 32,
+                    "heads": 2,
+                    "d_ff": 64,
+                    "max_positions": 64,
+                },
+                "train": {
+                    "out_dir": str(tmp_path / "run"),
+                    "max_updates": 1,
+                    "max_tokens": 500,
+                    "threads": 1,
+                    "valid_bleu_sentences": -1,
+                    "device": "cpu",
+                },
             }
         )
     )
@@ -40,7 +54,9 @@ def config(corpus_slice, tmp_path):
 
 
 @pytest.mark.slow  # trains a tokenizer, encodes 2100 pairs and runs `tmt train`
-def test_preprocess_reads_back_direct_encoding_in_chunks_and_train_reuses_it(config, corpus_slice, tmp_path, capsys, monkeypatch):
+def test_preprocess_reads_back_direct_encoding_in_chunks_and_train_reuses_it(
+    config, corpus_slice, tmp_path, capsys, monkeypatch
+):
     monkeypatch.setattr(data_module, "CHUNK_LINES", 300)
     sizes = []
     real_encode = Tokenizer.encode
@@ -55,7 +71,9 @@ def test_preprocess_reads_back_direct_encoding_in_chunks_and_train_reuses_it(con
     run = tmp_path / "run"
     tok = Tokenizer(run / "spm.model")
     cfg = load_config(config)
-    train = load_parallel(corpus_slice["train.en"], corpus_slice["train.de"], tok, tok, cfg.data, cache_dir=run / "cache")
+    train = load_parallel(
+        corpus_slice["train.en"], corpus_slice["train.de"], tok, tok, cfg.data, cache_dir=run / "cache"
+    )
     assert train.summary.from_cache and isinstance(train._src_tokens, np.memmap)
     # every kept pair reads back as the direct encoding of its lines; the kept lines are exactly
     # those the filters keep, decided here from the direct encodings

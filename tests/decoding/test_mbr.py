@@ -90,7 +90,11 @@ def test_consensus_beats_the_outlier():
             [Candidate("Zwei Hunde spielen im Schnee .", 0.0)],
         ]
     )
-    assert pool == {"Ein Mann fährt Fahrrad .": 0.5, "Ein Mann fährt ein Fahrrad .": 0.25, "Zwei Hunde spielen im Schnee .": 0.25}
+    assert pool == {
+        "Ein Mann fährt Fahrrad .": 0.5,
+        "Ein Mann fährt ein Fahrrad .": 0.25,
+        "Zwei Hunde spielen im Schnee .": 0.25,
+    }
     assert mbr_choose(pool)[0] == "Ein Mann fährt Fahrrad ."
 
 
@@ -107,7 +111,11 @@ def test_pool_weights_uniform_and_score_softmax():
     zb = math.exp(-0.5 / t) + math.exp(-3 / t) + math.exp(-0.7 / t)
     scored = pool_weights([a, b], weights="score", temperature=t)
     assert scored == pytest.approx(
-        {"x": (math.exp(-1 / t) / za + math.exp(-0.7 / t) / zb) / 2, "y": (math.exp(-2 / t) / za + math.exp(-0.5 / t) / zb) / 2, "z": math.exp(-3 / t) / zb / 2}
+        {
+            "x": (math.exp(-1 / t) / za + math.exp(-0.7 / t) / zb) / 2,
+            "y": (math.exp(-2 / t) / za + math.exp(-0.5 / t) / zb) / 2,
+            "z": math.exp(-3 / t) / zb / 2,
+        }
     )
     assert sum(scored.values()) == pytest.approx(1.0)
     with pytest.raises(MbrError, match="temperature"):
@@ -118,7 +126,10 @@ def test_pool_weights_uniform_and_score_softmax():
 
 def test_read_candidates_nbest_and_plain(tmp_path):
     nbest = tmp_path / "nbest.txt"
-    nbest.write_text("0\t-0.5\tEin Hund.\n0\t-0.9\tEin Hund rennt.\n1\t0.0\t\n1\t0.0\t\n2\t-1.25\tZwei Katzen.\n2\t-2\tKatzen.\n", encoding="utf-8")
+    nbest.write_text(
+        "0\t-0.5\tEin Hund.\n0\t-0.9\tEin Hund rennt.\n1\t0.0\t\n1\t0.0\t\n2\t-1.25\tZwei Katzen.\n2\t-2\tKatzen.\n",
+        encoding="utf-8",
+    )
     got = read_candidates(nbest)
     assert got == [
         [Candidate("Ein Hund.", -0.5), Candidate("Ein Hund rennt.", -0.9)],
@@ -127,7 +138,11 @@ def test_read_candidates_nbest_and_plain(tmp_path):
     ]
     plain = tmp_path / "plain.txt"
     plain.write_text("Ein Hund.\n\n3\tZwei Katzen.\n", encoding="utf-8")  # one tab only: still plain text
-    assert read_candidates(plain) == [[Candidate("Ein Hund.", 0.0)], [Candidate("", 0.0)], [Candidate("3\tZwei Katzen.", 0.0)]]
+    assert read_candidates(plain) == [
+        [Candidate("Ein Hund.", 0.0)],
+        [Candidate("", 0.0)],
+        [Candidate("3\tZwei Katzen.", 0.0)],
+    ]
 
 
 @pytest.mark.parametrize(

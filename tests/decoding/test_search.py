@@ -17,7 +17,16 @@ import torch
 import torch.nn.functional as F
 
 from tests.conftest import tiny_model, tiny_model_config
-from transformer_mt.decoding import SearchCache, SearchError, SearchModel, beam_search, greedy_search, greedy_search_batches, length_penalty, search
+from transformer_mt.decoding import (
+    SearchCache,
+    SearchError,
+    SearchModel,
+    beam_search,
+    greedy_search,
+    greedy_search_batches,
+    length_penalty,
+    search,
+)
 from transformer_mt.model import Transformer
 from transformer_mt.text import BOS_ID, DEFAULT, EOS_ID, PAD_ID
 
@@ -73,7 +82,11 @@ def untrained() -> Transformer:
 def peaked() -> Transformer:
     """Random weights with the output layer (untied) scaled up: confident, arbitrary choices."""
     torch.manual_seed(1)
-    model = Transformer(tiny_model_config(**ONE_LAYER, share_all_embeddings=False, share_decoder_embeddings=False), src_vocab_size=VOCAB, tgt_vocab_size=VOCAB)
+    model = Transformer(
+        tiny_model_config(**ONE_LAYER, share_all_embeddings=False, share_decoder_embeddings=False),
+        src_vocab_size=VOCAB,
+        tgt_vocab_size=VOCAB,
+    )
     with torch.no_grad():
         model.output_proj.weight.mul_(3.0)
     return model.eval()
@@ -104,7 +117,9 @@ def teacher_forced_logprob(model: Transformer, src_row: torch.Tensor, tokens: li
     return lprobs[torch.arange(len(target)), torch.tensor(target)].sum().item()
 
 
-def reference_beam(model: Transformer, src_row: torch.Tensor, *, beam: int, lenpen: float, max_len: int) -> list[tuple[list[int], float, float]]:
+def reference_beam(
+    model: Transformer, src_row: torch.Tensor, *, beam: int, lenpen: float, max_len: int
+) -> list[tuple[list[int], float, float]]:
     """Beam search by the book: every step recomputes every prefix with model.forward and it runs to
     max_len (no early stop). Same rules as the module: top 2*beam of beam*V candidates, EOS within the
     top beam finishes, the first beam non-EOS candidates stay open, open beams finish at max_len, ties
@@ -299,8 +314,12 @@ def _rows_per_step(steps: list[list[int]], widths: list[int], batch_tokens: int)
             parked, current = current, None
 
 
-@pytest.mark.parametrize(("which", "batch_tokens"), [("trained", 10**6), ("untrained", 10**6), ("untrained", 80), ("trained", 80)])
-def test_greedy_over_batches_carries_last_rows_along_and_finds_what_each_batch_finds_alone(which, batch_tokens, request, monkeypatch):
+@pytest.mark.parametrize(
+    ("which", "batch_tokens"), [("trained", 10**6), ("untrained", 10**6), ("untrained", 80), ("trained", 80)]
+)
+def test_greedy_over_batches_carries_last_rows_along_and_finds_what_each_batch_finds_alone(
+    which, batch_tokens, request, monkeypatch
+):
     model = request.getfixturevalue(which)
     gen = torch.Generator().manual_seed(3)
     # Batches of similar lengths, longest first as translate_ids makes them; a join pads the narrower source side.
@@ -344,7 +363,9 @@ def test_exact_ties_go_to_the_lowest_id_in_greedy_and_beam(untrained, sources):
     for beam in (1, 3):
         batched = beam_search(model, sources, beam=beam, lenpen=0.6, max_len_a=1.0, max_len_b=4, nbest=beam)
         for i in range(sources.size(0)):
-            alone = beam_search(model, unpadded(sources, i)[None], beam=beam, lenpen=0.6, max_len_a=1.0, max_len_b=4, nbest=beam)
+            alone = beam_search(
+                model, unpadded(sources, i)[None], beam=beam, lenpen=0.6, max_len_a=1.0, max_len_b=4, nbest=beam
+            )
             assert [h.tokens for h in batched[i]] == [h.tokens for h in alone[0]]
 
 
@@ -454,7 +475,9 @@ def test_max_length_is_respected_without_eos(trained, sources, a, b):
     for i, hyps in enumerate(nbests):
         assert [len(h.tokens) for h in hyps] == [limits[i]] * 3
         for h in hyps:  # finished as is: no EOS term in the log-prob, length = the limit
-            assert h.logprob == pytest.approx(teacher_forced_logprob(model, unpadded(sources, i), h.tokens, eos=False), abs=1e-4)
+            assert h.logprob == pytest.approx(
+                teacher_forced_logprob(model, unpadded(sources, i), h.tokens, eos=False), abs=1e-4
+            )
             assert h.score == pytest.approx(h.logprob / length_penalty(limits[i], 0.6), rel=1e-5)
 
 
@@ -470,12 +493,18 @@ def test_bfloat16_autocast_and_bfloat16_weights(trained, sources):
     limits = [max_len(sources, i, 1.0, 4) for i in range(sources.size(0))]
     with torch.inference_mode():
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            runs = [search(trained, sources, beam=beam, lenpen=0.6, max_len_a=1.0, max_len_b=4, nbest=1) for beam in (1, 4)]
-        runs += [search(bf16_weights, sources, beam=beam, lenpen=0.6, max_len_a=1.0, max_len_b=4, nbest=1) for beam in (1, 4)]
+            runs = [
+                search(trained, sources, beam=beam, lenpen=0.6, max_len_a=1.0, max_len_b=4, nbest=1) for beam in (1, 4)
+            ]
+        runs += [
+            search(bf16_weights, sources, beam=beam, lenpen=0.6, max_len_a=1.0, max_len_b=4, nbest=1) for beam in (1, 4)
+        ]
     for run in runs:
         for i, (h,) in enumerate(run):
             assert isinstance(h.logprob, float) and math.isfinite(h.logprob) and h.logprob <= 0
-            assert len(h.tokens) <= limits[i] and all(0 <= t < VOCAB and t not in (PAD_ID, BOS_ID, EOS_ID) for t in h.tokens)
+            assert len(h.tokens) <= limits[i] and all(
+                0 <= t < VOCAB and t not in (PAD_ID, BOS_ID, EOS_ID) for t in h.tokens
+            )
             length = len(h.tokens) + (len(h.tokens) < limits[i])
             assert h.score == pytest.approx(h.logprob / length_penalty(length, 0.6), rel=1e-5)
 

@@ -33,13 +33,17 @@ def test_one_output_line_per_input_line(ckpt, multi30k, tmp_path, capsys):
     src = tmp_path / "in.en"
     src.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp_path / "out.de"
-    code, _, err = run_cli(["translate", "-c", str(ckpt), str(src), "-o", str(out), "--beam", "2", "--device", "cpu"], capsys)
+    code, _, err = run_cli(
+        ["translate", "-c", str(ckpt), str(src), "-o", str(out), "--beam", "2", "--device", "cpu"], capsys
+    )
     assert code == 0
     result = out.read_text(encoding="utf-8").split("\n")
     assert result[-1] == "" and len(result) - 1 == len(lines)
     assert result[2] == "" and result[3] == "" and result[-2] == ""
     assert all(result[i] for i in (0, 1, 5, 6))  # real sentences get (possibly odd) output
-    assert err.strip() == "tmt translate: warning: 1 input line longer than 63 tokens (model.max_positions=64) truncated"
+    assert (
+        err.strip() == "tmt translate: warning: 1 input line longer than 63 tokens (model.max_positions=64) truncated"
+    )
 
 
 def test_batched_equals_one_at_a_time(ckpt, multi30k):
@@ -59,17 +63,25 @@ def test_threads_sharing_one_translator_get_what_they_get_alone(spm_model, multi
     tr = Translator.from_checkpoint(make_checkpoint(spm_model, tmp_path / "m.pt", positions=positions), device="cpu")
     lines = head(multi30k / "val.en", 48)
     lines[5] = " ".join(["a dog runs through the snow"] * 30)  # truncated: in request 0's stats only
-    requests = [(lines[6 * k : 6 * k + 6], {"beam": (1, 3)[k % 2], "nbest": (1, 2, 1, 3)[k % 4], "lenpen": 0.6}) for k in range(8)]
+    requests = [
+        (lines[6 * k : 6 * k + 6], {"beam": (1, 3)[k % 2], "nbest": (1, 2, 1, 3)[k % 4], "lenpen": 0.6})
+        for k in range(8)
+    ]
     params = {name: p.clone() for name, p in tr.model.state_dict().items()}
     pe = getattr(tr.model, "pe", None)
     alone = [tr.translate_batch(text, **kw) for text, kw in requests]
     with ThreadPoolExecutor(max_workers=4) as pool:
-        together = list(pool.map(lambda req: tr.translate_batch(req[0], **req[1]), requests * 2))  # each request twice, interleaved
+        together = list(
+            pool.map(lambda req: tr.translate_batch(req[0], **req[1]), requests * 2)
+        )  # each request twice, interleaved
     for k, result in enumerate(together):
         assert result.hypotheses == alone[k % 8].hypotheses
         assert result.stats.lines == 6 and result.stats.tgt_tokens == alone[k % 8].stats.tgt_tokens
         assert result.stats.truncated == (k % 8 == 0)
-    assert alone[0].stats.warning() == "tmt translate: warning: 1 input line longer than 63 tokens (model.max_positions=64) truncated"
+    assert (
+        alone[0].stats.warning()
+        == "tmt translate: warning: 1 input line longer than 63 tokens (model.max_positions=64) truncated"
+    )
     assert alone[1].stats.warning() is None  # a call's stats are its own
     assert getattr(tr.model, "pe", None) is pe  # the position table was sized at load time, never regrown
     assert all(torch.equal(p, params[name]) for name, p in tr.model.state_dict().items()) and not tr.model.training
@@ -82,7 +94,9 @@ def test_sinusoid_table_is_sized_at_load_time(spm_model, tmp_path):
     assert tr.max_src_tokens == 63 and tr.positions == 70 and tr.model.pe.size(0) == 70
     with pytest.raises(TranslateError, match="max_len_b=50"):
         tr.translate_batch(["A man rides a horse."], beam=1, lenpen=0.6, max_len_b=50)
-    assert tr.translate_batch(["A man rides a horse."], beam=1, lenpen=0.6, max_len_b=2).hypotheses[0][0][1] != ""  # within the table
+    assert (
+        tr.translate_batch(["A man rides a horse."], beam=1, lenpen=0.6, max_len_b=2).hypotheses[0][0][1] != ""
+    )  # within the table
     with pytest.raises(ValueError, match="reserve_positions"):  # the model itself never grows the table while decoding
         tr.model.encode(torch.full((1, 71), 5))
     assert tr.model.pe.size(0) == 70
@@ -130,7 +144,20 @@ def test_stdin_is_translated_as_lines_arrive(ckpt):
 def test_evaluate_reports_scores_and_speed(ckpt, corpus_slice, tmp_path, capsys):
     hyp = tmp_path / "val.hyp"
     code, out, _ = run_cli(
-        ["evaluate", "-c", str(ckpt), "--src", str(corpus_slice["val.en"]), "--ref", str(corpus_slice["val.de"]), "-o", str(hyp), "--beam", "2", "--json"],
+        [
+            "evaluate",
+            "-c",
+            str(ckpt),
+            "--src",
+            str(corpus_slice["val.en"]),
+            "--ref",
+            str(corpus_slice["val.de"]),
+            "-o",
+            str(hyp),
+            "--beam",
+            "2",
+            "--json",
+        ],
         capsys,
     )
     assert code == 0
@@ -145,7 +172,11 @@ def test_evaluate_reports_scores_and_speed(ckpt, corpus_slice, tmp_path, capsys)
 def test_ensemble_from_the_command_line(ckpt, spm_model, corpus_slice, tmp_path, capsys):
     src = corpus_slice["val.en"]
     outs = {}
-    for name, paths in (("alone", [ckpt]), ("twice", [ckpt, ckpt]), ("pair", [ckpt, make_checkpoint(spm_model, tmp_path / "other.pt", seed=7)])):
+    for name, paths in (
+        ("alone", [ckpt]),
+        ("twice", [ckpt, ckpt]),
+        ("pair", [ckpt, make_checkpoint(spm_model, tmp_path / "other.pt", seed=7)]),
+    ):
         outs[name] = tmp_path / f"{name}.de"
         args = [a for p in paths for a in ("-c", str(p))]
         code, _, err = run_cli(["translate", *args, str(src), "-o", str(outs[name]), "--beam", "3"], capsys)
@@ -158,7 +189,9 @@ def test_ensemble_from_the_command_line(ckpt, spm_model, corpus_slice, tmp_path,
     src_proto = bytes(state["tokenizers"]["src"].tolist())
     state["tokenizers"] = pack_tokenizers(src_proto, src_proto + b"\n")
     save_checkpoint(state, tmp_path / "alien.pt")
-    code, _, err = run_cli(["translate", "-c", str(ckpt), "-c", str(tmp_path / "alien.pt"), str(src), "-o", str(tmp_path / "x.de")], capsys)
+    code, _, err = run_cli(
+        ["translate", "-c", str(ckpt), "-c", str(tmp_path / "alien.pt"), str(src), "-o", str(tmp_path / "x.de")], capsys
+    )
     assert code == 2
     assert err.strip() == (
         f"tmt: error: {tmp_path / 'alien.pt'}: its sentencepiece models differ from those of {ckpt}; "
@@ -183,9 +216,23 @@ def test_bleu_matches_sacrebleu_command_line(multi30k, tmp_path, capsys):
         code, out, _ = run_cli(["bleu", "--ref", str(ref), str(hyp), "--json", "-w", "2", *extra], capsys)
         ours = json.loads(out)
         theirs = json.loads(
-            _sacrebleu(str(ref), "-i", str(hyp), "-m", "bleu", "chrf", "-w", "2", "--format", "json", *(["-lc", "--chrf-lowercase"] if extra else []))
+            _sacrebleu(
+                str(ref),
+                "-i",
+                str(hyp),
+                "-m",
+                "bleu",
+                "chrf",
+                "-w",
+                "2",
+                "--format",
+                "json",
+                *(["-lc", "--chrf-lowercase"] if extra else []),
+            )
         )
-        assert [(o["name"], o["score"], o["signature"]) for o in ours] == [(t["name"], t["score"], t["signature"]) for t in theirs]
+        assert [(o["name"], o["score"], o["signature"]) for o in ours] == [
+            (t["name"], t["score"], t["signature"]) for t in theirs
+        ]
     code, out, _ = run_cli(["bleu", "--ref", str(ref), str(hyp)], capsys)
     assert out.strip() == _sacrebleu(str(ref), "-i", str(hyp), "-m", "bleu", "chrf", "--format", "text").strip()
     short = tmp_path / "short.de"
@@ -220,7 +267,9 @@ def test_max_output_tokens_caps_each_line_only_where_its_own_limit_is_longer(ckp
     assert min(own) < cap < max(own)  # both kinds of line are here
     for line, limit, nbest in zip(lines, own, got):
         want = tr.translate_batch([line], beam=beam, lenpen=0.6, max_len_a=0.0, max_len_b=min(limit, cap)).hypotheses[0]
-        assert [text for _, text in nbest] == [text for _, text in want]  # scores: equal up to the batch's float rounding
+        assert [text for _, text in nbest] == [
+            text for _, text in want
+        ]  # scores: equal up to the batch's float rounding
         assert [score for score, _ in nbest] == pytest.approx([score for score, _ in want], abs=1e-4)
     with pytest.raises(TranslateError, match="max_output_tokens=0 must be at least 1"):
         tr.translate_batch(lines, beam=beam, lenpen=0.6, max_output_tokens=0)
@@ -250,7 +299,11 @@ def refused_line(path: Path, capsys) -> str:
 
 def test_checkpoint_asking_for_more_than_its_bytes_is_refused_before_allocating(ckpt, tmp_path, capsys):
     # 3.3e10 parameters (123 GiB) under the old bound of 1e11; the file holds a model of 0.2 MB
-    path = crafted(ckpt, tmp_path / "huge.pt", lambda s: s["config"]["model"].update(d_model=65536, d_ff=65536, heads=1, max_positions=64))
+    path = crafted(
+        ckpt,
+        tmp_path / "huge.pt",
+        lambda s: s["config"]["model"].update(d_model=65536, d_ff=65536, heads=1, max_positions=64),
+    )
     err = refused_line(path, capsys)
     assert "parameters" in err
 
@@ -274,19 +327,29 @@ def test_parameter_bound_counts_the_tokenizers_real_vocabulary(ckpt, tmp_path, c
 
     # The config says 8 pieces, the tokenizer it holds has 1000: the bound must count 1000 rows per table.
     path = crafted(ckpt, tmp_path / "vocab.pt", lambda s: s["config"]["tokenizer"].update(vocab_size=8))
-    monkeypatch.setattr(checks, "MAX_PARAMETERS", 40_000)  # the model holds 55,424 numbers with 1000 pieces; 8 would make ~24k
+    monkeypatch.setattr(
+        checks, "MAX_PARAMETERS", 40_000
+    )  # the model holds 55,424 numbers with 1000 pieces; 8 would make ~24k
     err = refused_line(path, capsys)
     assert "1,000" in err and "parameters" in err
 
 
 def test_weights_that_do_not_fit_are_named_one_tensor_with_both_shapes(ckpt, tmp_path, capsys):
-    path = crafted(ckpt, tmp_path / "shape.pt", lambda s: s["model"].__setitem__("encoder.0.ffn.fc1.weight", torch.zeros(64, 16)))
+    path = crafted(
+        ckpt, tmp_path / "shape.pt", lambda s: s["model"].__setitem__("encoder.0.ffn.fc1.weight", torch.zeros(64, 16))
+    )
     err = refused_line(path, capsys)
     assert "encoder.0.ffn.fc1.weight" in err and "(64, 16)" in err and "(64, 32)" in err
-    path = crafted(ckpt, tmp_path / "layers.pt", lambda s: s["config"]["model"].update(encoder_layers=3))  # 24 tensors missing
+    path = crafted(
+        ckpt, tmp_path / "layers.pt", lambda s: s["config"]["model"].update(encoder_layers=3)
+    )  # 24 tensors missing
     err = refused_line(path, capsys)
     assert "encoder.1." in err and "encoder.2." not in err
-    path = crafted(ckpt, tmp_path / "dtype.pt", lambda s: s["model"].__setitem__("encoder.0.ffn.fc1.bias", torch.zeros(64, dtype=torch.int64)))
+    path = crafted(
+        ckpt,
+        tmp_path / "dtype.pt",
+        lambda s: s["model"].__setitem__("encoder.0.ffn.fc1.bias", torch.zeros(64, dtype=torch.int64)),
+    )
     err = refused_line(path, capsys)
     assert "encoder.0.ffn.fc1.bias" in err and "int64" in err
 
@@ -294,7 +357,11 @@ def test_weights_that_do_not_fit_are_named_one_tensor_with_both_shapes(ckpt, tmp
 def test_a_tensor_viewing_more_numbers_than_it_stores_is_refused(ckpt, tmp_path, capsys):
     # a (1000, 32) embedding whose 32,000 numbers are one float repeated (stride 0): 4 bytes in the file
     one = torch.zeros(1).expand(1000, 32)
-    path = crafted(ckpt, tmp_path / "stride.pt", lambda s: s["model"].update({"src_embed.weight": one, "tgt_embed.weight": one, "output_proj.weight": one}))
+    path = crafted(
+        ckpt,
+        tmp_path / "stride.pt",
+        lambda s: s["model"].update({"src_embed.weight": one, "tgt_embed.weight": one, "output_proj.weight": one}),
+    )
     err = refused_line(path, capsys)
     assert "src_embed.weight" in err or "tgt_embed.weight" in err or "output_proj.weight" in err
 
@@ -306,7 +373,9 @@ def test_a_tensor_viewing_more_numbers_than_it_stores_is_refused(ckpt, tmp_path,
         ("ema-weights-list", lambda s: s.__setitem__("ema", {"decay": 0.9, "updates": 1, "weights": [1]}), ["ema"]),
         (
             "ema-weight-shape",
-            lambda s: s.__setitem__("ema", {"decay": 0.9, "updates": 1, "weights": {"src_embed.weight": torch.zeros(3)}}),
+            lambda s: s.__setitem__(
+                "ema", {"decay": 0.9, "updates": 1, "weights": {"src_embed.weight": torch.zeros(3)}}
+            ),
             ["src_embed.weight"],
         ),
         ("model-null", lambda s: s["config"].__setitem__("model", None), ["model"]),
@@ -321,10 +390,17 @@ def test_a_tensor_viewing_more_numbers_than_it_stores_is_refused(ckpt, tmp_path,
         ("weights-str", lambda s: s["model"].__setitem__("src_embed.weight", "x"), ["src_embed.weight"]),
         ("weight-name-int", lambda s: s["model"].__setitem__(7, torch.zeros(1)), ["model"]),
         ("format-tensor", lambda s: s.__setitem__("format", torch.zeros(2, 2)), ["format"]),
-        ("default-beam-too-wide", lambda s: s["config"]["decode"].__setitem__("beam", 600), ["decode.beam=600", "at most 499"]),
+        (
+            "default-beam-too-wide",
+            lambda s: s["config"]["decode"].__setitem__("beam", 600),
+            ["decode.beam=600", "at most 499"],
+        ),
         (
             "beam-wider-than-kept-pieces",
-            lambda s: (s["config"]["model"].__setitem__("restrict_output", True), s["model"].__setitem__("output_ids", torch.arange(4))),
+            lambda s: (
+                s["config"]["model"].__setitem__("restrict_output", True),
+                s["model"].__setitem__("output_ids", torch.arange(4)),
+            ),
             ["decode.beam=3", "at most 1"],
         ),
     ],

@@ -31,11 +31,18 @@ def readme_snippet() -> str:
     return block.group(1)
 
 
-def cli_translate(checkpoint: Path, lines: list[str], tmp_path: Path, capsys, *, beam: int | None, lenpen: float | None, nbest: int) -> list[str]:
+def cli_translate(
+    checkpoint: Path, lines: list[str], tmp_path: Path, capsys, *, beam: int | None, lenpen: float | None, nbest: int
+) -> list[str]:
     """`tmt translate`'s output lines for `lines` with these settings (None: the option left out)."""
     src = tmp_path / "cli_input.en"
     src.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    options = [*(["--beam", beam] if beam is not None else []), *(["--lenpen", lenpen] if lenpen is not None else []), "--nbest", nbest]
+    options = [
+        *(["--beam", beam] if beam is not None else []),
+        *(["--lenpen", lenpen] if lenpen is not None else []),
+        "--nbest",
+        nbest,
+    ]
     code, out, err = run_cli(["translate", "-c", checkpoint, src, *options], capsys)
     assert code == 0, err
     return out.splitlines()
@@ -60,7 +67,9 @@ def test_readme_snippet_prints_what_tmt_translate_prints(tiny_checkpoint, tmp_pa
     monkeypatch.setattr(Translator, "translate", recorded)
     monkeypatch.chdir(run)
     capsys.readouterr()
-    exec(compile(snippet, "README.md (Python API)", "exec"), {"__name__": "__readme__"})  # the documented snippet, as written
+    exec(
+        compile(snippet, "README.md (Python API)", "exec"), {"__name__": "__readme__"}
+    )  # the documented snippet, as written
     printed = capsys.readouterr().out.splitlines()
     monkeypatch.undo()
 
@@ -140,7 +149,10 @@ def test_a_single_string_gives_a_single_result(translator, lines):
         ({"beam": 2, "nbest": 3}, r"nbest=3 is out of range; use 1 to the beam size \(2\): 1 <= nbest <= beam"),
         ({"nbest": 4}, r"nbest=4 is out of range; use 1 to the beam size \(3\)"),  # the checkpoint's beam 3
         ({"beam": 0}, r"beam=0 is out of range; use 1 \(greedy\) to 499"),
-        ({"beam": 600}, "beam=600 needs a target vocabulary of at least 1202 ids, the model has 1000; use a beam of at most 499"),
+        (
+            {"beam": 600},
+            "beam=600 needs a target vocabulary of at least 1202 ids, the model has 1000; use a beam of at most 499",
+        ),
         ({"lenpen": math.nan}, "lenpen=nan must be a finite number"),
     ],
 )
@@ -163,7 +175,9 @@ def test_load_takes_one_path_or_a_list_as_an_ensemble(checkpoint, spm_model, tmp
 def test_public_names_without_importing_torch():
     """Every name of __all__ resolves; `import transformer_mt` alone leaves torch unimported (load and
     Translator come on first use), so `tmt --help` stays instant."""
-    assert {"load", "Translator", "Config", "load_config", "TmtError", "ConfigError", "__version__"} <= set(transformer_mt.__all__)
+    assert {"load", "Translator", "Config", "load_config", "TmtError", "ConfigError", "__version__"} <= set(
+        transformer_mt.__all__
+    )
     assert all(getattr(transformer_mt, name) is not None for name in transformer_mt.__all__)
     assert transformer_mt.Translator is Translator
     code = "import sys, transformer_mt; assert 'torch' not in sys.modules, 'torch imported'; transformer_mt.load; assert 'torch' in sys.modules"

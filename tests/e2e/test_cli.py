@@ -49,7 +49,10 @@ def test_tokenize_train_encode_decode(tmp_path, corpus_slice, capsys):
     )
     assert code == 0 and "spm.model" in err and (tmp_path / "spm.model").is_file()
     enc = tmp_path / "val.ids"
-    code, _, _ = run(["tokenize", "encode", "-m", str(prefix) + ".model", str(corpus_slice["val.en"]), "-o", str(enc), "--ids"], capsys)
+    code, _, _ = run(
+        ["tokenize", "encode", "-m", str(prefix) + ".model", str(corpus_slice["val.en"]), "-o", str(enc), "--ids"],
+        capsys,
+    )
     assert code == 0
     assert len(enc.read_text().splitlines()) == 100
     dec = tmp_path / "val.txt"
@@ -69,5 +72,7 @@ def test_user_errors_are_one_line(tmp_path, capsys):
 
 
 def test_console_script_module_entry(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "transformer_mt.cli", "--help"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "transformer_mt.cli", "--help"], capture_output=True, text=True, check=True
+    )
     assert "tokenize" in out.stdout

@@ -16,7 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer_mt.checkpoint import CheckpointError, average_checkpoints, load_checkpoint, pack_tokenizers, save_checkpoint
+from transformer_mt.checkpoint import (
+    CheckpointError,
+    average_checkpoints,
+    load_checkpoint,
+    pack_tokenizers,
+    save_checkpoint,
+)
 from transformer_mt.checkpoint.io import _check_torch_is_safe
 from transformer_mt.cli import main
 from transformer_mt.config import Config, ConfigError, load_config, to_dict
@@ -103,7 +109,9 @@ def test_huge_sizes_are_refused(override):
 
 def test_sizes_that_multiply_to_too_many_parameters_are_refused():
     with pytest.raises(ConfigError, match="parameters, above the supported"):
-        load_config(None, ["model.d_model=65536", "model.d_ff=1048576", "model.encoder_layers=1000", "model.heads=1024"])
+        load_config(
+            None, ["model.d_model=65536", "model.d_ff=1048576", "model.encoder_layers=1000", "model.heads=1024"]
+        )
 
 
 def test_crafted_checkpoint_is_refused_before_allocating(tmp_path):
@@ -152,9 +160,23 @@ def test_average_refuses_different_sentencepiece_models(tmp_path):
 # ---------------------------------------------------------------- item 10: OS errors are one line
 def test_out_dir_that_is_a_file_is_one_line(tmp_path, corpus_slice):
     blocker = write(tmp_path / "blocker", "x")
-    config = write(tmp_path / "c.yaml", f"data:\n  train_src: {corpus_slice['train.en']}\n  train_tgt: {corpus_slice['train.de']}\n")
+    config = write(
+        tmp_path / "c.yaml",
+        f"data:\n  train_src: {corpus_slice['train.en']}\n  train_tgt: {corpus_slice['train.de']}\n",
+    )
     proc = subprocess.run(
-        [sys.executable, "-m", "transformer_mt.cli", "train", "-c", str(config), "--set", f"train.out_dir={blocker}/run"], capture_output=True, text=True
+        [
+            sys.executable,
+            "-m",
+            "transformer_mt.cli",
+            "train",
+            "-c",
+            str(config),
+            "--set",
+            f"train.out_dir={blocker}/run",
+        ],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert str(blocker) in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
@@ -168,7 +190,11 @@ BAD_COMMANDS = [
     # tokenize
     ("tok-train-missing-input", "tokenize train -i {tmp}/missing.txt -o {tmp}/sp", "{tmp}/missing.txt"),
     ("tok-train-vocab-0", "tokenize train -i {src} -o {tmp}/sp --vocab-size 0", "'--vocab-size'"),
-    ("tok-train-sentences-negative", "tokenize train -i {src} -o {tmp}/sp --input-sentence-size -1", "'--input-sentence-size'"),
+    (
+        "tok-train-sentences-negative",
+        "tokenize train -i {src} -o {tmp}/sp --input-sentence-size -1",
+        "'--input-sentence-size'",
+    ),
     ("tok-train-model-type", "tokenize train -i {src} -o {tmp}/sp --model-type word2", "'word2'"),
     ("tok-train-prefix-through-file", "tokenize train -i {src} -o {src}/sp", "{src}"),
     ("tok-train-invalid-utf8", "tokenize train -i {bad_utf8} -o {tmp}/sp", "{bad_utf8}:2"),
@@ -195,7 +221,11 @@ BAD_COMMANDS = [
     ("train-bad-choice", "train -c {cfg} --set model.norm=middle", "model.norm"),
     ("train-missing-train-file", "train -c {cfg} --set data.train_src={tmp}/missing.en", "data.train_src"),
     ("train-half-validation-pair", "train -c {cfg} --set data.valid_src={src}", "data.valid_tgt"),
-    ("train-max-len-over-positions", "train -c {cfg} --set data.max_len=600 --set model.max_positions=512", "data.max_len"),
+    (
+        "train-max-len-over-positions",
+        "train -c {cfg} --set data.max_len=600 --set model.max_positions=512",
+        "data.max_len",
+    ),
     ("train-resume-nowhere", "train --resume {tmp}/no_run", "{tmp}/no_run"),
     ("train-out-dir-through-file", "train -c {cfg} --set train.out_dir={src}/run", "{src}"),
     ("train-duplicate-key", "train -c {dup_cfg}", "{dup_cfg}: line 3"),
@@ -240,10 +270,26 @@ BAD_COMMANDS = [
     ("pre-missing-config", "preprocess -c {tmp}/missing.yaml", "{tmp}/missing.yaml"),
     ("pre-bad-value", "preprocess -c {cfg} --set data.max_len=0", "data.max_len"),
     # empty data: the line that says so stands alone (no data summary before it, no usage box)
-    ("train-empty-train-file", "train -c {cfg} --set data.train_src={empty}", "{empty}: the training file holds no text"),
-    ("train-blank-train-file", "train -c {cfg} --set data.train_tgt={blank}", "{blank}: the training file holds no text"),
-    ("train-empty-validation", "train -c {cfg} --set data.valid_src={empty} --set data.valid_tgt={empty}", "{empty}: the validation file holds no text"),
-    ("pre-empty-train-file", "preprocess -c {cfg} --set data.train_src={empty}", "{empty}: the training file holds no text"),
+    (
+        "train-empty-train-file",
+        "train -c {cfg} --set data.train_src={empty}",
+        "{empty}: the training file holds no text",
+    ),
+    (
+        "train-blank-train-file",
+        "train -c {cfg} --set data.train_tgt={blank}",
+        "{blank}: the training file holds no text",
+    ),
+    (
+        "train-empty-validation",
+        "train -c {cfg} --set data.valid_src={empty} --set data.valid_tgt={empty}",
+        "{empty}: the validation file holds no text",
+    ),
+    (
+        "pre-empty-train-file",
+        "preprocess -c {cfg} --set data.train_src={empty}",
+        "{empty}: the training file holds no text",
+    ),
     ("unknown-command", "nope", "no such command 'nope'"),
     ("unknown-option", "bleu -r {ref} {ref} --nope", "no such option: --nope"),
     ("missing-option", "bleu {ref}", "missing option '--ref'"),
@@ -288,7 +334,9 @@ def test_the_table_is_large_enough():
 @pytest.mark.parametrize("name, argv, names", BAD_COMMANDS, ids=[row[0] for row in BAD_COMMANDS])
 def test_bad_command_line_is_one_clear_error(name, argv, names, bad_inputs, capsys):
     Path(bad_inputs["tmp"]).mkdir(exist_ok=True)
-    before = {p: Path(p).read_bytes() for p in (bad_inputs["src"], bad_inputs["ref"], bad_inputs["ckpt2"], bad_inputs["spm"])}
+    before = {
+        p: Path(p).read_bytes() for p in (bad_inputs["src"], bad_inputs["ref"], bad_inputs["ckpt2"], bad_inputs["spm"])
+    }
     with pytest.raises(SystemExit) as exc:
         main([arg.format(**bad_inputs) for arg in argv.split()])
     out, err = capsys.readouterr()
@@ -355,11 +403,17 @@ def test_checkpoint_never_replaces_a_device_or_fifo(tmp_path):
 # ---------------------------------------------------------------- item 9: a beam is checked against the vocabulary first
 def test_translator_refuses_a_huge_beam_before_encoding(bad_inputs, monkeypatch):
     tr = Translator.from_checkpoint(bad_inputs["ckpt"], device="cpu")
-    vocab = tr.tgt_tok.vocab_size  # 1000: ids that may follow a prefix are all but PAD and BOS, and a step ranks 2 x beam of them
-    assert len(tr.translate_batch(["a dog ."], beam=(vocab - 2) // 2, lenpen=0.6).hypotheses[0]) == 1  # the largest beam allowed runs
+    vocab = (
+        tr.tgt_tok.vocab_size
+    )  # 1000: ids that may follow a prefix are all but PAD and BOS, and a step ranks 2 x beam of them
+    assert (
+        len(tr.translate_batch(["a dog ."], beam=(vocab - 2) // 2, lenpen=0.6).hypotheses[0]) == 1
+    )  # the largest beam allowed runs
     monkeypatch.setattr(tr.src_tok, "encode", lambda *_: pytest.fail("encoded before refusing the beam"))
     tracemalloc.start()
-    with pytest.raises(SearchError, match=f"beam=100000 needs a target vocabulary of at least 200002 ids, the model has {vocab}"):
+    with pytest.raises(
+        SearchError, match=f"beam=100000 needs a target vocabulary of at least 200002 ids, the model has {vocab}"
+    ):
         tr.translate(["a dog ."], beam=100_000, lenpen=0.6)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
@@ -372,18 +426,27 @@ def test_translator_refuses_a_huge_beam_before_encoding(bad_inputs, monkeypatch)
 @pytest.mark.parametrize("lenpen", ["1e308", "1000", "-1e308"])
 def test_extreme_lenpen_is_one_line(bad_inputs, capsys, lenpen):
     code, err = run_cli(["translate", "-c", bad_inputs["ckpt"], "--lenpen", lenpen, bad_inputs["src"]], capsys)
-    assert code == 2 and err.startswith(f"tmt: error: --lenpen {float(lenpen)} is out of range; use -10 to 10") and err.count("\n") == 1
+    assert (
+        code == 2
+        and err.startswith(f"tmt: error: --lenpen {float(lenpen)} is out of range; use -10 to 10")
+        and err.count("\n") == 1
+    )
 
 
 def test_length_penalty_never_overflows():
     from transformer_mt.config import lenpen_problem
     from transformer_mt.decoding import length_penalty
 
-    assert length_penalty(1000, 1e308) == math.inf and length_penalty(2, 0.6) == (7 / 6) ** 0.6  # normal values: the same float
+    assert (
+        length_penalty(1000, 1e308) == math.inf and length_penalty(2, 0.6) == (7 / 6) ** 0.6
+    )  # normal values: the same float
     assert lenpen_problem(10.0) is None and lenpen_problem(-10.0) is None and lenpen_problem(10.5) is not None
 
 
-@pytest.mark.parametrize(("args", "words"), [(["--port", "99999"], "--port 99999: must be 0 to 65535"), (["--log-level", "nope"], "--log-level nope: choose")])
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [(["--port", "99999"], "--port 99999: must be 0 to 65535"), (["--log-level", "nope"], "--log-level nope: choose")],
+)
 def test_serve_bad_port_or_log_level_is_one_line(capsys, args, words):
     pytest.importorskip("uvicorn")
     code, err = run_cli(["serve", "-c", "no-such.pt", *args], capsys)
@@ -393,7 +456,11 @@ def test_serve_bad_port_or_log_level_is_one_line(capsys, args, words):
 def test_mbr_superscript_index_is_one_line(tmp_path, capsys):
     nbest = write(tmp_path / "nbest.txt", "0\t-1.0\tein Hund\n\u00b2\t-2.0\tzwei Hunde\n")
     code, err = run_cli(["mbr", str(nbest)], capsys)
-    assert code == 2 and err.startswith(f"tmt: error: {nbest}:2: expected INDEX<TAB>SCORE<TAB>TEXT") and err.count("\n") == 1
+    assert (
+        code == 2
+        and err.startswith(f"tmt: error: {nbest}:2: expected INDEX<TAB>SCORE<TAB>TEXT")
+        and err.count("\n") == 1
+    )
 
 
 def _damaged(bad_inputs, path: Path, damage) -> str:
@@ -407,7 +474,10 @@ def _damaged(bad_inputs, path: Path, damage) -> str:
     ("damage", "words"),
     [
         (lambda s: s["config"]["model"].update(d_model=64), "the weights do not fit its config"),
-        (lambda s: s["tokenizers"].update(src=torch.tensor([1, 2, 3], dtype=torch.uint8)), "sentencepiece model 'src' is corrupt"),
+        (
+            lambda s: s["tokenizers"].update(src=torch.tensor([1, 2, 3], dtype=torch.uint8)),
+            "sentencepiece model 'src' is corrupt",
+        ),
         (lambda s: s.pop("model"), "holds no 'model' weights"),
     ],
     ids=["config-weights", "tokenizer-blob", "no-model"],
@@ -429,10 +499,20 @@ def test_position_table_too_large_is_refused_before_allocating(bad_inputs, tmp_p
 
     built = []
     sinusoids = positions_module.sinusoids
-    monkeypatch.setattr(positions_module, "sinusoids", lambda n, *a, **k: built.append(n) or sinusoids(min(n, 2**21), *a, **k))
+    monkeypatch.setattr(
+        positions_module, "sinusoids", lambda n, *a, **k: built.append(n) or sinusoids(min(n, 2**21), *a, **k)
+    )
     code, err = run_cli(["translate", "-c", ckpt, bad_inputs["src"]], capsys)
-    assert code == 2 and "model.max_positions" in err and "decode.max_len_a" in err and "decode.max_len_b" in err and err.count("\n") == 1, err
-    assert max(built, default=0) <= 2**20  # the model's own table (model.max_positions), never the 68M rows decoding would need
+    assert (
+        code == 2
+        and "model.max_positions" in err
+        and "decode.max_len_a" in err
+        and "decode.max_len_b" in err
+        and err.count("\n") == 1
+    ), err
+    assert (
+        max(built, default=0) <= 2**20
+    )  # the model's own table (model.max_positions), never the 68M rows decoding would need
 
 
 def test_pipes_fifos_and_devices_are_inputs(bad_inputs, tmp_path, capsys):
@@ -459,7 +539,9 @@ def test_pipes_fifos_and_devices_are_inputs(bad_inputs, tmp_path, capsys):
     shell = f"{tmt} bleu --ref <(cat {bad_inputs['ref']}) <(cat {bad_inputs['ref']})"
     done = subprocess.run(["bash", "-c", shell], capture_output=True, text=True)
     assert done.returncode == 0 and "100.0" in done.stdout, done.stderr
-    done = subprocess.run(["bash", "-c", f"{tmt} translate -c {bad_inputs['ckpt']} <(cat {src})"], capture_output=True, text=True)
+    done = subprocess.run(
+        ["bash", "-c", f"{tmt} translate -c {bad_inputs['ckpt']} <(cat {src})"], capture_output=True, text=True
+    )
     assert done.returncode == 0 and done.stdout.count("\n") == lines, done.stderr
     code, err = run_cli(["translate", "-c", bad_inputs["ckpt"], str(tmp_path)], capsys)
     assert code == 2 and err == f"tmt: error: {tmp_path}: is a directory, not a text file\n"
@@ -473,5 +555,11 @@ def test_config_refuses_an_extreme_lenpen():
 
 def test_mbr_reads_process_substitution(tmp_path):
     tmt = Path(sys.executable).with_name("tmt")
-    done = subprocess.run(["bash", "-c", f"{tmt} mbr <(printf 'ein Hund\\nzwei\\n') <(printf 'ein Hund\\ndrei\\n')"], capture_output=True, text=True)
-    assert done.returncode == 0 and done.stdout.split("\n")[0] == "ein Hund" and done.stdout.count("\n") == 2, done.stderr
+    done = subprocess.run(
+        ["bash", "-c", f"{tmt} mbr <(printf 'ein Hund\\nzwei\\n') <(printf 'ein Hund\\ndrei\\n')"],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0 and done.stdout.split("\n")[0] == "ein Hund" and done.stdout.count("\n") == 2, (
+        done.stderr
+    )

@@ -87,7 +87,9 @@ def test_bleu_chrf_match_sacrebleu_cli(val):
     assert 10 < ours["bleu"]["score"] < 90  # a partial match, so the comparison means something
     assert_matches_cli(ours, [ref], hyp, [])
     # the score-only numbers of `-b`
-    assert sacrebleu_cli(ref, "-i", hyp, "-m", "bleu", "chrf", "-b", "--format", "text") == format_text(ours, score_only=True)
+    assert sacrebleu_cli(ref, "-i", hyp, "-m", "bleu", "chrf", "-b", "--format", "text") == format_text(
+        ours, score_only=True
+    )
 
 
 def test_lowercase_matches_sacrebleu_cli(multi30k, tmp_path):
@@ -156,9 +158,14 @@ def test_read_lines_keeps_empty_lines_and_reports_bad_files(tmp_path):
 
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes("gut\nschön\n".encode("latin-1"))
-    with pytest.raises(TextError) as err:  # the one text reader's error (transformer_mt.text.textio), as every reader gives
+    with pytest.raises(
+        TextError
+    ) as err:  # the one text reader's error (transformer_mt.text.textio), as every reader gives
         read_lines(latin1)
-    assert str(err.value) == f"{latin1}:2: invalid UTF-8 (byte 0xf6 at column 4); convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8 FILE > FILE.utf8"
+    assert (
+        str(err.value)
+        == f"{latin1}:2: invalid UTF-8 (byte 0xf6 at column 4); convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8 FILE > FILE.utf8"
+    )
 
 
 def _version() -> str:

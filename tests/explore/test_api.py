@@ -76,7 +76,10 @@ def test_bad_requests_get_one_line_4xx(random_client):
     assert r.status_code == 422 and r.json()["error"].startswith("reference: empty")
     r = random_client.get("/api/nothing")
     assert r.status_code == 404 and "/docs" in r.json()["error"]
-    assert random_client.post("/api/translate", content=b"{", headers={"Content-Type": "application/json"}).status_code == 422
+    assert (
+        random_client.post("/api/translate", content=b"{", headers={"Content-Type": "application/json"}).status_code
+        == 422
+    )
     assert random_client.post("/api/translate", json={"text": "A dog."}).status_code == 200  # still serving
 
 
@@ -109,7 +112,11 @@ def test_translation_is_the_translators_and_probabilities_add_up(random_client, 
         assert math.isclose(out["score"], out["logprob"] / gnmt(length, lenpen), rel_tol=1e-5)
         for t in out["tokens"]:
             probs = [a["prob"] for a in t["alternatives"]]
-            assert probs == sorted(probs, reverse=True) and t["prob"] <= probs[0] + 1e-9 and math.isclose(t["loss"], -math.log(t["prob"]), rel_tol=1e-6)
+            assert (
+                probs == sorted(probs, reverse=True)
+                and t["prob"] <= probs[0] + 1e-9
+                and math.isclose(t["loss"], -math.log(t["prob"]), rel_tol=1e-6)
+            )
 
 
 def test_attention_rows_sum_to_one_and_decoder_is_causal(random_client):
@@ -151,7 +158,10 @@ def test_anatomy_masks_shapes_and_positions(random_client):
             assert dec[row][q] == [k <= q and not tgt_pad[row][k] for k in range(t)]
     h, dk = out["heads"]["H"], out["heads"]["Dk"]
     cross = next(m for m in out["modules"] if m["name"].endswith("cross_attn"))
-    assert f"Q (B, H, T, Dk) = ({b}, {h}, {t}, {dk})" in cross["details"][0] and f"K (B, H, S, Dk) = ({b}, {h}, {s}, {dk})" in cross["details"][0]
+    assert (
+        f"Q (B, H, T, Dk) = ({b}, {h}, {t}, {dk})" in cross["details"][0]
+        and f"K (B, H, S, Dk) = ({b}, {h}, {s}, {dk})" in cross["details"][0]
+    )
     pe = out["positions"]
     assert pe["n"] == max(s, t) and pe["layout"] == "interleaved"
     for pos, row in enumerate(pe["table"]):  # section 3.5: dimension 0 is sin(pos), dimension 1 cos(pos)
@@ -165,7 +175,9 @@ def test_beam_steps_agree_with_the_final_nbest(random_client, random_ckpt, beam,
     out = random_client.post("/api/beam", json={"text": text, "beam": beam, "lenpen": lenpen}).json()
     steps = out["steps"]
     assert steps and steps[-1]["done"] and not any(st["done"] for st in steps[:-1])
-    for prev, st in zip(steps, steps[1:]):  # every open hypothesis extends one of the step before, by one piece, at a log-prob cost
+    for prev, st in zip(
+        steps, steps[1:]
+    ):  # every open hypothesis extends one of the step before, by one piece, at a log-prob cost
         for h in st["open"]:
             parent = prev["open"][h["from_beam"]]
             assert h["tokens"] == parent["tokens"] + [h["appended"]] and h["logprob"] <= parent["logprob"] + 1e-6
@@ -185,7 +197,23 @@ def test_trained_translation_attention_and_beam_match_the_commands(trained, tmp_
     client, run = trained
     src = tmp_path / "src.en"
     src.write_text(SENTENCES[0] + "\n", encoding="utf-8")
-    code, _, err = run_cli(["translate", "-c", run.checkpoint, "--beam", "3", "--lenpen", "1.0", src, "-o", tmp_path / "hyp", "--threads", "1"], capsys)
+    code, _, err = run_cli(
+        [
+            "translate",
+            "-c",
+            run.checkpoint,
+            "--beam",
+            "3",
+            "--lenpen",
+            "1.0",
+            src,
+            "-o",
+            tmp_path / "hyp",
+            "--threads",
+            "1",
+        ],
+        capsys,
+    )
     assert code == 0, err
     expected = (tmp_path / "hyp").read_text(encoding="utf-8").rstrip("\n")
     out = client.post("/api/translate", json={"text": SENTENCES[0], "beam": 3, "lenpen": 1.0}).json()
@@ -193,12 +221,24 @@ def test_trained_translation_attention_and_beam_match_the_commands(trained, tmp_
     beam = client.post("/api/beam", json={"text": SENTENCES[0], "beam": 3, "lenpen": 1.0}).json()
     assert beam["translation"] == expected
     for ref in (None, "Ein Mann fährt ein Fahrrad."):
-        args = ["attention", "-c", run.checkpoint, "--src", SENTENCES[0], "-o", tmp_path / "att"] + (["--ref", ref] if ref else [])
+        args = ["attention", "-c", run.checkpoint, "--src", SENTENCES[0], "-o", tmp_path / "att"] + (
+            ["--ref", ref] if ref else []
+        )
         code, _, err = run_cli(args, capsys)
         assert code == 0, err
         cli = json.loads((tmp_path / "att" / "attention.json").read_text(encoding="utf-8"))
         api = client.post("/api/attention", json={"text": SENTENCES[0], "reference": ref}).json()
-        for key in ("source", "target", "teacher_forced", "src_pieces", "tgt_in_pieces", "tgt_out_pieces", "heads", "encoder_layers", "decoder_layers"):
+        for key in (
+            "source",
+            "target",
+            "teacher_forced",
+            "src_pieces",
+            "tgt_in_pieces",
+            "tgt_out_pieces",
+            "heads",
+            "encoder_layers",
+            "decoder_layers",
+        ):
             assert api[key] == cli[key], key
         for kind in ("encoder_self", "decoder_self", "cross"):
             assert torch.allclose(torch.tensor(api[kind]), torch.tensor(cli[kind]), atol=1e-6), kind
@@ -217,7 +257,10 @@ def test_two_checkpoints_and_the_default_examples(trained):
     app, _ = build([str(run.checkpoint)], examples=run.corpus["val.en"], threads=1)
     examples = TestClient(app).get("/api/examples").json()
     assert examples["file"] == run.corpus["val.en"].name
-    assert examples["sentences"] == run.corpus["val.en"].read_text(encoding="utf-8").splitlines()[: len(examples["sentences"])]
+    assert (
+        examples["sentences"]
+        == run.corpus["val.en"].read_text(encoding="utf-8").splitlines()[: len(examples["sentences"])]
+    )
 
 
 def test_a_checkpoint_cannot_make_the_page_serve_a_file(random_ckpt, tmp_path, monkeypatch):
@@ -226,7 +269,9 @@ def test_a_checkpoint_cannot_make_the_page_serve_a_file(random_ckpt, tmp_path, m
     secret = tmp_path / "environ"
     secret.write_text("AWS_SECRET_ACCESS_KEY=hunter2\n", encoding="utf-8")
     state = load_checkpoint(random_ckpt)
-    state["config"]["data"].update(valid_src=str(secret), valid_tgt=str(secret))  # as a stranger could name /proc/self/environ
+    state["config"]["data"].update(
+        valid_src=str(secret), valid_tgt=str(secret)
+    )  # as a stranger could name /proc/self/environ
     crafted = save_checkpoint(state, tmp_path / "crafted.pt")
     opened = []
     real_open = open
@@ -248,7 +293,11 @@ def test_an_answer_too_large_is_refused_and_the_page_keeps_answering(random_ckpt
     app, _ = build([str(random_ckpt)], threads=1, limits=Limits(max_attention=held - 1))
     client = TestClient(app)
     refused = client.post("/api/attention", json={"text": sentence, "beam": 1})
-    assert refused.status_code == 413 and f"{held:,} weights" in refused.json()["error"] and "--max-attention" in refused.json()["error"]
+    assert (
+        refused.status_code == 413
+        and f"{held:,} weights" in refused.json()["error"]
+        and "--max-attention" in refused.json()["error"]
+    )
     assert client.post("/api/attention", json={"text": "a b", "beam": 1}).status_code == 200
 
 
@@ -256,7 +305,9 @@ def test_a_body_over_the_cap_is_refused_unread(random_client):
     from transformer_mt.explore.guard import body_cap
 
     cap = body_cap(1000)
-    answer = random_client.post("/api/translate", content=b'{"text": "' + b"a" * cap + b'"}', headers={"content-type": "application/json"})
+    answer = random_client.post(
+        "/api/translate", content=b'{"text": "' + b"a" * cap + b'"}', headers={"content-type": "application/json"}
+    )
     assert answer.status_code == 413 and "more than" in answer.json()["error"]
 
     def chunks():  # no Content-Length: counted as it arrives
@@ -282,7 +333,9 @@ def test_a_foreign_host_is_refused(random_ckpt):
 def test_a_bind_beyond_this_machine_is_warned(random_ckpt, monkeypatch, capsys):
     from transformer_mt.explore import server
 
-    monkeypatch.setattr("transformer_mt.serve.server.build_server", lambda *a, **k: type("S", (), {"run": lambda self: None})())
+    monkeypatch.setattr(
+        "transformer_mt.serve.server.build_server", lambda *a, **k: type("S", (), {"run": lambda self: None})()
+    )
     server.explore([str(random_ckpt)], host="0.0.0.0", port=0, threads=1)  # port 0: never one in use
     assert "tmt: warning: --host 0.0.0.0 accepts connections from other machines" in capsys.readouterr().err
     server.explore([str(random_ckpt)], host="127.0.0.1", port=0, threads=1)

@@ -21,7 +21,9 @@ from transformer_mt.explore.server import Background, build  # noqa: E402
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH: apt-get install -y chromium (Debian) to run the browser tests"),
+    pytest.mark.skipif(
+        CHROMIUM is None, reason="no chromium on PATH: apt-get install -y chromium (Debian) to run the browser tests"
+    ),
     pytest.mark.usefixtures("one_thread"),
 ]
 SENTENCE = "A man in a blue shirt is standing on a ladder."
@@ -48,7 +50,9 @@ def translated(page, tiny_checkpoint):
     """Type the sentence, press Enter, wait for the translation; the Translator's output for the same settings."""
     page.fill("#source", SENTENCE)
     page.press("#source", "Enter")
-    page.wait_for_function("document.getElementById('translation').textContent.length > 0 && !document.getElementById('go').disabled")
+    page.wait_for_function(
+        "document.getElementById('translation').textContent.length > 0 && !document.getElementById('go').disabled"
+    )
     tr = Translator.from_checkpoint(tiny_checkpoint, device="cpu")
     beam, lenpen = int(page.input_value("#beam")), float(page.input_value("#lenpen"))
     assert (beam, lenpen) == tr.decode_defaults()
@@ -76,7 +80,9 @@ def test_heatmap_is_drawn_and_its_hover_value_is_tmt_attentions(page, translated
     page.select_option("#att-layer", "1")
     page.select_option("#att-head", "2")
     canvas = page.locator("#heatmap")
-    geometry = canvas.evaluate("c => ({x0: +c.dataset.x0, y0: +c.dataset.y0, cell: +c.dataset.cell, rows: +c.dataset.rows, cols: +c.dataset.cols})")
+    geometry = canvas.evaluate(
+        "c => ({x0: +c.dataset.x0, y0: +c.dataset.y0, cell: +c.dataset.cell, rows: +c.dataset.rows, cols: +c.dataset.cols})"
+    )
     colours = canvas.evaluate(
         """(c, g) => { const d = c.getContext('2d').getImageData(g.x0, g.y0, g.cols * g.cell, g.rows * g.cell).data;
                       const seen = new Set(); for (let i = 0; i < d.length; i += 4) seen.add(d[i] + ',' + d[i + 1] + ',' + d[i + 2]);
@@ -91,7 +97,10 @@ def test_heatmap_is_drawn_and_its_hover_value_is_tmt_attentions(page, translated
     canvas.scroll_into_view_if_needed()
     box = canvas.bounding_box()
     scale = box["width"] / canvas.evaluate("c => c.width")
-    page.mouse.move(box["x"] + (geometry["x0"] + (k + 0.5) * geometry["cell"]) * scale, box["y"] + (geometry["y0"] + (q + 0.5) * geometry["cell"]) * scale)
+    page.mouse.move(
+        box["x"] + (geometry["x0"] + (k + 0.5) * geometry["cell"]) * scale,
+        box["y"] + (geometry["y0"] + (q + 0.5) * geometry["cell"]) * scale,
+    )
     hover = page.text_content("#hover")
     assert hover.endswith(f": {float(weights[q, k]):.4f}"), hover
     assert maps.tgt_out_pieces[q].replace("\u2581", "_") in hover and maps.src_pieces[k].replace("\u2581", "_") in hover
@@ -103,7 +112,9 @@ def test_bad_requests_show_a_readable_message(page, translated):
         page.click("#go")
         page.wait_for_function("!document.getElementById('error').hidden")
         assert words in page.text_content("#error")
-    page.evaluate("() => { const s = document.getElementById('checkpoint'); s.add(new Option('gone', 'gone')); s.value = 'gone'; }")
+    page.evaluate(
+        "() => { const s = document.getElementById('checkpoint'); s.add(new Option('gone', 'gone')); s.value = 'gone'; }"
+    )
     page.fill("#source", SENTENCE)
     page.click("#go")
     page.wait_for_function("document.getElementById('error').textContent.includes('is not loaded')")

@@ -50,7 +50,11 @@ def _same(ours, theirs, *, scores: bool = True, stats: bool = True) -> None:
         assert getattr(theirs.stats, key) == getattr(ours.stats, key), key
 
 
-LIMITS = [{}, {"max_output_tokens": 4}, {"max_len_a": 0.5, "max_len_b": 2}]  # the checkpoint's, a server's cap, tighter ones
+LIMITS = [
+    {},
+    {"max_output_tokens": 4},
+    {"max_len_a": 0.5, "max_len_b": 2},
+]  # the checkpoint's, a server's cap, tighter ones
 
 
 def test_random_model_greedy_equals_translator_at_its_length_limits(random_ckpt, lines):
@@ -122,13 +126,18 @@ def test_cache_is_reused_and_rebuilt_only_when_stale(random_ckpt, spm_model, lin
     first = cache_module.cached_model(ckpt)
     assert first.path == tmp_path / "m.pt.ct2" and first.note.startswith("converted") and len(calls) == 1
     key = first.notes["converted_from"]
-    assert key["sha256"] == hashlib.sha256(ckpt.read_bytes()).hexdigest() and key["ctranslate2"] == ctranslate2.__version__
+    assert (
+        key["sha256"] == hashlib.sha256(ckpt.read_bytes()).hexdigest() and key["ctranslate2"] == ctranslate2.__version__
+    )
     again = cache_module.cached_model(ckpt)
     assert again.path == first.path and again.note is None and len(calls) == 1  # reused: no conversion
     # the same content with new times (a copy, a touch): the sha256 keeps the cache, and its times are refreshed
     os.utime(ckpt, ns=(key["mtime_ns"] + 10**9, key["mtime_ns"] + 10**9))
     assert cache_module.cached_model(ckpt).note is None and len(calls) == 1
-    assert json.loads((first.path / "tmt_export.json").read_text())["converted_from"]["mtime_ns"] == key["mtime_ns"] + 10**9
+    assert (
+        json.loads((first.path / "tmt_export.json").read_text())["converted_from"]["mtime_ns"]
+        == key["mtime_ns"] + 10**9
+    )
     # other weights in the same file: converted again, and decoded as tmt decodes the new checkpoint
     make_checkpoint(spm_model, ckpt, seed=1)
     engine = ctranslate2_translator([ckpt], device="cpu", threads=1)
@@ -169,9 +178,16 @@ def test_read_only_directory_caches_in_the_user_cache(random_ckpt, tmp_path, mon
     elsewhere = cache_module.user_cache_dir(tmp_path / "mine.pt", weights=None)
     elsewhere.mkdir(parents=True)  # and one in the user cache too: nowhere left to convert into
     (elsewhere / "notes.txt").write_text("mine")
-    with pytest.raises(ExportError, match=r"-mine.pt.ct2: not a conversion .* and .*mine.pt.ct2 is not a conversion .* move one of them away") as refused:
+    with pytest.raises(
+        ExportError,
+        match=r"-mine.pt.ct2: not a conversion .* and .*mine.pt.ct2 is not a conversion .* move one of them away",
+    ) as refused:
         cache_module.cached_model(tmp_path / "mine.pt")
-    assert "\n" not in str(refused.value) and not list((tmp_path / "mine.pt.ct2").iterdir()) and (elsewhere / "notes.txt").read_text() == "mine"
+    assert (
+        "\n" not in str(refused.value)
+        and not list((tmp_path / "mine.pt.ct2").iterdir())
+        and (elsewhere / "notes.txt").read_text() == "mine"
+    )
 
 
 def test_the_cache_never_replaces_an_export_the_user_made_at_its_path(random_ckpt, tmp_path, monkeypatch, capsys):
@@ -198,7 +214,10 @@ def test_the_cache_never_replaces_an_export_the_user_made_at_its_path(random_ckp
     notes["converted_from"]["transformer_mt"] = "0.0.1"  # stale: written by another tmt version
     marker.write_text(json.dumps(notes))
     rebuilt = cache_module.cached_model(other)
-    assert rebuilt.path == cache_module.user_cache_dir(other, weights=None) and (cached.path / "notes.txt").read_text() == "mine"
+    assert (
+        rebuilt.path == cache_module.user_cache_dir(other, weights=None)
+        and (cached.path / "notes.txt").read_text() == "mine"
+    )
 
 
 def test_cli_engine_option(random_ckpt, lines, tmp_path, capsys, monkeypatch, multi30k):
@@ -211,19 +230,39 @@ def test_cli_engine_option(random_ckpt, lines, tmp_path, capsys, monkeypatch, mu
     code, _, err = run_cli(["translate", *common, "--engine", "ctranslate2", src, "-o", tmp_path / "ct2.hyp"], capsys)
     assert code == 0 and err.startswith(f"tmt: converted {ckpt} for CTranslate2 into {ckpt}.ct2")
     assert (tmp_path / "ct2.hyp").read_text() == (tmp_path / "tmt.hyp").read_text()
-    code, _, err = run_cli(["translate", *common, "--engine", "ctranslate2", "--compute-type", "int8", "--nbest", 2, src], capsys)
+    code, _, err = run_cli(
+        ["translate", *common, "--engine", "ctranslate2", "--compute-type", "int8", "--nbest", 2, src], capsys
+    )
     assert code == 0 and "converted" not in err  # the cache is reused
     ref = tmp_path / "ref.de"  # as many lines as src (their content only sets the score, the same for both engines)
     ref.write_text("\n".join(head(multi30k / "test_2016_flickr.de", len(lines))) + "\n")
     scores = []
     for engine in ("tmt", "ctranslate2"):
-        code, out, _ = run_cli(["evaluate", *common, "--engine", engine, "--src", src, "--ref", ref, "-o", tmp_path / f"{engine}.eval", "--json"], capsys)
+        code, out, _ = run_cli(
+            [
+                "evaluate",
+                *common,
+                "--engine",
+                engine,
+                "--src",
+                src,
+                "--ref",
+                ref,
+                "-o",
+                tmp_path / f"{engine}.eval",
+                "--json",
+            ],
+            capsys,
+        )
         assert code == 0
         scores.append(json.loads(out)["bleu"])
     assert scores[0] == scores[1] and (tmp_path / "tmt.eval").read_text() == (tmp_path / "ctranslate2.eval").read_text()
     for argv, message in (
         (["--engine", "onnx"], "--engine onnx: choose tmt or ctranslate2"),
-        (["--compute-type", "int8"], "--compute-type int8 applies to --engine ctranslate2; tmt's own search takes --dtype"),
+        (
+            ["--compute-type", "int8"],
+            "--compute-type int8 applies to --engine ctranslate2; tmt's own search takes --dtype",
+        ),
         (["--engine", "ctranslate2", "-c", ckpt], "--engine ctranslate2 decodes one checkpoint, not an ensemble of 2"),
     ):
         code, _, err = run_cli(["translate", *common, *argv, src], capsys)
@@ -242,12 +281,17 @@ def _parts_at_near_ties(tr, engine, lines: list[str], ours, theirs, *, beam: int
     for i in differing:
         src_ids = tr.src_tok.encode([lines[i]])[0]
         src = [tr.src_tok.id_to_piece(t) for t in src_ids] + [engine.eos]
-        hyp = translate_ids(tr.model, [src_ids], beam=beam, lenpen=0.0, max_len_a=d.max_len_a, max_len_b=d.max_len_b)[0][0]
+        hyp = translate_ids(tr.model, [src_ids], beam=beam, lenpen=0.0, max_len_a=d.max_len_a, max_len_b=d.max_len_b)[
+            0
+        ][0]
         mine = [tr.tgt_tok.id_to_piece(t) for t in hyp.tokens] + [engine.eos]
         options = dict(beam_size=beam, num_hypotheses=1, max_batch_size=4096, batch_type="tokens", return_scores=True)
         other = [t for t in engine._decode([src], len(mine) + 50, options)[0][0][0] if t != engine.eos] + [engine.eos]
         j = next(j for j, (a, b) in enumerate(zip(mine, other)) if a != b)  # both end in EOS: they part somewhere
-        prefixes = [mine[:j] if mine[j] == engine.eos else mine[: j + 1], other[:j] if other[j] == engine.eos else other[: j + 1]]
+        prefixes = [
+            mine[:j] if mine[j] == engine.eos else mine[: j + 1],
+            other[:j] if other[j] == engine.eos else other[: j + 1],
+        ]
         scored = engine.ct.score_batch([src, src], prefixes, max_input_length=0)  # log_probs end with EOS's
         assert abs(scored[0].log_probs[j] - scored[1].log_probs[j]) < gap, (lines[i], mine[: j + 1], other[: j + 1])
     return differing
@@ -264,7 +308,10 @@ def test_trained_model_equals_translator_on_real_sentences(tiny_checkpoint, mult
     parted: list[int] = []  # lines whose outputs part at a near-tie (checked), left out of the comparisons
     for beam in (1, 4):
         for extra in LIMITS:
-            ours, theirs = tr.translate_batch(lines, beam=beam, lenpen=0.0, **extra), engine.translate_batch(lines, beam=beam, lenpen=0.0, **extra)
+            ours, theirs = (
+                tr.translate_batch(lines, beam=beam, lenpen=0.0, **extra),
+                engine.translate_batch(lines, beam=beam, lenpen=0.0, **extra),
+            )
             if beam == 1:
                 parted = sorted(set(parted) | set(_parts_at_near_ties(tr, engine, lines, ours, theirs, beam=beam)))
                 assert len(parted) <= 2, parted
@@ -276,13 +323,20 @@ def test_trained_model_equals_translator_on_real_sentences(tiny_checkpoint, mult
                 # `beam` have finished: module docstring of engine). A few of the 100 lines may differ so
                 # (test_2016_flickr lines 8 and 85 with this tiny model, one engine's output running on where the
                 # other's ends); the trained recipe's 1,000 lines are all the same at beam 5 (docs/benchmarks.md).
-                beam_parted = [i for i, (a, b) in enumerate(zip(ours.hypotheses, theirs.hypotheses)) if a[0][1] != b[0][1] and i not in parted]
+                beam_parted = [
+                    i
+                    for i, (a, b) in enumerate(zip(ours.hypotheses, theirs.hypotheses))
+                    if a[0][1] != b[0][1] and i not in parted
+                ]
                 assert len(beam_parted) <= 3, beam_parted
                 parted = sorted(set(parted) | set(beam_parted))
             if beam == 1 or not extra:
                 if parted:
                     ours, theirs = (
-                        SimpleNamespace(hypotheses=[h for i, h in enumerate(r.hypotheses) if i not in parted], stats=r.stats) for r in (ours, theirs)
+                        SimpleNamespace(
+                            hypotheses=[h for i, h in enumerate(r.hypotheses) if i not in parted], stats=r.stats
+                        )
+                        for r in (ours, theirs)
                     )
                 _same(ours, theirs, stats=not parted)
                 continue

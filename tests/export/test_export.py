@@ -18,7 +18,13 @@ import pytest
 import torch
 
 from tests.conftest import head, make_checkpoint, run_cli
-from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, pack_tokenizers, save_checkpoint, unpack_tokenizers
+from transformer_mt.checkpoint import (
+    config_from_checkpoint,
+    load_checkpoint,
+    pack_tokenizers,
+    save_checkpoint,
+    unpack_tokenizers,
+)
 from transformer_mt.config import load_config, to_dict
 from transformer_mt.data import source_tensor
 from transformer_mt.decoding import Translator, translate_ids
@@ -34,7 +40,13 @@ def _ct2_decode(ct, pieces: list[list[str]], *, beam: int, max_len_a: float, max
     out = []
     for p in pieces:
         max_len = math.floor(max_len_a * (len(p) + 1) + max_len_b)
-        res = ct.translate_batch([p], beam_size=beam, length_penalty=0.0, max_decoding_length=min(max_len, limit or max_len), return_scores=True)[0]
+        res = ct.translate_batch(
+            [p],
+            beam_size=beam,
+            length_penalty=0.0,
+            max_decoding_length=min(max_len, limit or max_len),
+            return_scores=True,
+        )[0]
         out.append((res.hypotheses[0], res.scores[0]))
     return out
 
@@ -59,7 +71,9 @@ def test_ctranslate2_matches_tmt_token_for_token(norm, tiny_checkpoint, tiny_che
             # sum of its own score_batch log-probs (which equal tmt's to ~1e-5): a different kernel, same tokens.
             assert score == pytest.approx(nbest[0].logprob, abs=5e-3), (beam, i)
         texts = [nb[0][1] for nb in tr.translate_batch(lines, beam=beam, lenpen=0.0).hypotheses]
-        assert texts == tr.tgt_tok.decode_pieces([h for h, _ in theirs])  # and `tmt translate`'s text is CTranslate2's, detokenized
+        assert texts == tr.tgt_tok.decode_pieces(
+            [h for h, _ in theirs]
+        )  # and `tmt translate`'s text is CTranslate2's, detokenized
         assert len(set(texts)) > 25  # a model that says varied things, not one string 50 times
 
 
@@ -68,7 +82,14 @@ def _random_checkpoint(path, src_tok, tgt_tok, *overrides) -> None:
     cfg = load_config(None, ["data.max_len=30", "tokenizer.joint=false", *overrides], check_files=False)
     torch.manual_seed(0)
     model = Transformer(cfg.model, src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size)
-    save_checkpoint({"model": model.state_dict(), "config": to_dict(cfg), "tokenizers": pack_tokenizers(src_tok.proto, tgt_tok.proto)}, path)
+    save_checkpoint(
+        {
+            "model": model.state_dict(),
+            "config": to_dict(cfg),
+            "tokenizers": pack_tokenizers(src_tok.proto, tgt_tok.proto),
+        },
+        path,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +128,12 @@ def test_learned_positions_separate_vocabularies_teacher_forced(norm, separate_t
         f"model.norm={norm}",
     )
     out = export(ckpt, tmp_path / "ct2")
-    assert {"source.model", "target.model", "source_vocabulary.json", "target_vocabulary.json"} <= {p.name for p in out.iterdir()}
-    assert json.loads((out / "target_vocabulary.json").read_text(encoding="utf-8")) == [tgt_tok.sp.id_to_piece(i) for i in range(600)]
+    assert {"source.model", "target.model", "source_vocabulary.json", "target_vocabulary.json"} <= {
+        p.name for p in out.iterdir()
+    }
+    assert json.loads((out / "target_vocabulary.json").read_text(encoding="utf-8")) == [
+        tgt_tok.sp.id_to_piece(i) for i in range(600)
+    ]
     state = load_checkpoint(ckpt)
     model = Transformer(config_from_checkpoint(state).model, src_vocab_size=500, tgt_vocab_size=600).eval()
     model.load_state_dict(state["model"])
@@ -125,7 +150,9 @@ def test_learned_positions_separate_vocabularies_teacher_forced(norm, separate_t
         src = source_tensor([src_tok.sp.piece_to_id(sp[:39])])
         tgt = tgt_tok.sp.piece_to_id(tp)
         with torch.inference_mode():
-            lprobs = torch.log_softmax(model.decode(torch.tensor([[BOS_ID] + tgt]), model.encode(src)), dim=-1)[0]  # (T, V)
+            lprobs = torch.log_softmax(model.decode(torch.tensor([[BOS_ID] + tgt]), model.encode(src)), dim=-1)[
+                0
+            ]  # (T, V)
         ours = lprobs[torch.arange(len(tgt) + 1), torch.tensor(tgt + [EOS_ID])]
         assert torch.tensor(res.log_probs) == pytest.approx(ours, abs=1e-4)
 
@@ -213,14 +240,20 @@ def test_benchmark_ctranslate2_phase(tiny_checkpoint, multi30k, tmp_path):
         }
     )
     rows = res["engines"]
-    assert list(rows) == ["tmt", "CTranslate2 float32", "CTranslate2 int8", "tmt --engine ctranslate2"] and res["sentences"] == 30
+    assert (
+        list(rows) == ["tmt", "CTranslate2 float32", "CTranslate2 int8", "tmt --engine ctranslate2"]
+        and res["sentences"] == 30
+    )
     assert (tmp_path / "tiny.pt.ct2" / "model.bin").is_file()
     for e in rows.values():
         assert e["tokens_per_s"] == pytest.approx(e["target_tokens"] / e["seconds"]) and e["target_tokens"] >= 30
         assert e["sentences_per_s"] == pytest.approx(30 / e["seconds"]) and e["latency_p50_ms"] > 0
         assert len(e["passes"]) == 1 and e["seconds"] == e["passes"][0]["seconds"]
     # each row's figures are its best pass: the fastest whole call and the lowest one-line median, which may be two passes
-    runs = [{"seconds": 2.0, "latency_p50_ms": 5.0, "target_tokens": 9}, {"seconds": 3.0, "latency_p50_ms": 4.0, "target_tokens": 9}]
+    runs = [
+        {"seconds": 2.0, "latency_p50_ms": 5.0, "target_tokens": 9},
+        {"seconds": 3.0, "latency_p50_ms": 4.0, "target_tokens": 9},
+    ]
     from benchmarking.ct2 import _best  # on sys.path since the script was loaded
 
     best = _best(runs)
@@ -240,8 +273,20 @@ def test_swish_halves_and_output_bias_teacher_forced(restrict, separate_tokenize
     equal tmt's teacher-forced ones."""
     src_tok, tgt_tok = separate_tokenizers
     ckpt = tmp_path / "rand.pt"
-    options = ["model.activation=swish", "model.position_layout=halves", "model.output_bias=true", f"model.restrict_output={str(restrict).lower()}"]
-    sizes = ["model.encoder_layers=2", "model.decoder_layers=2", "model.d_model=32", "model.heads=4", "model.d_ff=48", "model.norm=pre"]
+    options = [
+        "model.activation=swish",
+        "model.position_layout=halves",
+        "model.output_bias=true",
+        f"model.restrict_output={str(restrict).lower()}",
+    ]
+    sizes = [
+        "model.encoder_layers=2",
+        "model.decoder_layers=2",
+        "model.d_model=32",
+        "model.heads=4",
+        "model.d_ff=48",
+        "model.norm=pre",
+    ]
     _random_checkpoint(ckpt, src_tok, tgt_tok, *sizes, *options, "model.share_all_embeddings=false")
     src_lines, tgt_lines = head(corpus_slice["val.en"], 20), head(corpus_slice["val.de"], 20)
     src_pieces, tgt_pieces = src_tok.encode_pieces(src_lines), tgt_tok.encode_pieces(tgt_lines)
@@ -249,7 +294,9 @@ def test_swish_halves_and_output_bias_teacher_forced(restrict, separate_tokenize
     state = load_checkpoint(ckpt)
     state["model"]["output_proj.bias"] = torch.randn(600, generator=torch.Generator().manual_seed(1))
     if restrict:  # the references' pieces and a few others kept: the softmax of both sides runs over them only
-        state["model"]["output_ids"] = torch.unique(torch.tensor([PAD_ID, UNK_ID, BOS_ID, EOS_ID, *range(100, 140), *(i for t in tgt_ids for i in t)]))
+        state["model"]["output_ids"] = torch.unique(
+            torch.tensor([PAD_ID, UNK_ID, BOS_ID, EOS_ID, *range(100, 140), *(i for t in tgt_ids for i in t)])
+        )
     save_checkpoint(state, ckpt)
     model = Transformer(config_from_checkpoint(state).model, src_vocab_size=500, tgt_vocab_size=600).eval()
     model.load_state_dict(state["model"])
@@ -258,7 +305,10 @@ def test_swish_halves_and_output_bias_teacher_forced(restrict, separate_tokenize
     ct = ctranslate2.Translator(str(out), device="cpu", compute_type="float32")
     for sp, tgt, res in zip(src_pieces, tgt_ids, ct.score_batch(src_pieces, tgt_pieces)):
         with torch.inference_mode():
-            lprobs = torch.log_softmax(model.decode(torch.tensor([[BOS_ID] + tgt]), model.encode(source_tensor([src_tok.sp.piece_to_id(sp)]))), dim=-1)[0]
+            lprobs = torch.log_softmax(
+                model.decode(torch.tensor([[BOS_ID] + tgt]), model.encode(source_tensor([src_tok.sp.piece_to_id(sp)]))),
+                dim=-1,
+            )[0]
         ours = lprobs[torch.arange(len(tgt) + 1), torch.tensor(tgt + [EOS_ID])]
         assert torch.tensor(res.log_probs) == pytest.approx(ours, abs=1e-4)
 
@@ -287,7 +337,9 @@ def test_force_replaces_only_an_earlier_export(tiny_checkpoint, tmp_path, capsys
     out = export(tiny_checkpoint, tmp_path / "ct2")
     first = (out / "model.bin").read_bytes()
     export(tiny_checkpoint, out, force=True, quantization="int8")  # an earlier export is replaced whole
-    assert (out / "model.bin").read_bytes() != first and json.loads((out / "tmt_export.json").read_text())["quantization"] == "int8"
+    assert (out / "model.bin").read_bytes() != first and json.loads((out / "tmt_export.json").read_text())[
+        "quantization"
+    ] == "int8"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "file", "run"]
     assert (export(tiny_checkpoint, tmp_path / "new" / "dir") / "model.bin").is_file()  # missing parents are made
 
@@ -301,9 +353,14 @@ def test_force_keeps_a_file_the_user_changed_after_the_export(spm_model, tmp_pat
         (out / name).write_bytes(content)
         code, stdout, err = run_cli(["export", "-c", ckpt, "-o", out, "--force"], capsys)
         assert code == 2 and stdout == "" and err.count("\n") == 1 and str(out / name) in err, err
-        assert (out / name).read_bytes() == content and all((out / n).read_bytes() == b for n, b in kept.items() if n != name)
+        assert (out / name).read_bytes() == content and all(
+            (out / n).read_bytes() == b for n, b in kept.items() if n != name
+        )
         (out / name).unlink()  # the user moves their file away: nothing of theirs is left to lose
-    assert run_cli(["export", "-c", ckpt, "-o", out, "--force"], capsys)[0] == 0 and (out / "model.bin").stat().st_size > 1000
+    assert (
+        run_cli(["export", "-c", ckpt, "-o", out, "--force"], capsys)[0] == 0
+        and (out / "model.bin").stat().st_size > 1000
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ct2", "m.pt"]  # no temporary left beside it
 
 
@@ -311,7 +368,9 @@ def test_the_marker_names_the_checkpoint_without_its_path_and_keeps_no_training_
     private = "/home/someone/private"  # what a checkpoint's config says about the machine that trained it
     ckpt = make_checkpoint(spm_model, tmp_path / "m.pt")
     state = load_checkpoint(ckpt)
-    state["config"]["data"].update(train_src=f"{private}/train.en", train_tgt=f"{private}/train.de", cache_dir=f"{private}/cache")
+    state["config"]["data"].update(
+        train_src=f"{private}/train.en", train_tgt=f"{private}/train.de", cache_dir=f"{private}/cache"
+    )
     state["config"]["tokenizer"]["model"] = f"{private}/spm.model"
     state["config"]["train"].update(out_dir=f"{private}/run", init_from=f"{private}/base.pt")
     save_checkpoint(state, ckpt)

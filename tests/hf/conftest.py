@@ -40,7 +40,14 @@ def train_spm(lines: list[str], vocab_size: int) -> bytes:
     import sentencepiece as spm
 
     out = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=out, vocab_size=vocab_size, model_type="unigram", minloglevel=2, num_threads=1)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_writer=out,
+        vocab_size=vocab_size,
+        model_type="unigram",
+        minloglevel=2,
+        num_threads=1,
+    )
     return out.getvalue()
 
 
@@ -79,7 +86,16 @@ def randomize(model, seed: int, *, scale: float, eos_bias: float) -> None:
         model.final_logits_bias[0, model.config.eos_token_id] += eos_bias
 
 
-def build_marian_dir(root: Path, multi30k: Path, *, shared: bool, activation: str, seed: int = 0, scale: float = 0.3, eos_bias: float = 0.7) -> MarianDir:
+def build_marian_dir(
+    root: Path,
+    multi30k: Path,
+    *,
+    shared: bool,
+    activation: str,
+    seed: int = 0,
+    scale: float = 0.3,
+    eos_bias: float = 0.7,
+) -> MarianDir:
     en, de = head(multi30k / "train.en", 2000), head(multi30k / "train.de", 2000)
     src_proto, tgt_proto = train_spm(en, 250), train_spm(de, 350)
     root.mkdir(parents=True, exist_ok=True)

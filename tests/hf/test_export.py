@@ -29,7 +29,12 @@ def exported(tiny_checkpoint_postnorm, tmp_path_factory):
     out = export_marian(tiny_checkpoint_postnorm, tmp_path_factory.mktemp("marian_export") / "hf")
     tr = Translator.from_checkpoint(tiny_checkpoint_postnorm, device="cpu")
     assert tr.cfg.model.norm == "post" and tr.cfg.model.position_layout == "interleaved"
-    return out, tr, transformers.MarianMTModel.from_pretrained(out).eval(), transformers.MarianTokenizer.from_pretrained(out)
+    return (
+        out,
+        tr,
+        transformers.MarianMTModel.from_pretrained(out).eval(),
+        transformers.MarianTokenizer.from_pretrained(out),
+    )
 
 
 @pytest.mark.parametrize("beam", [1, 4])
@@ -37,7 +42,9 @@ def test_transformers_decodes_as_tmt_translate(beam, exported, multi30k):
     out, tr, hf, tok = exported
     lines = head(multi30k / "test_2016_flickr.en", 50)
     src_ids = tr.src_tok.encode(lines)
-    assert [ids + [tr.cfg.model.eos_id] for ids in src_ids] == tok(lines)["input_ids"]  # MarianTokenizer's ids are tmt's
+    assert [ids + [tr.cfg.model.eos_id] for ids in src_ids] == tok(lines)[
+        "input_ids"
+    ]  # MarianTokenizer's ids are tmt's
     d = tr.cfg.decode
     ours = translate_ids(tr.model, src_ids, beam=beam, lenpen=0.0, max_len_a=d.max_len_a, max_len_b=d.max_len_b)
     # generate takes one length limit per call: lines are decoded in groups that share tmt's limit floor(a * n + b)
@@ -49,7 +56,9 @@ def test_transformers_decodes_as_tmt_translate(beam, exported, multi30k):
         group = [i for i, n in enumerate(limits) if n == limit]
         batch = tok([lines[i] for i in group], return_tensors="pt", padding=True)
         with torch.inference_mode():
-            gen = hf.generate(**batch, num_beams=beam, length_penalty=0.0, early_stopping=False, max_new_tokens=limit, do_sample=False)
+            gen = hf.generate(
+                **batch, num_beams=beam, length_penalty=0.0, early_stopping=False, max_new_tokens=limit, do_sample=False
+            )
         for i, row, text in zip(group, gen[:, 1:].tolist(), tok.batch_decode(gen, skip_special_tokens=True)):
             theirs[i], gen_texts[i] = (row[: row.index(eos)] if eos in row else row), text
     assert [h[0].tokens for h in ours] == theirs
@@ -90,13 +99,20 @@ def test_force_replaces_only_an_earlier_export(tiny_checkpoint_postnorm, tmp_pat
     assert run_cli(["export", "-c", tiny_checkpoint_postnorm, "--format", "marian-hf", "-o", out], capsys)[0] == 0
     code, _, err = run_cli(["export", "-c", tiny_checkpoint_postnorm, "--format", "marian-hf", "-o", out], capsys)
     assert code == 2 and "--force" in err
-    assert run_cli(["export", "-c", tiny_checkpoint_postnorm, "--format", "marian-hf", "-o", out, "--force"], capsys)[0] == 0
+    assert (
+        run_cli(["export", "-c", tiny_checkpoint_postnorm, "--format", "marian-hf", "-o", out, "--force"], capsys)[0]
+        == 0
+    )
     other = tmp_path / "run"
     other.mkdir()
     (other / "notes.txt").write_text("mine")
-    code, _, err = run_cli(["export", "-c", tiny_checkpoint_postnorm, "--format", "marian-hf", "-o", other, "--force"], capsys)
+    code, _, err = run_cli(
+        ["export", "-c", tiny_checkpoint_postnorm, "--format", "marian-hf", "-o", other, "--force"], capsys
+    )
     assert code == 2 and "not a directory tmt export wrote" in err and (other / "notes.txt").read_text() == "mine"
-    code, _, err = run_cli(["export", "-c", tiny_checkpoint_postnorm, "--format", "marian-hf", "-o", tmp_path / "q", "-q", "int8"], capsys)
+    code, _, err = run_cli(
+        ["export", "-c", tiny_checkpoint_postnorm, "--format", "marian-hf", "-o", tmp_path / "q", "-q", "int8"], capsys
+    )
     assert code == 2 and "ctranslate2" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "run"]  # no temporary left behind
 
@@ -116,7 +132,9 @@ def test_force_keeps_the_weights_save_pretrained_wrote_into_the_export(random_ma
     model.save_pretrained(out)
     tuned = {p.name: p.read_bytes() for p in out.iterdir()}
     capsys.readouterr()  # transformers' progress bars
-    code, stdout, err = run_cli(["export", "-c", random_marian_checkpoint, "--format", "marian-hf", "-o", out, "--force"], capsys)
+    code, stdout, err = run_cli(
+        ["export", "-c", random_marian_checkpoint, "--format", "marian-hf", "-o", out, "--force"], capsys
+    )
     assert code == 2 and stdout == "" and err.count("\n") == 1 and f"{out}{os.sep}" in err and "changed" in err, err
     assert {p.name: p.read_bytes() for p in out.iterdir()} == tuned
 
@@ -125,7 +143,10 @@ def test_the_directory_follows_the_umask_and_the_marker_names_no_path(random_mar
     out, mine = tmp_path / "hf", tmp_path / "mine"
     before = os.umask(0o022)
     try:
-        assert run_cli(["export", "-c", random_marian_checkpoint.resolve(), "--format", "marian-hf", "-o", out], capsys)[0] == 0
+        assert (
+            run_cli(["export", "-c", random_marian_checkpoint.resolve(), "--format", "marian-hf", "-o", out], capsys)[0]
+            == 0
+        )
         mine.mkdir()
     finally:
         os.umask(before)

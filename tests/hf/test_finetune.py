@@ -62,19 +62,27 @@ def _config(tmp_path: Path, corpus: dict[str, Path], out: Path, max_updates: int
 
 def test_an_imported_model_fine_tunes_and_resumes_exactly(imported, corpus_slice, tmp_path, capsys):
     whole, split = tmp_path / "whole", tmp_path / "split"
-    code, _, err = run_cli(["train", "--config", _config(tmp_path, corpus_slice, whole, 12), "--init-from", imported], capsys)
+    code, _, err = run_cli(
+        ["train", "--config", _config(tmp_path, corpus_slice, whole, 12), "--init-from", imported], capsys
+    )
     assert code == 0, err
     records = [json.loads(line) for line in (whole / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
     val = [r["val_loss"] for r in records if r["kind"] == "valid"]
     assert len(val) == 3 and val[2] < val[0], val
     start = load_checkpoint(imported)["model"]
-    assert not torch.equal(load_checkpoint(whole / "checkpoint_last.pt")["model"]["src_embed.weight"], start["src_embed.weight"])
+    assert not torch.equal(
+        load_checkpoint(whole / "checkpoint_last.pt")["model"]["src_embed.weight"], start["src_embed.weight"]
+    )
 
-    code, _, err = run_cli(["train", "--config", _config(tmp_path, corpus_slice, split, 6), "--init-from", imported], capsys)
+    code, _, err = run_cli(
+        ["train", "--config", _config(tmp_path, corpus_slice, split, 6), "--init-from", imported], capsys
+    )
     assert code == 0, err
     code, _, err = run_cli(["train", "--resume", split, "--set", "train.max_updates=12"], capsys)
     assert code == 0, err
     a, b = load_checkpoint(whole / "checkpoint_last.pt"), load_checkpoint(split / "checkpoint_last.pt")
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
-    assert a["tokenizers"]["tgt_vocab"] == load_checkpoint(imported)["tokenizers"]["tgt_vocab"]  # the vocabulary travels with the run
+    assert (
+        a["tokenizers"]["tgt_vocab"] == load_checkpoint(imported)["tokenizers"]["tgt_vocab"]
+    )  # the vocabulary travels with the run

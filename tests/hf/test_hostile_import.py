@@ -51,7 +51,18 @@ junk = st.one_of(
 numbers = st.one_of(st.integers(-(2**70), 2**70), st.floats(-1e30, 1e30, allow_nan=False), st.integers(-3, 600))
 # files that are not a JSON object: other JSON, not JSON, not UTF-8, nested past Python's parser
 not_an_object = st.sampled_from(
-    ["[]", "null", "12", '"config"', "", "{", "{}" * 2, b"\xff\xfe{}", "[" * 100_000 + "]" * 100_000, '{"a": ' * 50_000 + "1" + "}" * 50_000]
+    [
+        "[]",
+        "null",
+        "12",
+        '"config"',
+        "",
+        "{",
+        "{}" * 2,
+        b"\xff\xfe{}",
+        "[" * 100_000 + "]" * 100_000,
+        '{"a": ' * 50_000 + "1" + "}" * 50_000,
+    ]
 )
 
 
@@ -60,7 +71,9 @@ class Case:
     """One mutated directory: its path, what its refusal may name, and the JSON and tensors written into it."""
 
     path: Path
-    names: list[str] = field(default_factory=list)  # one of these must be in a refusal (the field, the tensor, the file)
+    names: list[str] = field(
+        default_factory=list
+    )  # one of these must be in a refusal (the field, the tensor, the file)
 
 
 class Pristine(dict):
@@ -122,7 +135,14 @@ def new_case(base: Pristine, tmp_path_factory) -> Case:
 
 
 # ---------------------------------------------------------------- mutations: each changes a case and says what a refusal may name
-CONFIG_KEYS_ABSENT = ["model_type", "normalize_before", "static_position_embeddings", "add_final_layer_norm", "layernorm_embedding", "bos_token_id"]
+CONFIG_KEYS_ABSENT = [
+    "model_type",
+    "normalize_before",
+    "static_position_embeddings",
+    "add_final_layer_norm",
+    "layernorm_embedding",
+    "bos_token_id",
+]
 
 
 def config_field(base, case: Case, data) -> None:
@@ -136,7 +156,15 @@ def config_field(base, case: Case, data) -> None:
     write(case.path / "config.json", config)
     # a value of the right type may make a model whose tensors the file does not hold (named by the tensor), or
     # one above the size bound; a token id may disagree with the tokenizer's piece (named by the field's piece)
-    case.names = ["config.json", key, "model.safetensors", "parameters", "sinusoid table", key.removesuffix("_id"), "decoder_vocab_size"]
+    case.names = [
+        "config.json",
+        key,
+        "model.safetensors",
+        "parameters",
+        "sinusoid table",
+        key.removesuffix("_id"),
+        "decoder_vocab_size",
+    ]
 
 
 def config_sizes(base, case: Case, data) -> None:
@@ -234,13 +262,19 @@ def tensors(base, case: Case, data) -> None:
     elif how == "rename":
         weights[name + ".renamed"] = weights.pop(name, t)
     elif how == "extra":
-        name = data.draw(st.sampled_from(["x", "model.encoder.layers.9.fc1.weight", "lm_head.weight", "n" * 10_000, "model.shared.weight"]))
+        name = data.draw(
+            st.sampled_from(
+                ["x", "model.encoder.layers.9.fc1.weight", "lm_head.weight", "n" * 10_000, "model.shared.weight"]
+            )
+        )
         weights[name] = torch.zeros(3)
     elif how == "sinusoids":  # MarianMT's own table: imported (compared with tmt's), or a copy that is not it
         from transformer_mt.model import sinusoids
 
         table = sinusoids(128, 32, layout="halves")
-        weights["model.encoder.embed_positions.weight"] = data.draw(st.sampled_from([table, table + 0.01, table[:, torch.randperm(32)]]))
+        weights["model.encoder.embed_positions.weight"] = data.draw(
+            st.sampled_from([table, table + 0.01, table[:, torch.randperm(32)]])
+        )
         name = "model.encoder.embed_positions.weight"
     else:
         weights[name] = {
@@ -265,13 +299,21 @@ def index(base, case: Case, data) -> None:
     """Two shards and an index whose weight_map is of the wrong form or names other files."""
     save_weights(case.path, dict(base["weights"]), "shards")
     weight_map = json.loads((case.path / INDEX).read_text(encoding="utf-8"))["weight_map"]
-    how = data.draw(st.sampled_from(["value", "drop", "extra", "swap", "weight_map", "outside", "link", "missing-shard"]), label="how")
+    how = data.draw(
+        st.sampled_from(["value", "drop", "extra", "swap", "weight_map", "outside", "link", "missing-shard"]),
+        label="how",
+    )
     tensor = data.draw(st.sampled_from(sorted(weight_map)), label="tensor")
     outside = case.path.parent / "outside.safetensors"
     shutil.copy(case.path / SHARDS[0], outside)
     if how == "value":
         weight_map[tensor] = data.draw(
-            st.one_of(junk, st.sampled_from([str(outside), "../outside.safetensors", ".", "", "sub/../" + SHARDS[0], SHARDS[0] + "/"]))
+            st.one_of(
+                junk,
+                st.sampled_from(
+                    [str(outside), "../outside.safetensors", ".", "", "sub/../" + SHARDS[0], SHARDS[0] + "/"]
+                ),
+            )
         )
     elif how == "drop":
         del weight_map[tensor]
@@ -309,7 +351,9 @@ def weight_bytes(base, case: Case, data) -> None:
     else:
         entry = header[name]
         if how == "shape":
-            entry["shape"] = data.draw(st.sampled_from([[50_000_000, 0], [2**40, 2**40], [-1], [], [*entry["shape"], 1]]))
+            entry["shape"] = data.draw(
+                st.sampled_from([[50_000_000, 0], [2**40, 2**40], [-1], [], [*entry["shape"], 1]])
+            )
         elif how == "offsets":
             entry["data_offsets"] = data.draw(st.sampled_from([[0, 2**62], [5, 1], [0, 0]]))
         else:
@@ -336,7 +380,10 @@ def check(outcome: Outcome, case: Case, out: Path, source: Path) -> None:
     the directory and one of the case's names."""
     if outcome.code == 0:
         assert_within_memory(outcome)
-        translated = run_tmt(["translate", source, "-c", out, "--device", "cpu", "--threads", "1", "--beam", "1"], suite=f"{SUITE} translate")
+        translated = run_tmt(
+            ["translate", source, "-c", out, "--device", "cpu", "--threads", "1", "--beam", "1"],
+            suite=f"{SUITE} translate",
+        )
         assert translated.code == 0, f"the import wrote a checkpoint `tmt translate` refuses: {translated.err[-2000:]}"
         assert translated.out.count("\n") == 2, translated.out
         return

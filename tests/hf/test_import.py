@@ -43,7 +43,9 @@ def imported(request, multi30k, tmp_path_factory):
     """(MarianDir, the HF model, its tokenizer, the tmt Translator of the imported checkpoint, the checkpoint path)."""
     vocab, activation, seed, scale, eos_bias = request.param
     root = tmp_path_factory.mktemp(f"marian_{vocab}")
-    marian = build_marian_dir(root, multi30k, shared=vocab == "shared", activation=activation, seed=seed, scale=scale, eos_bias=eos_bias)
+    marian = build_marian_dir(
+        root, multi30k, shared=vocab == "shared", activation=activation, seed=seed, scale=scale, eos_bias=eos_bias
+    )
     assert _cli(["import", marian.path, "--from", "marian-hf", "-o", root / "model.pt"]) == 0
     hf = transformers.MarianMTModel.from_pretrained(marian.path).eval()
     tok = transformers.MarianTokenizer.from_pretrained(marian.path)
@@ -70,7 +72,9 @@ def test_tokenizer_ids_equal_marian_tokenizers(imported, lines):
     eos = hf.config.eos_token_id
     assert [ids + [eos] for ids in tr.src_tok.encode(src)] == tok(src)["input_ids"]  # MarianTokenizer appends EOS
     assert [ids + [eos] for ids in tr.tgt_tok.encode(tgt)] == tok(text_target=tgt)["input_ids"]
-    tagged = [">>deu<< " + src[0]]  # a language tag is one piece (unknown here: <unk>), the rest segmented as without it
+    tagged = [
+        ">>deu<< " + src[0]
+    ]  # a language tag is one piece (unknown here: <unk>), the rest segmented as without it
     assert tr.src_tok.encode(tagged)[0] + [eos] == tok(tagged)["input_ids"][0]
 
 
@@ -81,7 +85,9 @@ def test_teacher_forced_log_probs_equal_transformers(imported, lines):
     start = torch.full_like(labels[:, :1], hf.config.decoder_start_token_id)
     tgt_in = torch.cat([start, labels[:, :-1]], dim=1)  # MarianMT's shift_tokens_right: the decoder starts from pad
     with torch.inference_mode():
-        theirs = hf(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], decoder_input_ids=tgt_in).logits.log_softmax(-1)
+        theirs = hf(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], decoder_input_ids=tgt_in
+        ).logits.log_softmax(-1)
         model = tr.model
         ours = model.decode(tgt_in, model.encode(batch["input_ids"])).log_softmax(-1)
     real = labels != hf.config.pad_token_id  # (B, T) the target positions (pad is never a target piece here)
@@ -129,7 +135,9 @@ def test_beam4_equals_generate_with_length_penalty_0(imported, lines):
     theirs, scores = _generate(hf, tok, lines[0], num_beams=4, length_penalty=0.0, early_stopping=False)
     assert [h[0].tokens for h in ours] == theirs
     assert scores is not None
-    assert [h[0].logprob for h in ours] == pytest.approx(scores, abs=1e-4)  # at length penalty 0 both are the summed log-prob
+    assert [h[0].logprob for h in ours] == pytest.approx(
+        scores, abs=1e-4
+    )  # at length penalty 0 both are the summed log-prob
     assert any(len(t) < MAX_NEW for t in theirs) and any(len(t) == MAX_NEW for t in theirs)  # EOS endings and the limit
 
 
@@ -153,7 +161,12 @@ def test_checkpoint_is_self_contained(imported):
     assert set(state) >= {"model", "config", "tokenizers"}
     model_cfg = state["config"]["model"]
     vocab = json.loads((marian.path / "vocab.json").read_text(encoding="utf-8"))
-    assert (model_cfg["eos_id"], model_cfg["unk_id"], model_cfg["pad_id"], model_cfg["bos_id"]) == (0, 1, vocab["<pad>"], -1)
+    assert (model_cfg["eos_id"], model_cfg["unk_id"], model_cfg["pad_id"], model_cfg["bos_id"]) == (
+        0,
+        1,
+        vocab["<pad>"],
+        -1,
+    )
     assert model_cfg["decoder_start_id"] == vocab["<pad>"]
     assert model_cfg["position_layout"] == "halves" and model_cfg["output_bias"] is True
     assert model_cfg["share_all_embeddings"] is marian.shared
@@ -270,7 +283,10 @@ def _shard(directory, names) -> None:
         ({"d_model": 1 << 20}, "d_model"),  # refused by the limits alone
         ({"encoder_layers": 100_000, "decoder_layers": 100_000}, "encoder_layers"),
         ({"max_position_embeddings": 1 << 28}, "max_position_embeddings"),
-        ({"d_model": 8192, "encoder_ffn_dim": 1 << 20, "decoder_ffn_dim": 1 << 20}, "d_model"),  # each within its limit: the size bound
+        (
+            {"d_model": 8192, "encoder_ffn_dim": 1 << 20, "decoder_ffn_dim": 1 << 20},
+            "d_model",
+        ),  # each within its limit: the size bound
         ({"max_position_embeddings": 1 << 20, "d_model": 512}, "max_position_embeddings"),  # a 2 GiB sinusoid table
     ],
 )
@@ -287,7 +303,9 @@ def test_config_within_the_bounds_is_checked_against_the_stored_shapes_before_th
     hold: the stored tensors' shapes refuse it before a model of that size exists."""
     bad = copy_marian(marian_dir, tmp_path / "bad")
     edit_json(bad / "config.json", {"d_model": 4096})
-    assert_refused_in_one_line(_import(bad, tmp_path), names=["model.safetensors", "model.shared.weight", "(536, 4096)"])
+    assert_refused_in_one_line(
+        _import(bad, tmp_path), names=["model.safetensors", "model.shared.weight", "(536, 4096)"]
+    )
 
 
 @pytest.mark.usefixtures("memory_limit")
@@ -295,7 +313,9 @@ def test_zero_width_position_table_is_refused_by_its_shape(marian_dir, tmp_path)
     """120 bytes of header that claim a (5e7, 0) sinusoid table made the importer compute 5e7 sinusoids."""
     bad = copy_marian(marian_dir, tmp_path / "bad")
     _save_safetensors(bad, lambda w: w.__setitem__("model.encoder.embed_positions.weight", torch.zeros(50_000_000, 0)))
-    assert_refused_in_one_line(_import(bad, tmp_path), names=["model.safetensors", "model.encoder.embed_positions.weight", "(128, 32)"])
+    assert_refused_in_one_line(
+        _import(bad, tmp_path), names=["model.safetensors", "model.encoder.embed_positions.weight", "(128, 32)"]
+    )
 
 
 @pytest.mark.parametrize(
@@ -327,7 +347,9 @@ def test_values_every_later_command_refuses_are_refused_at_import(marian_dir, tm
 def test_separate_vocabs_without_a_target_vocabulary_names_the_setting(marian_dir, tmp_path):
     bad = copy_marian(marian_dir, tmp_path / "bad")
     edit_json(bad / "tokenizer_config.json", {"separate_vocabs": True})
-    assert_refused_in_one_line(_import(bad, tmp_path), names=["tokenizer_config.json", "separate_vocabs", "target_vocab.json"])
+    assert_refused_in_one_line(
+        _import(bad, tmp_path), names=["tokenizer_config.json", "separate_vocabs", "target_vocab.json"]
+    )
 
 
 @pytest.mark.parametrize("file", ["config.json", "vocab.json", "model.safetensors.index.json"])
@@ -344,7 +366,10 @@ def test_json_nested_too_deep_is_refused(marian_dir, tmp_path, file):
     [
         ({"weight_map": {"model.shared.weight": 1}}, ["weight_map", "1"]),
         ({"weight_map": [1, 2]}, ["weight_map"]),
-        ({"weight_map": {"model.shared.weight": "model-00001-of-00001.safetensors"}}, ["model-00001-of-00001.safetensors", "weight_map"]),
+        (
+            {"weight_map": {"model.shared.weight": "model-00001-of-00001.safetensors"}},
+            ["model-00001-of-00001.safetensors", "weight_map"],
+        ),
         ({"weight_map": {"model.shared.weight": "x" * 10_000}}, ["weight_map", "x..."]),
     ],
 )
@@ -417,7 +442,9 @@ def test_shard_names_outside_the_directory_are_refused(marian_dir, tmp_path, whe
 
 
 def test_a_sharded_model_imports_as_the_single_file_does(marian_dir, tmp_path):
-    first = run_tmt(["import", marian_dir.path, "--from", "marian-hf", "-o", tmp_path / "one.pt"], suite="marian-hf crafted")
+    first = run_tmt(
+        ["import", marian_dir.path, "--from", "marian-hf", "-o", tmp_path / "one.pt"], suite="marian-hf crafted"
+    )
     assert first.code == 0, first.err
     sharded = copy_marian(marian_dir, tmp_path / "sharded")
     _shard(sharded, lambda name: "model-00001-of-00001.safetensors")
@@ -430,7 +457,9 @@ def test_pytorch_model_bin_is_read_weights_only_and_shape_checked(marian_dir, tm
     from safetensors.torch import load_file
 
     weights = load_file(str(marian_dir.path / "model.safetensors"))
-    first = run_tmt(["import", marian_dir.path, "--from", "marian-hf", "-o", tmp_path / "one.pt"], suite="marian-hf crafted")
+    first = run_tmt(
+        ["import", marian_dir.path, "--from", "marian-hf", "-o", tmp_path / "one.pt"], suite="marian-hf crafted"
+    )
     assert first.code == 0, first.err
     good = copy_marian(marian_dir, tmp_path / "bin")
     (good / "model.safetensors").unlink()

@@ -21,7 +21,11 @@ def test_config_json_round_trip():
     shape = model_config_from_marian(config, unk_id=1)
     assert (shape.src_vocab_size, shape.tgt_vocab_size) == (100, 120)
     assert shape.model == dataclasses.replace(MARIAN, dropout=shape.model.dropout)
-    assert config["decoder_vocab_size"] == 120 and config["share_encoder_decoder_embeddings"] is False and config["tie_word_embeddings"] is True
+    assert (
+        config["decoder_vocab_size"] == 120
+        and config["share_encoder_decoder_embeddings"] is False
+        and config["tie_word_embeddings"] is True
+    )
 
 
 def test_opus_mt_config_fields():
@@ -34,7 +38,13 @@ def test_opus_mt_config_fields():
         "add_final_layer_norm": False, "normalize_embedding": False, "add_bias_logits": False, "dropout": 0.1,
     }  # fmt: skip
     model = model_config_from_marian(config, unk_id=1).model
-    assert (model.pad_id, model.eos_id, model.bos_id, model.start_id, model.unk_id) == (58100, 0, -1, 58100, 1)  # bos 0 is EOS: no BOS
+    assert (model.pad_id, model.eos_id, model.bos_id, model.start_id, model.unk_id) == (
+        58100,
+        0,
+        -1,
+        58100,
+        1,
+    )  # bos 0 is EOS: no BOS
     assert model.share_all_embeddings and model.share_decoder_embeddings and model.activation == "swish"
 
 
@@ -71,7 +81,10 @@ def test_refused_naming_the_field(change, field):
 
 
 def test_a_refusal_quotes_a_long_value_short():
-    config = {**marian_config(MARIAN, src_vocab_size=100, tgt_vocab_size=120), "normalize_before": ["x" * 10_000] * 1000}
+    config = {
+        **marian_config(MARIAN, src_vocab_size=100, tgt_vocab_size=120),
+        "normalize_before": ["x" * 10_000] * 1000,
+    }
     with pytest.raises(HfError, match="normalize_before") as info:
         model_config_from_marian(config, unk_id=1, source="m/config.json")
     assert len(str(info.value)) < 300
@@ -89,4 +102,7 @@ def test_a_refusal_quotes_a_long_value_short():
 def test_export_refusals_say_why(change, words):
     reason = marian_refusal(dataclasses.replace(MARIAN, **change))
     assert reason is not None and words in reason and "\n" not in reason
-    assert marian_refusal(MARIAN) is None and marian_refusal(dataclasses.replace(MARIAN, position_layout="interleaved")) is None
+    assert (
+        marian_refusal(MARIAN) is None
+        and marian_refusal(dataclasses.replace(MARIAN, position_layout="interleaved")) is None
+    )

@@ -10,7 +10,14 @@ import torch.nn.functional as F
 
 from tests.conftest import head, tiny_model
 from transformer_mt.data import collate
-from transformer_mt.model import TeacherForcedLoss, fused_loss, kernels, label_smoothed_nll_loss, perplexity, projected_label_smoothed_loss
+from transformer_mt.model import (
+    TeacherForcedLoss,
+    fused_loss,
+    kernels,
+    label_smoothed_nll_loss,
+    perplexity,
+    projected_label_smoothed_loss,
+)
 from transformer_mt.text import PAD_ID, Tokenizer
 
 
@@ -109,8 +116,12 @@ def test_teacher_forced_loss_module_equals_the_logits_path(spm_model, multi30k):
     torch.manual_seed(3)
     objective = TeacherForcedLoss(model, label_smoothing=0.1)
     params = list(model.parameters())
-    assert len(list(objective.parameters())) == len(params) and all(a is b for a, b in zip(objective.parameters(), params))  # DDP reduces these
-    assert list(objective.state_dict()) == ["model." + k for k in model.state_dict()]  # checkpoints save the model, not this
+    assert len(list(objective.parameters())) == len(params) and all(
+        a is b for a, b in zip(objective.parameters(), params)
+    )  # DDP reduces these
+    assert list(objective.state_dict()) == [
+        "model." + k for k in model.state_dict()
+    ]  # checkpoints save the model, not this
     fused = objective(batch.src, batch.tgt_in, batch.tgt_out)
     fused[0].backward()
     fused_grads = [p.grad.clone() for p in model.parameters()]
@@ -187,9 +198,14 @@ def test_padding_does_not_change_the_loss(spm_model, multi30k):
     with torch.no_grad():
         batch = collate(pairs)
         together = label_smoothed_nll_loss(model(batch.src, batch.tgt_in), batch.tgt_out, epsilon=0.1)
-        alone = [label_smoothed_nll_loss(model(b.src, b.tgt_in), b.tgt_out, epsilon=0.1) for b in (collate([p]) for p in pairs)]
+        alone = [
+            label_smoothed_nll_loss(model(b.src, b.tgt_in), b.tgt_out, epsilon=0.1)
+            for b in (collate([p]) for p in pairs)
+        ]
         pad = lambda x, n: F.pad(x, (0, n), value=PAD_ID)  # noqa: E731 - extra PAD columns
-        padded = label_smoothed_nll_loss(model(pad(batch.src, 7), pad(batch.tgt_in, 5)), pad(batch.tgt_out, 5), epsilon=0.1)
+        padded = label_smoothed_nll_loss(
+            model(pad(batch.src, 7), pad(batch.tgt_in, 5)), pad(batch.tgt_out, 5), epsilon=0.1
+        )
     assert together[2] == sum(a[2] for a in alone) == padded[2] == batch.ntokens
     assert together[0].item() == pytest.approx(sum(a[0].item() for a in alone), rel=1e-5)
     assert padded[0].item() == pytest.approx(together[0].item(), rel=1e-5)

@@ -72,8 +72,12 @@ def test_encoder_input_is_scaled_embedding_plus_position_and_grows_past_max_posi
     for pos in (0, 5, 19):  # 19 is past max_positions=8: the sinusoid table grows
         for i in (0, 3, d // 2 - 1):
             angle = pos / 10000 ** (2 * i / d)
-            assert memory[pos, 2 * i].item() == pytest.approx(emb[pos, 2 * i].item() * math.sqrt(d) + math.sin(angle), abs=1e-5)
-            assert memory[pos, 2 * i + 1].item() == pytest.approx(emb[pos, 2 * i + 1].item() * math.sqrt(d) + math.cos(angle), abs=1e-5)
+            assert memory[pos, 2 * i].item() == pytest.approx(
+                emb[pos, 2 * i].item() * math.sqrt(d) + math.sin(angle), abs=1e-5
+            )
+            assert memory[pos, 2 * i + 1].item() == pytest.approx(
+                emb[pos, 2 * i + 1].item() * math.sqrt(d) + math.cos(angle), abs=1e-5
+            )
 
 
 def test_learned_positions_reject_longer_inputs():
@@ -117,7 +121,9 @@ def test_all_padding_rows_give_no_nan():
     torch.testing.assert_close(logits[0], model(src[:1], tgt[:1])[0], rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("norm, positions, max_positions", [("post", "sinusoidal", 8), ("pre", "learned", 32), ("post", "learned", 32)])
+@pytest.mark.parametrize(
+    "norm, positions, max_positions", [("post", "sinusoidal", 8), ("pre", "learned", 32), ("post", "learned", 32)]
+)
 def test_cached_decoding_matches_full_forward_through_beam_reorders(norm, positions, max_positions):
     # 20 steps: the cache outgrows its first capacity (16) and, with max_positions=8, the sinusoid table
     # (reserved up front, as Translator and translate_ids do).
@@ -173,7 +179,9 @@ def test_cached_decoding_when_grouped_sentences_leave_the_batch():
             assert cache.group == 2 and cache.src_pad.size(0) == len(idx) // 2
         else:
             hist[:, -1] = torch.randint(4, V, (hist.size(0),), generator=g) if step else BOS_ID
-        torch.testing.assert_close(model.decode_step(hist[:, -1], cache), model(src[rows], hist)[:, -1], rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            model.decode_step(hist[:, -1], cache), model(src[rows], hist)[:, -1], rtol=0, atol=1e-5
+        )
         hist = torch.cat([hist, torch.randint(4, V, (hist.size(0), 1), generator=g)], dim=1)
 
 
@@ -195,7 +203,10 @@ def test_attention_weights_are_distributions_with_zeros_on_padding_and_future():
         weights = model.attention(src, tgt)
         real = tgt.ne(PAD_ID)  # explicit path == SDPA path at real positions (decode leaves padded ones unspecified)
         torch.testing.assert_close(weights.logits[real], model.decode(tgt, model.encode(src))[real], rtol=0, atol=1e-5)
-    assert len(weights.encoder) == TINY_MODEL.encoder_layers and len(weights.decoder) == len(weights.cross) == TINY_MODEL.decoder_layers
+    assert (
+        len(weights.encoder) == TINY_MODEL.encoder_layers
+        and len(weights.decoder) == len(weights.cross) == TINY_MODEL.decoder_layers
+    )
     b, t, s, h = tgt.size(0), tgt.size(1), src.size(1), TINY_MODEL.heads
     future = torch.ones(t, t, dtype=torch.bool).triu(1)
     for enc_w in weights.encoder:
@@ -212,7 +223,9 @@ def test_attention_weights_are_distributions_with_zeros_on_padding_and_future():
         assert (cross_w.transpose(1, 3)[src.ne(PAD_ID)] > 0).all()
 
 
-def reference_pass(model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor) -> tuple[list, list, list, torch.Tensor]:
+def reference_pass(
+    model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor
+) -> tuple[list, list, list, torch.Tensor]:
     """An independent float64 re-computation of the teacher-forced pass from the model's parameters:
     every attention is softmax(Q K^T / sqrt(d_k)) with Q, K, V taken from the model's own projection
     matrices and the masks built here (source padding; causal + target padding). Returns the encoder,
@@ -277,7 +290,11 @@ def reference_pass(model: Transformer, src: torch.Tensor, tgt_in: torch.Tensor) 
             cross_w.append(w)
             return out
 
-        y = sublayer(sublayer(sublayer(y, self_attend, layer.norm1), cross_attend, layer.norm2), lambda h, layer=layer: ffn(layer.ffn, h), layer.norm3)
+        y = sublayer(
+            sublayer(sublayer(y, self_attend, layer.norm1), cross_attend, layer.norm2),
+            lambda h, layer=layer: ffn(layer.ffn, h),
+            layer.norm3,
+        )
     if cfg.norm == "pre":
         y = norm(model.decoder_norm, y)
     return enc_w, self_w, cross_w, y @ dd(model.output_proj.weight).T
@@ -365,7 +382,9 @@ def test_initialisation():
 
 
 def test_training_step_gives_finite_gradients_and_dropout_only_in_training():
-    model = tiny_model(norm="pre", positions="learned", dropout=0.3, attention_dropout=0.1, activation_dropout=0.1, activation="gelu")
+    model = tiny_model(
+        norm="pre", positions="learned", dropout=0.3, attention_dropout=0.1, activation_dropout=0.1, activation="gelu"
+    )
     src, tgt = tokens([6, 4], seed=9), tokens([5, 3], bos=True, seed=10)
     labels = tokens([5, 3], seed=11)
     model.train()
@@ -433,13 +452,21 @@ def test_unmasked_attention_paths_equal_the_masked_ones(norm):
 def test_decoder_self_attention_in_training_runs_sdpa_causal_without_a_mask(monkeypatch):
     seen = []
     sdpa = F.scaled_dot_product_attention
-    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: seen.append((k.get("attn_mask"), k.get("is_causal"))) or sdpa(*a, **k))
-    monkeypatch.setattr(attention, "_spelled_out_is_faster", lambda k: False)  # SDPA's path, as GPUs and long sentences take it
+    monkeypatch.setattr(
+        F,
+        "scaled_dot_product_attention",
+        lambda *a, **k: seen.append((k.get("attn_mask"), k.get("is_causal"))) or sdpa(*a, **k),
+    )
+    monkeypatch.setattr(
+        attention, "_spelled_out_is_faster", lambda k: False
+    )  # SDPA's path, as GPUs and long sentences take it
     model = tiny_model()
     src, tgt = tokens([5, 5]), tokens([4, 2], bos=True)  # the source has no padding
     model.decode(tgt, model.encode(src, padded=False))
     assert seen[: TINY_MODEL.encoder_layers] == [(None, False)] * TINY_MODEL.encoder_layers
-    assert seen[TINY_MODEL.encoder_layers :] == [(None, True), (None, False)] * TINY_MODEL.decoder_layers  # self (causal), cross
+    assert (
+        seen[TINY_MODEL.encoder_layers :] == [(None, True), (None, False)] * TINY_MODEL.decoder_layers
+    )  # self (causal), cross
 
 
 def test_stated_reorder_layout_equals_the_worked_out_one():
@@ -479,7 +506,12 @@ def test_weights_cast_for_inference_keep_norms_and_positions_in_float32():
     norms = [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
     assert norms and all(p.dtype == torch.float32 for m in norms for p in m.parameters())
     assert model.pe.dtype == torch.float32
-    assert model.output_proj.weight.dtype == model.src_embed.weight.dtype == model.encoder[0].ffn.fc1.weight.dtype == torch.bfloat16
+    assert (
+        model.output_proj.weight.dtype
+        == model.src_embed.weight.dtype
+        == model.encoder[0].ffn.fc1.weight.dtype
+        == torch.bfloat16
+    )
     assert model.state_dict().keys() == ref.keys()
     assert got.dtype == torch.bfloat16
     real = tgt.ne(PAD_ID)

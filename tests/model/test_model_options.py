@@ -29,7 +29,9 @@ def test_swish_ffn_is_x_sigmoid_x_between_the_two_linears():
     h = x @ ffn.fc1.weight.T + ffn.fc1.bias  # (B, T, d_ff)
     want = (h * torch.sigmoid(h)) @ ffn.fc2.weight.T + ffn.fc2.bias  # (B, T, D)
     torch.testing.assert_close(ffn(x), want, rtol=0, atol=1e-5)
-    assert not torch.allclose(want, F.relu(h) @ ffn.fc2.weight.T + ffn.fc2.bias, atol=1e-3)  # not relu under another name
+    assert not torch.allclose(
+        want, F.relu(h) @ ffn.fc2.weight.T + ffn.fc2.bias, atol=1e-3
+    )  # not relu under another name
 
 
 # ---------------------------------------------------------------- model.position_layout
@@ -37,7 +39,9 @@ def marian_table(n_pos: int, dim: int) -> torch.Tensor:
     """MarianMT's sinusoid table as its formula reads: angle pos / 10000^(2 * (j // 2) / dim) for column j;
     the sines of the even columns' angles fill the first ceil(dim / 2) columns, the cosines of the odd ones the rest."""
     angle = [[pos / 10000 ** (2 * (j // 2) / dim) for j in range(dim)] for pos in range(n_pos)]
-    return torch.tensor([[math.sin(a) for a in row[0::2]] + [math.cos(a) for a in row[1::2]] for row in angle], dtype=torch.float64)
+    return torch.tensor(
+        [[math.sin(a) for a in row[0::2]] + [math.cos(a) for a in row[1::2]] for row in angle], dtype=torch.float64
+    )
 
 
 @pytest.mark.parametrize("d", [32, 7])
@@ -64,7 +68,9 @@ def test_interleaved_table_is_the_default_and_unchanged():
     pe = sinusoids(100, d)
     assert torch.equal(pe, sinusoids(100, d, layout="interleaved"))
     halves = sinusoids(100, d, layout="halves")
-    assert torch.equal(pe[:, 0::2], halves[:, : d // 2]) and torch.equal(pe[:, 1::2], halves[:, d // 2 :])  # the same values, reordered
+    assert torch.equal(pe[:, 0::2], halves[:, : d // 2]) and torch.equal(
+        pe[:, 1::2], halves[:, d // 2 :]
+    )  # the same values, reordered
     assert torch.equal(tiny_model().pe, sinusoids(64, d))
     with pytest.raises(ValueError, match=r"layout='split' is not one of interleaved, halves"):
         sinusoids(10, d, layout="split")
@@ -109,7 +115,12 @@ def test_output_bias_adds_exactly_the_bias_to_decode_and_decode_step(tied):
         torch.testing.assert_close(biased(src, tgt), plain(src, tgt) + bias, rtol=0, atol=1e-5)
         cache_plain, cache_biased = plain.init_cache(plain.encode(src)), biased.init_cache(biased.encode(src))
         for step in range(tgt.size(1)):
-            torch.testing.assert_close(biased.decode_step(tgt[:, step], cache_biased), plain.decode_step(tgt[:, step], cache_plain) + bias, rtol=0, atol=1e-5)
+            torch.testing.assert_close(
+                biased.decode_step(tgt[:, step], cache_biased),
+                plain.decode_step(tgt[:, step], cache_plain) + bias,
+                rtol=0,
+                atol=1e-5,
+            )
 
 
 def test_output_bias_with_restrict_output_keeps_the_kept_entries():
@@ -152,17 +163,26 @@ def test_fused_loss_includes_the_output_bias(reference_ops, restrict):
     h = biased.decoder_output(tgt_in, biased.encode(src))[tgt_out.ne(PAD_ID)]  # (N, D)
     keep = biased.output_ids if restrict else torch.arange(V)
     logits = h @ biased.output_proj.weight[keep].T + biased.output_proj.bias[keep]  # (N, K), the bias by hand
-    want_loss, want_nll, want_n = label_smoothed_nll_loss(logits, biased.output_targets(tgt_out[tgt_out.ne(PAD_ID)]), epsilon=0.1)
+    want_loss, want_nll, want_n = label_smoothed_nll_loss(
+        logits, biased.output_targets(tgt_out[tgt_out.ne(PAD_ID)]), epsilon=0.1
+    )
     want_loss.backward()
     assert n == want_n == 7
-    assert loss.item() == pytest.approx(want_loss.item(), rel=1e-5) and nll.item() == pytest.approx(want_nll.item(), rel=1e-5)
+    assert loss.item() == pytest.approx(want_loss.item(), rel=1e-5) and nll.item() == pytest.approx(
+        want_nll.item(), rel=1e-5
+    )
     assert got["output_proj.bias"].abs().sum() > 0
     for name, p in biased.named_parameters():
         torch.testing.assert_close(got[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 # ---------------------------------------------------------------- incremental decoding with each option
-OPTIONS = [{"activation": "swish"}, {"position_layout": "halves"}, {"output_bias": True}, {"output_bias": True, "restrict_output": True}]
+OPTIONS = [
+    {"activation": "swish"},
+    {"position_layout": "halves"},
+    {"output_bias": True},
+    {"output_bias": True, "restrict_output": True},
+]
 
 
 @pytest.mark.parametrize("changes", OPTIONS)
@@ -184,7 +204,9 @@ def test_cached_decoding_matches_full_forward_with_each_option(changes):
                 idx = torch.tensor([0, 0, 1, 1])
                 cache.reorder(idx)
                 rows, hist = rows[idx], hist[idx]
-            torch.testing.assert_close(model.decode_step(hist[:, -1], cache), model(src[rows], hist)[:, -1], rtol=0, atol=1e-5)
+            torch.testing.assert_close(
+                model.decode_step(hist[:, -1], cache), model(src[rows], hist)[:, -1], rtol=0, atol=1e-5
+            )
             hist = torch.cat([hist, torch.randint(4, V, (hist.size(0), 1), generator=g)], dim=1)
 
 
@@ -194,7 +216,10 @@ def test_cached_decoding_matches_full_forward_with_each_option(changes):
     [
         ({"activation": "silu"}, r"model\.activation='silu' is not one of relu, gelu, swish"),
         ({"position_layout": "split"}, r"model\.position_layout='split' is not one of interleaved, halves"),
-        ({"positions": "learned", "position_layout": "halves"}, r"model\.position_layout='halves' orders sinusoids only"),
+        (
+            {"positions": "learned", "position_layout": "halves"},
+            r"model\.position_layout='halves' orders sinusoids only",
+        ),
     ],
 )
 def test_model_refuses_bad_option_values(changes, message):

@@ -97,10 +97,17 @@ def test_a_live_build_is_waited_for_at_most_the_timeout_then_one_line(fake_compi
     assert built == []
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("tmt: note:")]
     assert len(notes) == 1, notes
-    assert str(build_dir) in notes[0] and f"pid {holder.pid}" in notes[0] and f"{native.ENV_SWITCH}=0" in notes[0] and "torch ops" in notes[0]
+    assert (
+        str(build_dir) in notes[0]
+        and f"pid {holder.pid}" in notes[0]
+        and f"{native.ENV_SWITCH}=0" in notes[0]
+        and "torch ops" in notes[0]
+    )
 
 
-@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="signals are handled in the main thread only")
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(), reason="signals are handled in the main thread only"
+)
 def test_sigterm_ends_the_wait_and_still_reaches_the_runs_own_handler(fake_compiler, capsys):
     """A training run's handler asks the run to stop and returns: the wait must end all the same."""
     build_dir, built = fake_compiler

@@ -31,7 +31,9 @@ from transformer_mt.text import Tokenizer
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
-    pytest.mark.skipif(not native.available(), reason="the C++ kernels could not be built here (a C++ compiler and ninja are needed)"),
+    pytest.mark.skipif(
+        not native.available(), reason="the C++ kernels could not be built here (a C++ compiler and ninja are needed)"
+    ),
 ]
 
 
@@ -72,7 +74,14 @@ def _attention_reference(q, k, v, allowed, causal, scale):
     [
         (9, 9, 16, 16, True, False),  # decoder self-attention: causal, no mask
         (13, 13, 32, 32, False, True),  # encoder self-attention with key padding
-        (7, 17, 16, 48, False, True),  # cross-attention: other lengths, value size unlike the key size, a partial key block
+        (
+            7,
+            17,
+            16,
+            48,
+            False,
+            True,
+        ),  # cross-attention: other lengths, value size unlike the key size, a partial key block
         (5, 64, 64, 64, False, True),  # the most keys the kernel takes, the reference model's head size
         (33, 33, 32, 32, True, False),  # query rows past a multiple of four, keys past two blocks
         (4, 1, 16, 16, False, False),  # one key
@@ -103,7 +112,11 @@ def test_short_attention_equals_the_spelled_out_product(queries, keys, dk, dv, c
         fq = fused_q.to(dtype, copy=True).requires_grad_()
         fkv = fq if fused_kv is fused_q else fused_kv.to(dtype, copy=True).requires_grad_()
         q, k, v = views(fq, fkv)
-        out = fn(q, k, v, allowed, causal=causal, scale=scale) if fn is native.short_attention else fn(q, k, v, allowed, causal, scale)
+        out = (
+            fn(q, k, v, allowed, causal=causal, scale=scale)
+            if fn is native.short_attention
+            else fn(q, k, v, allowed, causal, scale)
+        )
         out.backward(grad.to(dtype))
         results.append((out.detach(), fq.grad, None if fkv is fq else fkv.grad))
     for ours, exact in zip(results[0], results[1], strict=True):
@@ -159,7 +172,11 @@ def test_native_scale_norm_equals_the_formula_in_float64():
         xx = x.to(dtype, copy=True).requires_grad_()
         g = torch.tensor(11.3, dtype=dtype, requires_grad=True)
         with _CountTmtOps() as counter:
-            y = kernels.scale_norm(xx, g, 1e-5) if dtype == torch.float32 else xx * (g / xx.norm(dim=-1, keepdim=True).clamp(min=1e-5))
+            y = (
+                kernels.scale_norm(xx, g, 1e-5)
+                if dtype == torch.float32
+                else xx * (g / xx.norm(dim=-1, keepdim=True).clamp(min=1e-5))
+            )
             y.backward(dy.to(dtype))
         assert ("scale_norm" in counter.calls) == (dtype == torch.float32)
         results.append((y.detach(), xx.grad, g.grad))
@@ -221,7 +238,9 @@ def test_softmax_rows_grad_is_the_softmax_then_its_backward():
     two_steps, one_pass = x.clone(), x.clone()
     sums = torch.ops.tmt.softmax_rows_(two_steps, target)
     torch.ops.tmt.softmax_rows_backward_(two_steps, target, row_w, eps_i, on_target)
-    for ours, theirs in zip(torch.ops.tmt.softmax_rows_grad_(one_pass, target, row_w, eps_i, on_target), sums, strict=True):
+    for ours, theirs in zip(
+        torch.ops.tmt.softmax_rows_grad_(one_pass, target, row_w, eps_i, on_target), sums, strict=True
+    ):
         assert torch.equal(ours, theirs)
     torch.testing.assert_close(one_pass, two_steps, rtol=1e-6, atol=1e-9)  # p * (1 / z) - eps_i may round as one FMA
     assert not one_pass[7].any()
@@ -242,7 +261,9 @@ def test_the_loss_with_its_gradient_in_the_forward_equals_the_one_that_keeps_the
         monkeypatch.setattr(fused_loss, "_gradient_in_forward", lambda *_, on=gradient_in_forward: on)
         h.grad = weight.grad = None
         with _CountTmtOps() as counter:
-            loss, nll = fused_loss.fused_projected_label_smoothed_loss(h, weight, target, epsilon=epsilon, ignore_index=1)
+            loss, nll = fused_loss.fused_projected_label_smoothed_loss(
+                h, weight, target, epsilon=epsilon, ignore_index=1
+            )
             (loss * 0.37).backward()
         assert counter.calls.get("softmax_rows_grad_", 0) == (3 if gradient_in_forward else 0)
         results.append((loss.detach(), nll, h.grad, weight.grad))
@@ -253,7 +274,9 @@ def test_the_loss_with_its_gradient_in_the_forward_equals_the_one_that_keeps_the
     torch.testing.assert_close(gw, plain_gw, rtol=1e-5, atol=1e-6 * float(plain_gw.abs().max()))
     monkeypatch.undo()
     with torch.no_grad(), _CountTmtOps() as counter:
-        assert torch.equal(fused_loss.fused_projected_label_smoothed_loss(h, weight, target, epsilon=epsilon, ignore_index=1)[0], loss)
+        assert torch.equal(
+            fused_loss.fused_projected_label_smoothed_loss(h, weight, target, epsilon=epsilon, ignore_index=1)[0], loss
+        )
     assert "softmax_rows_grad_" not in counter.calls and counter.calls["softmax_rows_"] >= 1
 
 
@@ -279,7 +302,9 @@ def _real_batch(corpus_slice, spm_model, n: int = 24):
 
 
 @pytest.mark.parametrize("norm", ["post", "pre", "scale"])
-def test_a_training_step_with_the_kernels_equals_the_torch_ops_on_real_pairs(norm, corpus_slice, spm_model, kernels_off):
+def test_a_training_step_with_the_kernels_equals_the_torch_ops_on_real_pairs(
+    norm, corpus_slice, spm_model, kernels_off
+):
     """Dropout 0.3, head size 16, the fused loss: every kernel runs; the same step with the kernels off (the torch ops
     of an unbuilt install) gives the same loss and gradients, with the same random numbers drawn."""
     vocab, batch = _real_batch(corpus_slice, spm_model)
@@ -289,7 +314,9 @@ def test_a_training_step_with_the_kernels_equals_the_torch_ops_on_real_pairs(nor
     def step() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         model.zero_grad(set_to_none=True)
         torch.manual_seed(23)
-        loss, _, _ = TeacherForcedLoss(model, label_smoothing=0.1)(batch.src, batch.tgt_in, batch.tgt_out, batch.labels, src_padded=batch.src_padded)
+        loss, _, _ = TeacherForcedLoss(model, label_smoothing=0.1)(
+            batch.src, batch.tgt_in, batch.tgt_out, batch.labels, src_padded=batch.src_padded
+        )
         loss.backward()
         return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
@@ -309,11 +336,15 @@ def test_a_training_step_with_the_kernels_equals_the_torch_ops_on_real_pairs(nor
     assert ours[1].keys() == plain[1].keys()
     for name, grad in ours[1].items():
         scale = float(grad.abs().max())  # float32 sums in another order: agreement relative to the gradient's size
-        torch.testing.assert_close(grad, plain[1][name], rtol=1e-4, atol=1e-5 * scale, msg=f"{name}: the gradients differ")
+        torch.testing.assert_close(
+            grad, plain[1][name], rtol=1e-4, atol=1e-5 * scale, msg=f"{name}: the gradients differ"
+        )
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env={**os.environ, **env})
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env={**os.environ, **env}
+    )
 
 
 @pytest.mark.slow

@@ -34,7 +34,9 @@ def test_scalenorm_is_g_times_x_over_its_l2_norm():
     with torch.no_grad():
         norm.g.fill_(2.5)
     x = torch.randn(3, 4, D, generator=torch.Generator().manual_seed(0), dtype=torch.float64).float()
-    want = [[[2.5 * c / math.sqrt(sum(c * c for c in v)) for c in v] for v in row] for row in x.double().tolist()]  # by hand
+    want = [
+        [[2.5 * c / math.sqrt(sum(c * c for c in v)) for c in v] for v in row] for row in x.double().tolist()
+    ]  # by hand
     torch.testing.assert_close(norm(x).double(), torch.tensor(want, dtype=torch.float64), rtol=0, atol=1e-6)
     assert norm(torch.zeros(2, D)).eq(0).all()  # max(||x||, eps): a zero vector stays zero, no NaN
     # bfloat16 input: normalised in float32 (g's dtype), returned in bfloat16
@@ -46,7 +48,9 @@ def test_every_layernorm_replaced_and_the_parameter_count():
     norms = [m for m in scale.modules() if isinstance(m, (LayerNorm, ScaleNorm))]
     n = 2 * TINY_MODEL.encoder_layers + 3 * TINY_MODEL.decoder_layers + 2  # per sublayer + one final norm per stack
     assert len(norms) == n and all(isinstance(m, ScaleNorm) for m in norms)
-    assert count_parameters(pre) - count_parameters(scale) == n * (2 * D - 1)  # LayerNorm gain + bias (2D) -> one scalar g
+    assert count_parameters(pre) - count_parameters(scale) == n * (
+        2 * D - 1
+    )  # LayerNorm gain + bias (2D) -> one scalar g
 
 
 def _by_hand(model, src, tgt_in):
@@ -68,7 +72,12 @@ def _by_hand(model, src, tgt_in):
     y = embed(model.tgt_embed, tgt_in)
     for layer in model.decoder:
         y = y + layer.self_attn.attend(*layer.self_attn.project_qkv(sn(layer.norm1, y)), dec_allowed)[0]
-        y = y + layer.cross_attn.attend(layer.cross_attn.project_q(sn(layer.norm2, y)), *layer.cross_attn.project_kv(memory), enc_allowed)[0]
+        y = (
+            y
+            + layer.cross_attn.attend(
+                layer.cross_attn.project_q(sn(layer.norm2, y)), *layer.cross_attn.project_kv(memory), enc_allowed
+            )[0]
+        )
         y = y + layer.ffn(sn(layer.norm3, y))
     return sn(model.decoder_norm, y) @ unit(model.output_proj.weight).T
 
@@ -94,14 +103,20 @@ def test_scale_cached_decoding_equals_full_forward_through_reorders():
     g = torch.Generator().manual_seed(6)
     cache = model.init_cache(model.encode(src))
     rows, hist = torch.arange(2), torch.full((2, 1), BOS_ID)
-    reorders = {3: torch.arange(2).repeat_interleave(3), 6: torch.tensor([2, 0, 1, 4, 5, 3]), 9: torch.tensor([0, 2, 3, 5])}
+    reorders = {
+        3: torch.arange(2).repeat_interleave(3),
+        6: torch.tensor([2, 0, 1, 4, 5, 3]),
+        9: torch.tensor([0, 2, 3, 5]),
+    }
     for step in range(12):
         if step in reorders:
             cache.reorder(reorders[step])
             rows, hist = rows[reorders[step]], hist[reorders[step]]
         else:
             hist[:, -1] = torch.randint(4, V, (hist.size(0),), generator=g) if step else BOS_ID
-        torch.testing.assert_close(model.decode_step(hist[:, -1], cache), model(src[rows], hist)[:, -1], rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            model.decode_step(hist[:, -1], cache), model(src[rows], hist)[:, -1], rtol=0, atol=1e-5
+        )
         hist = torch.cat([hist, torch.randint(4, V, (hist.size(0), 1), generator=g)], dim=1)
 
 
@@ -181,6 +196,8 @@ def test_scale_model_exports_to_ctranslate2_as_rmsnorm(scale_run, corpus_slice, 
         tgt = tr.tgt_tok.sp.piece_to_id(tp)
         src = source_tensor([tr.src_tok.sp.piece_to_id(sp)])
         with torch.inference_mode():
-            lprobs = torch.log_softmax(tr.model.decode(torch.tensor([[BOS_ID] + tgt]), tr.model.encode(src)), dim=-1)[0]  # (T, V)
+            lprobs = torch.log_softmax(tr.model.decode(torch.tensor([[BOS_ID] + tgt]), tr.model.encode(src)), dim=-1)[
+                0
+            ]  # (T, V)
         ours = lprobs[torch.arange(len(tgt) + 1), torch.tensor(tgt + [EOS_ID])]
         assert torch.tensor(res.log_probs) == pytest.approx(ours, abs=1e-4)

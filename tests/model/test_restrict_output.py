@@ -64,14 +64,20 @@ def test_training_loss_is_label_smoothing_over_the_kept_pieces():
     ref = torch.searchsorted(kept, tgt_out[tgt_out.ne(PAD_ID)])  # (N,) kept index of each target
     want_nll = -logp[torch.arange(len(ref)), ref]
     want = (1 - eps - eps / (k - 1)) * want_nll - eps / (k - 1) * logp.sum(-1)
-    assert n == 7 and nll.item() == pytest.approx(want_nll.sum().item(), rel=1e-5) and loss.item() == pytest.approx(want.sum().item(), rel=1e-5)
+    assert (
+        n == 7
+        and nll.item() == pytest.approx(want_nll.sum().item(), rel=1e-5)
+        and loss.item() == pytest.approx(want.sum().item(), rel=1e-5)
+    )
     # a target piece outside the kept set (e.g. in a validation set) is scored as UNK, not as an infinite loss
     outside = tgt_out.clone()
     outside[0, 0] = 7  # not kept
     as_unk = tgt_out.clone()
     as_unk[0, 0] = UNK_ID
     criterion = TeacherForcedLoss(restricted, label_smoothing=eps)
-    assert criterion(src, tgt_in, outside)[0].item() == pytest.approx(criterion(src, tgt_in, as_unk)[0].item(), rel=1e-6)
+    assert criterion(src, tgt_in, outside)[0].item() == pytest.approx(
+        criterion(src, tgt_in, as_unk)[0].item(), rel=1e-6
+    )
 
 
 def test_restrict_output_to_needs_the_option():
@@ -116,7 +122,12 @@ _RUN = [
 def test_kept_set_is_the_pieces_of_the_tokenized_target_file(restricted_run, corpus_slice, spm_model):
     out, losses, _ = restricted_run
     tok = Tokenizer(spm_model)
-    expected = {i for ids in tok.encode(head(corpus_slice["train.de"], 2000)) for i in ids} | {PAD_ID, UNK_ID, BOS_ID, EOS_ID}
+    expected = {i for ids in tok.encode(head(corpus_slice["train.de"], 2000)) for i in ids} | {
+        PAD_ID,
+        UNK_ID,
+        BOS_ID,
+        EOS_ID,
+    }
     state = load_checkpoint(out / "checkpoint_last.pt")
     kept = state["model"]["output_ids"]
     assert kept.tolist() == sorted(expected)
@@ -166,9 +177,14 @@ def test_resume_keeps_the_saved_kept_set(restricted_run, corpus_slice, spm_model
     small = {name: tmp_path / name for name in ("train.en", "train.de")}
     for name, path in small.items():
         path.write_text("\n".join(head(corpus_slice[name], 50)) + "\n", encoding="utf-8")
-    cfg = run_config({**corpus_slice, **small}, spm_model, run, *_RUN, "train.max_updates=42", "train.validate_every=100")
+    cfg = run_config(
+        {**corpus_slice, **small}, spm_model, run, *_RUN, "train.max_updates=42", "train.validate_every=100"
+    )
     assert train(cfg, resume=True).progress.update == 42
-    assert torch.equal(load_checkpoint(run / "checkpoint_last.pt")["model"]["output_ids"], load_checkpoint(out / "checkpoint_last.pt")["model"]["output_ids"])
+    assert torch.equal(
+        load_checkpoint(run / "checkpoint_last.pt")["model"]["output_ids"],
+        load_checkpoint(out / "checkpoint_last.pt")["model"]["output_ids"],
+    )
 
 
 def test_subword_sampling_is_refused(corpus_slice, spm_model, tmp_path):
@@ -190,7 +206,10 @@ def test_ctranslate2_export_gives_the_same_greedy_output(restricted_run, corpus_
     ct2_dir = export(out / "checkpoint_last.pt", tmp_path / "ct2")
     tr = Translator.from_checkpoint(out / "checkpoint_last.pt", device="cpu")
     lines = head(corpus_slice["val.en"], 12)
-    ours = [nb[0].tokens for nb in translate_ids(tr.model, tr.src_tok.encode(lines), beam=1, lenpen=0.0, max_len_a=0.0, max_len_b=20)]
+    ours = [
+        nb[0].tokens
+        for nb in translate_ids(tr.model, tr.src_tok.encode(lines), beam=1, lenpen=0.0, max_len_a=0.0, max_len_b=20)
+    ]
     ct = ctranslate2.Translator(str(ct2_dir), device="cpu", compute_type="float32")
     theirs = ct.translate_batch(tr.src_tok.encode_pieces(lines), beam_size=1, max_decoding_length=20)
     assert [tr.tgt_tok.sp.piece_to_id(r.hypotheses[0]) for r in theirs] == ours
@@ -246,7 +265,9 @@ def test_the_output_layer_taken_once_per_search_scores_as_the_plain_path(norm):
     with torch.inference_mode():
         enc = model.encode(src)
         taken, plain, kept_only = model.init_cache(enc), model.init_cache(enc), model.init_cache(enc)
-        assert torch.equal(taken.output.weight, model.output_weight()) and torch.equal(taken.output.ids, model.output_ids)
+        assert torch.equal(taken.output.weight, model.output_weight()) and torch.equal(
+            taken.output.ids, model.output_ids
+        )
         plain.output = None  # a cache without the matrix: decode_step computes it as logits() does
         ids = kept_only.restrict_logits()
         assert torch.equal(ids, model.output_ids) and plain.restrict_logits() is None

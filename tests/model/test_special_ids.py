@@ -42,7 +42,9 @@ def _pair(seed: int = 0, **changes):
 
 def _sentences(seed: int, n: int = 6) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(4, V, (int(length),), generator=g).tolist() for length in torch.randint(2, 9, (n,), generator=g)]
+    return [
+        torch.randint(4, V, (int(length),), generator=g).tolist() for length in torch.randint(2, 9, (n,), generator=g)
+    ]
 
 
 def test_specials_of_a_config_default_to_tmts_ids_and_follow_the_keys():
@@ -92,10 +94,16 @@ def test_teacher_forced_loss_is_the_same_under_the_permuted_vocabulary(restrict)
         assert PERM[a.output_ids].sort().values.tolist() == b.output_ids.tolist()
     pairs = list(zip(_sentences(1), _sentences(2)))
     batch_a = collate(pairs, specials=a.specials)
-    batch_b = collate([(PERM[torch.tensor(s)].tolist(), PERM[torch.tensor(t)].tolist()) for s, t in pairs], specials=b.specials)
+    batch_b = collate(
+        [(PERM[torch.tensor(s)].tolist(), PERM[torch.tensor(t)].tolist()) for s, t in pairs], specials=b.specials
+    )
     for with_labels in (True, False):  # the labels found at collation, or from the padding by the loss itself
-        la = TeacherForcedLoss(a, label_smoothing=0.1)(batch_a.src, batch_a.tgt_in, batch_a.tgt_out, batch_a.labels if with_labels else None)
-        lb = TeacherForcedLoss(b, label_smoothing=0.1)(batch_b.src, batch_b.tgt_in, batch_b.tgt_out, batch_b.labels if with_labels else None)
+        la = TeacherForcedLoss(a, label_smoothing=0.1)(
+            batch_a.src, batch_a.tgt_in, batch_a.tgt_out, batch_a.labels if with_labels else None
+        )
+        lb = TeacherForcedLoss(b, label_smoothing=0.1)(
+            batch_b.src, batch_b.tgt_in, batch_b.tgt_out, batch_b.labels if with_labels else None
+        )
         assert la[2] == lb[2] == batch_a.ntokens  # every EOS label counted: b's EOS is id 0
         torch.testing.assert_close(la[0], lb[0], rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(la[1], lb[1], rtol=1e-5, atol=1e-5)
@@ -108,7 +116,9 @@ def test_search_is_the_same_under_the_permuted_vocabulary(beam):
     src_a = collate([(s, []) for s in srcs], specials=a.specials).src
     src_b = collate([(PERM[torch.tensor(s)].tolist(), []) for s in srcs], specials=b.specials).src
     run = (
-        (lambda m, s: [[h] for h in greedy_search(m, s, max_len_b=12)]) if beam == 1 else (lambda m, s: beam_search(m, s, beam=beam, nbest=beam, max_len_b=12))
+        (lambda m, s: [[h] for h in greedy_search(m, s, max_len_b=12)])
+        if beam == 1
+        else (lambda m, s: beam_search(m, s, beam=beam, nbest=beam, max_len_b=12))
     )
     hyps_a, hyps_b = run(a, src_a), run(b, src_b)
     lengths = set()

@@ -57,7 +57,9 @@ def _steps(model, src: torch.Tensor, refs: list[list[int]]) -> list[torch.Tensor
         for step in range(steps):
             out.append(model.decode_step(tokens, cache))  # (B*BEAM, V)
             rows = torch.arange(b * BEAM).view(b, BEAM)  # (B, BEAM)
-            rows = rows.flip(1) if step % 2 else torch.cat([rows[:, 1:], rows[:, :1]], dim=1)  # each sentence's beams reordered
+            rows = (
+                rows.flip(1) if step % 2 else torch.cat([rows[:, 1:], rows[:, :1]], dim=1)
+            )  # each sentence's beams reordered
             cache.reorder(rows.flatten(), group=BEAM)
             tokens = tgt[:, step].repeat_interleave(BEAM)
     return out

@@ -71,7 +71,9 @@ def _real_batch(corpus_slice, spm_model, n: int = 24):
 
 def _loss_and_grads(model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     model.zero_grad(set_to_none=True)
-    loss, _, _ = TeacherForcedLoss(model, label_smoothing=0.1)(batch.src, batch.tgt_in, batch.tgt_out, batch.labels, src_padded=batch.src_padded)
+    loss, _, _ = TeacherForcedLoss(model, label_smoothing=0.1)(
+        batch.src, batch.tgt_in, batch.tgt_out, batch.labels, src_padded=batch.src_padded
+    )
     loss.backward()
     return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
@@ -79,8 +81,12 @@ def _loss_and_grads(model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]
 @pytest.mark.parametrize("norm", ["post", "pre", "scale"])
 def test_spelled_out_attention_trains_as_sdpa_does_on_real_pairs(norm, corpus_slice, spm_model, monkeypatch):
     vocab, batch = _real_batch(corpus_slice, spm_model)
-    assert batch.src_padded and batch.src.size(1) <= attention.SHORT_KEYS  # key padding masks, short enough for the fast path
-    model = tiny_model(vocab, norm=norm, share_all_embeddings=True).train()  # dropout 0: both paths see the same numbers
+    assert (
+        batch.src_padded and batch.src.size(1) <= attention.SHORT_KEYS
+    )  # key padding masks, short enough for the fast path
+    model = tiny_model(
+        vocab, norm=norm, share_all_embeddings=True
+    ).train()  # dropout 0: both paths see the same numbers
     calls: list[bool] = []
     real = attention._spelled_out_is_faster
 
@@ -97,7 +103,9 @@ def test_spelled_out_attention_trains_as_sdpa_does_on_real_pairs(norm, corpus_sl
     assert spelled[1].keys() == sdpa[1].keys()
     for name, grad in spelled[1].items():
         scale = float(grad.abs().max())  # float32 sums in another order: agreement relative to the gradient's size
-        torch.testing.assert_close(grad, sdpa[1][name], rtol=1e-4, atol=1e-5 * scale, msg=f"{name}: the gradients differ")
+        torch.testing.assert_close(
+            grad, sdpa[1][name], rtol=1e-4, atol=1e-5 * scale, msg=f"{name}: the gradients differ"
+        )
 
 
 def test_the_fast_path_is_for_cpu_training_over_few_keys_only():
@@ -121,7 +129,9 @@ def test_scale_norm_model_gradients_equal_the_plain_formula_on_real_pairs(corpus
     torch.testing.assert_close(ours[0], plain[0], rtol=1e-6, atol=1e-6)
     for name, grad in ours[1].items():
         scale = float(grad.abs().max())
-        torch.testing.assert_close(grad, plain[1][name], rtol=1e-4, atol=1e-5 * scale, msg=f"{name}: the gradients differ")
+        torch.testing.assert_close(
+            grad, plain[1][name], rtol=1e-4, atol=1e-5 * scale, msg=f"{name}: the gradients differ"
+        )
 
 
 def _took_onednn(y: torch.Tensor) -> bool:
@@ -132,7 +142,9 @@ def _took_onednn(y: torch.Tensor) -> bool:
     return node is not None and "CpuLinear" in type(node).__name__
 
 
-needs_onednn = pytest.mark.skipif(kernels._onednn_linear is None, reason="this torch build has no oneDNN (mkldnn) CPU kernels")
+needs_onednn = pytest.mark.skipif(
+    kernels._onednn_linear is None, reason="this torch build has no oneDNN (mkldnn) CPU kernels"
+)
 
 
 @needs_onednn
@@ -162,7 +174,11 @@ def test_onednn_linear_equals_f_linear_in_value_and_gradients(bias):
 @needs_onednn
 def test_onednn_linear_with_its_relu_fused_equals_relu_of_f_linear():
     gen = torch.Generator().manual_seed(6)
-    x, weight, b = torch.randn(3, 7, 24, generator=gen), torch.randn(32, 24, generator=gen), torch.randn(32, generator=gen)
+    x, weight, b = (
+        torch.randn(3, 7, 24, generator=gen),
+        torch.randn(32, 24, generator=gen),
+        torch.randn(32, generator=gen),
+    )
     dy = torch.randn(3, 7, 32, generator=gen)
     results = []
     for fused in (True, False):
@@ -222,7 +238,9 @@ def test_onednn_products_train_as_torch_mm_does_on_real_pairs(norm, corpus_slice
     assert ours[1].keys() == plain[1].keys()
     for name, grad in ours[1].items():
         scale = float(grad.abs().max())
-        torch.testing.assert_close(grad, plain[1][name], rtol=1e-4, atol=1e-5 * scale, msg=f"{name}: the gradients differ")
+        torch.testing.assert_close(
+            grad, plain[1][name], rtol=1e-4, atol=1e-5 * scale, msg=f"{name}: the gradients differ"
+        )
 
 
 @needs_onednn
@@ -277,7 +295,9 @@ def test_onednn_caches_are_bounded_so_new_row_counts_do_not_grow_the_process(tmp
     env = {k: v for k, v in os.environ.items() if k not in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
 
     def growth(**extra: str) -> tuple[float, float]:
-        out = subprocess.run([sys.executable, "-c", _GROWTH], env={**env, **extra}, capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", _GROWTH], env={**env, **extra}, capture_output=True, text=True, check=True
+        )
         first, total = map(float, out.stdout.split()[-2:])
         return first, total - first  # MiB over the first 100 row counts, and over the next 100
 

@@ -72,11 +72,15 @@ def test_benchmark_cuda_plan(tmp_path):
     recipe = load_config(REPO / "configs" / "multi30k_en_de.yaml", check_files=False)
     for name, spec in trains.items():
         t, m = spec["config"]["train"], spec["config"]["model"]
-        assert t["device"] == "cuda" and t["dtype"] == name.split("-")[2] and spec["compile"] == name.endswith("compiled")
+        assert (
+            t["device"] == "cuda" and t["dtype"] == name.split("-")[2] and spec["compile"] == name.endswith("compiled")
+        )
         assert spec["flop_batches"] == 0  # FLOPs by the formula on a GPU
         if name.startswith(("train-base", "train-big")):
             assert t["max_tokens"] == 25000 and t["update_freq"] == 1
-            assert (m["d_model"], m["d_ff"], m["heads"], m["encoder_layers"]) == ((512, 2048, 8, 6) if "base" in name else (1024, 4096, 16, 6))
+            assert (m["d_model"], m["d_ff"], m["heads"], m["encoder_layers"]) == (
+                (512, 2048, 8, 6) if "base" in name else (1024, 4096, 16, 6)
+            )
         else:
             assert t["max_tokens"] == recipe.train.max_tokens and m["d_model"] == recipe.model.d_model
     translations = [(p["search"], p["dtype"], p["device"]) for p in plan if p["kind"] == "translate"]
@@ -93,7 +97,10 @@ def test_gpu_peak_table_prefers_the_specific_name():
     assert bench.gpu_bf16_peak("NVIDIA H100 PCIe", 1.0)[0] == 756e12
     assert bench.gpu_bf16_peak("NVIDIA H100 80GB HBM3", 1.0)[0] == 989.5e12
     assert bench.gpu_bf16_peak("NVIDIA L40S", 1.0)[0] == 362e12 and bench.gpu_bf16_peak("NVIDIA L4", 1.0)[0] == 121e12
-    assert bench.gpu_bf16_peak("Some Future GPU", 123.0) == (123e9, "measured bf16 matmul peak (GPU not in the datasheet table)")
+    assert bench.gpu_bf16_peak("Some Future GPU", 123.0) == (
+        123e9,
+        "measured bf16 matmul peak (GPU not in the datasheet table)",
+    )
     assert bench.gpu_bf16_peak("NVIDIA A100-SXM4-80GB", 1.0, 400.0)[0] == 400e12  # --peak-tflops wins
 
 
@@ -109,7 +116,9 @@ def test_auto_dtype_rule(monkeypatch):
     assert runtime.auto_dtype(torch.device("cpu"), d_model=128) == "float32"
     assert runtime.auto_dtype(torch.device("mps"), d_model=1024) == "float32"
     for bf16, want in ((3.0e12, "bfloat16"), (1.9e12, "float32"), (0.5e12, "float32")):  # float32 peak 1e12
-        monkeypatch.setattr(flops, "cached_peak", lambda dtype, _bf16=bf16, **_kw: _bf16 if dtype == "bfloat16" else 1.0e12)
+        monkeypatch.setattr(
+            flops, "cached_peak", lambda dtype, _bf16=bf16, **_kw: _bf16 if dtype == "bfloat16" else 1.0e12
+        )
         assert runtime.auto_dtype(torch.device("cpu"), d_model=512) == want
         assert runtime.auto_dtype(torch.device("cpu"), d_model=256) == want
 
@@ -144,7 +153,9 @@ def test_cached_decoding_equals_the_full_forward_in_bfloat16(weights):
     src = tokens([6, 3], seed=5).cuda()
     if weights == "cast":
         model.cast_weights(torch.bfloat16)
-    ctx = torch.autocast("cuda", dtype=torch.bfloat16) if weights == "autocast" else torch.autocast("cuda", enabled=False)
+    ctx = (
+        torch.autocast("cuda", dtype=torch.bfloat16) if weights == "autocast" else torch.autocast("cuda", enabled=False)
+    )
     g = torch.Generator().manual_seed(6)
     hist = torch.full((2, 1), BOS_ID, device="cuda")
     with torch.inference_mode(), ctx:
@@ -172,10 +183,20 @@ def test_resume_on_cuda_is_exact(pairs64, spm_model, tmp_path):
     """Dropout on (CUDA generator states in the checkpoint): 4 + 4 updates == 8 updates, bit for bit."""
     extra = ("model.dropout=0.1", "train.save_every=4", "train.validate_every=1000")
     straight = []
-    train(gpu_config(pairs64, spm_model, tmp_path / "a", *extra, "train.max_updates=8"), on_update=lambda _u, s: straight.append(s["loss"]))
+    train(
+        gpu_config(pairs64, spm_model, tmp_path / "a", *extra, "train.max_updates=8"),
+        on_update=lambda _u, s: straight.append(s["loss"]),
+    )
     first, second = [], []
-    train(gpu_config(pairs64, spm_model, tmp_path / "b", *extra, "train.max_updates=4"), on_update=lambda _u, s: first.append(s["loss"]))
-    train(resumed_config(tmp_path / "b", ["train.max_updates=8"]), resume=True, on_update=lambda _u, s: second.append(s["loss"]))
+    train(
+        gpu_config(pairs64, spm_model, tmp_path / "b", *extra, "train.max_updates=4"),
+        on_update=lambda _u, s: first.append(s["loss"]),
+    )
+    train(
+        resumed_config(tmp_path / "b", ["train.max_updates=8"]),
+        resume=True,
+        on_update=lambda _u, s: second.append(s["loss"]),
+    )
     assert first + second == straight
     a, b = (load_checkpoint(tmp_path / d / "checkpoint_last.pt")["model"] for d in ("a", "b"))
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -191,8 +212,14 @@ def test_float16_with_loss_scaling_trains_and_an_overflow_skips_the_schedule(pai
         u = next(schedule)
         trainer.scaler.scale(torch.ones((), device="cuda"))  # GradScaler makes its scale tensor at the first scale()
         trainer.scaler.update(2.0**40)  # certain to overflow fp16 gradients: the update is skipped, the scale lowered
-        stats = trainer.update([trainer.train_data.get_batch(i) for i in u.batches], ntokens=target_tokens(trainer.train_data, u.batches))
-        assert not math.isfinite(stats["gnorm"]) and trainer.scheduler.num_updates == 0 and trainer.scaler.get_scale() < 2.0**40
+        stats = trainer.update(
+            [trainer.train_data.get_batch(i) for i in u.batches], ntokens=target_tokens(trainer.train_data, u.batches)
+        )
+        assert (
+            not math.isfinite(stats["gnorm"])
+            and trainer.scheduler.num_updates == 0
+            and trainer.scaler.get_scale() < 2.0**40
+        )
         trainer.scaler.update(2.0**16)  # back to GradScaler's default start: each overflow only halves the scale
         losses = []
         for u in schedule:
@@ -238,7 +265,9 @@ def test_sync_budgets_hold_on_a_gpu(pairs64, spm_model, tmp_path):
     """On a real GPU the copies count too: batches move from pinned memory without a stream sync."""
     trainer = Trainer(gpu_config(pairs64, spm_model, tmp_path / "run"), resume=False)
     try:
-        for u in itertools.islice(update_schedule(trainer.train_data, trainer.t), 3):  # the schedule runs on with no max_updates
+        for u in itertools.islice(
+            update_schedule(trainer.train_data, trainer.t), 3
+        ):  # the schedule runs on with no max_updates
             batches = [trainer.train_data.get_batch(i) for i in u.batches]
             with SyncCounter() as syncs:
                 trainer.update(batches, ntokens=target_tokens(trainer.train_data, u.batches))
@@ -248,7 +277,9 @@ def test_sync_budgets_hold_on_a_gpu(pairs64, spm_model, tmp_path):
         src[torch.arange(4), torch.tensor([5, 2, 7, 4])] = EOS_ID
         model.reserve_positions(64)
         _, syncs, per_step = per_call(model, "decode_step", lambda: beam_search(model, src, beam=4, max_len_b=8))
-        assert max(per_step[:-1]) <= 1, syncs.summary()  # the budget: at most one sync a step, whatever the batch and beam
+        assert max(per_step[:-1]) <= 1, (
+            syncs.summary()
+        )  # the budget: at most one sync a step, whatever the batch and beam
     finally:
         trainer.close()
 
@@ -295,5 +326,9 @@ def test_attention_on_a_gpu_never_runs_cudnn_attention():
             src, tgt = tokens([n, n - 2], seed=n).cuda(), tokens([n + 1, n], seed=n + 1).cuda()
             model(src, tgt).float().sum().backward()
     names = [e.key for e in prof.key_averages()]
-    assert any("attention" in name.lower() or "fmha" in name.lower() or "flash" in name.lower() for name in names), names
-    assert not any("cudnn" in name.lower() and ("sdpa" in name.lower() or "attention" in name.lower()) for name in names), names
+    assert any("attention" in name.lower() or "fmha" in name.lower() or "flash" in name.lower() for name in names), (
+        names
+    )
+    assert not any(
+        "cudnn" in name.lower() and ("sdpa" in name.lower() or "attention" in name.lower()) for name in names
+    ), names

@@ -86,7 +86,9 @@ def _rank_main(rank: int, world: int, ports: list[int], jobs: list[dict], root: 
     os.dup2(log.fileno(), 1)  # the rank's stdout and stderr, to check that rank 1 says nothing
     os.dup2(log.fileno(), 2)
     for port, job in zip(ports, jobs):
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world))
+        os.environ.update(
+            MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world)
+        )
         overrides = job["overrides"][rank] if isinstance(job["overrides"][0], list) else job["overrides"]
         cfg = resumed_config(Path(job["resume"]), overrides) if job["resume"] else load_config(None, overrides)
         at = job.get("sigterm_rank1_at") if rank == 1 else None
@@ -114,16 +116,22 @@ def test_update_schedule_splits_one_process_updates_among_ranks(setup, tmp_path)
     tok = Tokenizer(setup["spm_model"])
     data, _ = load_corpora(cfg, tok, tok, quiet=True)
     two_ranks = list(itertools.islice(update_schedule(data, cfg.train, world_size=2), 8))
-    one_process = list(itertools.islice(update_schedule(data, dataclasses.replace(cfg.train, update_freq=2 * DDP_FREQ)), 8))
+    one_process = list(
+        itertools.islice(update_schedule(data, dataclasses.replace(cfg.train, update_freq=2 * DDP_FREQ)), 8)
+    )
     # 5 batches per epoch: an update of 4 batches, then the epoch's remainder of 1, which leaves rank 1 without a batch
-    assert [(u.epoch, u.start, len(u.batches), u.last) for u in two_ranks] == [(e, s, n, s == 4) for e in (1, 2, 3, 4) for s, n in ((0, 4), (4, 1))]
+    assert [(u.epoch, u.start, len(u.batches), u.last) for u in two_ranks] == [
+        (e, s, n, s == 4) for e in (1, 2, 3, 4) for s, n in ((0, 4), (4, 1))
+    ]
     assert [len(u.share(1, 2)) for u in two_ranks] == [2, 0] * 4
     as_lists = lambda batches: [b.tolist() for b in batches]  # noqa: E731
     for u, ref in zip(two_ranks, one_process):
         assert (u.epoch, u.start, as_lists(u.batches)) == (ref.epoch, ref.start, as_lists(ref.batches))
         # the ranks' shares interleaved give back the update's batches: none dropped, none repeated
         shares = [u.share(rank, 2) for rank in (0, 1)]
-        assert as_lists(b for pair in itertools.zip_longest(*shares) for b in pair if b is not None) == as_lists(u.batches)
+        assert as_lists(b for pair in itertools.zip_longest(*shares) for b in pair if b is not None) == as_lists(
+            u.batches
+        )
         assert len(shares[0]) + len(shares[1]) == len(u.batches)
     # epochs are deterministic but differently shuffled
     assert as_lists(two_ranks[0].batches) != as_lists(two_ranks[2].batches)
@@ -141,13 +149,25 @@ def test_two_gloo_ranks_match_one_process_and_resume_across_world_sizes(setup, t
     # 2 ranks: a fresh run of 6 updates; then the single-process checkpoint resumed to update 8.
     # Rank 1 gets its own out_dir, as on a node with a local disk: it must stay uncreated.
     ddp, elsewhere = tmp_path / "ddp", tmp_path / "rank1_out"
-    per_rank = [[*common, f"train.out_dir={out}", f"train.update_freq={DDP_FREQ}", "train.max_updates=6"] for out in (ddp, elsewhere)]
+    per_rank = [
+        [*common, f"train.out_dir={out}", f"train.update_freq={DDP_FREQ}", "train.max_updates=6"]
+        for out in (ddp, elsewhere)
+    ]
     # Then a long run in which SIGTERM reaches rank 1 only, after update 3.
     stopped = tmp_path / "stopped"
     jobs = [
         {"overrides": per_rank, "resume": None, "params": str(tmp_path / "p1")},
-        {"overrides": ["train.max_updates=8", f"train.update_freq={DDP_FREQ}"], "resume": str(from_single), "params": str(tmp_path / "p2")},
-        {"overrides": [*common, f"train.out_dir={stopped}", "train.max_updates=1000"], "resume": None, "params": str(tmp_path / "p3"), "sigterm_rank1_at": 3},
+        {
+            "overrides": ["train.max_updates=8", f"train.update_freq={DDP_FREQ}"],
+            "resume": str(from_single),
+            "params": str(tmp_path / "p2"),
+        },
+        {
+            "overrides": [*common, f"train.out_dir={stopped}", "train.max_updates=1000"],
+            "resume": None,
+            "params": str(tmp_path / "p3"),
+            "sigterm_rank1_at": 3,
+        },
     ]
     for job in jobs:
         Path(job["params"]).mkdir()

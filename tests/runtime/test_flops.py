@@ -38,7 +38,9 @@ def counted(fn) -> int:
     aten = torch.ops.aten
     mapping = {}
     if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
-        mapping[aten._scaled_dot_product_flash_attention_for_cpu] = lambda q, k, v, *a, out_shape=None, **kw: sdpa_flop_count(q, k, v)
+        mapping[aten._scaled_dot_product_flash_attention_for_cpu] = lambda q, k, v, *a, out_shape=None, **kw: (
+            sdpa_flop_count(q, k, v)
+        )
     with FlopCounterMode(display=False, custom_mapping=mapping) as counter:
         fn()
     return counter.get_total_flops()
@@ -83,7 +85,10 @@ def test_paper_base_forward_flops_by_hand():
     d, f, n, v = 512, 2048, 10, 37000
     layer = 2 * n * d * 3 * d + 2 * n * d * d + 2 * n * n * 2 * d + 4 * n * d * f  # projections, attention, FFN
     cross = 2 * n * d * d + 2 * n * d * 2 * d + 2 * n * d * d + 2 * n * n * 2 * d
-    assert flops.forward_flops(m, vocab=v, batch=1, src_len=n, tgt_len=n) == 6 * layer + 6 * (layer + cross) + 2 * n * d * v
+    assert (
+        flops.forward_flops(m, vocab=v, batch=1, src_len=n, tgt_len=n)
+        == 6 * layer + 6 * (layer + cross) + 2 * n * d * v
+    )
 
 
 def test_training_cost_totals_and_mfu():
@@ -91,9 +96,20 @@ def test_training_cost_totals_and_mfu():
     b1 = collate([([5, 6, 7], [8, 9]), ([5], [8, 9, 10, 11])])  # src (2, 4), tgt (2, 5)
     b2 = collate([([5, 6], [8])])  # src (1, 3), tgt (1, 2)
     total = flops.batches_train_flops(m, [b1, b2], vocab=VOCAB)
-    by_batch = flops.forward_flops(m, vocab=VOCAB, batch=2, src_len=4, tgt_len=5), flops.forward_flops(m, vocab=VOCAB, batch=1, src_len=3, tgt_len=2)
+    by_batch = (
+        flops.forward_flops(m, vocab=VOCAB, batch=2, src_len=4, tgt_len=5),
+        flops.forward_flops(m, vocab=VOCAB, batch=1, src_len=3, tgt_len=2),
+    )
     assert total == 3 * sum(by_batch)
-    s = flops.cost_summary(tokens=10, train_flops=total, update_seconds=3.0, wall_seconds=6.0, peak_flops_per_s=1e6, peak_source="config", world_size=2)
+    s = flops.cost_summary(
+        tokens=10,
+        train_flops=total,
+        update_seconds=3.0,
+        wall_seconds=6.0,
+        peak_flops_per_s=1e6,
+        peak_source="config",
+        world_size=2,
+    )
     assert s["flops_per_token"] == pytest.approx(total / 10) and s["update_seconds"] == 3.0
     assert s["mfu"] == pytest.approx(total / 3.0 / 2e6) and s["mfu_wall"] == pytest.approx(total / 6.0 / 2e6)
     assert s["achieved_tflops"] == pytest.approx(total / 3.0 / 1e12) and s["peak_tflops"] == pytest.approx(2e-6)

@@ -37,7 +37,9 @@ print(json.dumps({"applied": applied, "faults": resource.getrusage(resource.RUSA
 
 
 def _run(env_extra: dict[str, str]) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "TMT_MALLOC") and not k.startswith("MALLOC_")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", "TMT_MALLOC") and not k.startswith("MALLOC_")
+    }
     env.update(env_extra)
     out = subprocess.run([sys.executable, "-c", ROUNDS], env=env, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -55,6 +57,13 @@ def test_freed_memory_is_reused_without_page_faults():
 
 
 @pytest.mark.skipif(not GLIBC, reason="glibc's malloc only")
-@pytest.mark.parametrize("env", [{"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1000000"}, {"MALLOC_TRIM_THRESHOLD_": "1000000"}, {"TMT_MALLOC": "default"}])
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=1000000"},
+        {"MALLOC_TRIM_THRESHOLD_": "1000000"},
+        {"TMT_MALLOC": "default"},
+    ],
+)
 def test_the_users_own_allocator_settings_are_kept(env):
     assert _run(env)["applied"] is False

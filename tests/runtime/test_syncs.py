@@ -51,13 +51,24 @@ def test_counter_counts_the_ops_that_wait_and_nothing_else():
         masked.sum().backward()
         with torch.inference_mode():  # item is composite there: counted all the same
             int(z.max())
-    assert syncs.counts == {"item": 4, "tolist": 1, "numpy": 1, "nonzero": 1, "equal": 1, "repeat_interleave": 1, "index": 1, "index_put": 1}
+    assert syncs.counts == {
+        "item": 4,
+        "tolist": 1,
+        "numpy": 1,
+        "nonzero": 1,
+        "equal": 1,
+        "repeat_interleave": 1,
+        "index": 1,
+        "index_put": 1,
+    }
     assert syncs.total == 11
     assert torch.Tensor.tolist.__name__ == "tolist"  # patched only inside the block
 
 
 def test_counter_names_the_line_in_the_package():
-    cache = DecoderCache(torch.zeros(1, 4, 2, 3, 8), torch.zeros(1, 4, 2, 3, 8), torch.zeros(4, 3, dtype=torch.bool), None)
+    cache = DecoderCache(
+        torch.zeros(1, 4, 2, 3, 8), torch.zeros(1, 4, 2, 3, 8), torch.zeros(4, 3, dtype=torch.bool), None
+    )
     with SyncCounter() as syncs:
         cache.reorder(torch.tensor([1, 1, 3, 3]))  # a bare reorder works its layout out: it reads the indices back
     assert syncs.total > 0 and all(site.startswith("cache.py:") for _, site in syncs.sites), syncs.summary()
@@ -109,12 +120,16 @@ def test_a_skipped_update_leaves_the_weights_adam_and_the_schedule_where_they_we
         before = [p.detach().clone() for p in trainer.model.parameters()]
         u = next(schedule)
         handle = next(trainer.model.parameters()).register_hook(lambda g: torch.full_like(g, float("nan")))
-        stats = trainer.update([trainer.train_data.get_batch(i) for i in u.batches], ntokens=target_tokens(trainer.train_data, u.batches))
+        stats = trainer.update(
+            [trainer.train_data.get_batch(i) for i in u.batches], ntokens=target_tokens(trainer.train_data, u.batches)
+        )
         handle.remove()
         assert math.isnan(stats["gnorm"]) and trainer.scheduler.num_updates == 0 and not trainer.optimizer.state
         assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
         u = next(schedule)
-        stats = trainer.update([trainer.train_data.get_batch(i) for i in u.batches], ntokens=target_tokens(trainer.train_data, u.batches))
+        stats = trainer.update(
+            [trainer.train_data.get_batch(i) for i in u.batches], ntokens=target_tokens(trainer.train_data, u.batches)
+        )
         assert math.isfinite(stats["gnorm"]) and trainer.scheduler.num_updates == 1
         assert stats["lr"] == trainer.scheduler.lr_fn(1)
         assert not all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
@@ -148,7 +163,9 @@ def test_label_positions_make_the_loss_sync_free_and_equal_the_mask():
     batch = collate(pairs)
     flat_mask = batch.tgt_out.reshape(-1).ne(PAD_ID).nonzero().squeeze(1)
     assert torch.equal(batch.labels, flat_mask) and batch.ntokens == batch.labels.numel() == 2 + 4 + 1 + 3
-    assert batch.src_padded and not collate([([5, 6], [7]), ([8, 9], [4, 4])]).src_padded  # sources of one length: no mask needed
+    assert (
+        batch.src_padded and not collate([([5, 6], [7]), ([8, 9], [4, 4])]).src_padded
+    )  # sources of one length: no mask needed
     objective = TeacherForcedLoss(model, label_smoothing=0.1)
     with SyncCounter() as syncs:
         torch.manual_seed(0)
@@ -196,7 +213,9 @@ def test_search_syncs_once_per_step_whatever_the_batch_and_beam(batch, beam):
 
 def test_ensemble_search_keeps_the_budget():
     ensemble = Ensemble([tiny_model(VOCAB, seed=2), tiny_model(VOCAB, seed=5)]).eval()
-    _, syncs, per_step = per_call(ensemble, "decode_step", lambda: beam_search(ensemble, _sources(12), beam=3, max_len_b=6))
+    _, syncs, per_step = per_call(
+        ensemble, "decode_step", lambda: beam_search(ensemble, _sources(12), beam=3, max_len_b=6)
+    )
     assert per_step[:-1] == [1] * (len(per_step) - 1), syncs.summary()
 
 
@@ -240,7 +259,15 @@ def test_the_log_reads_the_device_sums_once_per_window_and_counts_training_time_
     monkeypatch.setattr(runlog, "time", Clock)
     window = runlog.Window()
     for _ in range(2):  # two updates of 10 tokens, loss and nll left on the device as the trainer leaves them
-        window.add({"loss": torch.tensor(30.0, dtype=torch.float64), "nll": torch.tensor(20.0, dtype=torch.float64), "ntokens": 10, "lr": 1e-3, "gnorm": 1.5})
+        window.add(
+            {
+                "loss": torch.tensor(30.0, dtype=torch.float64),
+                "nll": torch.tensor(20.0, dtype=torch.float64),
+                "ntokens": 10,
+                "lr": 1e-3,
+                "gnorm": 1.5,
+            }
+        )
     Clock.now = 4.0
     with window.paused():  # a validation and its checkpoint: 6 s
         Clock.now = 10.0
@@ -249,4 +276,6 @@ def test_the_log_reads_the_device_sums_once_per_window_and_counts_training_time_
         rec = window.flush()
     assert syncs.counts == {"item": 2}  # loss and nll, once per window
     assert rec["loss"] == 3.0 and rec["nll"] == 2.0 and rec["tokens"] == 20
-    assert rec["tokens_per_s"] == 20 / 6.0 and rec["updates_per_s"] == 2 / 6.0  # 12 s of wall clock, 6 of them validating
+    assert (
+        rec["tokens_per_s"] == 20 / 6.0 and rec["updates_per_s"] == 2 / 6.0
+    )  # 12 s of wall clock, 6 of them validating

@@ -20,7 +20,18 @@ from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "benchmark.py"
-COLUMNS = ["phase", "model", "dtype", "tokens/s", "updates/s", "sentences/s", "GFLOP/s", "% of peak", "peak RSS MiB", "vs quoted reference"]
+COLUMNS = [
+    "phase",
+    "model",
+    "dtype",
+    "tokens/s",
+    "updates/s",
+    "sentences/s",
+    "GFLOP/s",
+    "% of peak",
+    "peak RSS MiB",
+    "vs quoted reference",
+]
 
 
 def load_benchmarking():
@@ -34,7 +45,11 @@ def load_benchmarking():
 def quick_run(multi30k, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bench") / "out"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--data", str(multi30k), "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=900
+        [sys.executable, str(SCRIPT), "--quick", "--data", str(multi30k), "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out
@@ -54,7 +69,11 @@ def test_quick_json_schema(quick_run):
     mm = r["matmul_peak"]
     assert mm["n"] == 256 and positive(mm["peak_rss_mib"])
     for dtype in ("float32", "bfloat16"):
-        assert positive(mm[dtype]["gflops"]) and positive(mm[dtype]["gflops_median"]) and positive(mm[dtype]["seconds_best"])
+        assert (
+            positive(mm[dtype]["gflops"])
+            and positive(mm[dtype]["gflops_median"])
+            and positive(mm[dtype]["seconds_best"])
+        )
         assert mm[dtype]["gflops"] == max(mm[dtype]["gflops_start"], mm[dtype]["gflops_end"])
 
     rows = {(t["model"], t["dtype"]): t for t in r["training"] if t["ops"] == "fast"}
@@ -64,7 +83,9 @@ def test_quick_json_schema(quick_run):
     for model, t in plain.items():
         assert t["dtype"] == "float32" and t["vs_quoted"] is None and t["speedup_vs_plain_ops"] is None
         assert t["target_tokens"] == rows[model, "float32"]["target_tokens"]  # the same batches
-        assert rows[model, "float32"]["speedup_vs_plain_ops"] == pytest.approx(rows[model, "float32"]["tokens_per_s"] / t["tokens_per_s"])
+        assert rows[model, "float32"]["speedup_vs_plain_ops"] == pytest.approx(
+            rows[model, "float32"]["tokens_per_s"] / t["tokens_per_s"]
+        )
     for (model, dtype), t in rows.items():
         for key in (
             "parameters",
@@ -85,7 +106,9 @@ def test_quick_json_schema(quick_run):
         assert t["timed_updates"] == 2 and t["warmup_updates"] == 1 and t["max_tokens"] == 512
         assert t["tokens_per_s"] == pytest.approx(t["target_tokens"] / t["seconds"])
         assert t["updates_per_s"] == pytest.approx(2 / t["seconds"])
-        assert t["fraction_of_peak"] == pytest.approx(t["flops_per_token"] * t["tokens_per_s"] / 1e9 / mm[dtype]["gflops"])
+        assert t["fraction_of_peak"] == pytest.approx(
+            t["flops_per_token"] * t["tokens_per_s"] / 1e9 / mm[dtype]["gflops"]
+        )
         # measured (one batch) and analytic (both timed batches) per-token counts describe the same model
         assert t["flops_per_token"] == pytest.approx(t["flops_per_token_analytic"], rel=0.15)
         assert t["model_config"]["d_model"] == 32
@@ -94,7 +117,9 @@ def test_quick_json_schema(quick_run):
             assert t["vs_quoted"]["ratio"] == pytest.approx(t["tokens_per_s"] / 1570)
         else:
             assert t["vs_quoted"] is None
-    assert rows["reference", "float32"]["target_tokens"] == rows["reference", "bfloat16"]["target_tokens"]  # same batches
+    assert (
+        rows["reference", "float32"]["target_tokens"] == rows["reference", "bfloat16"]["target_tokens"]
+    )  # same batches
 
     searches = {t["search"]: t for t in r["translation"]}
     assert set(searches) == {"greedy", "beam5"} and searches["beam5"]["beam"] == 5 and searches["greedy"]["beam"] == 1
@@ -113,7 +138,9 @@ def test_quick_markdown_table(quick_run):
     header = next(i for i, line in enumerate(lines) if line.startswith("| phase"))
     assert [c.strip() for c in lines[header].strip("|").split("|")] == COLUMNS
     rows = [line for line in lines[header + 2 :] if line.startswith("|")]
-    assert len(rows) == 2 + 6 + 2  # matmul x 2 dtypes, train x 2 models x (2 dtypes + plain ops), translate x 2 searches
+    assert (
+        len(rows) == 2 + 6 + 2
+    )  # matmul x 2 dtypes, train x 2 models x (2 dtypes + plain ops), translate x 2 searches
     assert all(len(row.strip("|").split("|")) == len(COLUMNS) for row in rows)
     assert "quoted, measured elsewhere" in text and "not representative" in text
     share = next(line for line in lines if line.startswith("Training update, share of the fp32 matmul peak"))
@@ -125,7 +152,9 @@ def test_analytic_flops_match_flop_counter():
     (general head sizes and padding); training = forward + backward lies between 3x and 3.5x of it
     (the flash-attention backward recomputes Q K^T)."""
     bench = load_benchmarking()
-    cfg = ModelConfig(encoder_layers=2, decoder_layers=3, d_model=24, heads=3, head_dim=6, value_dim=10, d_ff=40, dropout=0.0)
+    cfg = ModelConfig(
+        encoder_layers=2, decoder_layers=3, d_model=24, heads=3, head_dim=6, value_dim=10, d_ff=40, dropout=0.0
+    )
     vocab = 50
     model = Transformer(cfg, src_vocab_size=vocab, tgt_vocab_size=vocab)
     gen = torch.Generator().manual_seed(0)
@@ -138,7 +167,9 @@ def test_analytic_flops_match_flop_counter():
         forward = bench.count_flops(lambda: model(src, tgt_in))
     assert forward == forward_flops(cfg, vocab=vocab, batch=3, src_len=7, tgt_len=6)
     model.train()
-    train = bench.train_step_flops(model, SimpleNamespace(src=src, tgt_in=tgt_in, tgt_out=tgt_out), dtype="float32", epsilon=0.1)
+    train = bench.train_step_flops(
+        model, SimpleNamespace(src=src, tgt_in=tgt_in, tgt_out=tgt_out), dtype="float32", epsilon=0.1
+    )
     assert 3 * forward <= train <= 3.5 * forward
 
 

@@ -38,7 +38,9 @@ def side_env() -> Path:
 
 
 def command(cfg=None, last: int = 160) -> list[str]:
-    return peer.train_command(cfg or peer.peer_config(), env=Path("/env"), data_bin=Path("/bin"), save_dir=Path("/save"), last_update=last)
+    return peer.train_command(
+        cfg or peer.peer_config(), env=Path("/env"), data_bin=Path("/bin"), save_dir=Path("/save"), last_update=last
+    )
 
 
 def parse_flags(argv: list[str]) -> argparse.Namespace:
@@ -116,15 +118,29 @@ def test_command_trains_the_side_by_side_config():
     # the side-by-side config: 3+3 layers, d_model 256, d_ff 1024, 4 heads, post-norm, dropout 0.1, shared embeddings, 4,096-token
     # batches, Adam (0.9, 0.98), inverse_sqrt warm-up 1,000 at 5e-4, label smoothing 0.1, fp32, CPU
     assert (a.encoder_layers, a.decoder_layers, a.encoder_embed_dim, a.decoder_embed_dim) == (3, 3, 256, 256)
-    assert (a.encoder_ffn_embed_dim, a.decoder_ffn_embed_dim, a.encoder_attention_heads, a.decoder_attention_heads) == (1024, 1024, 4, 4)
+    assert (a.encoder_ffn_embed_dim, a.decoder_ffn_embed_dim, a.encoder_attention_heads, a.decoder_attention_heads) == (
+        1024,
+        1024,
+        4,
+        4,
+    )
     assert not a.encoder_normalize_before and not a.decoder_normalize_before  # post-norm is fairseq's default
     assert (a.dropout, a.attention_dropout) == (0.1, 0.0)
     assert a.activation_dropout == 0.1  # the peer config keeps multi30k_reference.yaml's activation_dropout
     assert a.share_all_embeddings and a.arch == "transformer" and a.activation_fn == "relu"
     assert a.max_tokens == 4096 and a.required_batch_size_multiple == 1 and a.update_freq == 1
-    assert a.optimizer == "adam" and tuple(json.loads(a.adam_betas.replace("(", "[").replace(")", "]"))) == (0.9, 0.98) and a.adam_eps == 1e-9
+    assert (
+        a.optimizer == "adam"
+        and tuple(json.loads(a.adam_betas.replace("(", "[").replace(")", "]"))) == (0.9, 0.98)
+        and a.adam_eps == 1e-9
+    )
     assert (a.lr_scheduler, a.lr, a.warmup_updates, a.warmup_init_lr) == ("inverse_sqrt", 5e-4, 1000, 0.0)
-    assert (a.criterion, a.label_smoothing, a.weight_decay, a.clip_norm) == ("label_smoothed_cross_entropy", 0.1, 0.0, 0.0)
+    assert (a.criterion, a.label_smoothing, a.weight_decay, a.clip_norm) == (
+        "label_smoothed_cross_entropy",
+        0.1,
+        0.0,
+        0.0,
+    )
     assert a.cpu and not a.fp16 and not a.bf16 and a.num_workers == 0
     assert a.disable_validation and a.no_save and a.max_update == 160  # nothing but training in the timed window
     assert a.log_format == "json" and a.log_interval == 1  # the parser needs one line per update
@@ -132,9 +148,19 @@ def test_command_trains_the_side_by_side_config():
 
 def test_command_follows_the_config_and_refuses_what_fairseq_lacks():
     cfg = peer.peer_config()
-    pre = parse_flags(command(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, norm="pre", d_model=128, heads=2)))[1:])
-    assert pre.encoder_normalize_before and pre.decoder_normalize_before and (pre.encoder_embed_dim, pre.encoder_attention_heads) == (128, 2)
-    for section, change in (("model", {"restrict_output": True}), ("model", {"norm": "scale"}), ("train", {"dtype": "bfloat16"})):
+    pre = parse_flags(
+        command(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, norm="pre", d_model=128, heads=2)))[1:]
+    )
+    assert (
+        pre.encoder_normalize_before
+        and pre.decoder_normalize_before
+        and (pre.encoder_embed_dim, pre.encoder_attention_heads) == (128, 2)
+    )
+    for section, change in (
+        ("model", {"restrict_output": True}),
+        ("model", {"norm": "scale"}),
+        ("train", {"dtype": "bfloat16"}),
+    ):
         bad = dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **change)})
         with pytest.raises(peer.PeerError, match=f"{section}.{next(iter(change))}"):
             command(bad)
@@ -170,7 +196,11 @@ def test_train_log_tokens_per_second():
     ]
     out = peer.parse_train_log(lines, first=2, last=4)
     # updates 3 and 4: 5000 tokens in 2 + 0.5 s by fairseq's meters; 3 s between the lines of updates 2 and 4
-    assert out["target_tokens"] == 5000 and out["seconds"] == pytest.approx(2.5) and out["tokens_per_s"] == pytest.approx(2000)
+    assert (
+        out["target_tokens"] == 5000
+        and out["seconds"] == pytest.approx(2.5)
+        and out["tokens_per_s"] == pytest.approx(2000)
+    )
     assert out["wall_seconds"] == pytest.approx(3.0) and out["wall_tokens_per_s"] == pytest.approx(5000 / 3)
     assert out["updates"] == 2 and out["dictionary_size"] == 8000
     with pytest.raises(peer.PeerError, match="update 6"):
@@ -235,7 +265,9 @@ def test_fairseqs_own_parser_reads_the_command():
         "'encoder_normalize_before', 'attention_dropout', 'activation_dropout', 'share_all_embeddings', 'max_tokens', 'adam_betas', "
         "'warmup_updates', 'label_smoothing', 'cpu', 'fp16', 'no_save', 'disable_validation', 'required_batch_size_multiple')}))"
     )
-    proc = subprocess.run([str(env / "bin" / "python"), "-c", code, *command()[1:]], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [str(env / "bin" / "python"), "-c", code, *command()[1:]], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got == {
@@ -276,7 +308,13 @@ def test_binarized_pieces_are_tmts_ids(corpus_slice, spm_model, tmp_path):
     out = {}
     for side, lang in ((0, "en"), (1, "de")):
         proc = subprocess.run(
-            [str(env / "bin" / "python"), "-c", code, str(tmp_path / "fairseq" / "dict.txt"), str(Path(prepared["data_bin"]) / f"train.en-de.{lang}")],
+            [
+                str(env / "bin" / "python"),
+                "-c",
+                code,
+                str(tmp_path / "fairseq" / "dict.txt"),
+                str(Path(prepared["data_bin"]) / f"train.en-de.{lang}"),
+            ],
             capture_output=True,
             text=True,
             timeout=300,

@@ -20,7 +20,17 @@ def test_report_on_a_tiny_marian_model(multi30k, tmp_path, one_thread):
     spec = importlib.util.spec_from_file_location("hf_compare", REPO / "scripts" / "hf_compare.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    argv = [str(marian.path), "--src", str(multi30k / "val.en"), "--ref", str(multi30k / "val.de"), "-n", "12", "--max-len", "16"]
+    argv = [
+        str(marian.path),
+        "--src",
+        str(multi30k / "val.en"),
+        "--ref",
+        str(multi30k / "val.de"),
+        "-n",
+        "12",
+        "--max-len",
+        "16",
+    ]
     report = script.main([*argv, "--json", str(tmp_path / "r.json")])
     assert json.loads((tmp_path / "r.json").read_text()) == report
     assert report["lines"] == 12 and report["greedy_identical"] == 12 and report["beam4_identical"] == 12

@@ -24,7 +24,10 @@ def test_missing_sacremoses_is_one_line_with_the_fix(tmp_path):
     (tmp_path / "ref.de").write_text("Ein Hund.\n", encoding="utf-8")
     result = run_script("--ref", str(tmp_path / "ref.de"), str(tmp_path / "ref.de"), block_sacremoses=True)
     assert result.returncode == 1
-    assert result.stderr.strip() == "published_bleu.py: needs the sacremoses package (the Moses tokenizer in Python); run: pip install sacremoses"
+    assert (
+        result.stderr.strip()
+        == "published_bleu.py: needs the sacremoses package (the Moses tokenizer in Python); run: pip install sacremoses"
+    )
 
 
 def test_case_and_punctuation_spacing_do_not_count(tmp_path):

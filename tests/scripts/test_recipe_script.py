@@ -17,7 +17,9 @@ SCRIPT = REPO / "scripts" / "multi30k_recipe.sh"
 pytestmark = pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
 
 
-def corpus(root: Path, src: str, tgt: str, *, tests: tuple[str, ...] = ("test_2016_flickr", "test_2017_mscoco")) -> Path:
+def corpus(
+    root: Path, src: str, tgt: str, *, tests: tuple[str, ...] = ("test_2016_flickr", "test_2017_mscoco")
+) -> Path:
     """A corpus folder with one line per file: train, val and `tests`, in both languages."""
     root.mkdir(parents=True, exist_ok=True)
     for split in ("train", "val", *tests):
@@ -28,7 +30,9 @@ def corpus(root: Path, src: str, tgt: str, *, tests: tuple[str, ...] = ("test_20
 
 def dry_run(*args: str, cwd: Path = REPO) -> tuple[int, list[list[str]], str]:
     """(exit code, the printed commands split as the shell would, stderr)."""
-    proc = subprocess.run(["bash", str(SCRIPT), "--dry-run", *args], capture_output=True, text=True, cwd=cwd, timeout=60)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--dry-run", *args], capture_output=True, text=True, cwd=cwd, timeout=60
+    )
     commands = [shlex.split(line) for line in proc.stdout.splitlines() if line and not line.startswith(("==", "--"))]
     return proc.returncode, commands, proc.stderr
 
@@ -67,11 +71,17 @@ def test_de_en_on_a_corpus_folder(tmp_path):
     assert len(choice) == 12 and all(options(c)["--src"] == [f"{data}/val.de"] for c in choice)
     for e in evals:
         split = Path(e["--src"][0]).name.rsplit(".", 1)[0]
-        assert e["--src"] == [f"{data}/{split}.de"] and e["--ref"] == [f"{data}/{split}.en"] and e["-o"][0].endswith(".en")
+        assert (
+            e["--src"] == [f"{data}/{split}.de"] and e["--ref"] == [f"{data}/{split}.en"] and e["-o"][0].endswith(".en")
+        )
     assert [Path(e["--src"][0]).name for e in evals[-3:]] == ["val.de", "test_2016_flickr.de", "test_2017_mscoco.de"]
     assert all(e["--beam"] == ["5"] for e in evals) and {e["--lenpen"][0] for e in evals[:12]} == {"0.6", "1.0", "1.5"}
     bleu = [options(c) for c in cmds if c[1:2] == ["bleu"]]
-    assert [b["--ref"] for b in bleu] == [[f"{data}/val.en"], [f"{data}/test_2016_flickr.en"], [f"{data}/test_2017_mscoco.en"]]
+    assert [b["--ref"] for b in bleu] == [
+        [f"{data}/val.en"],
+        [f"{data}/test_2016_flickr.en"],
+        [f"{data}/test_2017_mscoco.en"],
+    ]
 
 
 def test_multi30k_pair_is_prepared_for_those_languages(tmp_path):
@@ -88,9 +98,13 @@ def test_nothing_of_en_or_de_in_another_pair(tmp_path):
     data = corpus(tmp_path / "c", "xx", "yy", tests=("test_a",))
     code, cmds, err = dry_run("--src", "xx", "--tgt", "yy", "--data", str(data))
     assert code == 0, err
-    words = [w for c in cmds for w in c if w != "configs/multi30k_en_de.yaml"]  # the default config's name, not its content
+    words = [
+        w for c in cmds for w in c if w != "configs/multi30k_en_de.yaml"
+    ]  # the default config's name, not its content
     assert not [w for w in words if re.search(r"\.(en|de)\b|_(en|de)\b|\b(en|de)\b", w)]
-    assert any(w == f"{data}/test_a.xx" for w in words) and any(w.endswith("runs/c_xx_yy") or w == "train.out_dir=runs/c_xx_yy" for w in words)
+    assert any(w == f"{data}/test_a.xx" for w in words) and any(
+        w.endswith("runs/c_xx_yy") or w == "train.out_dir=runs/c_xx_yy" for w in words
+    )
 
 
 def test_relative_paths_are_taken_from_the_callers_directory(tmp_path):
@@ -112,7 +126,18 @@ def test_a_test_set_without_its_target_side_is_skipped_with_a_warning(tmp_path):
 def test_set_reaches_tmt_train_and_keep_every_adds_the_lawa_candidate(tmp_path):
     data, run = corpus(tmp_path / "corpus", "de", "en"), tmp_path / "run"
     code, cmds, err = dry_run(
-        "--data", str(data), "--src", "de", "--tgt", "en", "--run", str(run), "--set", "train.ema_decay=0.999", "--set", "train.keep_every=1000"
+        "--data",
+        str(data),
+        "--src",
+        "de",
+        "--tgt",
+        "en",
+        "--run",
+        str(run),
+        "--set",
+        "train.ema_decay=0.999",
+        "--set",
+        "train.keep_every=1000",
     )
     assert code == 0, err
     train = next(c for c in cmds if c[1:2] == ["train"])
@@ -121,7 +146,12 @@ def test_set_reaches_tmt_train_and_keep_every_adds_the_lawa_candidate(tmp_path):
     assert sets.index("train.keep_every=1000") < sets.index(f"data.train_src={data}/train.de")  # the pair's files win
     average = [options(c) for c in cmds if c[1:2] == ["average"]]
     lawa = [a for a in average if "--every" in a]
-    assert len(lawa) == 1 and lawa[0]["--every"] == ["1000"] and lawa[0]["--last"] == ["4"] and lawa[0]["--run"] == [str(run)]
+    assert (
+        len(lawa) == 1
+        and lawa[0]["--every"] == ["1000"]
+        and lawa[0]["--last"] == ["4"]
+        and lawa[0]["--run"] == [str(run)]
+    )
     choice = [options(c) for c in cmds if c[1:2] == ["evaluate"] and "--json" in c]
     assert len(choice) == 5 * 3  # last, avg4, avg8, ens4 and lawa4, each at 3 length penalties
     assert sum(o["-c"] == lawa[0]["-o"] for o in choice) == 3
@@ -129,8 +159,14 @@ def test_set_reaches_tmt_train_and_keep_every_adds_the_lawa_candidate(tmp_path):
     code, cmds, err = dry_run("--data", str(data), "--src", "de", "--tgt", "en", "--run", str(run))
     assert code == 0 and not any("--every" in c for c in cmds if c[1:2] == ["average"])
     # a misspelt key is one line and exit 2 (found by the config checks, before any decoding)
-    code, cmds, err = dry_run("--data", str(data), "--src", "de", "--tgt", "en", "--run", str(run), "--set", "train.keep_evry=1000")
-    assert code == 2 and err.strip() == "multi30k_recipe.sh: --set train.keep_evry: unknown key 'train.keep_evry'; did you mean 'keep_every'?"
+    code, cmds, err = dry_run(
+        "--data", str(data), "--src", "de", "--tgt", "en", "--run", str(run), "--set", "train.keep_evry=1000"
+    )
+    assert (
+        code == 2
+        and err.strip()
+        == "multi30k_recipe.sh: --set train.keep_evry: unknown key 'train.keep_evry'; did you mean 'keep_every'?"
+    )
     assert not any(c[1:2] == ["evaluate"] for c in cmds)
 
 

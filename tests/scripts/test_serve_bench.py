@@ -22,9 +22,20 @@ pytest.importorskip("prometheus_client")
 @pytest.mark.slow
 def test_serve_bench_reports_every_row(multi30k, tmp_path):
     out = tmp_path / "bench.json"
-    cmd = [sys.executable, str(SCRIPT), "--tiny", str(tmp_path / "tiny"), "--src", str(multi30k / "test_2016_flickr.en")]
+    cmd = [
+        sys.executable,
+        str(SCRIPT),
+        "--tiny",
+        str(tmp_path / "tiny"),
+        "--src",
+        str(multi30k / "test_2016_flickr.en"),
+    ]
     proc = subprocess.run(
-        [*cmd, "--lines", "12", "--clients", "1,4", "--threads", "1", "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600
+        [*cmd, "--lines", "12", "--clients", "1,4", "--threads", "1", "--json", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -40,7 +51,9 @@ def test_serve_bench_reports_every_row(multi30k, tmp_path):
         assert 0 < r["p50_ms"] <= r["p95_ms"] <= r["p99_ms"]
     for r in rows[2:]:
         assert r["mismatches"] == 0  # the server answers exactly what the Translator gives
-        assert 1 <= r["batch_requests_mean"] <= r["clients"] and r["batch_lines_mean"] == r["batch_requests_mean"]  # single-line requests
+        assert (
+            1 <= r["batch_requests_mean"] <= r["clients"] and r["batch_lines_mean"] == r["batch_requests_mean"]
+        )  # single-line requests
     assert rows[2]["batch_requests_mean"] == 1  # one client: never more than its own request in a call
     table = proc.stdout.strip().splitlines()
     assert table[0].startswith("| mode | clients | sentences/s |") and len(table) == 2 + len(rows)

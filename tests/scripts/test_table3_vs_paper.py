@@ -19,7 +19,17 @@ def load_script():
 
 
 def row(name: str, label: str, sets: list[str], bleu: float, *, status: str = "done") -> dict:
-    return {"row": label, "name": name, "set": sets, "status": status, "note": "", "val_bleu": bleu, "val_ppl": 10.0, "params": 2_000_000, "wall_s": 120.0}
+    return {
+        "row": label,
+        "name": name,
+        "set": sets,
+        "status": status,
+        "note": "",
+        "val_bleu": bleu,
+        "val_ppl": 10.0,
+        "params": 2_000_000,
+        "wall_s": 120.0,
+    }
 
 
 SWEEP = {
@@ -40,7 +50,11 @@ def test_deltas_are_from_each_tables_own_base(tmp_path):
     path.write_text(json.dumps(SWEEP))
     out = tmp_path / "t.md"
     load_script().main([str(path), "-o", str(out)])
-    lines = {line.split("|")[2].strip(): [c.strip() for c in line.split("|")[1:-1]] for line in out.read_text().splitlines() if line.startswith("| ")}
+    lines = {
+        line.split("|")[2].strip(): [c.strip() for c in line.split("|")[1:-1]]
+        for line in out.read_text().splitlines()
+        if line.startswith("| ")
+    }
     h1 = lines["heads=1"]
     assert h1[2:7] == ["17.25", "-1.25", "h 1, d_k = d_v 512", "24.9", "-0.9"]  # ours 17.25 - 18.5; paper 24.9 - 25.8
     n1 = lines["encoder_layers=1"]

@@ -73,7 +73,9 @@ def test_a_small_request_after_a_huge_one_is_answered_before_the_huge_one_ends()
     assert fake.calls[0] == (tuple(f"h{i} x" for i in range(10)), 1)  # the whole budget when alone: 10 lines x 3 tokens
     assert fake.calls[1][0][0] == "s x"  # the next batch starts with the newcomer, then 5 huge lines (half the budget)
     assert fake.calls[1][0][1:] == tuple(f"h{i} x" for i in range(10, 15))
-    assert texts(huge_result) == [f"H{i} X|1" for i in range(40)] and texts(small_result) == ["S X|1"]  # every line, in order
+    assert texts(huge_result) == [f"H{i} X|1" for i in range(40)] and texts(small_result) == [
+        "S X|1"
+    ]  # every line, in order
 
 
 def test_a_batch_that_raises_is_retried_per_request_and_only_the_culprit_fails():
@@ -142,7 +144,12 @@ def test_groups_by_settings_keeps_order_refuses_when_full_and_stop_drains():
         b.submit(first)
         await fake.hold()
         assert b.ready()
-        queued = [make_job(loop, ["a", "b"]), make_job(loop, ["c"], beam=4), make_job(loop, ["d", "e", "f"]), make_job(loop, ["g"], beam=4)]
+        queued = [
+            make_job(loop, ["a", "b"]),
+            make_job(loop, ["c"], beam=4),
+            make_job(loop, ["d", "e", "f"]),
+            make_job(loop, ["g"], beam=4),
+        ]
         for job in queued:
             b.submit(job)
         assert not b.ready() and b.waiting == 4  # the running job does not count
@@ -196,7 +203,13 @@ def test_the_worker_sets_up_its_own_thread_before_decoding(tiny_checkpoint):
 
     before = torch.get_num_threads()
     want = 1 if before != 1 else 2
-    served = serve_model("m", Translator.from_checkpoint(tiny_checkpoint, device="cpu"), ServeOptions(), translate=translate, threads=want)
+    served = serve_model(
+        "m",
+        Translator.from_checkpoint(tiny_checkpoint, device="cpu"),
+        ServeOptions(),
+        translate=translate,
+        threads=want,
+    )
 
     async def scenario():
         loop = asyncio.get_running_loop()

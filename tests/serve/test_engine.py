@@ -28,7 +28,9 @@ def test_served_engine_answers_as_the_translator(random_checkpoint, translator, 
     with serving(engine, options) as (url, _):
         answer = httpx.post(f"{url}/translate", json={"text": lines, "beam": 1, "lenpen": 0.0}, timeout=30).json()
         assert answer["translations"] == want and answer["translations"][-1] == ""
-        nbest = httpx.post(f"{url}/translate", json={"text": lines[:3], "beam": 3, "nbest": 2}, timeout=30).json()["translations"]
+        nbest = httpx.post(f"{url}/translate", json={"text": lines[:3], "beam": 3, "nbest": 2}, timeout=30).json()[
+            "translations"
+        ]
         assert [len(nb) for nb in nbest] == [2, 2, 2] and all(nb[0]["score"] >= nb[1]["score"] for nb in nbest)
         models = httpx.get(f"{url}/models", timeout=30).json()
         assert models["models"][0]["parameters"] == translator.num_parameters

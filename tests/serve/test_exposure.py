@@ -116,7 +116,11 @@ def test_the_first_item_that_is_not_a_string_is_named_once(translator):
 
 def test_json_nested_too_deep_is_a_400(translator):
     with serving(translator, ServeOptions()) as (url, _):
-        r = httpx.post(f"{url}/translate", content=b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", headers={"Content-Type": "application/json"})
+        r = httpx.post(
+            f"{url}/translate",
+            content=b'{"text": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+            headers={"Content-Type": "application/json"},
+        )
         assert r.status_code in (400, 413) and len(r.json()["error"]) < 300, r.text[:300]
         assert httpx.get(f"{url}/health").status_code == 200
 
@@ -133,7 +137,13 @@ def _raw(port: int, head: bytes, body: bytes = b"") -> socket.socket:
 
 
 def _head(method: str, path: str, port: int, length: int, *extra: str) -> bytes:
-    lines = [f"{method} {path} HTTP/1.1", f"Host: 127.0.0.1:{port}", "Content-Type: application/json", f"Content-Length: {length}", *extra]
+    lines = [
+        f"{method} {path} HTTP/1.1",
+        f"Host: 127.0.0.1:{port}",
+        "Content-Type: application/json",
+        f"Content-Length: {length}",
+        *extra,
+    ]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
 
@@ -154,7 +164,9 @@ def _answer(s: socket.socket) -> tuple[int, dict, bytes]:
     return int(status_line.split()[1]), headers, rest
 
 
-@pytest.mark.parametrize("method, path", [("POST", "/health"), ("GET", "/ready"), ("POST", "/nowhere"), ("GET", "/models")])
+@pytest.mark.parametrize(
+    "method, path", [("POST", "/health"), ("GET", "/ready"), ("POST", "/nowhere"), ("GET", "/models")]
+)
 def test_a_body_where_none_is_taken_is_refused_unread(translator, method, path):
     """The client declares 10 MB and sends 1 KB: the answer must come without waiting for the rest."""
     options = ServeOptions(timeout=60, api_keys=(KEY,))
@@ -226,13 +238,19 @@ def test_a_foreign_host_is_refused_and_the_served_ones_answer(translator):
         for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}"):
             assert httpx.get(f"{url}/health", headers={"Host": host}).status_code == 200, host
         r = httpx.post(f"{url}/translate", json={"text": "A man."}, headers={"Host": f"rebound.example:{port}"})
-        assert r.status_code == 421 and f"localhost:{port}" in r.json()["error"] and "--allowed-host" in r.json()["error"]
+        assert (
+            r.status_code == 421 and f"localhost:{port}" in r.json()["error"] and "--allowed-host" in r.json()["error"]
+        )
         assert httpx.get(f"{url}/health", headers={"Host": "rebound.example"}).status_code == 421
 
 
 def test_an_allowed_host_that_is_not_a_name_is_one_line_before_loading(capsys):
     code, _, err = run_cli(["serve", "-c", "no-such.pt", "--allowed-host", "https://mt.example.org/"], capsys)
-    assert code == 2 and err.strip().startswith("tmt: error: --allowed-host 'https://mt.example.org/': not a host name") and err.count("\n") == 1
+    assert (
+        code == 2
+        and err.strip().startswith("tmt: error: --allowed-host 'https://mt.example.org/': not a host name")
+        and err.count("\n") == 1
+    )
 
 
 @pytest.mark.slow
@@ -263,14 +281,19 @@ def _random_value(rng, depth: int = 0):
     """Nested lists and objects of strings full of quotes, backslashes and punctuation, numbers and literals."""
     kind = rng.randrange(6 if depth < 4 else 3)
     if kind == 0:
-        return "".join(rng.choice(['"', "\\", ",", ":", "[", "]", "{", "}", "a", " ", "\u00e9", "\U0001f600", "\\\\", '\\"']) for _ in range(rng.randrange(12)))
+        return "".join(
+            rng.choice(['"', "\\", ",", ":", "[", "]", "{", "}", "a", " ", "\u00e9", "\U0001f600", "\\\\", '\\"'])
+            for _ in range(rng.randrange(12))
+        )
     if kind == 1:
         return rng.choice([0, -1.5e3, 12345, True, False, None])
     if kind == 2:
         return rng.choice(["", "A man, a plan: [a canal] {Panama}"])
     if kind in (3, 4):
         return [_random_value(rng, depth + 1) for _ in range(rng.randrange(6))]
-    return {"k" + str(i) + rng.choice(["", ",", ":", '"']): _random_value(rng, depth + 1) for i in range(rng.randrange(5))}
+    return {
+        "k" + str(i) + rng.choice(["", ",", ":", '"']): _random_value(rng, depth + 1) for i in range(rng.randrange(5))
+    }
 
 
 @pytest.mark.parametrize("ensure_ascii", [True, False])

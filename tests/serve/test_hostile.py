@@ -35,7 +35,11 @@ def bad_request(k: int) -> tuple[dict, int, str]:
         ({"json": {"text": ["a"] * 17}}, 413, "17 lines, more than --max-lines 16"),
         ({"json": {"text": "b" * 301}}, 413, "text[0]: 301 characters"),
         ({"json": {"text": "a", "beam": 99}}, 422, "beam: 99 is out of range"),
-        ({"content": chunked(), "headers": {"Content-Type": "application/json"}}, 413, "more than this server's limits allow"),
+        (
+            {"content": chunked(), "headers": {"Content-Type": "application/json"}},
+            413,
+            "more than this server's limits allow",
+        ),
         ({"json": {"text": [1, 2]}}, 422, "text[0]"),
     ]
     return kinds[k % len(kinds)]
@@ -53,7 +57,9 @@ def lines(multi30k) -> list[str]:
 
 @pytest.mark.slow
 def test_hostile_mix_answers_every_good_request_exactly(translator, lines):
-    expected = dict(zip(lines, translator.translate(lines)))  # the checkpoint's decode settings, as the server's default
+    expected = dict(
+        zip(lines, translator.translate(lines))
+    )  # the checkpoint's decode settings, as the server's default
     huge = huge_lines(lines)
     expected_huge = translator.translate(huge)
 

@@ -19,7 +19,12 @@ def test_a_loopback_bind_answers_the_loopback_names_with_its_port():
 
 
 def test_a_wildcard_bind_answers_loopback_and_the_names_allowed_only():
-    assert allowed_hosts("0.0.0.0", 8000, ["MT.example.org"]) == {"localhost:8000", "127.0.0.1:8000", "[::1]:8000", "mt.example.org"}
+    assert allowed_hosts("0.0.0.0", 8000, ["MT.example.org"]) == {
+        "localhost:8000",
+        "127.0.0.1:8000",
+        "[::1]:8000",
+        "mt.example.org",
+    }
     assert allowed_hosts("::", 9000) == {"localhost:9000", "127.0.0.1:9000", "[::1]:9000"}
 
 
@@ -64,14 +69,18 @@ def _http(host: bytes | None) -> dict:
     return {"type": "http", "method": "GET", "path": "/health", "headers": headers + [(b"accept", b"*/*")]}
 
 
-@pytest.mark.parametrize("host", [b"127.0.0.1:8000", b"LOCALHOST:8000", b"[::1]:8000", b"mt.example.org", b"mt.example.org:443"])
+@pytest.mark.parametrize(
+    "host", [b"127.0.0.1:8000", b"LOCALHOST:8000", b"[::1]:8000", b"mt.example.org", b"mt.example.org:443"]
+)
 def test_the_guard_lets_the_allowed_hosts_through(host):
     allowed = allowed_hosts("127.0.0.1", 8000, ["mt.example.org"])
     sent, ran = _call(allowed, _http(host))
     assert ran and not sent
 
 
-@pytest.mark.parametrize("host", [b"attacker.example:8000", b"127.0.0.1:8001", b"localhost", b"127.0.0.1:8000.evil", None])
+@pytest.mark.parametrize(
+    "host", [b"attacker.example:8000", b"127.0.0.1:8001", b"localhost", b"127.0.0.1:8000.evil", None]
+)
 def test_the_guard_answers_421_json_naming_the_allowed_hosts(host):
     allowed = allowed_hosts("127.0.0.1", 8000)
     sent, ran = _call(allowed, _http(host))

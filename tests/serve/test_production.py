@@ -78,18 +78,26 @@ def test_timeout_answers_504_and_the_others_are_still_answered(translator):
     options = ServeOptions(timeout=0.5, batch_wait_ms=0, batch_tokens=4)
     with serving(translator, options, translate=fake) as (url, served):
         box: dict = {}
-        slow = threading.Thread(target=lambda: box.update(r=httpx.post(f"{url}/translate", json={"text": ["HOLD", "rest one", "rest two"]}, timeout=30)))
+        slow = threading.Thread(
+            target=lambda: box.update(
+                r=httpx.post(f"{url}/translate", json={"text": ["HOLD", "rest one", "rest two"]}, timeout=30)
+            )
+        )
         slow.start()
         assert fake.holding.wait(30)
         slow.join(30)  # its deadline passes while its first chunk is held
         assert box["r"].status_code == 504 and "no answer within --timeout 0.5 s" in box["r"].json()["error"]
         other = {}
-        waiter = threading.Thread(target=lambda: other.update(r=httpx.post(f"{url}/translate", json={"text": "next"}, timeout=30)))
+        waiter = threading.Thread(
+            target=lambda: other.update(r=httpx.post(f"{url}/translate", json={"text": "next"}, timeout=30))
+        )
         waiter.start()
         fake.release.set()
         waiter.join(30)
         assert other["r"].status_code == 200 and other["r"].json()["translations"] == ["next!"]
-    assert "rest one" not in fake.seen and served.batcher.dropped == 1  # the rest of the timed-out request was never decoded
+    assert (
+        "rest one" not in fake.seen and served.batcher.dropped == 1
+    )  # the rest of the timed-out request was never decoded
 
 
 def test_a_client_that_disconnects_has_its_job_dropped(translator):
@@ -127,7 +135,10 @@ def test_ready_is_503_when_the_queue_is_full_or_the_worker_is_dead(translator):
     options = ServeOptions(max_queue=1, batch_wait_ms=0)
     with serving(translator, options, translate=fake) as (url, served):
         assert httpx.get(f"{url}/ready").json() == {"status": "ready", "models": ["m"]}
-        threads = [threading.Thread(target=lambda t=t: httpx.post(f"{url}/translate", json={"text": t}, timeout=30)) for t in ("HOLD", "queued")]
+        threads = [
+            threading.Thread(target=lambda t=t: httpx.post(f"{url}/translate", json={"text": t}, timeout=30))
+            for t in ("HOLD", "queued")
+        ]
         threads[0].start()
         assert fake.holding.wait(30)
         threads[1].start()
@@ -158,7 +169,11 @@ def test_metrics_parse_and_count_what_was_sent(translator):
         assert httpx.post(f"{url}/translate", json={"text": "a", "beam": 99}).status_code == 422
         assert httpx.get(f"{url}/nowhere").status_code == 404
         text = httpx.get(f"{url}/metrics").text
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
     assert samples[("tmt_http_requests_total", (("path", "/translate"), ("status", "200")))] == 3
     assert samples[("tmt_http_requests_total", (("path", "/translate"), ("status", "422")))] == 1
     assert samples[("tmt_http_requests_total", (("path", "other"), ("status", "404")))] == 1
@@ -169,7 +184,9 @@ def test_metrics_parse_and_count_what_was_sent(translator):
     assert samples[("tmt_queue_wait_seconds_count", (("model", "m"),))] == 3
     assert samples[("tmt_batch_lines_sum", (("model", "m"),))] == 9
     assert samples[("tmt_target_tokens_total", (("model", "m"),))] >= 3 * 2  # at least EOS per non-blank line
-    assert samples[("tmt_queue_depth", (("model", "m"),))] == 0 and samples[("tmt_worker_alive", (("model", "m"),))] == 1
+    assert (
+        samples[("tmt_queue_depth", (("model", "m"),))] == 0 and samples[("tmt_worker_alive", (("model", "m"),))] == 1
+    )
 
 
 def test_api_keys_and_no_paths_in_answers(translator, tmp_path):
@@ -183,11 +200,19 @@ def test_api_keys_and_no_paths_in_answers(translator, tmp_path):
             r = httpx.post(f"{url}/translate", json={"text": "A man."}, headers=headers)
             assert r.status_code == 401 and "API key" in r.json()["error"] and r.headers["WWW-Authenticate"] == "Bearer"
         assert httpx.get(f"{url}/models").status_code == 401 and httpx.get(f"{url}/metrics").status_code == 401
-        assert httpx.get(f"{url}/health").status_code == 200 and httpx.get(f"{url}/ready").status_code == 200  # probes stay open
-        ok = httpx.post(f"{url}/translate", json={"text": "A man."}, headers={"Authorization": "Bearer second-key-abcdefghijkl"})
+        assert (
+            httpx.get(f"{url}/health").status_code == 200 and httpx.get(f"{url}/ready").status_code == 200
+        )  # probes stay open
+        ok = httpx.post(
+            f"{url}/translate", json={"text": "A man."}, headers={"Authorization": "Bearer second-key-abcdefghijkl"}
+        )
         assert ok.status_code == 200 and ok.json()["translations"] == [translator.translate("A man.")]
         models = httpx.get(f"{url}/models", headers={"X-API-Key": "a-first-key-0123456789"})
-        assert models.status_code == 200 and "/" not in json.dumps(models.json()) and models.json()["models"][0]["name"] == "m"
+        assert (
+            models.status_code == 200
+            and "/" not in json.dumps(models.json())
+            and models.json()["models"][0]["name"] == "m"
+        )
     key_file.write_text("short\n")
     with pytest.raises(ServeError, match="line 1: a key must be at least 16 printable ASCII characters"):
         load_api_keys(key_file)
@@ -213,7 +238,9 @@ def test_the_output_cap_limits_long_outputs_only(translator):
     line = "Two young men are playing football on a field."
     with serving(translator, options) as (url, _):
         r = httpx.post(f"{url}/translate", json={"text": [line, ""], "beam": 1}, timeout=30)
-    capped = translator.translate_batch([line], beam=1, lenpen=translator.cfg.decode.lenpen, max_len_a=0.0, max_len_b=3).hypotheses[0][0][1]
+    capped = translator.translate_batch(
+        [line], beam=1, lenpen=translator.cfg.decode.lenpen, max_len_a=0.0, max_len_b=3
+    ).hypotheses[0][0][1]
     assert r.json()["translations"] == [capped, ""]
     assert len(translator.tgt_tok.encode([capped])[0]) <= 3
 
@@ -221,13 +248,19 @@ def test_the_output_cap_limits_long_outputs_only(translator):
 def test_options_out_of_range_and_the_exposed_host_warning(capsys):
     from transformer_mt.serve import ServeError, serve
 
-    for changes, words in (({"timeout": -1.0}, "--timeout -1.0: must be >= 0"), ({"header_timeout": 0.0}, "--header-timeout 0.0: must be > 0")):
+    for changes, words in (
+        ({"timeout": -1.0}, "--timeout -1.0: must be >= 0"),
+        ({"header_timeout": 0.0}, "--header-timeout 0.0: must be > 0"),
+    ):
         with pytest.raises(ServeError, match=words):
             ServeOptions(**changes).check()
     assert "secret" not in repr(ServeOptions(api_keys=("secret-key-0123456789",)))
     with pytest.raises(Exception, match="no-such.pt"):  # the warning comes before the models load (and fail here)
         serve(["no-such.pt"], host="0.0.0.0", port=0, device="cpu")
-    assert "tmt: warning: --host 0.0.0.0 accepts connections from other machines and no --api-key-file is set" in capsys.readouterr().err
+    assert (
+        "tmt: warning: --host 0.0.0.0 accepts connections from other machines and no --api-key-file is set"
+        in capsys.readouterr().err
+    )
     with pytest.raises(Exception, match="no-such.pt"):
         serve(["no-such.pt"], host="127.0.0.1", port=0, device="cpu")
     assert "warning" not in capsys.readouterr().err

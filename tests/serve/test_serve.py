@@ -36,7 +36,19 @@ def running_server(*args: str, timeout: float = 120.0):
     """Start `tmt serve ARGS` on a free loopback port; yield (base_url, process) once /health answers."""
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "transformer_mt.cli", "serve", "--port", str(port), "--threads", "1", "--log-level", "warning", *args],
+        [
+            sys.executable,
+            "-m",
+            "transformer_mt.cli",
+            "serve",
+            "--port",
+            str(port),
+            "--threads",
+            "1",
+            "--log-level",
+            "warning",
+            *args,
+        ],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -83,7 +95,16 @@ def tmt_translate(ckpt: Path, lines: list[str], tmp_path: Path, *args: str) -> l
 @pytest.fixture(scope="module")
 def served(tiny_checkpoint, tiny_checkpoint_postnorm):
     """Two models (pre-norm "pre", the default, and post-norm "post"), with small request limits."""
-    with running_server("-c", f"pre={tiny_checkpoint}", "-c", f"post={tiny_checkpoint_postnorm}", "--max-lines", "64", "--max-chars", "3000") as (url, _):
+    with running_server(
+        "-c",
+        f"pre={tiny_checkpoint}",
+        "-c",
+        f"post={tiny_checkpoint_postnorm}",
+        "--max-lines",
+        "64",
+        "--max-chars",
+        "3000",
+    ) as (url, _):
         yield url
 
 
@@ -100,7 +121,9 @@ def test_translations_equal_tmt_translate(served, tiny_checkpoint, tiny_checkpoi
         (tiny_checkpoint, "pre", ("--beam", "4", "--lenpen", "1.0"), {"beam": 4, "lenpen": 1.0}),
         (tiny_checkpoint_postnorm, "post", ("--beam", "1"), {"beam": 1}),
     ):
-        r = httpx.post(f"{served}/translate", json={"text": lines, **({"model": model} if model else {}), **body}, timeout=60)
+        r = httpx.post(
+            f"{served}/translate", json={"text": lines, **({"model": model} if model else {}), **body}, timeout=60
+        )
         assert r.status_code == 200, r.text
         answer = r.json()
         assert answer["model"] == (model or "pre") and answer["warnings"] == [] and answer["time_ms"] > 0
@@ -108,8 +131,12 @@ def test_translations_equal_tmt_translate(served, tiny_checkpoint, tiny_checkpoi
     assert len(set(answer["translations"])) > 20
     # One string in, a list of one translation out; n-best: tmt translate's INDEX<TAB>SCORE<TAB>TEXT lines.
     r = httpx.post(f"{served}/translate", json={"text": lines[0], "beam": 3, "nbest": 3}, timeout=60).json()
-    expected = [line.split("\t") for line in tmt_translate(tiny_checkpoint, lines[:1], tmp_path, "--beam", "3", "--nbest", "3")]
-    assert [[h["text"], f"{h['score']:.4f}"] for h in r["translations"][0]] == [[text, score] for _, score, text in expected]
+    expected = [
+        line.split("\t") for line in tmt_translate(tiny_checkpoint, lines[:1], tmp_path, "--beam", "3", "--nbest", "3")
+    ]
+    assert [[h["text"], f"{h['score']:.4f}"] for h in r["translations"][0]] == [
+        [text, score] for _, score, text in expected
+    ]
 
 
 def test_concurrent_clients_get_their_own_lines_in_order(served, tiny_checkpoint, test_lines, tmp_path):
@@ -181,12 +208,16 @@ def test_unknown_path_huge_body_overlong_line_and_openapi(served):
     # as it arrives, before parsing.
     r = httpx.post(f"{served}/translate", json={"text": ["a" * 2999] * 800})
     assert r.status_code == 413 and "more than this server's limits allow" in r.json()["error"]
-    r = httpx.post(f"{served}/translate", json={"text": ["a" * 2999] * 400})  # under the byte cap: the line limit speaks
+    r = httpx.post(
+        f"{served}/translate", json={"text": ["a" * 2999] * 400}
+    )  # under the byte cap: the line limit speaks
     assert r.status_code == 413 and "400 lines, more than --max-lines 64" in r.json()["error"]
     # Over the model's 1023 pieces (max_positions 1024, EOS included) but under --max-chars: truncated, with a warning.
     r = httpx.post(f"{served}/translate", json={"text": ["A man.", "a " * 1100], "beam": 1}, timeout=60).json()
     assert len(r["translations"]) == 2 and len(r["warnings"]) == 1
-    assert r["warnings"][0].startswith("text[1]: ") and "truncated to 1023 (model.max_positions=1024)" in r["warnings"][0]
+    assert (
+        r["warnings"][0].startswith("text[1]: ") and "truncated to 1023 (model.max_positions=1024)" in r["warnings"][0]
+    )
 
 
 def _slow_request(url: str, lines: list[str], box: dict) -> threading.Thread:
@@ -250,7 +281,10 @@ def test_missing_extra_names_the_install_command(tiny_checkpoint, capsys, monkey
     with pytest.raises(SystemExit) as exit_:
         main(["serve", "-c", str(tiny_checkpoint)])
     assert exit_.value.code == 2
-    assert capsys.readouterr().err.strip() == 'tmt: error: fastapi, uvicorn or prometheus-client is not installed; run: pip install -e ".[serve]"'
+    assert (
+        capsys.readouterr().err.strip()
+        == 'tmt: error: fastapi, uvicorn or prometheus-client is not installed; run: pip install -e ".[serve]"'
+    )
 
 
 def test_port_in_use_is_one_line_before_loading(capsys):
@@ -263,7 +297,11 @@ def test_port_in_use_is_one_line_before_loading(capsys):
         with pytest.raises(SystemExit) as exit_:
             main(["serve", "-c", "no-such.pt", "--port", str(port)])  # refused before the checkpoint is even looked at
     err = capsys.readouterr().err.strip()
-    assert exit_.value.code == 2 and err.startswith(f"tmt: error: --host 127.0.0.1 --port {port}: cannot listen there (") and "\n" not in err
+    assert (
+        exit_.value.code == 2
+        and err.startswith(f"tmt: error: --host 127.0.0.1 --port {port}: cannot listen there (")
+        and "\n" not in err
+    )
 
 
 def test_duplicate_model_names_are_refused_before_loading():

@@ -14,7 +14,15 @@ import pytest
 
 from tests.conftest import run_cli, run_config
 from transformer_mt.config import load_config, save_config
-from transformer_mt.sweep import SweepError, Variation, columns, load_variations, select, table3_variations, variations_yaml
+from transformer_mt.sweep import (
+    SweepError,
+    Variation,
+    columns,
+    load_variations,
+    select,
+    table3_variations,
+    variations_yaml,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -73,7 +81,12 @@ def test_default_rows_at_the_papers_base_are_table_3():
         cfg = load_config(path, v.overrides, check_files=False)
         by_row.setdefault(v.row, []).append(columns(cfg))
     assert [c["d_model"] for c in by_row["base"]] == [512] and len(by_row["base"]) == 1
-    assert [(c["h"], c["d_k"], c["d_v"]) for c in by_row["A"]] == [(1, 512, 512), (4, 128, 128), (16, 32, 32), (32, 16, 16)]
+    assert [(c["h"], c["d_k"], c["d_v"]) for c in by_row["A"]] == [
+        (1, 512, 512),
+        (4, 128, 128),
+        (16, 32, 32),
+        (32, 16, 16),
+    ]
     assert [(c["h"], c["d_k"], c["d_v"]) for c in by_row["B"]] == [(8, 16, 64), (8, 32, 64)]
     changed = [{k: v for k, v in c.items() if v != by_row["base"][0][k]} for c in by_row["C"]]
     assert changed == [
@@ -92,9 +105,16 @@ def test_default_rows_at_the_papers_base_are_table_3():
 def test_learned_positions_row_of_a_halves_base_resets_the_layout():
     """model.position_layout orders sinusoids only: row E of a base with the halves layout asks for both keys."""
     path = REPO / "configs" / "transformer_base.yaml"
-    (row,) = [v for v in table3_variations(load_config(path, ["model.position_layout=halves"], check_files=False)) if v.row == "E"]
+    (row,) = [
+        v
+        for v in table3_variations(load_config(path, ["model.position_layout=halves"], check_files=False))
+        if v.row == "E"
+    ]
     assert row.overrides == ["model.positions=learned", "model.position_layout=interleaved"]
-    assert load_config(path, ["model.position_layout=halves", *row.overrides], check_files=False).model.positions == "learned"
+    assert (
+        load_config(path, ["model.position_layout=halves", *row.overrides], check_files=False).model.positions
+        == "learned"
+    )
 
 
 def test_configs_table3_is_valid_on_the_recipe():
@@ -102,7 +122,9 @@ def test_configs_table3_is_valid_on_the_recipe():
     assert [v.row for v in rows][:1] == ["base"] and {v.row for v in rows} == {"base", "A", "B", "C", "D", "E"}
     for v in rows:  # every row passes the config checks on the recipe's base
         load_config(REPO / "configs" / "multi30k_en_de.yaml", v.overrides, check_files=False)
-    assert load_variations(REPO / "configs" / "sweeps" / "table3.yaml") == rows and variations_yaml(rows).count("\n") == len(rows)
+    assert load_variations(REPO / "configs" / "sweeps" / "table3.yaml") == rows and variations_yaml(rows).count(
+        "\n"
+    ) == len(rows)
 
 
 @pytest.mark.parametrize(
@@ -165,7 +187,9 @@ def test_sweep_writes_the_table_with_parameters_of_the_trained_models(base_yaml,
         "- {row: A, name: A-h3, set: [model.heads=3]}\n- {row: E, name: E-learned, set: [model.positions=learned]}\n"
     )
     out = tmp_path / "sweep"
-    code, stdout, stderr = run_cli(["sweep", "--config", base_yaml, "--variations", variations, "--budget-updates", 20, "-o", out], capsys)
+    code, stdout, stderr = run_cli(
+        ["sweep", "--config", base_yaml, "--variations", variations, "--budget-updates", 20, "-o", out], capsys
+    )
     assert code == 0, stderr
     table = json.loads((out / "table3.json").read_text())
     rows = {r["name"]: r for r in table["rows"]}
@@ -173,7 +197,11 @@ def test_sweep_writes_the_table_with_parameters_of_the_trained_models(base_yaml,
     assert table["budget"]["updates"] == 20 and table["bleu"]["beam"] == 1 and table["bleu"]["sentences"] == 8
 
     invalid = rows["A-h3"]
-    assert invalid["status"] == "invalid" and "not divisible by model.heads=3" in invalid["note"] and not (out / "A-h3").exists()
+    assert (
+        invalid["status"] == "invalid"
+        and "not divisible by model.heads=3" in invalid["note"]
+        and not (out / "A-h3").exists()
+    )
     counts = {}
     for name in ("base", "A-h1", "E-learned"):
         r = rows[name]
@@ -181,8 +209,16 @@ def test_sweep_writes_the_table_with_parameters_of_the_trained_models(base_yaml,
         rebuilt, from_tensors = rebuilt_parameters(out / name / "checkpoint_last.pt")
         assert r["params"] == rebuilt == from_tensors
         counts[name] = r["params"]
-        last_valid = [json.loads(line) for line in (out / name / "metrics.jsonl").read_text().splitlines() if json.loads(line)["kind"] == "valid"][-1]
-        assert last_valid["update"] == 20 and r["val_ppl"] == last_valid["val_ppl"] and r["val_bleu"] == last_valid["val_bleu"]
+        last_valid = [
+            json.loads(line)
+            for line in (out / name / "metrics.jsonl").read_text().splitlines()
+            if json.loads(line)["kind"] == "valid"
+        ][-1]
+        assert (
+            last_valid["update"] == 20
+            and r["val_ppl"] == last_valid["val_ppl"]
+            and r["val_bleu"] == last_valid["val_bleu"]
+        )
         assert math.isfinite(r["val_ppl"]) and r["val_ppl"] > 1 and 0 <= r["val_bleu"] <= 100 and r["wall_s"] > 0
     # first principles: with d_k = d_v = d_model/h the projections keep their size (row A of the paper has the
     # base's parameters); learned positions add a max_positions x d_model table
@@ -194,7 +230,9 @@ def test_sweep_writes_the_table_with_parameters_of_the_trained_models(base_yaml,
     assert [c.strip() for c in md[header].strip("|").split("|")] == COLUMNS
     body = [[c.strip() for c in line.strip("|").split("|")] for line in md[header + 2 :]]
     assert [b[1] for b in body] == ["base", "A-h1", "A-h3", "E-learned"] and all(len(b) == len(COLUMNS) for b in body)
-    assert body[1][COLUMNS.index("h")] == "1" and body[1][COLUMNS.index("d_model")] == ""  # only what differs from the base
+    assert (
+        body[1][COLUMNS.index("h")] == "1" and body[1][COLUMNS.index("d_model")] == ""
+    )  # only what differs from the base
     assert body[1][COLUMNS.index("params")] == f"{counts['A-h1']:,}" and body[2][-1].startswith("invalid: ")
     assert body[3][COLUMNS.index("positions")] == "learned" and "greedy" in "\n".join(md[:header])
     assert md[header] in stdout
@@ -222,7 +260,9 @@ def test_killed_sweep_continues_where_it_stopped(base_yaml, tmp_path, capsys, mo
     real_train = train_module.train
 
     def interrupted_train(cfg, **kwargs):
-        return real_train(cfg, on_update=lambda update, _: update == 8 and os.kill(os.getpid(), signal.SIGINT), **kwargs)
+        return real_train(
+            cfg, on_update=lambda update, _: update == 8 and os.kill(os.getpid(), signal.SIGINT), **kwargs
+        )
 
     monkeypatch.setattr(train_module, "train", interrupted_train)
     code, _, stderr = run_cli(argv, capsys)
@@ -235,10 +275,18 @@ def test_killed_sweep_continues_where_it_stopped(base_yaml, tmp_path, capsys, mo
     assert code == 0, stderr
     rows = json.loads((out / "table3.json").read_text())["rows"]
     assert [(r["status"], r["updates"]) for r in rows] == [("done", 20), ("done", 20)]
-    assert (out / "base" / "checkpoint_last.pt").stat().st_mtime_ns == stamp  # the finished row was read back, not retrained
-    summaries = [json.loads(line) for line in (out / "E-learned" / "metrics.jsonl").read_text().splitlines() if '"summary"' in line]
+    assert (
+        out / "base" / "checkpoint_last.pt"
+    ).stat().st_mtime_ns == stamp  # the finished row was read back, not retrained
+    summaries = [
+        json.loads(line)
+        for line in (out / "E-learned" / "metrics.jsonl").read_text().splitlines()
+        if '"summary"' in line
+    ]
     assert [(s["update"], s["stop_reason"]) for s in summaries] == [(8, "interrupted"), (20, "max_updates=20 reached")]
-    assert re.search(r"resumed from \S+ at update 8,", (out / "E-learned" / "train.log").read_text())  # resumed, not restarted
+    assert re.search(
+        r"resumed from \S+ at update 8,", (out / "E-learned" / "train.log").read_text()
+    )  # resumed, not restarted
     assert rows[1]["params"] == rebuilt_parameters(out / "E-learned" / "checkpoint_last.pt")[0]
 
     # the same directory with another budget is refused before anything trains
@@ -255,13 +303,21 @@ def test_rows_share_one_tokenizer_unless_they_change_it(corpus_slice, spm_model,
     from transformer_mt.text import Tokenizer
 
     base = tmp_path / "base.yaml"
-    save_config(run_config(corpus_slice, spm_model, tmp_path / "unused", *TINY, "tokenizer.model=", "tokenizer.vocab_size=300"), base)
+    save_config(
+        run_config(corpus_slice, spm_model, tmp_path / "unused", *TINY, "tokenizer.model=", "tokenizer.vocab_size=300"),
+        base,
+    )
     rows = tmp_path / "rows.yaml"
-    rows.write_text("- {row: base, name: base}\n- {row: A, name: A-h2, set: [model.heads=2]}\n- {row: X, name: X-v200, set: [tokenizer.vocab_size=200]}\n")
+    rows.write_text(
+        "- {row: base, name: base}\n- {row: A, name: A-h2, set: [model.heads=2]}\n- {row: X, name: X-v200, set: [tokenizer.vocab_size=200]}\n"
+    )
     out = tmp_path / "sweep"
     code, _, stderr = run_cli(["sweep", "-c", base, "--variations", rows, "--budget-updates", 3, "-o", out], capsys)
     assert code == 0, stderr
-    packed = {name: unpack_tokenizers(load_checkpoint(out / name / "checkpoint_last.pt"))[0] for name in ("base", "A-h2", "X-v200")}
+    packed = {
+        name: unpack_tokenizers(load_checkpoint(out / name / "checkpoint_last.pt"))[0]
+        for name in ("base", "A-h2", "X-v200")
+    }
     assert packed["base"] == packed["A-h2"] == (out / "tokenizer" / "spm.model").read_bytes()
     assert Tokenizer(packed["base"]).vocab_size == 300 and Tokenizer(packed["X-v200"]).vocab_size == 200
     assert (out / "X-v200" / "spm.model").is_file() and not (out / "base" / "spm.model").exists()

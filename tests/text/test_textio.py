@@ -27,7 +27,11 @@ VENV_BIN = Path(sys.executable).parent
 
 # Each case: the bytes of a file, and the lines every reader must see in it (written out by hand), or
 # the line an invalid-UTF-8 error must name.
-DOG, CATS, BIRDS = "Ein Hund läuft durch den Schnee.", "Zwei Katzen schlafen auf dem Sofa.", "Drei Vögel sitzen auf dem Dach."
+DOG, CATS, BIRDS = (
+    "Ein Hund läuft durch den Schnee.",
+    "Zwei Katzen schlafen auf dem Sofa.",
+    "Drei Vögel sitzen auf dem Dach.",
+)
 CASES = {
     "bom": (f"\ufeff{DOG}\n{CATS}\n".encode(), [DOG, CATS]),
     "no_final_newline": (f"{DOG}\n{CATS}".encode(), [DOG, CATS]),
@@ -76,9 +80,13 @@ def test_every_reader_sees_the_same_lines(case, tmp_path, spm_model, ckpt, monke
     tgt.write_bytes(b"eins\nzwei\n")
     if invalid:
         with pytest.raises(TextError, match=re.escape(where) + ": invalid UTF-8"):
-            load_parallel(path, tgt, tok, tok, DataConfig(), cache_dir=tmp_path / "cache", filter_long=False, quiet=True)
+            load_parallel(
+                path, tgt, tok, tok, DataConfig(), cache_dir=tmp_path / "cache", filter_long=False, quiet=True
+            )
     else:
-        corpus = load_parallel(path, tgt, tok, tok, DataConfig(), cache_dir=tmp_path / "cache", filter_long=False, quiet=True)
+        corpus = load_parallel(
+            path, tgt, tok, tok, DataConfig(), cache_dir=tmp_path / "cache", filter_long=False, quiet=True
+        )
         assert corpus.summary.pairs_read == len(expected) and corpus.texts("src") == expected
 
     # tmt translate: the file chunks, the line count (its progress bar) and one output line per line
@@ -121,12 +129,17 @@ def test_tokenize_train_rejects_invalid_utf8_like_training(tmp_path, corpus_slic
     lines[1499] = "Ein Mädchen".encode("latin-1")
     bad = tmp_path / "bad.de"
     bad.write_bytes(b"\n".join(lines))
-    code, _, err = run_cli(["tokenize", "train", "-i", corpus_slice["train.en"], "-i", bad, "-o", tmp_path / "spm", "--vocab-size", "300"], capsys)
+    code, _, err = run_cli(
+        ["tokenize", "train", "-i", corpus_slice["train.en"], "-i", bad, "-o", tmp_path / "spm", "--vocab-size", "300"],
+        capsys,
+    )
     assert_error_names(code, err, f"{bad}:1500")
     assert not (tmp_path / "spm.model").exists()
 
 
-@pytest.mark.parametrize("argv", [["bleu", "-r", "REF"], ["tokenize", "encode", "-m", "MODEL"]], ids=["bleu", "tokenize-encode"])
+@pytest.mark.parametrize(
+    "argv", [["bleu", "-r", "REF"], ["tokenize", "encode", "-m", "MODEL"]], ids=["bleu", "tokenize-encode"]
+)
 def test_stdin_under_c_locale_is_decoded_strictly(argv, tmp_path, spm_model):
     """Under LC_ALL=C Python reads stdin with surrogateescape: bleu scored garbled text, encode raised a TypeError."""
     ref = tmp_path / "ref.txt"
@@ -134,7 +147,11 @@ def test_stdin_under_c_locale_is_decoded_strictly(argv, tmp_path, spm_model):
     argv = [{"REF": str(ref), "MODEL": str(spm_model)}.get(a, a) for a in argv]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "PYTHONUTF8", "PYTHONIOENCODING", "LANG"))}
     proc = subprocess.run(
-        [str(VENV_BIN / "tmt"), *argv], input=b"Ein Hund.\nZwei K\xe4tzchen.\nDrei.\n", capture_output=True, env={**env, "LC_ALL": "C"}, timeout=120
+        [str(VENV_BIN / "tmt"), *argv],
+        input=b"Ein Hund.\nZwei K\xe4tzchen.\nDrei.\n",
+        capture_output=True,
+        env={**env, "LC_ALL": "C"},
+        timeout=120,
     )
     err = proc.stderr.decode("utf-8", "replace")
     assert_error_names(proc.returncode, err, "<stdin>:2")
@@ -166,7 +183,9 @@ def test_output_that_is_an_input_is_refused(tmp_path, spm_model, ckpt, corpus_sl
     src.write_bytes(corpus_slice["val.en"].read_bytes())
     for out in (ref, src):
         before = out.read_bytes()
-        code, stdout, err = run_cli(["evaluate", "-c", ckpt, "--src", src, "--ref", ref, "-o", out, "--device", "cpu"], capsys)
+        code, stdout, err = run_cli(
+            ["evaluate", "-c", ckpt, "--src", src, "--ref", ref, "-o", out, "--device", "cpu"], capsys
+        )
         assert code == 2 and stdout == "" and "the output is the input file" in err and err.count("\n") == 1, err
         assert out.read_bytes() == before
 
@@ -186,11 +205,16 @@ def test_failed_command_leaves_the_output_untouched(tmp_path, spm_model, ckpt, c
         code, _, err = run_cli(argv, capsys)
         assert code == 2 and err.count("\n") == 1, err
         assert results.read_bytes() == b"yesterday's results\n"
-        assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt", "results.txt"], "a temporary file was left behind"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.txt", "results.txt"], (
+            "a temporary file was left behind"
+        )
     good = tmp_path / "good.txt"
     good.write_text("Ein Hund.\n", encoding="utf-8")
     code, _, err = run_cli(["tokenize", "encode", "-m", spm_model, good, "-o", results], capsys)
-    assert code == 0 and results.read_text(encoding="utf-8") == " ".join(Tokenizer(spm_model).encode_pieces(["Ein Hund."])[0]) + "\n"
+    assert (
+        code == 0
+        and results.read_text(encoding="utf-8") == " ".join(Tokenizer(spm_model).encode_pieces(["Ein Hund."])[0]) + "\n"
+    )
     assert (os.stat(results).st_mode & 0o777) == 0o640  # replacing the file kept its permissions
 
 
@@ -272,7 +296,13 @@ def test_stdin_long_line_and_many_lines_come_in_bounded_chunks(monkeypatch):
 def test_line_splitter_rules():
     splitter = textio.LineSplitter("f.txt", max_line_bytes=8)
     got = []
-    for piece in (b"\xef\xbb", b"\xbfab\r", b"\ncd\re\n\xef\xbb\xbfz\n", b"\r\n", b"last\r"):  # BOM and CRLF split across reads
+    for piece in (
+        b"\xef\xbb",
+        b"\xbfab\r",
+        b"\ncd\re\n\xef\xbb\xbfz\n",
+        b"\r\n",
+        b"last\r",
+    ):  # BOM and CRLF split across reads
         got += splitter.feed(piece)
     got += splitter.finish()
     assert got == ["ab", "cd\re", "\ufeffz", "", "last\r"]  # a BOM after line 1 is text; "\r" without "\n" is text

@@ -12,7 +12,11 @@ from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, Token
 
 def test_special_ids_are_fixed(spm_model):
     tok = Tokenizer(spm_model)
-    assert (tok.sp.pad_id(), tok.sp.unk_id(), tok.sp.bos_id(), tok.sp.eos_id()) == (PAD_ID, UNK_ID, BOS_ID, EOS_ID) == (0, 1, 2, 3)
+    assert (
+        (tok.sp.pad_id(), tok.sp.unk_id(), tok.sp.bos_id(), tok.sp.eos_id())
+        == (PAD_ID, UNK_ID, BOS_ID, EOS_ID)
+        == (0, 1, 2, 3)
+    )
     assert [tok.sp.id_to_piece(i) for i in range(4)] == ["<pad>", "<unk>", "<s>", "</s>"]
     assert tok.vocab_size == 1000
 
@@ -54,7 +58,9 @@ def test_errors(tmp_path, spm_model):
 def test_other_special_ids_are_refused(corpus_slice, tmp_path):
     import sentencepiece as spm
 
-    spm.SentencePieceTrainer.train(input=str(corpus_slice["train.en"]), model_prefix=str(tmp_path / "plain"), vocab_size=300, minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        input=str(corpus_slice["train.en"]), model_prefix=str(tmp_path / "plain"), vocab_size=300, minloglevel=2
+    )
     with pytest.raises(TokenizerError, match=r"special ids \(pad, unk, bos, eos\) are \(-1, 0, 1, 2\)"):
         Tokenizer(tmp_path / "plain.model")
 
@@ -85,6 +91,8 @@ def test_a_few_lines_are_segmented_as_a_long_list_is(spm_model, multi30k, with_v
         assert tok.encode(few) == ids[start : start + len(few)]
         assert tok.encode_pieces(few) == pieces[start : start + len(few)]
         assert tok.decode(ids[start : start + len(few)]) == text[start : start + len(few)]
-        assert tok.decode_pieces(pieces[start : start + len(few)]) == tok.decode_pieces(pieces)[start : start + len(few)]
+        assert (
+            tok.decode_pieces(pieces[start : start + len(few)]) == tok.decode_pieces(pieces)[start : start + len(few)]
+        )
     sampled = tok.encode(lines[:2], alpha=0.5)
     assert [len(s) > 0 for s in sampled] == [True, True] and all(isinstance(i, int) for s in sampled for i in s)

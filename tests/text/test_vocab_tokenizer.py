@@ -65,7 +65,12 @@ def test_bad_vocabularies_are_refused_in_one_line(spm_model):
 def test_the_checkpoint_keeps_the_vocabularies(spm_model):
     vocab = _marian_vocab(spm_model)
     cfg = Config()
-    cfg.model.pad_id, cfg.model.eos_id, cfg.model.bos_id, cfg.model.decoder_start_id = len(vocab) - 1, 0, -1, len(vocab) - 1
+    cfg.model.pad_id, cfg.model.eos_id, cfg.model.bos_id, cfg.model.decoder_start_id = (
+        len(vocab) - 1,
+        0,
+        -1,
+        len(vocab) - 1,
+    )
     src = Tokenizer(spm_model, vocab=vocab, specials=_marian_ids(vocab))
     state = {"tokenizers": pack_tokenizer_pair(src, src)}
     back_src, back_tgt = tokenizers_from_checkpoint(state, cfg)

@@ -44,7 +44,9 @@ def test_summary_reports_flops_of_the_batches_trained_on(pairs64, spm_model, tmp
     for u in itertools.islice(update_schedule(trainer.train_data, cfg.train, world_size=1), 6):
         for idx in u.batches:
             b = trainer.train_data.get_batch(idx)
-            expected_flops += 3 * forward_flops(cfg.model, vocab=vocab, batch=b.src.size(0), src_len=b.src.size(1), tgt_len=b.tgt_in.size(1))
+            expected_flops += 3 * forward_flops(
+                cfg.model, vocab=vocab, batch=b.src.size(0), src_len=b.src.size(1), tgt_len=b.tgt_in.size(1)
+            )
             expected_tokens += b.ntokens
     summary = [r for r in records(tmp_path / "run") if r["kind"] == "summary"][-1]
     assert summary["target_tokens"] == expected_tokens

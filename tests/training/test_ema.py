@@ -65,7 +65,9 @@ def test_ema_equals_a_running_average_by_hand(dtype):
         model.a.copy_(torch.tensor(start[:3]))
         model.c.copy_(torch.tensor(start[3:]))
     ema = EMA(model, decay=0.5)
-    sequence = [[float(k + i) * (-1) ** i / 4 for i in range(5)] for k in range(12)]  # multiples of 1/4: exact in bfloat16
+    sequence = [
+        [float(k + i) * (-1) ** i / 4 for i in range(5)] for k in range(12)
+    ]  # multiples of 1/4: exact in bfloat16
     for weights in sequence:
         with torch.no_grad():
             model.a.copy_(torch.tensor(weights[:3]))
@@ -114,12 +116,18 @@ def test_ema_state_round_trip_continues_the_warm_up():
 def ema_run(pairs64, spm_model, tmp_path_factory) -> Path:
     """20 updates with train.ema_decay=0.99, validated (loss only) at updates 10 and 20."""
     out = tmp_path_factory.mktemp("ema_run") / "run"
-    train(run_config(pairs64, spm_model, out, *TINY, "train.ema_decay=0.99", "train.max_updates=20", "train.validate_every=10"))
+    train(
+        run_config(
+            pairs64, spm_model, out, *TINY, "train.ema_decay=0.99", "train.max_updates=20", "train.validate_every=10"
+        )
+    )
     return out
 
 
 def load_model(state: dict, tok: Tokenizer, weights: dict) -> Transformer:
-    model = Transformer(config_from_checkpoint(state).model, src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size)
+    model = Transformer(
+        config_from_checkpoint(state).model, src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size
+    )
     model.load_state_dict(weights)
     return model.eval()
 
@@ -145,7 +153,9 @@ def test_checkpoints_hold_ema_weights_and_validation_used_them(ema_run, pairs64,
     assert state["ema"]["updates"] == 20 and state["progress"]["update"] == 20
     assert state["ema"]["weights"].keys() == {n for n, p in state["model"].items() if p.is_floating_point()}
     differ = [n for n, w in state["ema"]["weights"].items() if not torch.allclose(w, state["model"][n], atol=1e-4)]
-    assert len(differ) > len(state["ema"]["weights"]) // 2  # 20 updates at decay_t <= 29/38 leave the average well behind
+    assert (
+        len(differ) > len(state["ema"]["weights"]) // 2
+    )  # 20 updates at decay_t <= 29/38 leave the average well behind
     tok = Tokenizer(spm_model)
     src, tgt = head(pairs64["val.en"], 16), head(pairs64["val.de"], 16)
     ema_nll = nll_per_token(load_model(state, tok, ema_weights(state)), src, tgt, tok)
@@ -160,7 +170,9 @@ def test_checkpoints_hold_ema_weights_and_validation_used_them(ema_run, pairs64,
 
 def nbest_lines(model: Transformer, state: dict, tok: Tokenizer, lines: list[str]) -> list[tuple[str, float, str]]:
     d = config_from_checkpoint(state).decode
-    hyps = translate_ids(model, tok.encode(lines), beam=2, lenpen=0.6, nbest=2, max_len_a=d.max_len_a, max_len_b=d.max_len_b)
+    hyps = translate_ids(
+        model, tok.encode(lines), beam=2, lenpen=0.6, nbest=2, max_len_a=d.max_len_a, max_len_b=d.max_len_b
+    )
     return [(str(i), h.score, tok.decode([h.tokens])[0]) for i, nbest in enumerate(hyps) for h in nbest]
 
 
@@ -178,7 +190,21 @@ def test_translate_weights_raw_and_ema_decode_the_respective_models(ema_run, pai
     outs = {}
     for choice in ("raw", "ema", None):
         code, out, err = run_cli(
-            ["translate", "-c", ckpt, src, "--beam", "2", "--lenpen", "0.6", "--nbest", "2", "--device", "cpu", *(["--weights", choice] if choice else [])],
+            [
+                "translate",
+                "-c",
+                ckpt,
+                src,
+                "--beam",
+                "2",
+                "--lenpen",
+                "0.6",
+                "--nbest",
+                "2",
+                "--device",
+                "cpu",
+                *(["--weights", choice] if choice else []),
+            ],
             capsys,
         )
         assert code == 0, err
@@ -186,7 +212,9 @@ def test_translate_weights_raw_and_ema_decode_the_respective_models(ema_run, pai
     for choice, weights in (("raw", state["model"]), ("ema", ema_weights(state))):
         expected = nbest_lines(load_model(state, tok, weights), state, tok, lines)
         assert [(i, t) for i, _, t in outs[choice]] == [(i, t) for i, _, t in expected]
-        assert [s for _, s, _ in outs[choice]] == pytest.approx([s for _, s, _ in expected], abs=2e-4)  # printed with 4 decimals
+        assert [s for _, s, _ in outs[choice]] == pytest.approx(
+            [s for _, s, _ in expected], abs=2e-4
+        )  # printed with 4 decimals
     assert outs[None] == outs["ema"]  # the default: the EMA weights, as validation chose on
     assert max(abs(a[1] - b[1]) for a, b in zip(outs["raw"], outs["ema"])) > 1e-2
 
@@ -197,7 +225,10 @@ def test_ema_asked_of_a_checkpoint_without_it_is_one_line(spm_model, tmp_path, c
     src.write_text("a dog\n", encoding="utf-8")
     code, out, err = run_cli(["translate", "-c", ckpt, src, "--weights", "ema", "--device", "cpu"], capsys)
     assert code == 2 and out == ""
-    assert err == f"tmt: error: {ckpt}: --weights ema, but the checkpoint holds no EMA weights (train.ema_decay was 0); use --weights raw\n"
+    assert (
+        err
+        == f"tmt: error: {ckpt}: --weights ema, but the checkpoint holds no EMA weights (train.ema_decay was 0); use --weights raw\n"
+    )
     code, _, err = run_cli(["translate", "-c", ckpt, src, "--weights", "best", "--device", "cpu"], capsys)
     assert code == 2 and err == "tmt: error: --weights best: choose one of ema, raw\n"
 
@@ -219,9 +250,13 @@ def test_average_takes_ema_weights_when_every_input_has_them(ema_run, tmp_path, 
         avg = load_checkpoint(out)
         assert "ema" not in avg and avg["averaged_weights"] == kind
         for name, tensor in avg["model"].items():
-            torch.testing.assert_close(tensor, (weights[0][name].double() + weights[1][name].double()).div(2).float(), rtol=0, atol=0)
+            torch.testing.assert_close(
+                tensor, (weights[0][name].double() + weights[1][name].double()).div(2).float(), rtol=0, atol=0
+            )
     code, _, err = run_cli(["average", plain, paths[1], "-o", tmp_path / "bad.pt", "--weights", "ema"], capsys)
-    assert code == 2 and err.count("\n") == 1 and f"{plain}: --weights ema, but the checkpoint holds no EMA weights" in err
+    assert (
+        code == 2 and err.count("\n") == 1 and f"{plain}: --weights ema, but the checkpoint holds no EMA weights" in err
+    )
 
 
 def test_inspect_loads_the_ema_weights_that_translate_decodes_with(ema_run):

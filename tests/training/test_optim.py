@@ -10,7 +10,15 @@ from torch import nn
 
 from tests.conftest import tiny_model
 from transformer_mt.config import TrainConfig
-from transformer_mt.training import Scheduler, build_optimizer, build_scheduler, inverse_sqrt_lr, linear_lr, noam_lr, param_groups
+from transformer_mt.training import (
+    Scheduler,
+    build_optimizer,
+    build_scheduler,
+    inverse_sqrt_lr,
+    linear_lr,
+    noam_lr,
+    param_groups,
+)
 
 # --------------------------------------------------------------------------- schedules
 
@@ -42,7 +50,9 @@ def test_linear_warms_up_then_decays_to_zero_after_the_last_update():
     assert linear_lr(1, peak=4e-3, warmup=4, total=12) == pytest.approx(1e-3)
     assert linear_lr(4, peak=4e-3, warmup=4, total=12) == 4e-3
     # after the peak: 9 equal steps down (updates 4..12 get 9/9 .. 1/9 of it), 0 one update later
-    assert [linear_lr(s, peak=9.0, warmup=4, total=12) for s in range(4, 14)] == pytest.approx([9, 8, 7, 6, 5, 4, 3, 2, 1, 0])
+    assert [linear_lr(s, peak=9.0, warmup=4, total=12) for s in range(4, 14)] == pytest.approx(
+        [9, 8, 7, 6, 5, 4, 3, 2, 1, 0]
+    )
     assert linear_lr(3, peak=1.0, warmup=0, total=10) == pytest.approx(8 / 11)
     with pytest.raises(ValueError):
         linear_lr(1, peak=1.0, warmup=5, total=5)
@@ -59,7 +69,11 @@ def test_linear_warms_up_then_decays_to_zero_after_the_last_update():
 @pytest.mark.parametrize("schedule", ["noam", "inverse_sqrt"])
 def test_scheduler_sets_lr_per_update_and_state_round_trips(schedule):
     cfg = TrainConfig(lr_schedule=schedule, warmup_updates=10, lr=1e-3, lr_scale=2.0)
-    fn = (lambda s: noam_lr(s, d_model=64, warmup=10, scale=2.0)) if schedule == "noam" else (lambda s: inverse_sqrt_lr(s, peak=1e-3, warmup=10))
+    fn = (
+        (lambda s: noam_lr(s, d_model=64, warmup=10, scale=2.0))
+        if schedule == "noam"
+        else (lambda s: inverse_sqrt_lr(s, peak=1e-3, warmup=10))
+    )
 
     def fresh():
         model = nn.Linear(4, 4)

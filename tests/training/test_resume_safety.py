@@ -82,17 +82,27 @@ def test_every_save_writes_checkpoint_last(pairs64, spm_model, tmp_path):
     run = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
         train(config(pairs64, spm_model, run, "train.save_every=1", "train.max_updates=20"), on_update=stop_at(4))
-    assert update_of(run / "checkpoint_last.pt") == 3  # the saves of updates 1-3 each wrote it; update 4 died before saving
+    assert (
+        update_of(run / "checkpoint_last.pt") == 3
+    )  # the saves of updates 1-3 each wrote it; update 4 died before saving
     assert update_of(run / "checkpoint_3.pt") == 3
     result = resume(run, "train.max_updates=6")
-    assert result.progress.update == 6 and "resumed from " + str(run / "checkpoint_last.pt") + " at update 3" in (run / "train.log").read_text()
+    assert (
+        result.progress.update == 6
+        and "resumed from " + str(run / "checkpoint_last.pt") + " at update 3" in (run / "train.log").read_text()
+    )
 
 
 def test_resume_takes_a_numbered_checkpoint_newer_than_last_and_skips_a_broken_one(pairs64, spm_model, tmp_path):
     run = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):
-        train(config(pairs64, spm_model, run, "train.save_every=1", "train.max_updates=20", "train.keep_last=0"), on_update=stop_at(5))
-    shutil.copyfile(run / "checkpoint_2.pt", run / "checkpoint_last.pt")  # killed before last was renamed at updates 3 and 4
+        train(
+            config(pairs64, spm_model, run, "train.save_every=1", "train.max_updates=20", "train.keep_last=0"),
+            on_update=stop_at(5),
+        )
+    shutil.copyfile(
+        run / "checkpoint_2.pt", run / "checkpoint_last.pt"
+    )  # killed before last was renamed at updates 3 and 4
     trainer = Trainer(resumed_config(run, []), resume=True)
     assert trainer.progress.update == 4 and trainer.resumed_from == run / "checkpoint_4.pt"
     trainer.close()
@@ -105,12 +115,19 @@ def test_resume_takes_a_numbered_checkpoint_newer_than_last_and_skips_a_broken_o
 def test_new_run_over_an_existing_one_is_refused_unless_overwrite(pairs64, spm_model, tmp_path, capsys):
     run = tmp_path / "run"
     run.mkdir()
-    shutil.copyfile(_one_checkpoint(pairs64, spm_model, tmp_path), run / "checkpoint_7.pt")  # a killed run: numbered only
+    shutil.copyfile(
+        _one_checkpoint(pairs64, spm_model, tmp_path), run / "checkpoint_7.pt"
+    )  # a killed run: numbered only
     before = (run / "checkpoint_7.pt").read_bytes()
     cfg = write_config(tmp_path / "c.yaml", pairs64, spm_model, run, "train.max_updates=2", "train.save_every=1")
     capsys.readouterr()
     code, _, err = run_cli(["train", "-c", cfg], capsys)
-    assert code == 2 and err.count("\n") == 1 and "already holds a run (checkpoint_7.pt)" in err and f"--resume {run}" in err
+    assert (
+        code == 2
+        and err.count("\n") == 1
+        and "already holds a run (checkpoint_7.pt)" in err
+        and f"--resume {run}" in err
+    )
     assert "--overwrite" in err and (run / "checkpoint_7.pt").read_bytes() == before
     code, _, err = run_cli(["train", "-c", cfg, "--overwrite"], capsys)
     assert code == 0 and "removed the previous run's 1 checkpoints" in err
@@ -146,13 +163,27 @@ def test_second_process_on_a_run_gets_the_holders_pid(pairs64, spm_model, tmp_pa
 def test_empty_validation_set_is_refused_before_training(pairs64, spm_model, tmp_path):
     empty = tmp_path / "empty"
     empty.write_text("\n\n", encoding="utf-8")
-    cfg = config(pairs64, spm_model, tmp_path / "run", f"data.valid_src={empty}", f"data.valid_tgt={empty}", "train.validate_every=2")
+    cfg = config(
+        pairs64,
+        spm_model,
+        tmp_path / "run",
+        f"data.valid_src={empty}",
+        f"data.valid_tgt={empty}",
+        "train.validate_every=2",
+    )
     with pytest.raises(DataError, match=f"{empty}: the validation file holds no text"):
         train(cfg, on_update=lambda *_: pytest.fail("trained before checking the validation set"))
     # Text on both sides, but never on the same line: no pair survives, which only encoding can tell.
     (tmp_path / "v.en").write_text("A dog.\n\n", encoding="utf-8")
     (tmp_path / "v.de").write_text("\nEin Hund.\n", encoding="utf-8")
-    cfg = config(pairs64, spm_model, tmp_path / "run2", f"data.valid_src={tmp_path / 'v.en'}", f"data.valid_tgt={tmp_path / 'v.de'}", "train.validate_every=2")
+    cfg = config(
+        pairs64,
+        spm_model,
+        tmp_path / "run2",
+        f"data.valid_src={tmp_path / 'v.en'}",
+        f"data.valid_tgt={tmp_path / 'v.de'}",
+        "train.validate_every=2",
+    )
     with pytest.raises(ValidationError, match=f"{tmp_path / 'v.en'}: the validation set holds no pairs"):
         train(cfg, on_update=lambda *_: pytest.fail("trained before checking the validation set"))
 
@@ -177,7 +208,10 @@ def test_validation_pairs_longer_than_the_model_are_left_out_and_counted(pairs64
         )
     )
     log = (run / "train.log").read_text()
-    assert "validation: 1 of 16 pairs longer than 63 pieces (model.max_positions=64) left out of the validation loss" in log
+    assert (
+        "validation: 1 of 16 pairs longer than 63 pieces (model.max_positions=64) left out of the validation loss"
+        in log
+    )
     assert "validation BLEU: 1 of 16 sources longer than 63 pieces truncated" in log
     assert result.progress.last_validated == 2 and "val_bleu" in result.last_validation
 
@@ -203,7 +237,9 @@ def test_best_is_written_before_last(pairs64, spm_model, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         train(config(pairs64, spm_model, run, "train.max_updates=8", "train.validate_every=2"))
     assert update_of(run / "checkpoint_last.pt") == 2
-    assert update_of(run / "checkpoint_best.pt") == 4  # the validation of update 4 improved (a tiny model at its start always does)
+    assert (
+        update_of(run / "checkpoint_best.pt") == 4
+    )  # the validation of update 4 improved (a tiny model at its start always does)
 
 
 def _own_tqdm_lock() -> None:
@@ -221,7 +257,9 @@ def _train_and_sigterm_in_final_validation(cfg_path: str) -> None:
     real_validate = Trainer.validate
 
     def validate(self):
-        if self.progress.update == self.t.max_updates:  # the final one (max_updates is not a multiple of validate_every)
+        if (
+            self.progress.update == self.t.max_updates
+        ):  # the final one (max_updates is not a multiple of validate_every)
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)  # a long validation; the signal must cut it short
         return real_validate(self)
@@ -276,20 +314,34 @@ def _sigint_in_validation(trainer: Trainer, monkeypatch, *, at_update: int, wher
 
         monkeypatch.setattr(torch, "_foreach_copy_", copy)
     else:
-        trainer.model.decoder[0].register_forward_pre_hook(lambda module, _args: fire() if armed and not module.training else None)
+        trainer.model.decoder[0].register_forward_pre_hook(
+            lambda module, _args: fire() if armed and not module.training else None
+        )
 
 
 @pytest.mark.parametrize("where", ["ema_swap", "batch"])
-def test_a_stop_during_a_validation_leaves_checkpoint_last_resumable_exactly(pairs64, spm_model, tmp_path, monkeypatch, where):
+def test_a_stop_during_a_validation_leaves_checkpoint_last_resumable_exactly(
+    pairs64, spm_model, tmp_path, monkeypatch, where
+):
     """A signal during the EMA swap or a validation batch cuts the validation short and saves; 4 + resumed 2 updates ==
     6 straight ones, bit for bit: weights, EMA, optimizer moments, and the final validation's metrics."""
-    common = ["train.ema_decay=0.9", "model.dropout=0.1", "train.validate_every=2", "train.valid_bleu_sentences=4", "train.max_updates=6"]
+    common = [
+        "train.ema_decay=0.9",
+        "model.dropout=0.1",
+        "train.validate_every=2",
+        "train.valid_bleu_sentences=4",
+        "train.max_updates=6",
+    ]
     train(config(pairs64, spm_model, tmp_path / "a", *common))
     trainer = Trainer(config(pairs64, spm_model, tmp_path / "b", *common), resume=False)
     _sigint_in_validation(trainer, monkeypatch, at_update=4, where=where)
     result = trainer.run()
     monkeypatch.undo()
-    assert result.stop_reason == "interrupted" and result.progress.update == 4 and update_of(tmp_path / "b" / "checkpoint_last.pt") == 4
+    assert (
+        result.stop_reason == "interrupted"
+        and result.progress.update == 4
+        and update_of(tmp_path / "b" / "checkpoint_last.pt") == 4
+    )
     assert "validation at update 4 cut short by the signal" in (tmp_path / "b" / "train.log").read_text()
     assert resume(tmp_path / "b").progress.update == 6
     a, b = (load_checkpoint(tmp_path / run / "checkpoint_last.pt") for run in ("a", "b"))
@@ -314,18 +366,28 @@ def test_resume_from_an_averaged_checkpoint_is_one_line(pairs64, spm_model, tmp_
     capsys.readouterr()
     code, _, err = run_cli(["train", "--resume", avg_run], capsys)
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
-    assert f"{avg_run / 'checkpoint_last.pt'}: an averaged checkpoint (optimizer, scheduler, rng, progress missing)" in err
+    assert (
+        f"{avg_run / 'checkpoint_last.pt'}: an averaged checkpoint (optimizer, scheduler, rng, progress missing)" in err
+    )
 
 
 def test_changed_optimizer_settings_are_applied_and_said(pairs64, spm_model, tmp_path):
     run = tmp_path / "run"
     train(config(pairs64, spm_model, run, "train.max_updates=3"))
     saved = load_checkpoint(run / "checkpoint_last.pt")["optimizer"]
-    trainer = Trainer(resumed_config(run, ["train.weight_decay=0.01", "train.optimizer_betas=[0.9, 0.99]", "train.optimizer_eps=1e-6"]), resume=True)
+    trainer = Trainer(
+        resumed_config(
+            run, ["train.weight_decay=0.01", "train.optimizer_betas=[0.9, 0.99]", "train.optimizer_eps=1e-6"]
+        ),
+        resume=True,
+    )
     try:
         opt = trainer.optimizer
         assert isinstance(opt, torch.optim.AdamW)
-        assert {g["weight_decay"] for g in opt.param_groups} == {0.01, 0.0}  # matrices decay; biases, norms, embeddings not
+        assert {g["weight_decay"] for g in opt.param_groups} == {
+            0.01,
+            0.0,
+        }  # matrices decay; biases, norms, embeddings not
         assert all(g["betas"] == (0.9, 0.99) and g["eps"] == 1e-6 for g in opt.param_groups)
         # the moments carried over: every saved parameter state, by parameter
         params = [p for g in trainer.optimizer.param_groups for p in g["params"]]
@@ -334,7 +396,11 @@ def test_changed_optimizer_settings_are_applied_and_said(pairs64, spm_model, tmp
     finally:
         trainer.close()
     log = (run / "train.log").read_text()
-    for change in ("train.weight_decay: 0 -> 0.01", "train.optimizer_betas: [0.9, 0.98] -> [0.9, 0.99]", "train.optimizer_eps: 1e-09 -> 1e-06"):
+    for change in (
+        "train.weight_decay: 0 -> 0.01",
+        "train.optimizer_betas: [0.9, 0.98] -> [0.9, 0.99]",
+        "train.optimizer_eps: 1e-09 -> 1e-06",
+    ):
         assert f"resuming with {change}: applied from update 4 on" in log
     assert resume(run, "train.weight_decay=0.01", "train.max_updates=5").progress.update == 5
 
@@ -342,11 +408,16 @@ def test_changed_optimizer_settings_are_applied_and_said(pairs64, spm_model, tmp
 def test_changed_batching_restarts_the_epoch_and_says_so(pairs64, spm_model, tmp_path):
     run = tmp_path / "run"
     result = train(config(pairs64, spm_model, run, "train.max_updates=3"))
-    assert result.progress.epoch == 1 and result.progress.batch_in_epoch == 3  # 64 pairs in 300-token batches: mid-epoch
+    assert (
+        result.progress.epoch == 1 and result.progress.batch_in_epoch == 3
+    )  # 64 pairs in 300-token batches: mid-epoch
     trainer = Trainer(resumed_config(run, ["train.max_tokens=500"]), resume=True)
     assert trainer.progress.batch_in_epoch == 0 and trainer.progress.epoch == 1
     trainer.close()
-    assert "the batching changed since the checkpoint (max_tokens 300 -> 500): epoch 1 starts again" in (run / "train.log").read_text()
+    assert (
+        "the batching changed since the checkpoint (max_tokens 300 -> 500): epoch 1 starts again"
+        in (run / "train.log").read_text()
+    )
     trainer = Trainer(resumed_config(run, []), resume=True)  # unchanged: the position holds
     assert trainer.progress.batch_in_epoch == 3
     trainer.close()
@@ -362,20 +433,36 @@ def test_validation_beam_beyond_the_vocabulary_is_refused_at_start(pairs64, spm_
 
 # ---------------------------------------------------------------- the NaN guard's bound; metrics.jsonl after a resume
 def test_nan_updates_stop_the_run_after_a_bounded_number(pairs64, spm_model, tmp_path, monkeypatch):
-    monkeypatch.setattr(torch.nn.utils, "get_total_norm", lambda *_a, **_k: torch.tensor(float("nan")))  # the norm the NaN guard reads
+    monkeypatch.setattr(
+        torch.nn.utils, "get_total_norm", lambda *_a, **_k: torch.tensor(float("nan"))
+    )  # the norm the NaN guard reads
     run = tmp_path / "run"
-    with pytest.raises(TrainError, match=f"diverged: the last {MAX_NONFINITE_UPDATES} updates all had a non-finite gradient norm"):
+    with pytest.raises(
+        TrainError, match=f"diverged: the last {MAX_NONFINITE_UPDATES} updates all had a non-finite gradient norm"
+    ):
         train(config(pairs64, spm_model, run, "train.max_updates=50", "train.save_every=1", "train.keep_last=0"))
-    assert MAX_NONFINITE_UPDATES == 10 and update_of(run / "checkpoint_last.pt") == 10 and not (run / "checkpoint_11.pt").exists()
-    first, last = load_checkpoint(run / "checkpoint_1.pt")["model"], load_checkpoint(run / "checkpoint_last.pt")["model"]
-    assert all(torch.equal(first[k], last[k]) for k in first)  # every update was skipped: the saved model is the one before them
+    assert (
+        MAX_NONFINITE_UPDATES == 10
+        and update_of(run / "checkpoint_last.pt") == 10
+        and not (run / "checkpoint_11.pt").exists()
+    )
+    first, last = (
+        load_checkpoint(run / "checkpoint_1.pt")["model"],
+        load_checkpoint(run / "checkpoint_last.pt")["model"],
+    )
+    assert all(
+        torch.equal(first[k], last[k]) for k in first
+    )  # every update was skipped: the saved model is the one before them
     assert "update 10: gradient norm is nan; update skipped" in (run / "train.log").read_text()
 
 
 def test_metrics_jsonl_has_each_update_once_after_a_resume(pairs64, spm_model, tmp_path):
     run = tmp_path / "run"
     with pytest.raises(KeyboardInterrupt):  # killed at update 6: records 1-5 written, the last checkpoint is update 4
-        train(config(pairs64, spm_model, run, "train.max_updates=8", "train.validate_every=4", "train.log_every=1"), on_update=stop_at(6))
+        train(
+            config(pairs64, spm_model, run, "train.max_updates=8", "train.validate_every=4", "train.log_every=1"),
+            on_update=stop_at(6),
+        )
     resume(run)
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["update"] for r in records if r["kind"] == "train"] == list(range(1, 9))
@@ -406,8 +493,14 @@ def test_disk_full_while_logging_names_train_log(pairs64, spm_model, tmp_path, m
 
     monkeypatch.setattr(RunLog, "__init__", init)
     run = tmp_path / "run"
-    code, _, err = run_cli(["train", "-c", write_config(tmp_path / "c.yaml", pairs64, spm_model, run, "train.max_updates=2")], capsys)
-    assert code == 2 and err == f"tmt: error: {run / 'train.log'}: No space left on device; free some disk space or write elsewhere\n"
+    code, _, err = run_cli(
+        ["train", "-c", write_config(tmp_path / "c.yaml", pairs64, spm_model, run, "train.max_updates=2")], capsys
+    )
+    assert (
+        code == 2
+        and err
+        == f"tmt: error: {run / 'train.log'}: No space left on device; free some disk space or write elsewhere\n"
+    )
 
 
 # ---------------------------------------------------------------- SIGKILL at random moments, ten times
@@ -442,7 +535,10 @@ def test_sigkill_at_random_moments_leaves_a_resumable_run(pairs64, spm_model, tm
         child = fork.Process(target=_train_in_child, args=(argv,))
         child.start()
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and max((update_of_name(p) for p in run.glob("checkpoint_[0-9]*.pt")), default=0) <= newest:
+        while (
+            time.monotonic() < deadline
+            and max((update_of_name(p) for p in run.glob("checkpoint_[0-9]*.pt")), default=0) <= newest
+        ):
             time.sleep(0.01)  # until this process has saved a checkpoint of its own
         time.sleep(rng.uniform(0.0, 0.3))  # then a random moment: inside an update, a save, a validation, a prune
         os.kill(child.pid, signal.SIGKILL)

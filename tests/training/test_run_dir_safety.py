@@ -27,7 +27,9 @@ def test_overwrite_refused_by_a_later_check_keeps_the_old_run(pairs64, spm_model
     before = _old_run(pairs64, spm_model, run)
     assert "checkpoint_last.pt" in before
     config_before = (run / "config.yaml").read_bytes()
-    cfg = write_config(tmp_path / "c.yaml", pairs64, spm_model, run, "train.valid_beam=600", "train.valid_bleu_sentences=4")
+    cfg = write_config(
+        tmp_path / "c.yaml", pairs64, spm_model, run, "train.valid_beam=600", "train.valid_bleu_sentences=4"
+    )
     capsys.readouterr()
     code, _, err = run_cli(["train", "-c", cfg, "--overwrite"], capsys)
     assert code == 2 and "train.valid_beam=600" in err

@@ -17,7 +17,9 @@ from transformer_mt.training import trainer as train_module
 PEAK, WARMUP, COOLDOWN = 1e-3, 10, 0.2
 
 
-def expected_wsd(update: int, fraction: float, *, peak: float = PEAK, warmup: int = WARMUP, cooldown: float = COOLDOWN) -> float:
+def expected_wsd(
+    update: int, fraction: float, *, peak: float = PEAK, warmup: int = WARMUP, cooldown: float = COOLDOWN
+) -> float:
     """The schedule written out piece by piece (warm-up, stable, cool-down, after the budget), apart from optim.py's min() form."""
     rate = peak * update / warmup if update < warmup else peak
     if fraction >= 1.0:
@@ -63,8 +65,12 @@ def test_wsd_values_at_fractions_of_max_time():
 @pytest.mark.parametrize("fraction", [0.0, 0.3, 0.8, 0.85, 0.9, 0.97, 1.0, 1.2])
 @pytest.mark.parametrize("update", [1, 5, 10, 11, 1000])
 def test_wsd_formula_matches_the_pieces(update, fraction):
-    assert wsd_lr(update, fraction, peak=PEAK, warmup=WARMUP, cooldown=COOLDOWN) == pytest.approx(expected_wsd(update, fraction), abs=1e-15)
-    assert wsd_lr(update, fraction, peak=PEAK, warmup=0, cooldown=COOLDOWN) == pytest.approx(expected_wsd(update, fraction, warmup=0), abs=1e-15)
+    assert wsd_lr(update, fraction, peak=PEAK, warmup=WARMUP, cooldown=COOLDOWN) == pytest.approx(
+        expected_wsd(update, fraction), abs=1e-15
+    )
+    assert wsd_lr(update, fraction, peak=PEAK, warmup=0, cooldown=COOLDOWN) == pytest.approx(
+        expected_wsd(update, fraction, warmup=0), abs=1e-15
+    )
 
 
 def test_budget_fraction_is_the_budget_that_ends_first():
@@ -121,7 +127,11 @@ def fake_clock(monkeypatch):
     """train.py's time.monotonic replaced by a clock that moves TICK seconds per optimizer step (only then),
     so a max_time run has a known number of updates on any machine; perf_counter stays real."""
     now = [1000.0]
-    monkeypatch.setattr(train_module, "time", types.SimpleNamespace(monotonic=lambda: now[0], perf_counter=train_module.time.perf_counter))
+    monkeypatch.setattr(
+        train_module,
+        "time",
+        types.SimpleNamespace(monotonic=lambda: now[0], perf_counter=train_module.time.perf_counter),
+    )
 
     def attach(trainer: Trainer) -> Trainer:
         trainer.optimizer.register_step_post_hook(lambda *_: now.__setitem__(0, now[0] + TICK))
@@ -148,10 +158,14 @@ def test_a_run_cools_to_zero_at_the_end_of_its_budget(pairs64, spm_model, tmp_pa
     result = trainer.run()
     assert result.progress.update == 20 and ("max_time" if budget == "time" else "max_updates") in result.stop_reason
     assert rates == pytest.approx([by_hand(u) for u in range(1, 21)], abs=1e-12)
-    assert rates[3] == pytest.approx(PEAK) and rates[-1] == pytest.approx(PEAK * 0.1)  # the last update: 1 / 20 of the budget left
+    assert rates[3] == pytest.approx(PEAK) and rates[-1] == pytest.approx(
+        PEAK * 0.1
+    )  # the last update: 1 / 20 of the budget left
     assert trainer.scheduler.lr == 0.0  # the budget is spent: the next rate would be 0
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    logged = {r["update"]: r["lr"] for r in records if r["kind"] == "train"}  # the lr column: the rate of each logged update
+    logged = {
+        r["update"]: r["lr"] for r in records if r["kind"] == "train"
+    }  # the lr column: the rate of each logged update
     assert logged.keys() == {5, 10, 15, 20}
     assert [logged[u] for u in sorted(logged)] == pytest.approx([by_hand(u) for u in sorted(logged)], abs=1e-12)
 
@@ -162,7 +176,9 @@ def test_resume_keeps_the_schedule_continuous(pairs64, spm_model, tmp_path, fake
     straight, first, second = [], [], []
     fake_clock(
         Trainer(
-            run_config(pairs64, spm_model, tmp_path / "a", *TINY, *WSD, *budget_options(budget)), resume=False, on_update=lambda u, s: straight.append(s["lr"])
+            run_config(pairs64, spm_model, tmp_path / "a", *TINY, *WSD, *budget_options(budget)),
+            resume=False,
+            on_update=lambda u, s: straight.append(s["lr"]),
         )
     ).run()
 
@@ -172,10 +188,16 @@ def test_resume_keeps_the_schedule_continuous(pairs64, spm_model, tmp_path, fake
             interrupted.stopping.request()  # as a SIGINT would: save checkpoint_last.pt and stop
 
     interrupted = fake_clock(
-        Trainer(run_config(pairs64, spm_model, tmp_path / "b", *TINY, *WSD, *budget_options(budget)), resume=False, on_update=stop_after_14)
+        Trainer(
+            run_config(pairs64, spm_model, tmp_path / "b", *TINY, *WSD, *budget_options(budget)),
+            resume=False,
+            on_update=stop_after_14,
+        )
     )
     assert interrupted.run().stop_reason == "interrupted"
-    resumed = fake_clock(Trainer(resumed_config(tmp_path / "b", []), resume=True, on_update=lambda u, s: second.append(s["lr"])))
+    resumed = fake_clock(
+        Trainer(resumed_config(tmp_path / "b", []), resume=True, on_update=lambda u, s: second.append(s["lr"]))
+    )
     assert resumed.scheduler.lr == pytest.approx(straight[14], abs=1e-15)  # the restored rate of update 15
     resumed.run()
     assert len(first) == 14 and first + second == pytest.approx(straight, abs=1e-15)

@@ -69,8 +69,32 @@ def test_tiny_model_overfits_64_real_pairs(pairs64, spm_model, tmp_path):
     assert (tmp_path / "run" / "config.yaml").is_file() and (tmp_path / "run" / "checkpoint_best.pt").is_file()
 
 
-TRAIN_FIELDS = {"kind", "update", "epoch", "wall", "loss", "nll", "ppl", "lr", "gnorm", "tokens", "tokens_per_s", "updates_per_s"}
-VALID_FIELDS = {"kind", "update", "epoch", "wall", "val_loss", "val_nll", "val_ppl", "val_bleu", "best", "valid_seconds"}
+TRAIN_FIELDS = {
+    "kind",
+    "update",
+    "epoch",
+    "wall",
+    "loss",
+    "nll",
+    "ppl",
+    "lr",
+    "gnorm",
+    "tokens",
+    "tokens_per_s",
+    "updates_per_s",
+}
+VALID_FIELDS = {
+    "kind",
+    "update",
+    "epoch",
+    "wall",
+    "val_loss",
+    "val_nll",
+    "val_ppl",
+    "val_bleu",
+    "best",
+    "valid_seconds",
+}
 SUMMARY_FIELDS = {
     "kind",
     "update",
@@ -109,10 +133,18 @@ def test_metrics_jsonl_follows_the_documented_schema(pairs64, spm_model, tmp_pat
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     n = result.progress.update
     by_kind = {kind: [r for r in records if r["kind"] == kind] for kind in ("train", "valid", "summary")}
-    assert sum(map(len, by_kind.values())) == len(records) and records[-1]["kind"] == "summary" and len(by_kind["summary"]) == 1
-    assert all(set(r) == TRAIN_FIELDS for r in by_kind["train"]) and [r["update"] for r in by_kind["train"]] == list(range(1, n + 1))
+    assert (
+        sum(map(len, by_kind.values())) == len(records)
+        and records[-1]["kind"] == "summary"
+        and len(by_kind["summary"]) == 1
+    )
+    assert all(set(r) == TRAIN_FIELDS for r in by_kind["train"]) and [r["update"] for r in by_kind["train"]] == list(
+        range(1, n + 1)
+    )
     assert all(set(r) == VALID_FIELDS for r in by_kind["valid"])
-    assert [r["update"] for r in by_kind["valid"]] == list(range(4, n + 1, 4)) + ([n] if n % 4 else [])  # and once at the end
+    assert [r["update"] for r in by_kind["valid"]] == list(range(4, n + 1, 4)) + (
+        [n] if n % 4 else []
+    )  # and once at the end
     # "best": the validation loss improved on every earlier one
     losses = [r["val_loss"] for r in by_kind["valid"]]
     assert [r["best"] for r in by_kind["valid"]] == [all(x < y for y in losses[:i]) for i, x in enumerate(losses)]
@@ -139,12 +171,16 @@ def test_shared_tiny_runs_are_as_documented(tiny_run, tiny_run_postnorm):
     for run, norm in ((tiny_run, "pre"), (tiny_run_postnorm, "post")):
         state = load_checkpoint(run.checkpoint)
         assert state["config"]["model"]["norm"] == norm and state["progress"]["update"] == 150
-        assert {"checkpoint_best.pt", "checkpoint_75.pt", "checkpoint_150.pt", "train.log", "config.yaml"} <= {p.name for p in run.run_dir.iterdir()}
+        assert {"checkpoint_best.pt", "checkpoint_75.pt", "checkpoint_150.pt", "train.log", "config.yaml"} <= {
+            p.name for p in run.run_dir.iterdir()
+        }
         records = [json.loads(line) for line in (run.run_dir / "metrics.jsonl").read_text().splitlines()]
         assert [r["update"] for r in records if r["kind"] == "valid"] == [75, 150] and records[-1]["kind"] == "summary"
         assert records[-1]["last_valid"]["val_loss"] < 5.5  # log(1000 pieces) = 6.9 at the start
         tok = Tokenizer(run.spm_model)
-        model = Transformer(config_from_checkpoint(state).model, src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size)
+        model = Transformer(
+            config_from_checkpoint(state).model, src_vocab_size=tok.vocab_size, tgt_vocab_size=tok.vocab_size
+        )
         model.load_state_dict(state["model"])
         out = tok.decode([h[0].tokens for h in translate_ids(model, tok.encode(head(run.corpus["val.en"], 8)), beam=1)])
         assert len({w for line in out for w in line.split()}) >= 5, out  # not one word repeated
@@ -165,8 +201,14 @@ def test_resume_gives_the_same_parameters_and_losses(pairs64, spm_model, tmp_pat
         f"data.subword_alpha={subword_alpha}",
     ]  # with sampling, the resumed run re-samples the same pieces
     straight, first, second = [], [], []
-    train(tiny_config(pairs64, spm_model, tmp_path / "a", *common, "train.max_updates=20"), on_update=lambda u, s: straight.append(s["loss"]))
-    res = train(tiny_config(pairs64, spm_model, tmp_path / "b", *common, "train.max_updates=10"), on_update=lambda u, s: first.append(s["loss"]))
+    train(
+        tiny_config(pairs64, spm_model, tmp_path / "a", *common, "train.max_updates=20"),
+        on_update=lambda u, s: straight.append(s["loss"]),
+    )
+    res = train(
+        tiny_config(pairs64, spm_model, tmp_path / "b", *common, "train.max_updates=10"),
+        on_update=lambda u, s: first.append(s["loss"]),
+    )
     assert res.progress.update == 10 and res.progress.epoch >= 1
     from transformer_mt.training import resumed_config
 
@@ -208,14 +250,22 @@ def test_numbered_checkpoints_follow_save_every_between_validations(pairs64, spm
 @pytest.mark.slow
 def test_failed_save_keeps_the_last_good_checkpoint(pairs64, spm_model, tmp_path, monkeypatch):
     cfg = tiny_config(
-        pairs64, spm_model, tmp_path / "run", "train.max_updates=12", "train.validate_every=4", "train.valid_bleu_sentences=-1", "train.max_tokens=300"
+        pairs64,
+        spm_model,
+        tmp_path / "run",
+        "train.max_updates=12",
+        "train.validate_every=4",
+        "train.valid_bleu_sentences=-1",
+        "train.max_tokens=300",
     )
     real_save = torch.save
     calls = {"n": 0}
 
     def flaky_save(obj, f, *args, **kwargs):
         calls["n"] += 1
-        if calls["n"] > 1:  # the save of update 4 succeeds (one serialisation named best, numbered and last); the disk fills at update 8
+        if (
+            calls["n"] > 1
+        ):  # the save of update 4 succeeds (one serialisation named best, numbered and last); the disk fills at update 8
             f.write(b"partial bytes")
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_save(obj, f, *args, **kwargs)
@@ -226,7 +276,9 @@ def test_failed_save_keeps_the_last_good_checkpoint(pairs64, spm_model, tmp_path
     monkeypatch.setattr(torch, "save", real_save)
     state = load_checkpoint(tmp_path / "run" / "checkpoint_last.pt")
     assert state["progress"]["update"] == 4
-    assert not [p for p in (tmp_path / "run").iterdir() if (p.name.startswith(".") and p.name != ".lock") or p.suffix == ".tmp"]
+    assert not [
+        p for p in (tmp_path / "run").iterdir() if (p.name.startswith(".") and p.name != ".lock") or p.suffix == ".tmp"
+    ]
 
 
 @pytest.mark.slow
@@ -239,13 +291,24 @@ def test_sigint_saves_a_resumable_checkpoint(pairs64, spm_model, tmp_path):
                 "data": {"train_src": str(pairs64["train.en"]), "train_tgt": str(pairs64["train.de"])},
                 "tokenizer": {"model": str(spm_model)},
                 "model": {"encoder_layers": 1, "decoder_layers": 1, "d_model": 32, "heads": 2, "d_ff": 64},
-                "train": {"out_dir": str(run), "max_updates": 100000, "log_every": 1, "max_tokens": 300, "threads": 1, "device": "cpu"},
+                "train": {
+                    "out_dir": str(run),
+                    "max_updates": 100000,
+                    "log_every": 1,
+                    "max_tokens": 300,
+                    "threads": 1,
+                    "device": "cpu",
+                },
             }
         )
     )
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "transformer_mt.cli", "train", "-c", str(cfg_path)], stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        [sys.executable, "-m", "transformer_mt.cli", "train", "-c", str(cfg_path)],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     metrics = run / "metrics.jsonl"
     deadline = time.time() + 60
@@ -273,7 +336,14 @@ def write_cfg(tmp_path, src, tgt, spm_model, **train):
             {
                 "data": {"train_src": str(src), "train_tgt": str(tgt), "max_len": 30},
                 "tokenizer": {"model": str(spm_model)},
-                "model": {"encoder_layers": 1, "decoder_layers": 1, "d_model": 32, "heads": 2, "d_ff": 64, "max_positions": 64},
+                "model": {
+                    "encoder_layers": 1,
+                    "decoder_layers": 1,
+                    "d_model": 32,
+                    "heads": 2,
+                    "d_ff": 64,
+                    "max_positions": 64,
+                },
                 "train": {"out_dir": str(tmp_path / "run"), "max_updates": 3, "threads": 1, "device": "cpu", **train},
             }
         )
@@ -284,7 +354,9 @@ def write_cfg(tmp_path, src, tgt, spm_model, **train):
 def test_mismatched_line_counts_is_one_line(tmp_path, spm_model, capsys):
     (tmp_path / "a.en").write_text("one\ntwo\nthree\n")
     (tmp_path / "a.de").write_text("eins\nzwei\n")
-    code, _, err = run_cli(["train", "-c", str(write_cfg(tmp_path, tmp_path / "a.en", tmp_path / "a.de", spm_model))], capsys)
+    code, _, err = run_cli(
+        ["train", "-c", str(write_cfg(tmp_path, tmp_path / "a.en", tmp_path / "a.de", spm_model))], capsys
+    )
     assert code == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert "a.en" in err and "a.de" in err and "3" in err and "2" in err
 
@@ -292,7 +364,9 @@ def test_mismatched_line_counts_is_one_line(tmp_path, spm_model, capsys):
 def test_invalid_utf8_names_file_and_line(tmp_path, spm_model, capsys):
     (tmp_path / "a.en").write_bytes(b"one\ntwo\nth\xffree\n")
     (tmp_path / "a.de").write_text("eins\nzwei\ndrei\n")
-    code, _, err = run_cli(["train", "-c", str(write_cfg(tmp_path, tmp_path / "a.en", tmp_path / "a.de", spm_model))], capsys)
+    code, _, err = run_cli(
+        ["train", "-c", str(write_cfg(tmp_path, tmp_path / "a.en", tmp_path / "a.de", spm_model))], capsys
+    )
     assert code == 2 and err.count("\n") == 1 and "a.en" in err and ":3" in err and "UTF-8" in err
 
 
@@ -313,7 +387,9 @@ def test_empty_lines_and_long_pairs_are_dropped_and_counted(tmp_path, pairs64, s
     tgt[12] = " ".join(["Hund"] * 40)
     (tmp_path / "e.en").write_text("\n".join(src) + "\n")
     (tmp_path / "e.de").write_text("\n".join(tgt) + "\n")
-    code, _, err = run_cli(["train", "-c", str(write_cfg(tmp_path, tmp_path / "e.en", tmp_path / "e.de", spm_model))], capsys)
+    code, _, err = run_cli(
+        ["train", "-c", str(write_cfg(tmp_path, tmp_path / "e.en", tmp_path / "e.de", spm_model))], capsys
+    )
     assert code in (0, None), err
     log = (tmp_path / "run" / "train.log").read_text()
     assert "20 pairs read, 16 kept" in log
@@ -327,7 +403,13 @@ def test_gradients_reach_adam_clipped_only_when_clip_norm_is_set(corpus_slice, s
     from transformer_mt.training import Trainer
 
     cfg = tiny_config(
-        corpus_slice, spm_model, tmp_path / "run", f"train.clip_norm={clip}", "train.max_updates=3", "train.validate_every=100", "train.valid_bleu_sentences=-1"
+        corpus_slice,
+        spm_model,
+        tmp_path / "run",
+        f"train.clip_norm={clip}",
+        "train.max_updates=3",
+        "train.validate_every=100",
+        "train.valid_bleu_sentences=-1",
     )
     trainer = Trainer(cfg, resume=False)
     seen, step = [], trainer.optimizer.step
@@ -363,8 +445,14 @@ def test_marian_options_train_and_resume(pairs64, spm_model, tmp_path):
         "train.warmup_updates=3",
     ]
     straight, first, second = [], [], []
-    train(tiny_config(pairs64, spm_model, tmp_path / "a", *common, "train.max_updates=6"), on_update=lambda u, s: straight.append(s["loss"]))
-    train(tiny_config(pairs64, spm_model, tmp_path / "b", *common, "train.max_updates=3"), on_update=lambda u, s: first.append(s["loss"]))
+    train(
+        tiny_config(pairs64, spm_model, tmp_path / "a", *common, "train.max_updates=6"),
+        on_update=lambda u, s: straight.append(s["loss"]),
+    )
+    train(
+        tiny_config(pairs64, spm_model, tmp_path / "b", *common, "train.max_updates=3"),
+        on_update=lambda u, s: first.append(s["loss"]),
+    )
     from transformer_mt.training import resumed_config
 
     cfg = resumed_config(tmp_path / "b", ["train.max_updates=6"])

@@ -20,14 +20,24 @@ SAVED = "data=multi30k.0123abcd max_tokens=300 seed=1 subword=0/1"
 
 
 def batching(**changes) -> Batching:
-    fields = {"data": "multi30k.0123abcd", "max_tokens": 300, "seed": 1, "subword_alpha": 0.0, "subword_nbest": 1, **changes}
+    fields = {
+        "data": "multi30k.0123abcd",
+        "max_tokens": 300,
+        "seed": 1,
+        "subword_alpha": 0.0,
+        "subword_nbest": 1,
+        **changes,
+    }
     return Batching.of(**fields)
 
 
 def test_the_saved_batching_text_is_read_back_and_written_the_same():
     assert Batching.parse(SAVED) == batching() and batching().to_text() == SAVED
     assert Batching.parse("") is None  # a checkpoint from before the fingerprint: no check on resume
-    assert batching().changes(batching(max_tokens=500, subword_alpha=0.1, subword_nbest=8)) == ["max_tokens 300 -> 500", "subword 0/1 -> 0.1/8"]
+    assert batching().changes(batching(max_tokens=500, subword_alpha=0.1, subword_nbest=8)) == [
+        "max_tokens 300 -> 500",
+        "subword 0/1 -> 0.1/8",
+    ]
     assert batching().changes(batching()) == []
 
 
@@ -36,7 +46,9 @@ def test_a_batching_alpha_compares_at_the_saved_precision():
     assert Batching.parse(fine.to_text()) == fine  # the text keeps 6 digits; the fingerprint is built at that precision
 
 
-@pytest.mark.parametrize("text", ["data=x seed=1", "data=x max_tokens=many seed=1 subword=0/1", "data=x max_tokens=3 seed=1 subword=0"])
+@pytest.mark.parametrize(
+    "text", ["data=x seed=1", "data=x max_tokens=many seed=1 subword=0/1", "data=x max_tokens=3 seed=1 subword=0"]
+)
 def test_a_damaged_batching_text_names_the_fix(text):
     with pytest.raises(CheckpointError, match="the checkpoint is damaged, resume from another one"):
         Batching.parse(text)
@@ -61,8 +73,15 @@ def test_progress_counts_validations_for_patience():
 # ---------------------------------------------------------------- the checkpoint policy
 def test_policy_names_best_before_numbered_before_last(tmp_path):
     every_validation = CheckpointPolicy(tmp_path, TrainConfig(validate_every=10, save_every=0))
-    assert [p.name for p in every_validation.after_validation(10, improved=True)] == ["checkpoint_best.pt", "checkpoint_10.pt", "checkpoint_last.pt"]
-    assert [p.name for p in every_validation.after_validation(20, improved=False)] == ["checkpoint_20.pt", "checkpoint_last.pt"]
+    assert [p.name for p in every_validation.after_validation(10, improved=True)] == [
+        "checkpoint_best.pt",
+        "checkpoint_10.pt",
+        "checkpoint_last.pt",
+    ]
+    assert [p.name for p in every_validation.after_validation(20, improved=False)] == [
+        "checkpoint_20.pt",
+        "checkpoint_last.pt",
+    ]
     assert every_validation.between_validations(5) == []
     spaced = CheckpointPolicy(tmp_path, TrainConfig(validate_every=10, save_every=4))
     assert [p.name for p in spaced.after_validation(10, improved=False)] == ["checkpoint_last.pt"]
@@ -71,7 +90,8 @@ def test_policy_names_best_before_numbered_before_last(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("metric", "val", "best", "improves"), [("loss", {"val_loss": 2.0}, 2.5, True), ("bleu", {"val_loss": 2.0, "val_bleu": 30.0}, 31.0, False)]
+    ("metric", "val", "best", "improves"),
+    [("loss", {"val_loss": 2.0}, 2.5, True), ("bleu", {"val_loss": 2.0, "val_bleu": 30.0}, 31.0, False)],
 )
 def test_policy_best_metric(tmp_path, metric, val, best, improves):
     policy = CheckpointPolicy(tmp_path, TrainConfig(best_metric=metric))

@@ -55,7 +55,9 @@ def layer_params(d: int, f: int, *, cross: bool) -> int:
     return attention * (2 if cross else 1) + (d * f + f) + (f * d + d) + (3 if cross else 2) * 2 * d
 
 
-@pytest.mark.parametrize("norm,positions,share_all,share_dec", [("post", "sinusoidal", "true", "true"), ("pre", "learned", "false", "false")])
+@pytest.mark.parametrize(
+    "norm,positions,share_all,share_dec", [("post", "sinusoidal", "true", "true"), ("pre", "learned", "false", "false")]
+)
 def test_inspect_totals_equal_parameter_count(tmp_path, capsys, norm, positions, share_all, share_dec):
     path = tmp_path / "tiny.yaml"
     path.write_text(TINY_YAML % (norm, positions, share_all, share_dec))
@@ -71,19 +73,29 @@ def test_inspect_totals_equal_parameter_count(tmp_path, capsys, norm, positions,
     by_hand += 2 * 2 * d if norm == "pre" else 0  # final LayerNorm of each stack
     assert expected == by_hand
     assert f"parameters: {expected:,} " in out
-    rows = {m.group(1): int(m.group(2).replace(",", "")) for m in re.finditer(r"^(\S+)\s+.*?\s([\d,]+)(?:\s{3}|$)", out, re.M)}
+    rows = {
+        m.group(1): int(m.group(2).replace(",", ""))
+        for m in re.finditer(r"^(\S+)\s+.*?\s([\d,]+)(?:\s{3}|$)", out, re.M)
+    }
     assert rows["Transformer"] == expected
     top = [line for line in out.splitlines() if re.match(r"^  \S", line)]  # the model's direct children
     assert sum(int(re.search(r"\s([\d,]+)(\s{3}|$)", line).group(1).replace(",", "")) for line in top) == expected
     # shapes from first principles: B=2, S=7, T=5, H=3, Dk=Dv=8
-    assert "Q (B, H, S, Dk) = (2, 3, 7, 8)" in out and "scores softmax(QK^T/sqrt(Dk)) (B, H, S, S) = (2, 3, 7, 7)" in out
+    assert (
+        "Q (B, H, S, Dk) = (2, 3, 7, 8)" in out and "scores softmax(QK^T/sqrt(Dk)) (B, H, S, S) = (2, 3, 7, 7)" in out
+    )
     assert "scores softmax(QK^T/sqrt(Dk)) (B, H, T, S) = (2, 3, 5, 7)" in out  # cross-attention
     decoder_self = re.search(r"\(B, H, T, T\) = \(2, 3, 5, 5\)   mask (.*)", out).group(1)
-    assert decoder_self in ("allowed (2, 1, 5, 5) bool, True = attend (causal + padding)", "causal (is_causal, no mask tensor)")
+    assert decoder_self in (
+        "allowed (2, 1, 5, 5) bool, True = attend (causal + padding)",
+        "causal (is_causal, no mask tensor)",
+    )
     assert "(2, 5, 24) -> (2, 5, 60)" in out  # the output layer's logits
 
 
-@pytest.mark.parametrize("name,size,params", [("transformer_base.yaml", "base", 65), ("transformer_big.yaml", "big", 213)])
+@pytest.mark.parametrize(
+    "name,size,params", [("transformer_base.yaml", "base", 65), ("transformer_big.yaml", "big", 213)]
+)
 def test_inspect_names_the_paper_size(capsys, name, size, params):
     code, out, err = run_cli(capsys, "inspect", str(REPO / "configs" / name))
     assert code == 0, err
@@ -227,7 +239,9 @@ def independent_weights(model, src_ids: list[int], tgt_in_ids: list[int]) -> dic
         bq, bk, bv = sa.in_bias.split(sa.sizes)
         w = softmax(heads(h, wq, bq, sa), heads(h, wk, bk, sa), causal)
         out["decoder_self"].append(w[0])
-        attn = (w @ heads(h, wv, bv, sa)).transpose(1, 2).reshape(1, t, -1) @ sa.out.weight.double().T + sa.out.bias.double()
+        attn = (w @ heads(h, wv, bv, sa)).transpose(1, 2).reshape(
+            1, t, -1
+        ) @ sa.out.weight.double().T + sa.out.bias.double()
         x = x + attn if pre else norm(layer.norm1, x + attn)
         h = norm(layer.norm2, x) if pre else x
         wq, wk, _ = ca.in_weight.split(ca.sizes)
@@ -245,13 +259,17 @@ def tiny_model(tiny_checkpoint):
 
 def test_attention_json_equals_independent_computation(tmp_path, capsys, tiny_checkpoint, tiny_model, tiny_run):
     line = tiny_run.corpus["val.en"].read_text().splitlines()[3]
-    code, out, err = run_cli(capsys, "attention", "-c", str(tiny_checkpoint), "--src", line, "-o", str(tmp_path / "maps"))
+    code, out, err = run_cli(
+        capsys, "attention", "-c", str(tiny_checkpoint), "--src", line, "-o", str(tmp_path / "maps")
+    )
     assert code == 0, err
     data = json.loads((tmp_path / "maps" / "attention.json").read_text())
     sp = tiny_model.src_tok.sp
     src_ids = [sp.piece_to_id(p) for p in data["src_pieces"]]
     tgt_in_ids = [sp.piece_to_id(p) for p in data["tgt_in_pieces"]]
-    assert src_ids[:-1] == tiny_model.src_tok.encode([line])[0] and src_ids[-1] == 3 and tgt_in_ids[0] == 2  # pieces + EOS; BOS + output
+    assert (
+        src_ids[:-1] == tiny_model.src_tok.encode([line])[0] and src_ids[-1] == 3 and tgt_in_ids[0] == 2
+    )  # pieces + EOS; BOS + output
     expected = independent_weights(tiny_model.model, src_ids, tgt_in_ids)
     s, t = len(src_ids), len(tgt_in_ids)
     for kind, shape in (("encoder_self", (4, s, s)), ("decoder_self", (4, t, t)), ("cross", (4, t, s))):
@@ -261,12 +279,16 @@ def test_attention_json_equals_independent_computation(tmp_path, capsys, tiny_ch
         torch.testing.assert_close(got.sum(-1), torch.ones(got.shape[:-1], dtype=torch.float64), atol=1e-5, rtol=0)
     dec = torch.tensor(data["decoder_self"])
     below = torch.ones(t, t, dtype=torch.bool).tril()
-    assert bool((dec[..., ~below] == 0).all()) and bool((dec[..., below] > 0).all())  # causal: exactly zero above the diagonal only
+    assert bool((dec[..., ~below] == 0).all()) and bool(
+        (dec[..., below] > 0).all()
+    )  # causal: exactly zero above the diagonal only
     for name in ("encoder_self", "decoder_self", "cross"):
         assert_not_blank(decoded_png(tmp_path / "maps" / f"{name}.png"))
     # the drawn translation is what `tmt translate` prints for that line (same checkpoint, same beam)
     (tmp_path / "in.en").write_text(line + "\n")
-    code, _, err = run_cli(capsys, "translate", "-c", str(tiny_checkpoint), str(tmp_path / "in.en"), "-o", str(tmp_path / "out.de"))
+    code, _, err = run_cli(
+        capsys, "translate", "-c", str(tiny_checkpoint), str(tmp_path / "in.en"), "-o", str(tmp_path / "out.de")
+    )
     assert code == 0, err
     assert data["target"] == (tmp_path / "out.de").read_text().rstrip("\n") and not data["teacher_forced"]
     assert f"translation: {data['target']}" in out
@@ -281,7 +303,9 @@ def test_attention_padding_gets_zero_weight_and_changes_nothing(tiny_model):
     enc, dec, cross, src, tgt_in = batch_attention(model, [long, short], [tgt_long, tgt_short])
     s, t = len(short) + 1, len(tgt_short) + 1  # the short pair's real lengths (EOS / BOS included)
     assert src.size(1) > s and tgt_in.size(1) > t  # it is padded
-    assert bool((cross[1, ..., s:] == 0).all()) and bool((enc[1, ..., s:] == 0).all())  # padded source keys get exactly 0
+    assert bool((cross[1, ..., s:] == 0).all()) and bool(
+        (enc[1, ..., s:] == 0).all()
+    )  # padded source keys get exactly 0
     assert bool((dec[1, :, :, :t, t:] == 0).all())  # a real target position never sees padding (it lies in its future)
     alone = batch_attention(model, [short], [tgt_short])
     for batched, single, (q, k) in zip((enc, dec, cross), alone[:3], ((s, s), (t, t), (t, s))):
@@ -315,18 +339,45 @@ def test_attention_options(tmp_path, capsys, tiny_checkpoint, tiny_model):
     assert data["source"] == "Two children play in the snow." and data["teacher_forced"] and data["target"] == ref
     assert data["tgt_out_pieces"] == tiny_model.tgt_tok.encode_pieces([ref])[0] + ["</s>"]
     assert (data["encoder_layers"], data["decoder_layers"], data["heads"]) == ([1], [1], [0, 3])
-    full = run_cli(capsys, "attention", "-c", str(tiny_checkpoint), "--src", "Two children play in the snow.", "--ref", ref, "-o", str(tmp_path / "all"))
+    full = run_cli(
+        capsys,
+        "attention",
+        "-c",
+        str(tiny_checkpoint),
+        "--src",
+        "Two children play in the snow.",
+        "--ref",
+        ref,
+        "-o",
+        str(tmp_path / "all"),
+    )
     assert full[0] == 0
     everything = json.loads((tmp_path / "all" / "attention.json").read_text())
     for kind in ("encoder_self", "decoder_self", "cross"):
         assert torch.equal(torch.tensor(data[kind]), torch.tensor(everything[kind])[[1]][:, [0, 3]])
     assert (tmp_path / "m" / "cross.svg").read_text().lstrip().startswith("<?xml")
-    for bad, needle in ((["--heads", "4"], "--heads 4: the model has 4 heads"), (["--layers", "x"], "--layers 'x'"), (["--line", "3"], "fewer than 3 lines")):
+    for bad, needle in (
+        (["--heads", "4"], "--heads 4: the model has 4 heads"),
+        (["--layers", "x"], "--layers 'x'"),
+        (["--line", "3"], "fewer than 3 lines"),
+    ):
         args = ["attention", "-c", str(tiny_checkpoint), str(src), "-o", str(tmp_path / "bad")]
         args += [] if "--line" in bad else ["--line", "1"]
         code, _, err = run_cli(capsys, *args, *bad)
         assert code == 2 and needle in err and err.count("\n") == 1, err
-    code, _, err = run_cli(capsys, "attention", "-c", str(tiny_checkpoint), "--src", "x", str(src), "--line", "1", "-o", str(tmp_path / "b"))
+    code, _, err = run_cli(
+        capsys,
+        "attention",
+        "-c",
+        str(tiny_checkpoint),
+        "--src",
+        "x",
+        str(src),
+        "--line",
+        "1",
+        "-o",
+        str(tmp_path / "b"),
+    )
     assert code == 2 and "either" in err
 
 

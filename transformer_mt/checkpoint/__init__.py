@@ -2,7 +2,13 @@
 run and their pruning (retention), averaging (averaging), and the directories `tmt export` writes (exports)."""
 
 from transformer_mt.checkpoint.averaging import average_checkpoints, check_average_output
-from transformer_mt.checkpoint.exports import EXPORT_MARKER, file_sha256, output_problem, staged_directory, write_export_marker
+from transformer_mt.checkpoint.exports import (
+    EXPORT_MARKER,
+    file_sha256,
+    output_problem,
+    staged_directory,
+    write_export_marker,
+)
 from transformer_mt.checkpoint.io import (
     FORMAT,
     CheckpointError,
@@ -17,7 +23,13 @@ from transformer_mt.checkpoint.io import (
     unpack_tokenizers,
     unpack_vocabularies,
 )
-from transformer_mt.checkpoint.retention import checkpoint_update, last_checkpoints, numbered_checkpoint_path, numbered_checkpoints, prune_checkpoints
+from transformer_mt.checkpoint.retention import (
+    checkpoint_update,
+    last_checkpoints,
+    numbered_checkpoint_path,
+    numbered_checkpoints,
+    prune_checkpoints,
+)
 from transformer_mt.checkpoint.rng import rng_state, set_rng_state
 
 __all__ = [

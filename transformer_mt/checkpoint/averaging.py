@@ -10,7 +10,14 @@ from typing import Any
 
 import torch
 
-from transformer_mt.checkpoint.io import WEIGHTS, CheckpointError, load_checkpoint, model_weights, unpack_tokenizers, unpack_vocabularies
+from transformer_mt.checkpoint.io import (
+    WEIGHTS,
+    CheckpointError,
+    load_checkpoint,
+    model_weights,
+    unpack_tokenizers,
+    unpack_vocabularies,
+)
 from transformer_mt.checkpoint.retention import is_numbered_checkpoint
 
 # The training-state keys an averaged (inference) checkpoint does not carry.
@@ -31,7 +38,9 @@ def average_checkpoints(paths: Sequence[str | os.PathLike], *, weights: str | No
     files = [Path(p) for p in paths]
     if not files:
         raise CheckpointError("no checkpoints to average; give at least one path")
-    kinds: dict[str, dict[str, torch.Tensor]] = {kind: {} for kind in ([weights] if weights else WEIGHTS)}  # kind -> float64 sums
+    kinds: dict[str, dict[str, torch.Tensor]] = {
+        kind: {} for kind in ([weights] if weights else WEIGHTS)
+    }  # kind -> float64 sums
     first_path, first = files[0], None
     first_tokenizers: tuple = ()
     last: dict[str, Any] = {}
@@ -41,11 +50,16 @@ def average_checkpoints(paths: Sequence[str | os.PathLike], *, weights: str | No
             raise CheckpointError(f"{path}: checkpoint has no 'model' weights; give checkpoints written by `tmt train`")
         tokenizers = (unpack_tokenizers(last, source=str(path)), unpack_vocabularies(last, source=str(path)))
         if first is None:
-            first = {"config": last.get("config"), "model": {k: (tuple(v.shape), v.dtype) for k, v in last["model"].items()}}
+            first = {
+                "config": last.get("config"),
+                "model": {k: (tuple(v.shape), v.dtype) for k, v in last["model"].items()},
+            }
             first_tokenizers = tokenizers
         else:
             _check_same_architecture(first_path, first, path, last)
-            if tokenizers != first_tokenizers:  # equal vocabulary sizes are not enough: the ids must mean the same pieces
+            if (
+                tokenizers != first_tokenizers
+            ):  # equal vocabulary sizes are not enough: the ids must mean the same pieces
                 what = "sentencepiece models" if tokenizers[0] != first_tokenizers[0] else "vocabularies"
                 raise CheckpointError(
                     f"cannot average {first_path} and {path}: their {what} differ; "
@@ -67,7 +81,9 @@ def average_checkpoints(paths: Sequence[str | os.PathLike], *, weights: str | No
     return out
 
 
-def check_average_output(output: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, force: bool = False) -> None:
+def check_average_output(
+    output: str | os.PathLike, inputs: Sequence[str | os.PathLike], *, force: bool = False
+) -> None:
     """Refuse an output the average must not replace: one of its inputs, a directory, a numbered checkpoint
     name in a run directory (the run's resume and pruning would take the average for a training checkpoint),
     a run's checkpoint_best.pt or checkpoint_last.pt that is not an earlier average (``force`` or not: the run's
@@ -85,19 +101,25 @@ def check_average_output(output: str | os.PathLike, inputs: Sequence[str | os.Pa
         return
     for path in inputs:  # a checkpoint replaced by the average loses its training state
         if Path(path).exists() and os.path.samefile(out, path):
-            raise CheckpointError(f"{out}: the output is the input checkpoint {path}; writing it would destroy that checkpoint, so give another -o")
+            raise CheckpointError(
+                f"{out}: the output is the input checkpoint {path}; writing it would destroy that checkpoint, so give another -o"
+            )
     if out.name in RUN_CHECKPOINTS and _is_run_dir(out.parent) and not _is_average(out):
         raise CheckpointError(
             f"{out}: the run's own {out.name}, not an average; --force never replaces a checkpoint of the run, so give another -o (e.g. average.pt)"
         )
     if not force and not _is_average(out):
-        raise CheckpointError(f"{out}: exists and is not an averaged checkpoint; give another -o, or pass --force to replace it")
+        raise CheckpointError(
+            f"{out}: exists and is not an averaged checkpoint; give another -o, or pass --force to replace it"
+        )
 
 
 def _is_run_dir(directory: Path) -> bool:
     """Whether ``directory`` holds a training run (its config, lock or checkpoints)."""
     names = ("config.yaml", ".lock", *RUN_CHECKPOINTS)
-    return directory.is_dir() and (any((directory / n).exists() for n in names) or any(is_numbered_checkpoint(p) for p in directory.iterdir()))
+    return directory.is_dir() and (
+        any((directory / n).exists() for n in names) or any(is_numbered_checkpoint(p) for p in directory.iterdir())
+    )
 
 
 def _is_average(path: Path) -> bool:
@@ -109,7 +131,9 @@ def _is_average(path: Path) -> bool:
 
 def _check_same_architecture(path_a: Path, a: dict[str, Any], path_b: Path, b: dict[str, Any]) -> None:
     def refuse(what: str) -> None:
-        raise CheckpointError(f"cannot average {path_a} and {path_b}: {what}; average checkpoints of one run (or of identically configured runs)")
+        raise CheckpointError(
+            f"cannot average {path_a} and {path_b}: {what}; average checkpoints of one run (or of identically configured runs)"
+        )
 
     model_a = (a.get("config") or {}).get("model", {})
     model_b = (b.get("config") or {}).get("model", {})

@@ -21,15 +21,23 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-EXPORT_MARKER = "tmt_export.json"  # every export writes it: where the model came from, how to decode it like tmt, what it wrote
+EXPORT_MARKER = (
+    "tmt_export.json"  # every export writes it: where the model came from, how to decode it like tmt, what it wrote
+)
 FILES_KEY = "files"  # the marker's {file name: sha256} of every other file the export wrote
 
 
 def write_export_marker(directory: Path, notes: dict[str, Any]) -> None:
     """Write ``directory``'s :data:`EXPORT_MARKER`: ``notes`` and the sha256 of every file in it (the export's, all
     written by now)."""
-    files = {path.name: file_sha256(path) for path in sorted(directory.iterdir()) if path.name != EXPORT_MARKER and path.is_file()}
-    (directory / EXPORT_MARKER).write_text(json.dumps({**notes, FILES_KEY: files}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    files = {
+        path.name: file_sha256(path)
+        for path in sorted(directory.iterdir())
+        if path.name != EXPORT_MARKER and path.is_file()
+    }
+    (directory / EXPORT_MARKER).write_text(
+        json.dumps({**notes, FILES_KEY: files}, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
+    )
 
 
 def output_problem(out: Path, *, force: bool) -> str | None:
@@ -42,7 +50,11 @@ def output_problem(out: Path, *, force: bool) -> str | None:
     entries = sorted(p.name for p in out.iterdir()) if out.is_dir() and not out.is_symlink() else None
     written = _written_files(out) if entries is not None else None
     if written is None:
-        held = "it is not a directory" if entries is None else f"it holds {', '.join(entries[:3]) or 'nothing'}" + (", ..." if len(entries) > 3 else "")
+        held = (
+            "it is not a directory"
+            if entries is None
+            else f"it holds {', '.join(entries[:3]) or 'nothing'}" + (", ..." if len(entries) > 3 else "")
+        )
         return f"{out}: not a directory tmt export wrote ({held}); --force replaces only an earlier export: choose a new -o directory"
     if not written:
         return (

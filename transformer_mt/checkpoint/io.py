@@ -51,7 +51,10 @@ from transformer_mt.errors import TmtError
 from transformer_mt.text import SpecialIds, Tokenizer, TokenizerError
 
 FORMAT = "transformer_mt/1"
-WEIGHTS = ("ema", "raw")  # which weights of a checkpoint to decode: the moving average (train.ema_decay) or the trained ones
+WEIGHTS = (
+    "ema",
+    "raw",
+)  # which weights of a checkpoint to decode: the moving average (train.ema_decay) or the trained ones
 
 
 class CheckpointError(TmtError, RuntimeError):
@@ -72,7 +75,9 @@ def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
     """
     path = Path(path)
     _check_plain(state, "state")
-    if path.exists() and not path.is_file():  # os.replace would put a file in place of a directory entry, device or FIFO
+    if (
+        path.exists() and not path.is_file()
+    ):  # os.replace would put a file in place of a directory entry, device or FIFO
         raise CheckpointError(f"{path}: exists and is not a regular file; give a file path for the checkpoint")
     payload = {"format": FORMAT, **{k: v for k, v in state.items() if k != "format"}}
     existed = path.is_file()
@@ -152,7 +157,9 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device = "cpu", mmap: bool = False) -> dict[str, Any]:
+def load_checkpoint(
+    path: str | os.PathLike, *, map_location: str | torch.device = "cpu", mmap: bool = False
+) -> dict[str, Any]:
     """Read a checkpoint written by :func:`save_checkpoint`, with ``torch.load(weights_only=True)``.
 
     ``mmap``: map the tensors' bytes from the file instead of reading them, so that their names, shapes and
@@ -166,7 +173,9 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device
     path = Path(path)
     if not path.is_file():
         what = "is a directory, not a checkpoint file" if path.is_dir() else "checkpoint not found"
-        raise CheckpointError(f"{path}: {what}; give a .pt file from train.out_dir (checkpoint_last.pt, checkpoint_best.pt or checkpoint_<update>.pt)")
+        raise CheckpointError(
+            f"{path}: {what}; give a .pt file from train.out_dir (checkpoint_last.pt, checkpoint_best.pt or checkpoint_<update>.pt)"
+        )
     try:
         state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap and _is_zip(path))
     except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, EOFError, UnpicklingError, ... depending on the damage
@@ -184,9 +193,13 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: str | torch.device
             "or a numbered checkpoint_<update>.pt from the same run"
         ) from None
     if not isinstance(state, dict) or "format" not in state:
-        raise CheckpointError(f"{path}: not a transformer_mt checkpoint (no 'format' key); give a checkpoint written by `tmt train` or `tmt average`")
+        raise CheckpointError(
+            f"{path}: not a transformer_mt checkpoint (no 'format' key); give a checkpoint written by `tmt train` or `tmt average`"
+        )
     if not isinstance(state["format"], str) or state["format"] != FORMAT:
-        raise CheckpointError(f"{path}: checkpoint format {quote(state['format'])} is not {FORMAT!r}; use the transformer_mt version that wrote it")
+        raise CheckpointError(
+            f"{path}: checkpoint format {quote(state['format'])} is not {FORMAT!r}; use the transformer_mt version that wrote it"
+        )
     return state
 
 
@@ -222,13 +235,17 @@ def _check_plain(obj: Any, where: str) -> None:
     if type(obj) in _DICT_TYPES:
         for key, value in obj.items():
             if type(key) not in (str, int):
-                raise CheckpointError(f"checkpoint {where} has a key {key!r} of type {type(key).__name__}; use str or int keys")
+                raise CheckpointError(
+                    f"checkpoint {where} has a key {key!r} of type {type(key).__name__}; use str or int keys"
+                )
             _check_plain(value, f"{where}[{key!r}]")
     elif type(obj) in _SEQ_TYPES:
         for i, value in enumerate(obj):
             _check_plain(value, f"{where}[{i}]")
     elif isinstance(obj, (bytes, bytearray)):
-        raise CheckpointError(f"checkpoint {where} is bytes, which torch < 2.5 refuses under weights_only; store bytes_to_tensor(value) instead")
+        raise CheckpointError(
+            f"checkpoint {where} is bytes, which torch < 2.5 refuses under weights_only; store bytes_to_tensor(value) instead"
+        )
     elif not (isinstance(obj, torch.Tensor) or type(obj) in _LEAF_TYPES):
         kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
         raise CheckpointError(
@@ -247,17 +264,28 @@ def bytes_to_tensor(data: bytes) -> torch.Tensor:
 def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
     """Inverse of :func:`bytes_to_tensor`."""
     if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.dim() != 1:
-        got = f"{tensor.dtype} with shape {tuple(tensor.shape)}" if isinstance(tensor, torch.Tensor) else f"a {type(tensor).__name__}"
+        got = (
+            f"{tensor.dtype} with shape {tuple(tensor.shape)}"
+            if isinstance(tensor, torch.Tensor)
+            else f"a {type(tensor).__name__}"
+        )
         raise CheckpointError(f"expected a 1-D uint8 tensor of bytes, got {got}")
     return tensor.cpu().numpy().tobytes()
 
 
 def pack_tokenizers(
-    src_proto: bytes, tgt_proto: bytes | None = None, *, src_vocab: list[str] | None = None, tgt_vocab: list[str] | None = None
+    src_proto: bytes,
+    tgt_proto: bytes | None = None,
+    *,
+    src_vocab: list[str] | None = None,
+    tgt_vocab: list[str] | None = None,
 ) -> dict[str, Any]:
     """The ``tokenizers`` entry: sentencepiece protos as tensors (joint vocabulary: tgt = src), and the vocabularies
     of a tokenizer whose ids come from a vocabulary file (:class:`~transformer_mt.text.Tokenizer` with ``vocab``)."""
-    entry: dict[str, Any] = {"src": bytes_to_tensor(src_proto), "tgt": bytes_to_tensor(src_proto if tgt_proto is None else tgt_proto)}
+    entry: dict[str, Any] = {
+        "src": bytes_to_tensor(src_proto),
+        "tgt": bytes_to_tensor(src_proto if tgt_proto is None else tgt_proto),
+    }
     for side, vocab in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab)):
         if vocab is not None:
             entry[side] = list(vocab)
@@ -278,14 +306,21 @@ def unpack_tokenizers(state: dict[str, Any], *, source: str = "checkpoint") -> t
         )
     for side in ("src", "tgt"):
         proto = toks[side]
-        if not isinstance(proto, torch.Tensor) or proto.dtype != torch.uint8 or proto.dim() != 1 or not _stored_whole(proto):
+        if (
+            not isinstance(proto, torch.Tensor)
+            or proto.dtype != torch.uint8
+            or proto.dim() != 1
+            or not _stored_whole(proto)
+        ):
             raise CheckpointError(
                 f"{source}: its tokenizers' {side!r} is not a sentencepiece model (1-D uint8 tensor); the checkpoint is damaged, use another one"
             )
     return tensor_to_bytes(toks["src"]), tensor_to_bytes(toks["tgt"])
 
 
-def unpack_vocabularies(state: dict[str, Any], *, source: str = "checkpoint") -> tuple[list[str] | None, list[str] | None]:
+def unpack_vocabularies(
+    state: dict[str, Any], *, source: str = "checkpoint"
+) -> tuple[list[str] | None, list[str] | None]:
     """(src_vocab, tgt_vocab) of a loaded checkpoint: the piece of each id for a tokenizer whose ids come from a
     vocabulary file, None for a side whose ids are sentencepiece's own."""
     toks = state.get("tokenizers")
@@ -294,12 +329,16 @@ def unpack_vocabularies(state: dict[str, Any], *, source: str = "checkpoint") ->
     for side in ("src_vocab", "tgt_vocab"):
         vocab = toks.get(side)
         if vocab is not None and not (isinstance(vocab, list) and all(isinstance(p, str) for p in vocab)):
-            raise CheckpointError(f"{source}: its tokenizers' {side!r} is not a list of pieces; the checkpoint is damaged, use another one")
+            raise CheckpointError(
+                f"{source}: its tokenizers' {side!r} is not a list of pieces; the checkpoint is damaged, use another one"
+            )
         vocabs.append(vocab)
     return vocabs[0], vocabs[1]
 
 
-def tokenizers_from_checkpoint(state: dict[str, Any], cfg: Config, *, source: str = "checkpoint") -> tuple[Tokenizer, Tokenizer]:
+def tokenizers_from_checkpoint(
+    state: dict[str, Any], cfg: Config, *, source: str = "checkpoint"
+) -> tuple[Tokenizer, Tokenizer]:
     """The (source, target) tokenizers a loaded checkpoint holds, with the special ids of its ``cfg.model``.
     A joint vocabulary gives one Tokenizer twice. A model that does not parse, or whose ids do not fit the
     config, is a CheckpointError naming the checkpoint."""
@@ -313,7 +352,9 @@ def tokenizers_from_checkpoint(state: dict[str, Any], cfg: Config, *, source: st
         try:
             made.append(Tokenizer(proto, vocab=vocab, specials=specials))
         except RuntimeError:  # sentencepiece: "INTERNAL: ... ParseFromArray ..."
-            raise CheckpointError(f"{source}: its sentencepiece model {side!r} is corrupt (it does not parse); use another checkpoint of the run") from None
+            raise CheckpointError(
+                f"{source}: its sentencepiece model {side!r} is corrupt (it does not parse); use another checkpoint of the run"
+            ) from None
         except TokenizerError as exc:
             raise CheckpointError(f"{source}: {side} tokenizer: {exc}") from None
     return made[0], made[1]
@@ -341,10 +382,14 @@ def _stored_whole(tensor: torch.Tensor) -> bool:
 def _named_tensors(entry: Any, what: str, source: str) -> dict[str, torch.Tensor]:
     """``entry`` checked to be {name: tensor}, every tensor held whole by the file (:func:`_stored_whole`)."""
     if not isinstance(entry, dict):
-        raise CheckpointError(f"{source}: its {what} is not a mapping of names to tensors; the checkpoint is damaged, use another one")
+        raise CheckpointError(
+            f"{source}: its {what} is not a mapping of names to tensors; the checkpoint is damaged, use another one"
+        )
     for name, tensor in entry.items():
         if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
-            raise CheckpointError(f"{source}: its {what} entry {quote_name(name)} is not a named tensor; the checkpoint is damaged, use another one")
+            raise CheckpointError(
+                f"{source}: its {what} entry {quote_name(name)} is not a named tensor; the checkpoint is damaged, use another one"
+            )
         if not _stored_whole(tensor):
             raise CheckpointError(
                 f"{source}: its {what} tensor {quote_name(name)} of shape {tuple(tensor.shape)} claims more numbers than the file stores for it; "
@@ -353,7 +398,9 @@ def _named_tensors(entry: Any, what: str, source: str) -> dict[str, torch.Tensor
     return entry
 
 
-def model_weights(state: dict[str, Any], *, weights: str | None = None, source: str = "checkpoint") -> dict[str, torch.Tensor]:
+def model_weights(
+    state: dict[str, Any], *, weights: str | None = None, source: str = "checkpoint"
+) -> dict[str, torch.Tensor]:
     """The model ``state_dict`` to decode with: `weights` "ema" (the moving average, what validation chose the best
     checkpoint on), "raw" (the trained weights), or None: "ema" when the checkpoint holds them, else "raw".
     Every entry is checked to be a named tensor held whole by the file, and each EMA weight to have its
@@ -363,18 +410,28 @@ def model_weights(state: dict[str, Any], *, weights: str | None = None, source: 
     ema = state.get("ema")
     has_ema = ema is not None and not (isinstance(ema, dict) and not ema)
     if weights == "ema" and not has_ema:
-        raise CheckpointError(f"{source}: --weights ema, but the checkpoint holds no EMA weights (train.ema_decay was 0); use --weights raw")
+        raise CheckpointError(
+            f"{source}: --weights ema, but the checkpoint holds no EMA weights (train.ema_decay was 0); use --weights raw"
+        )
     if not isinstance(state.get("model"), dict):
-        raise CheckpointError(f"{source}: checkpoint holds no 'model' weights; give a checkpoint written by `tmt train` or `tmt average`")
+        raise CheckpointError(
+            f"{source}: checkpoint holds no 'model' weights; give a checkpoint written by `tmt train` or `tmt average`"
+        )
     raw = _named_tensors(state["model"], "'model'", source)
     if weights == "raw" or not has_ema:
         return raw
     if not isinstance(ema, dict) or "weights" not in ema:
-        raise CheckpointError(f"{source}: its 'ema' entry holds no 'weights'; the checkpoint is damaged, decode its trained weights with --weights raw")
+        raise CheckpointError(
+            f"{source}: its 'ema' entry holds no 'weights'; the checkpoint is damaged, decode its trained weights with --weights raw"
+        )
     model = dict(raw)
-    for name, tensor in _named_tensors(ema["weights"], "'ema' weights", source).items():  # parameters only: buffers stay the model's
+    for name, tensor in _named_tensors(
+        ema["weights"], "'ema' weights", source
+    ).items():  # parameters only: buffers stay the model's
         if name not in model:
-            raise CheckpointError(f"{source}: EMA weight {quote_name(name)} is not a model parameter; the checkpoint is damaged, use --weights raw")
+            raise CheckpointError(
+                f"{source}: EMA weight {quote_name(name)} is not a model parameter; the checkpoint is damaged, use --weights raw"
+            )
         param = model[name]
         if tensor.shape != param.shape or not tensor.is_floating_point():
             raise CheckpointError(

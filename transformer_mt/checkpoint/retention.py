@@ -57,7 +57,9 @@ def prune_checkpoints(out_dir: str | os.PathLike, keep_last: int, *, keep_every:
     are never touched.
     """
     if keep_last < 0 or keep_every < 0:
-        raise CheckpointError(f"keep_last={keep_last}, keep_every={keep_every}: negative; use 0 (keep all / none) or a positive count")
+        raise CheckpointError(
+            f"keep_last={keep_last}, keep_every={keep_every}: negative; use 0 (keep all / none) or a positive count"
+        )
     found = numbered_checkpoints(out_dir)
     doomed = found[:-keep_last] if keep_last else []
     if keep_every:
@@ -74,7 +76,9 @@ def last_checkpoints(run_dir: str | os.PathLike, n: int, *, every: int = 0) -> l
     if n < 1:
         raise CheckpointError(f"cannot take the last {n} checkpoints; ask for at least 1")
     if every < 0:
-        raise CheckpointError(f"--every {every} is negative; give the spacing in updates (e.g. 1000), or 0 for the newest checkpoints")
+        raise CheckpointError(
+            f"--every {every} is negative; give the spacing in updates (e.g. 1000), or 0 for the newest checkpoints"
+        )
     found = numbered_checkpoints(run_dir)
     if every:
         found = [p for p in found if checkpoint_update(p) % every == 0]

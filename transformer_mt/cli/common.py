@@ -48,7 +48,8 @@ def progress(handle, path: Path | None):
 
 
 CKPT_HELP = (
-    "A checkpoint written by `tmt train` or `tmt average`; repeat -c to decode an ensemble (mean of the models' probabilities; they must share the tokenizer)."
+    "A checkpoint written by `tmt train` or `tmt average`; repeat -c to decode an ensemble "
+    "(mean of the models' probabilities; they must share the tokenizer)."
 )
 BEAM_HELP = "Beam size (1 = greedy). Default: the checkpoint's decode.beam."
 LENPEN_HELP = "GNMT length penalty alpha, ((5+len)/6)^alpha. Default: decode.lenpen."
@@ -66,7 +67,14 @@ COMPUTE_TYPE_HELP = "With --engine ctranslate2: CTranslate2's compute type, floa
 
 
 def build_translator(
-    checkpoints: list[Path], *, engine: str, device: str, dtype: str, threads: int, weights: str | None, compute_type: str | None
+    checkpoints: list[Path],
+    *,
+    engine: str,
+    device: str,
+    dtype: str,
+    threads: int,
+    weights: str | None,
+    compute_type: str | None,
 ) -> TextTranslator:
     """The translator --engine asks for: tmt's Translator, or the CTranslate2 engine (whose conversion note, if any,
     goes to stderr as one line)."""
@@ -76,11 +84,20 @@ def build_translator(
         from transformer_mt.decoding import Translator
 
         if compute_type is not None:
-            raise TmtError(f"--compute-type {compute_type} applies to --engine ctranslate2; tmt's own search takes --dtype")
+            raise TmtError(
+                f"--compute-type {compute_type} applies to --engine ctranslate2; tmt's own search takes --dtype"
+            )
         return Translator.from_checkpoints(checkpoints, device=device, dtype=dtype, threads=threads, weights=weights)
     from transformer_mt.export import ctranslate2_translator
 
-    tr = ctranslate2_translator(checkpoints, device=device, dtype=dtype, threads=threads, weights=weights, compute_type=compute_type or "float32")
+    tr = ctranslate2_translator(
+        checkpoints,
+        device=device,
+        dtype=dtype,
+        threads=threads,
+        weights=weights,
+        compute_type=compute_type or "float32",
+    )
     if tr.note:
         print(f"tmt: {tr.note}", file=sys.stderr)
     return tr

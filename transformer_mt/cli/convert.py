@@ -17,7 +17,10 @@ IMPORT_FORMATS = ("marian-hf",)
 
 @app.command("import")
 def import_model(
-    directory: Path = typer.Argument(..., help="The model directory, as save_pretrained writes it (config.json, model.safetensors, vocab.json, *.spm)."),
+    directory: Path = typer.Argument(
+        ...,
+        help="The model directory, as save_pretrained writes it (config.json, model.safetensors, vocab.json, *.spm).",
+    ),
     from_: str = typer.Option(..., "--from", help="Its format: marian-hf (Hugging Face MarianMT / OPUS-MT)."),
     output: Path = typer.Option(..., "--output", "-o", help="The tmt checkpoint to write (e.g. model.pt)."),
     force: bool = typer.Option(False, "--force", help="Replace the output file if it exists."),

@@ -17,14 +17,25 @@ from transformer_mt.cli.common import COMPUTE_TYPE_HELP, ENGINE_HELP, build_tran
 
 @app.command()
 def export(
-    checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="A checkpoint written by `tmt train` or `tmt average`."),
+    checkpoint: Path = typer.Option(
+        ..., "--checkpoint", "-c", help="A checkpoint written by `tmt train` or `tmt average`."
+    ),
     output: Path = typer.Option(..., "--output", "-o", help="The model directory to write."),
-    format: str = typer.Option("ctranslate2", "--format", help="Target: ctranslate2 (CTranslate2) or marian-hf (Hugging Face MarianMT, transformers)."),
+    format: str = typer.Option(
+        "ctranslate2",
+        "--format",
+        help="Target: ctranslate2 (CTranslate2) or marian-hf (Hugging Face MarianMT, transformers).",
+    ),
     quantization: str | None = typer.Option(
-        None, "--quantization", "-q", help="Weight type: int8, int8_float32, int8_float16, int8_bfloat16, int16, float16, bfloat16 (default: float32)."
+        None,
+        "--quantization",
+        "-q",
+        help="Weight type: int8, int8_float32, int8_float16, int8_bfloat16, int16, float16, bfloat16 (default: float32).",
     ),
     force: bool = typer.Option(
-        False, "--force", help="Replace the output directory if an earlier tmt export wrote it and its files are unchanged (never anything else)."
+        False,
+        "--force",
+        help="Replace the output directory if an earlier tmt export wrote it and its files are unchanged (never anything else).",
     ),
 ) -> None:
     """Convert a checkpoint for an inference engine or toolkit (CTranslate2, MarianMT): weights, vocabularies, sentencepiece models."""
@@ -35,18 +46,25 @@ def export(
         if quantization is not None:
             raise TmtError("--quantization applies to --format ctranslate2 only; marian-hf writes float32 weights")
         out = export_marian(checkpoint, output, force=force)
-        typer.echo(f"wrote {out} (marian-hf); load it with MarianMTModel.from_pretrained and MarianTokenizer.from_pretrained")
+        typer.echo(
+            f"wrote {out} (marian-hf); load it with MarianMTModel.from_pretrained and MarianTokenizer.from_pretrained"
+        )
         return
     from transformer_mt.export import export as export_model
 
     out = export_model(checkpoint, output, format=format, quantization=quantization, force=force)
-    typer.echo(f"wrote {out} ({format}, {quantization or 'float32'}); see {out / 'tmt_export.json'} for how to decode like tmt")
+    typer.echo(
+        f"wrote {out} ({format}, {quantization or 'float32'}); see {out / 'tmt_export.json'} for how to decode like tmt"
+    )
 
 
 @app.command()
 def serve(
     checkpoints: list[str] = typer.Option(
-        ..., "--checkpoint", "-c", help="A checkpoint to serve, as PATH or NAME=PATH; repeat -c to serve several models (the first is the default)."
+        ...,
+        "--checkpoint",
+        "-c",
+        help="A checkpoint to serve, as PATH or NAME=PATH; repeat -c to serve several models (the first is the default).",
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 = every interface)."),
     port: int = typer.Option(8000, "--port", help="TCP port."),
@@ -54,32 +72,62 @@ def serve(
     threads: int = typer.Option(0, "--threads", help="CPU threads for torch (0 = torch default)."),
     max_lines: int = typer.Option(256, "--max-lines", help="Most lines in one request (more: 413)."),
     max_chars: int = typer.Option(
-        10_000, "--max-chars", help="Most characters in one line (more: 413). Lines over the model's token limit are truncated and reported in `warnings`."
+        10_000,
+        "--max-chars",
+        help="Most characters in one line (more: 413). Lines over the model's token limit are truncated and reported in `warnings`.",
     ),
     max_beam: int = typer.Option(16, "--max-beam", help="Largest beam a request may ask for (more: 422)."),
-    max_queue: int = typer.Option(256, "--max-queue", help="Requests waiting per model; when full, new requests get 503."),
-    batch_wait_ms: float = typer.Option(5.0, "--batch-wait-ms", help="How long a batch waits for the rest of a wave of concurrent requests."),
+    max_queue: int = typer.Option(
+        256, "--max-queue", help="Requests waiting per model; when full, new requests get 503."
+    ),
+    batch_wait_ms: float = typer.Option(
+        5.0, "--batch-wait-ms", help="How long a batch waits for the rest of a wave of concurrent requests."
+    ),
     batch_tokens: int = typer.Option(
-        0, "--batch-tokens", help="Source tokens per decode call; a larger request is decoded in chunks (0 = decode.batch_tokens)."
+        0,
+        "--batch-tokens",
+        help="Source tokens per decode call; a larger request is decoded in chunks (0 = decode.batch_tokens).",
     ),
-    timeout: float = typer.Option(60.0, "--timeout", help="Seconds from a request's headers to its answer; then 504 and its decoding stops (0 = none)."),
+    timeout: float = typer.Option(
+        60.0,
+        "--timeout",
+        help="Seconds from a request's headers to its answer; then 504 and its decoding stops (0 = none).",
+    ),
     max_output_tokens: int = typer.Option(
-        512, "--max-output-tokens", help="Longest output per line, whatever decode.max_len_a / max_len_b allow (0 = no cap)."
+        512,
+        "--max-output-tokens",
+        help="Longest output per line, whatever decode.max_len_a / max_len_b allow (0 = no cap).",
     ),
-    header_timeout: float = typer.Option(10.0, "--header-timeout", help="Seconds for a request's headers to arrive; then the connection is closed."),
-    keep_alive_timeout: int = typer.Option(5, "--keep-alive-timeout", help="Seconds an idle keep-alive connection stays open."),
-    max_connections: int = typer.Option(1024, "--max-connections", help="Connections and requests at once; more get 503."),
-    shutdown_timeout: int = typer.Option(30, "--shutdown-timeout", help="Seconds SIGTERM waits for requests in flight (0 = no bound)."),
+    header_timeout: float = typer.Option(
+        10.0, "--header-timeout", help="Seconds for a request's headers to arrive; then the connection is closed."
+    ),
+    keep_alive_timeout: int = typer.Option(
+        5, "--keep-alive-timeout", help="Seconds an idle keep-alive connection stays open."
+    ),
+    max_connections: int = typer.Option(
+        1024, "--max-connections", help="Connections and requests at once; more get 503."
+    ),
+    shutdown_timeout: int = typer.Option(
+        30, "--shutdown-timeout", help="Seconds SIGTERM waits for requests in flight (0 = no bound)."
+    ),
     api_key_file: Path | None = typer.Option(
-        None, "--api-key-file", help="API keys, one a line: every path but /health and /ready then needs 'Authorization: Bearer KEY' or 'X-API-Key: KEY'."
+        None,
+        "--api-key-file",
+        help="API keys, one a line: every path but /health and /ready then needs 'Authorization: Bearer KEY' or 'X-API-Key: KEY'.",
     ),
     body_budget_mb: int = typer.Option(
-        0, "--body-budget-mb", help="MiB of request bodies held at once, all connections together; more get 503 (0 = 8 bodies at the byte cap)."
+        0,
+        "--body-budget-mb",
+        help="MiB of request bodies held at once, all connections together; more get 503 (0 = 8 bodies at the byte cap).",
     ),
     allowed_host: list[str] = typer.Option(
-        [], "--allowed-host", help="Also answer this Host header (NAME or NAME:PORT; repeatable), e.g. the name a proxy forwards; '*' = any."
+        [],
+        "--allowed-host",
+        help="Also answer this Host header (NAME or NAME:PORT; repeatable), e.g. the name a proxy forwards; '*' = any.",
     ),
-    log_level: str = typer.Option("info", "--log-level", help="uvicorn log level: critical, error, warning, info, debug."),
+    log_level: str = typer.Option(
+        "info", "--log-level", help="uvicorn log level: critical, error, warning, info, debug."
+    ),
     engine: str = typer.Option("tmt", "--engine", help=ENGINE_HELP),
     compute_type: str | None = typer.Option(None, "--compute-type", help=COMPUTE_TYPE_HELP),
 ) -> None:
@@ -106,6 +154,16 @@ def serve(
     )
     load = None
     if engine != "tmt" or compute_type is not None:  # the checks of both options live in build_translator
-        build = partial(build_translator, engine=engine, device=device, dtype="float32", threads=threads, weights=None, compute_type=compute_type)
+        build = partial(
+            build_translator,
+            engine=engine,
+            device=device,
+            dtype="float32",
+            threads=threads,
+            weights=None,
+            compute_type=compute_type,
+        )
         load = lambda path: build([Path(path)])  # noqa: E731 - one checkpoint per served model
-    run_server(checkpoints, host=host, port=port, device=device, threads=threads, options=opts, log_level=log_level, load=load)
+    run_server(
+        checkpoints, host=host, port=port, device=device, threads=threads, options=opts, log_level=log_level, load=load
+    )

@@ -7,7 +7,16 @@ from pathlib import Path
 import typer
 
 from transformer_mt.cli.app import app
-from transformer_mt.cli.common import BEAM_HELP, CKPT_HELP, COMPUTE_TYPE_HELP, ENGINE_HELP, LENPEN_HELP, WEIGHTS_HELP, build_translator, decode_args
+from transformer_mt.cli.common import (
+    BEAM_HELP,
+    CKPT_HELP,
+    COMPUTE_TYPE_HELP,
+    ENGINE_HELP,
+    LENPEN_HELP,
+    WEIGHTS_HELP,
+    build_translator,
+    decode_args,
+)
 
 
 @app.command()
@@ -15,7 +24,9 @@ def evaluate(
     checkpoints: list[Path] = typer.Option(..., "--checkpoint", "-c", help=CKPT_HELP),
     src: Path = typer.Option(..., "--src", help="Source text file."),
     ref: list[Path] = typer.Option(..., "--ref", help="Reference file (repeat for several references)."),
-    output: Path | None = typer.Option(None, "--output", "-o", help="Where to write the hypotheses (default: SRC name + .hyp next to the checkpoint)."),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="Where to write the hypotheses (default: SRC name + .hyp next to the checkpoint)."
+    ),
     beam: int | None = typer.Option(None, "--beam", "-b", help=BEAM_HELP),
     lenpen: float | None = typer.Option(None, "--lenpen", help=LENPEN_HELP),
     batch_tokens: int | None = typer.Option(None, "--batch-tokens", min=1, help="Source tokens per batch."),
@@ -33,10 +44,28 @@ def evaluate(
 
     from transformer_mt.evaluation import evaluate_file
 
-    tr = build_translator(checkpoints, engine=engine, device=device, dtype=dtype, threads=threads, weights=weights, compute_type=compute_type)
+    tr = build_translator(
+        checkpoints,
+        engine=engine,
+        device=device,
+        dtype=dtype,
+        threads=threads,
+        weights=weights,
+        compute_type=compute_type,
+    )
     beam, lenpen = decode_args(tr, beam, lenpen, 1)
     output = output or checkpoints[0].parent / f"{src.name}.{checkpoints[0].stem}.hyp"
-    result = evaluate_file(tr, src, ref, output=output, beam=beam, lenpen=lenpen, batch_tokens=batch_tokens, lowercase=lowercase, keep_intact=checkpoints)
+    result = evaluate_file(
+        tr,
+        src,
+        ref,
+        output=output,
+        beam=beam,
+        lenpen=lenpen,
+        batch_tokens=batch_tokens,
+        lowercase=lowercase,
+        keep_intact=checkpoints,
+    )
     if result.stats.warning():
         typer.echo(result.stats.warning(), err=True)
     typer.echo(json.dumps(result.report()) if json_out else "\n".join(result.text()))

@@ -18,7 +18,9 @@ def bleu(
     tokenize: str | None = typer.Option(None, "--tokenize", "-tok", help="BLEU tokenizer (sacreBLEU's; default 13a)."),
     ter: bool = typer.Option(False, "--ter", help="Also compute TER."),
     json_out: bool = typer.Option(False, "--json", help="sacreBLEU's JSON output."),
-    width: int = typer.Option(1, "--width", "-w", min=0, max=16, help="Decimals to print (0-16; a float has about 16)."),
+    width: int = typer.Option(
+        1, "--width", "-w", min=0, max=16, help="Decimals to print (0-16; a float has about 16)."
+    ),
 ) -> None:
     """Corpus BLEU and chrF (and TER) with sacreBLEU, signature included."""
     from transformer_mt.evaluation import MetricsError, format_json, format_text, read_lines, score
@@ -59,11 +61,19 @@ def average(
         help="ema or raw: which weights of each checkpoint to average (train.ema_decay). Default: ema when every checkpoint holds it, else raw.",
     ),
     force: bool = typer.Option(
-        False, "--force", help="Replace an existing output file that is not an earlier average (never a directory, an input or a run's checkpoint)."
+        False,
+        "--force",
+        help="Replace an existing output file that is not an earlier average (never a directory, an input or a run's checkpoint).",
     ),
 ) -> None:
     """Average model parameters of several checkpoints (the paper averages the last 5 or 20)."""
-    from transformer_mt.checkpoint import CheckpointError, average_checkpoints, check_average_output, last_checkpoints, save_checkpoint
+    from transformer_mt.checkpoint import (
+        CheckpointError,
+        average_checkpoints,
+        check_average_output,
+        last_checkpoints,
+        save_checkpoint,
+    )
 
     paths = list(checkpoints or [])
     if every and run is None:
@@ -75,4 +85,7 @@ def average(
     check_average_output(output, paths, force=force)
     averaged = average_checkpoints(paths, weights=weights)
     save_checkpoint(averaged, output)
-    typer.echo(f"averaged the {averaged['averaged_weights']} weights of {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {output}", err=True)
+    typer.echo(
+        f"averaged the {averaged['averaged_weights']} weights of {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {output}",
+        err=True,
+    )

@@ -14,29 +14,53 @@ from transformer_mt.cli.app import app
 @app.command()
 def sweep(
     config: Path = typer.Option(..., "--config", "-c", help="The base config (YAML); every row is one change of it."),
-    set_: list[str] = typer.Option([], "--set", "-s", help="Override one base value for every row: section.key=value (repeatable)."),
-    variations: Path | None = typer.Option(
-        None, "--variations", help="YAML list of rows {row, name, set: [...]}; default: Table 3's rows A-E scaled to the base (see --print-variations)."
+    set_: list[str] = typer.Option(
+        [], "--set", "-s", help="Override one base value for every row: section.key=value (repeatable)."
     ),
-    budget_updates: int | None = typer.Option(None, "--budget-updates", min=1, help="Updates per row (replaces the base's limits)."),
+    variations: Path | None = typer.Option(
+        None,
+        "--variations",
+        help="YAML list of rows {row, name, set: [...]}; default: Table 3's rows A-E scaled to the base (see --print-variations).",
+    ),
+    budget_updates: int | None = typer.Option(
+        None, "--budget-updates", min=1, help="Updates per row (replaces the base's limits)."
+    ),
     budget_minutes: float | None = typer.Option(
         None,
         "--budget-minutes",
         help="Training minutes per row, validation included (replaces the base's limits; with --budget-updates, whichever comes first).",
     ),
-    rows: str | None = typer.Option(None, "--rows", help="Train only these rows: labels or names, comma-separated (e.g. base,A)."),
-    output: Path | None = typer.Option(None, "--output", "-o", help="SWEEP_DIR: one run directory per row, table3.md/.json/.png."),
-    print_variations: bool = typer.Option(False, "--print-variations", help="Print the variations as a YAML file and exit."),
+    rows: str | None = typer.Option(
+        None, "--rows", help="Train only these rows: labels or names, comma-separated (e.g. base,A)."
+    ),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="SWEEP_DIR: one run directory per row, table3.md/.json/.png."
+    ),
+    print_variations: bool = typer.Option(
+        False, "--print-variations", help="Print the variations as a YAML file and exit."
+    ),
 ) -> None:
     """Train Table 3's variations of a base config for the same budget; write the table (markdown, JSON) and a plot.
     A sweep run again continues where it stopped: finished rows are read back, an unfinished one resumes."""
     from transformer_mt.config import load_config
-    from transformer_mt.sweep import SweepError, budget_overrides, load_variations, run_sweep, table3_variations, variations_yaml
+    from transformer_mt.sweep import (
+        SweepError,
+        budget_overrides,
+        load_variations,
+        run_sweep,
+        table3_variations,
+        variations_yaml,
+    )
 
     chosen = load_variations(variations) if variations is not None else None
     if print_variations:
         typer.echo(
-            variations_yaml(chosen or table3_variations(load_config(config, [*set_, *budget_overrides(budget_updates, budget_minutes)], check_files=False))),
+            variations_yaml(
+                chosen
+                or table3_variations(
+                    load_config(config, [*set_, *budget_overrides(budget_updates, budget_minutes)], check_files=False)
+                )
+            ),
             nl=False,
         )
         return

@@ -12,8 +12,12 @@ from transformer_mt.cli.common import input_lines, progress, safe_output
 
 @tokenize_app.command("train")
 def tokenize_train(
-    inputs: list[Path] = typer.Option(..., "--input", "-i", help="Text file to learn from; repeat for source and target to get a joint vocabulary."),
-    model_prefix: Path = typer.Option(..., "--model-prefix", "-o", help="Output prefix: writes PREFIX.model and PREFIX.vocab."),
+    inputs: list[Path] = typer.Option(
+        ..., "--input", "-i", help="Text file to learn from; repeat for source and target to get a joint vocabulary."
+    ),
+    model_prefix: Path = typer.Option(
+        ..., "--model-prefix", "-o", help="Output prefix: writes PREFIX.model and PREFIX.vocab."
+    ),
     vocab_size: int = typer.Option(8000, min=8, help="Number of pieces, special symbols included."),
     model_type: str = typer.Option("unigram", help="unigram or bpe."),
     character_coverage: float = typer.Option(1.0, help="Share of characters covered (0.9995 for large alphabets)."),
@@ -37,7 +41,9 @@ def tokenize_train(
 def tokenize_encode(
     model: Path = typer.Option(..., "--model", "-m", help="Sentencepiece .model file."),
     input: Path | None = typer.Argument(None, help="Text file (default: stdin)."),
-    output: Path | None = typer.Option(None, "--output", "-o", help="Output file (default: stdout), replaced only on success."),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="Output file (default: stdout), replaced only on success."
+    ),
     ids: bool = typer.Option(False, "--ids", help="Write ids instead of pieces."),
 ) -> None:
     """Encode text into space-separated pieces (or ids), one line per input line."""
@@ -56,7 +62,9 @@ def tokenize_encode(
 def tokenize_decode(
     model: Path = typer.Option(..., "--model", "-m", help="Sentencepiece .model file."),
     input: Path | None = typer.Argument(None, help="File of pieces or ids (default: stdin)."),
-    output: Path | None = typer.Option(None, "--output", "-o", help="Output file (default: stdout), replaced only on success."),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="Output file (default: stdout), replaced only on success."
+    ),
     ids: bool = typer.Option(False, "--ids", help="Input holds ids instead of pieces."),
 ) -> None:
     """Decode pieces (or ids) back into text, one line per input line."""
@@ -65,5 +73,11 @@ def tokenize_decode(
     tok = Tokenizer(model)
     lines = input_lines(input)
     with safe_output(output, inputs=[input, model]) as out:
-        decode_stream(tok, progress(lines, input), out, as_ids=ids, source="<stdin>" if input is None or str(input) == "-" else str(input))
+        decode_stream(
+            tok,
+            progress(lines, input),
+            out,
+            as_ids=ids,
+            source="<stdin>" if input is None or str(input) == "-" else str(input),
+        )
         out.flush()

@@ -13,9 +13,17 @@ from transformer_mt.cli.app import app
 def train(
     config: Path | None = typer.Option(None, "--config", "-c", help="YAML config (see configs/)."),
     set_: list[str] = typer.Option([], "--set", "-s", help="Override one value: section.key=value (repeatable)."),
-    resume: Path | None = typer.Option(None, "--resume", help="Run directory to continue exactly where it stopped (its newest complete checkpoint)."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Start a new run in a train.out_dir that holds one, deleting that run's checkpoints."),
-    device: str | None = typer.Option(None, "--device", help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps; same as --set train.device=..."),
+    resume: Path | None = typer.Option(
+        None, "--resume", help="Run directory to continue exactly where it stopped (its newest complete checkpoint)."
+    ),
+    overwrite: bool = typer.Option(
+        False, "--overwrite", help="Start a new run in a train.out_dir that holds one, deleting that run's checkpoints."
+    ),
+    device: str | None = typer.Option(
+        None,
+        "--device",
+        help="auto (CUDA, then MPS, then CPU), cpu, cuda, cuda:N or mps; same as --set train.device=...",
+    ),
     init_from: Path | None = typer.Option(
         None,
         "--init-from",

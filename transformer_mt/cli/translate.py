@@ -29,7 +29,9 @@ def translate(
     beam: int | None = typer.Option(None, "--beam", "-b", help=BEAM_HELP),
     lenpen: float | None = typer.Option(None, "--lenpen", help=LENPEN_HELP),
     nbest: int = typer.Option(1, "--nbest", help="Hypotheses per input; >1 prints INDEX<TAB>SCORE<TAB>TEXT lines."),
-    batch_tokens: int | None = typer.Option(None, "--batch-tokens", min=1, help="Source tokens per batch. Default: decode.batch_tokens."),
+    batch_tokens: int | None = typer.Option(
+        None, "--batch-tokens", min=1, help="Source tokens per batch. Default: decode.batch_tokens."
+    ),
     device: str = typer.Option("auto", "--device", help="auto, cpu, cuda, cuda:N or mps."),
     dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16 (GPU)."),
     threads: int = typer.Option(0, "--threads", min=0, help="CPU threads (0 = torch default)."),
@@ -41,17 +43,31 @@ def translate(
     from transformer_mt.decoding import translate_stream
     from transformer_mt.text import count_lines, file_chunks, stdin_chunks
 
-    chunks = file_chunks(input) if input is not None and str(input) != "-" else stdin_chunks()  # a wrong path fails first
-    tr = build_translator(checkpoints, engine=engine, device=device, dtype=dtype, threads=threads, weights=weights, compute_type=compute_type)
+    chunks = (
+        file_chunks(input) if input is not None and str(input) != "-" else stdin_chunks()
+    )  # a wrong path fails first
+    tr = build_translator(
+        checkpoints,
+        engine=engine,
+        device=device,
+        dtype=dtype,
+        threads=threads,
+        weights=weights,
+        compute_type=compute_type,
+    )
     beam, lenpen = decode_args(tr, beam, lenpen, nbest)
     bar = None
-    if input is not None and str(input) != "-" and input.is_file() and sys.stderr.isatty():  # counting a pipe would consume it
+    if (
+        input is not None and str(input) != "-" and input.is_file() and sys.stderr.isatty()
+    ):  # counting a pipe would consume it
         from tqdm import tqdm
 
         bar = tqdm(total=count_lines(input), unit=" lines", desc="translate", leave=False)
     try:
         with safe_output(output, inputs=[input, *checkpoints]) as out:  # -o: a temporary file renamed on success
-            stats = translate_stream(tr, chunks, out, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, progress=bar)
+            stats = translate_stream(
+                tr, chunks, out, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, progress=bar
+            )
     finally:
         if bar is not None:
             bar.close()
@@ -62,16 +78,21 @@ def translate(
 @app.command()
 def mbr(
     candidates: list[Path] = typer.Argument(
-        ..., help="Candidate files, one per system, for the same inputs: tmt translate output, plain (one line per input) or n-best (--nbest K)."
+        ...,
+        help="Candidate files, one per system, for the same inputs: tmt translate output, plain (one line per input) or n-best (--nbest K).",
     ),
-    output: Path | None = typer.Option(None, "--output", "-o", help="Output file, one line per input (default: stdout)."),
+    output: Path | None = typer.Option(
+        None, "--output", "-o", help="Output file, one line per input (default: stdout)."
+    ),
     weights: str = typer.Option(
         "uniform",
         "--weights",
         help="How a system shares its weight among its candidates for an input: "
         "uniform, or score (softmax of the n-best scores / --temperature). Every system weighs the same.",
     ),
-    temperature: float = typer.Option(1.0, "--temperature", help="With --weights score: divides the scores before the softmax."),
+    temperature: float = typer.Option(
+        1.0, "--temperature", help="With --weights score: divides the scores before the softmax."
+    ),
 ) -> None:
     """Minimum Bayes risk choice: per input, the candidate with the highest expected sentence BLEU against
     all pooled candidates (a consensus of n-best lists, checkpoints or systems)."""

@@ -12,11 +12,19 @@ from transformer_mt.cli.app import app
 @app.command("inspect")
 def inspect_cmd(
     target: Path = typer.Argument(..., help="A YAML config (built without weights) or a checkpoint (.pt)."),
-    set_: list[str] = typer.Option([], "--set", "-s", help="Override one config value: section.key=value (repeatable; configs only)."),
+    set_: list[str] = typer.Option(
+        [], "--set", "-s", help="Override one config value: section.key=value (repeatable; configs only)."
+    ),
     src_len: int = typer.Option(10, "--src-len", help="Source length S of the example batch and of the FLOPs count."),
-    tgt_len: int = typer.Option(8, "--tgt-len", help="Target length T (BOS + pieces) of the example batch and of the FLOPs count."),
-    layers: int = typer.Option(1, "--layers", help="Layers per stack shown with their insides (the others get one line each)."),
-    pe: Path | None = typer.Option(None, "--pe", help="Also draw the positional-encoding matrix to this PNG (or .svg); needs matplotlib."),
+    tgt_len: int = typer.Option(
+        8, "--tgt-len", help="Target length T (BOS + pieces) of the example batch and of the FLOPs count."
+    ),
+    layers: int = typer.Option(
+        1, "--layers", help="Layers per stack shown with their insides (the others get one line each)."
+    ),
+    pe: Path | None = typer.Option(
+        None, "--pe", help="Also draw the positional-encoding matrix to this PNG (or .svg); needs matplotlib."
+    ),
     pe_length: int = typer.Option(100, "--pe-length", help="Positions drawn by --pe."),
 ) -> None:
     """The architecture as a tree: parameters per module, tensor shapes of one example batch, FLOPs per token."""
@@ -24,9 +32,13 @@ def inspect_cmd(
     from transformer_mt.viz.inspect import inspect_report, load_model
 
     if src_len < 1 or tgt_len < 1 or pe_length < 2:
-        raise VizError(f"--src-len {src_len} --tgt-len {tgt_len} --pe-length {pe_length}: lengths must be >= 1 (--pe-length >= 2)")
+        raise VizError(
+            f"--src-len {src_len} --tgt-len {tgt_len} --pe-length {pe_length}: lengths must be >= 1 (--pe-length >= 2)"
+        )
     model, cfg, vocab = load_model(target, list(set_))
-    lines, _ = inspect_report(model, cfg, vocab=vocab, source=str(target), src_len=src_len, tgt_len=tgt_len, full_layers=layers)
+    lines, _ = inspect_report(
+        model, cfg, vocab=vocab, source=str(target), src_len=src_len, tgt_len=tgt_len, full_layers=layers
+    )
     if pe is not None:
         typer.echo(f"positional encoding: {_draw_positions(model, cfg, pe, pe_length)}")
     typer.echo("\n".join(lines))
@@ -44,13 +56,17 @@ def _draw_positions(model, cfg, out: Path, length: int) -> Path:
     elif layout:
         table, title = sinusoids(length, cfg.model.d_model, layout=layout), name
     else:
-        raise VizError("model.positions=learned: a config has no learned values to draw; give a trained checkpoint (.pt) instead")
+        raise VizError(
+            "model.positions=learned: a config has no learned values to draw; give a trained checkpoint (.pt) instead"
+        )
     return plot_positions(table, out, layout=layout, title=title)
 
 
 @app.command()
 def plot(
-    runs: list[Path] = typer.Argument(..., help="Run directories (train.out_dir) whose metrics.jsonl to draw; several are overlaid."),
+    runs: list[Path] = typer.Argument(
+        ..., help="Run directories (train.out_dir) whose metrics.jsonl to draw; several are overlaid."
+    ),
     output: Path = typer.Option(Path("curves.png"), "--output", "-o", help="The picture to write (.png or .svg)."),
 ) -> None:
     """Training curves: train loss, validation loss and BLEU against updates and wall-clock, one PNG."""
@@ -61,16 +77,26 @@ def plot(
 
 @app.command()
 def attention(
-    checkpoint: Path = typer.Option(..., "--checkpoint", "-c", help="A checkpoint written by `tmt train` or `tmt average`."),
+    checkpoint: Path = typer.Option(
+        ..., "--checkpoint", "-c", help="A checkpoint written by `tmt train` or `tmt average`."
+    ),
     file: Path | None = typer.Argument(None, help="A source text file; with --line N its N-th line is drawn."),
     src: str | None = typer.Option(None, "--src", help="The source sentence (instead of FILE --line N)."),
     line: int | None = typer.Option(None, "--line", help="Line number (1-based) of FILE."),
-    ref: str | None = typer.Option(None, "--ref", help="Teacher-force this target instead of drawing the model's translation."),
-    layers: str | None = typer.Option(None, "--layers", help="Layers to draw, 0-based and comma-separated (e.g. 0,2); default all."),
+    ref: str | None = typer.Option(
+        None, "--ref", help="Teacher-force this target instead of drawing the model's translation."
+    ),
+    layers: str | None = typer.Option(
+        None, "--layers", help="Layers to draw, 0-based and comma-separated (e.g. 0,2); default all."
+    ),
     heads: str | None = typer.Option(None, "--heads", help="Heads to draw, 0-based and comma-separated; default all."),
-    beam: int | None = typer.Option(None, "--beam", "-b", help="Beam size of the translation. Default: the checkpoint's decode.beam."),
+    beam: int | None = typer.Option(
+        None, "--beam", "-b", help="Beam size of the translation. Default: the checkpoint's decode.beam."
+    ),
     svg: bool = typer.Option(False, "--svg", help="Also write SVG files beside the PNGs."),
-    output: Path = typer.Option(Path("attention"), "--output", "-o", help="Directory for the pictures and attention.json."),
+    output: Path = typer.Option(
+        Path("attention"), "--output", "-o", help="Directory for the pictures and attention.json."
+    ),
 ) -> None:
     """Attention maps of one sentence: encoder self, decoder self (causal) and cross-attention, per layer and head."""
     from transformer_mt.config import beam_problem

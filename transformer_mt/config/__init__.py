@@ -27,7 +27,14 @@ from transformer_mt.config.checks import (
     validate,
 )
 from transformer_mt.config.loading import from_dict, load_config, save_config, stated_keys, to_dict
-from transformer_mt.config.rules import Problem, beam_problem, length_problem, lenpen_problem, max_beam, specials_problem
+from transformer_mt.config.rules import (
+    Problem,
+    beam_problem,
+    length_problem,
+    lenpen_problem,
+    max_beam,
+    specials_problem,
+)
 from transformer_mt.config.sections import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig
 
 __all__ = [

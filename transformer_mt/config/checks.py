@@ -33,12 +33,28 @@ CHOICES = {
     "train.lr_schedule": ("noam", "inverse_sqrt", "linear", "wsd"),
     "train.best_metric": ("bleu", "loss"),
 }
-PATH_KEYS = ("data.train_src", "data.train_tgt", "data.valid_src", "data.valid_tgt", "tokenizer.model", "tokenizer.tgt_model", "train.init_from")
+PATH_KEYS = (
+    "data.train_src",
+    "data.train_tgt",
+    "data.valid_src",
+    "data.valid_tgt",
+    "tokenizer.model",
+    "tokenizer.tgt_model",
+    "train.init_from",
+)
 
 
 # Values in messages come from files that anyone may have written: a repr of bounded nesting, items and length.
 _REPR = reprlib.Repr()
-_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict, _REPR.maxset, _REPR.maxstring, _REPR.maxother = 2, 4, 4, 3, 3, 60, 60
+_REPR.maxlevel, _REPR.maxlist, _REPR.maxtuple, _REPR.maxdict, _REPR.maxset, _REPR.maxstring, _REPR.maxother = (
+    2,
+    4,
+    4,
+    3,
+    3,
+    60,
+    60,
+)
 _PLAIN = (str, int, float, bool, type(None), list, tuple, dict)
 
 
@@ -88,7 +104,10 @@ def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -
             section, key = dotted.split(".")
             value = getattr(getattr(cfg, section), key)
             if value and not Path(value).is_file():
-                fail(dotted, f"file {quote(value, 160)} not found; check the path (relative paths start from the current directory)")
+                fail(
+                    dotted,
+                    f"file {quote(value, 160)} not found; check the path (relative paths start from the current directory)",
+                )
 
 
 def _check_model(m: ModelConfig, fail: Fail) -> None:
@@ -107,7 +126,10 @@ def _check_model(m: ModelConfig, fail: Fail) -> None:
         if not 0.0 <= getattr(m, key) < 1.0:
             fail(f"model.{key}", f"{getattr(m, key)} is outside [0, 1); use e.g. 0.1")
     if m.positions == "learned" and m.position_layout != "interleaved":
-        fail("model.position_layout", f"{m.position_layout!r} orders sinusoids only; remove it or set model.positions: sinusoidal")
+        fail(
+            "model.position_layout",
+            f"{m.position_layout!r} orders sinusoids only; remove it or set model.positions: sinusoidal",
+        )
     problem = specials_problem(m)
     if problem:
         fail(problem.key, f"{problem.value} {problem.reason}")
@@ -115,7 +137,10 @@ def _check_model(m: ModelConfig, fail: Fail) -> None:
 
 def _check_tokenizer(tok: TokenizerConfig, m: ModelConfig, fail: Fail) -> None:
     if m.share_all_embeddings and not tok.joint:
-        fail("model.share_all_embeddings", "needs a joint vocabulary; set tokenizer.joint: true or model.share_all_embeddings: false")
+        fail(
+            "model.share_all_embeddings",
+            "needs a joint vocabulary; set tokenizer.joint: true or model.share_all_embeddings: false",
+        )
     if tok.vocab_size < 8:
         fail("tokenizer.vocab_size", f"{tok.vocab_size} is too small; use at least a few thousand for real data")
     if not 0.0 < tok.character_coverage <= 1.0:
@@ -128,7 +153,17 @@ def _check_train(t: TrainConfig, fail: Fail) -> None:
     for key in ("max_tokens", "update_freq", "validate_every", "log_every"):
         if getattr(t, key) < 1:
             fail(f"train.{key}", f"must be at least 1, got {getattr(t, key)}")
-    never_negative = ("max_updates", "max_epochs", "max_time", "save_every", "keep_last", "keep_every", "patience", "warmup_updates", "weight_decay")
+    never_negative = (
+        "max_updates",
+        "max_epochs",
+        "max_time",
+        "save_every",
+        "keep_last",
+        "keep_every",
+        "patience",
+        "warmup_updates",
+        "weight_decay",
+    )
     for key in (*never_negative, "clip_norm", "threads"):
         if getattr(t, key) < 0:
             fail(f"train.{key}", f"must be 0 or positive, got {getattr(t, key)}")
@@ -163,7 +198,10 @@ def _check_schedule(t: TrainConfig, fail: Fail) -> None:
             f"(got max_updates={t.max_updates}, warmup_updates={t.warmup_updates}); set train.max_updates",
         )
     if t.lr_schedule == "wsd" and not (t.max_time or t.max_updates):
-        fail("train.lr_schedule", "wsd cools down over the end of the budget; set train.max_time (minutes) or train.max_updates")
+        fail(
+            "train.lr_schedule",
+            "wsd cools down over the end of the budget; set train.max_time (minutes) or train.max_updates",
+        )
     if not 0.0 < t.cooldown <= 1.0:
         fail("train.cooldown", f"{t.cooldown} is outside (0, 1]; use e.g. 0.2 (the last fifth of the budget)")
 
@@ -178,13 +216,19 @@ def _check_decode(d: DecodeConfig, fail: Fail) -> None:
 
 def _check_data(data: DataConfig, m: ModelConfig, fail: Fail) -> None:
     if not 0.0 <= data.subword_alpha <= 1.0:
-        fail("data.subword_alpha", f"{data.subword_alpha} is outside [0, 1]; use 0 (off), 0.1-0.5 for unigram or about 0.1 for bpe")
+        fail(
+            "data.subword_alpha",
+            f"{data.subword_alpha} is outside [0, 1]; use 0 (off), 0.1-0.5 for unigram or about 0.1 for bpe",
+        )
     if data.subword_nbest != -1 and data.subword_nbest < 2:
         fail("data.subword_nbest", f"{data.subword_nbest} samples nothing; use -1 (all segmentations) or at least 2")
     if data.max_len < 1:
         fail("data.max_len", f"must be at least 1, got {data.max_len}")
     if data.max_len_ratio < 1.0:
-        fail("data.max_len_ratio", f"{data.max_len_ratio:g} is below 1; a longer side is at least 1 times the shorter (e.g. 3)")
+        fail(
+            "data.max_len_ratio",
+            f"{data.max_len_ratio:g} is below 1; a longer side is at least 1 times the shorter (e.g. 3)",
+        )
     if data.max_len + 1 > m.max_positions:  # + EOS on the source, + BOS on the decoder input
         fail(
             "data.max_len",
@@ -192,7 +236,10 @@ def _check_data(data: DataConfig, m: ModelConfig, fail: Fail) -> None:
         )
     if bool(data.valid_src) != bool(data.valid_tgt):
         given, missing = ("valid_src", "valid_tgt") if data.valid_src else ("valid_tgt", "valid_src")
-        fail(f"data.{missing}", f"is empty while data.{given} is set; give both validation files, or neither to train without validation")
+        fail(
+            f"data.{missing}",
+            f"is empty while data.{given} is set; give both validation files, or neither to train without validation",
+        )
 
 
 # Upper bounds on what a config may ask to allocate. A checkpoint's config is read back through the
@@ -236,7 +283,9 @@ def model_elements(m: ModelConfig, *, src_vocab_size: int, tgt_vocab_size: int) 
     ffn = 2 * d * m.d_ff + m.d_ff + d
     layers = m.encoder_layers * (attention + ffn + 4 * d) + m.decoder_layers * (2 * attention + ffn + 6 * d)
     tgt_embed = 0 if m.share_all_embeddings else tgt_vocab_size * d
-    output = (0 if m.share_all_embeddings or m.share_decoder_embeddings else tgt_vocab_size * d) + tgt_vocab_size * (m.output_bias + 2 * m.restrict_output)
+    output = (0 if m.share_all_embeddings or m.share_decoder_embeddings else tgt_vocab_size * d) + tgt_vocab_size * (
+        m.output_bias + 2 * m.restrict_output
+    )
     return layers + src_vocab_size * d + tgt_embed + output + m.max_positions * d + 4 * d
 
 
@@ -256,7 +305,10 @@ def _check_bounds(cfg: Config, fail: Fail) -> None:
         section, key = dotted.split(".")
         value = getattr(getattr(cfg, section), key)
         if value > limit:
-            fail(dotted, f"{value} is above the supported maximum {limit}; check the value (a checkpoint with it is damaged or crafted)")
+            fail(
+                dotted,
+                f"{value} is above the supported maximum {limit}; check the value (a checkpoint with it is damaged or crafted)",
+            )
     vocab = cfg.tokenizer.vocab_size  # a checkpoint's loader checks again with its tokenizers' real sizes
     problem = size_problem(model_elements(cfg.model, src_vocab_size=vocab, tgt_vocab_size=vocab))
     if problem:

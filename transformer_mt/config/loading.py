@@ -20,7 +20,9 @@ from transformer_mt.config.checks import ConfigError, quote, validate
 from transformer_mt.config.sections import Config
 
 _SECTION_TYPES = get_type_hints(Config)
-MAX_CONFIG_BYTES = 1 << 20  # a config states a few dozen values; a larger file is not one (and YAML parsing grows with it)
+MAX_CONFIG_BYTES = (
+    1 << 20
+)  # a config states a few dozen values; a larger file is not one (and YAML parsing grows with it)
 MAX_INT = (1 << 63) - 1  # every integer setting is a count, a size or an id: anything beyond int64 is a mistake
 
 
@@ -58,8 +60,12 @@ def _read_yaml(path: Path) -> Any:
     """Parse a YAML config file strictly: syntax errors and duplicate keys name the file and the line."""
     try:
         if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{path.stat().st_size:,} bytes, more than a config holds ({MAX_CONFIG_BYTES:,} at most); give the YAML config file")
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)  # safe: _UniqueKeyLoader is a SafeLoader
+            raise ConfigError(
+                f"{path.stat().st_size:,} bytes, more than a config holds ({MAX_CONFIG_BYTES:,} at most); give the YAML config file"
+            )
+        return yaml.load(
+            path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader
+        )  # safe: _UniqueKeyLoader is a SafeLoader
     except ConfigError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     except UnicodeDecodeError as exc:
@@ -67,9 +73,13 @@ def _read_yaml(path: Path) -> Any:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         line = f" line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{path}:{line} is not valid YAML ({quote(str(getattr(exc, 'problem', exc)), 120)}); fix the syntax") from None
+        raise ConfigError(
+            f"{path}:{line} is not valid YAML ({quote(str(getattr(exc, 'problem', exc)), 120)}); fix the syntax"
+        ) from None
     except RecursionError:  # PyYAML composes nested collections recursively
-        raise ConfigError(f"{path}: nested too deeply to be a config (sections hold key: value pairs); fix the file") from None
+        raise ConfigError(
+            f"{path}: nested too deeply to be a config (sections hold key: value pairs); fix the file"
+        ) from None
 
 
 def _override_value(dotted: str, text: str) -> Any:
@@ -141,7 +151,9 @@ def _coerce_float(value: Any, where: str) -> float:
 
 def _coerce_str(value: Any, where: str) -> str:
     # YAML reads some unquoted words as numbers, booleans or dates (a path named 2024-01-01): their text is meant.
-    if not isinstance(value, (str, int, float, bool, datetime.date, type(None))) or (isinstance(value, int) and abs(value) > MAX_INT):
+    if not isinstance(value, (str, int, float, bool, datetime.date, type(None))) or (
+        isinstance(value, int) and abs(value) > MAX_INT
+    ):
         raise ConfigError(f"{where}: expected a string, got {quote(value)}")
     return "" if value is None else str(value)
 
@@ -184,7 +196,9 @@ def _apply_sections(cfg: Config, raw: Any, source: str, *, empty_sections: bool)
     and named as :func:`_apply` does. ``empty_sections``: a section left empty (None) keeps its defaults, as a YAML
     file may state; a checkpoint's config always has all of them."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"{source}: expected a mapping of sections (data, tokenizer, model, train, decode) at the top, got {quote(raw)}")
+        raise ConfigError(
+            f"{source}: expected a mapping of sections (data, tokenizer, model, train, decode) at the top, got {quote(raw)}"
+        )
     for section, values in raw.items():
         name = _name(section)
         if name not in _SECTION_TYPES:
@@ -197,7 +211,9 @@ def _apply_sections(cfg: Config, raw: Any, source: str, *, empty_sections: bool)
             _apply(cfg, name, _name(key), value, source)
 
 
-def load_config(path: str | os.PathLike | None = None, overrides: list[str] | None = None, *, check_files: bool = True) -> Config:
+def load_config(
+    path: str | os.PathLike | None = None, overrides: list[str] | None = None, *, check_files: bool = True
+) -> Config:
     """Read a YAML config (or start from the defaults), apply ``section.key=value`` overrides, validate.
 
     Relative data and tokenizer paths are resolved against the current directory, as users type them.
@@ -205,10 +221,14 @@ def load_config(path: str | os.PathLike | None = None, overrides: list[str] | No
     cfg = Config()
     if path is not None:
         if not str(path).strip():
-            raise ConfigError("--config: the path is empty; give a YAML file, e.g. --config configs/multi30k_small.yaml")
+            raise ConfigError(
+                "--config: the path is empty; give a YAML file, e.g. --config configs/multi30k_small.yaml"
+            )
         path = Path(path)
         if path.is_dir():
-            raise ConfigError(f"{path}: is a directory, not a config file; give a YAML file (to continue a run directory use --resume {path})")
+            raise ConfigError(
+                f"{path}: is a directory, not a config file; give a YAML file (to continue a run directory use --resume {path})"
+            )
         if not path.is_file():
             raise ConfigError(f"{path}: config file not found; check the path given to --config")
         _apply_sections(cfg, _read_yaml(path) or {}, str(path), empty_sections=True)

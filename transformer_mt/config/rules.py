@@ -37,16 +37,24 @@ def max_beam(tgt_vocab_size: int) -> int:
     return max(1, (tgt_vocab_size - 2) // 2)
 
 
-def beam_problem(beam: int, nbest: int = 1, *, tgt_vocab_size: int | None = None, limit: int | None = None) -> Problem | None:
+def beam_problem(
+    beam: int, nbest: int = 1, *, tgt_vocab_size: int | None = None, limit: int | None = None
+) -> Problem | None:
     """1 <= beam, at most ``limit`` (a caller's own cap, e.g. a server's --max-beam) and at most what the
     target vocabulary allows (:func:`max_beam`, when ``tgt_vocab_size`` is known); then 1 <= nbest <= beam."""
     vocab_cap = None if tgt_vocab_size is None else max_beam(tgt_vocab_size)
     if beam < 1 or (limit is not None and beam > limit):
         caps = [cap for cap in (limit, vocab_cap) if cap is not None]
-        return Problem("beam", beam, f"is out of range; use 1 (greedy) to {min(caps)}" if caps else "is out of range; use 1 (greedy) or more")
+        return Problem(
+            "beam",
+            beam,
+            f"is out of range; use 1 (greedy) to {min(caps)}" if caps else "is out of range; use 1 (greedy) or more",
+        )
     if vocab_cap is not None and beam > vocab_cap:
         return Problem(
-            "beam", beam, f"needs a target vocabulary of at least {2 * beam + 2} ids, the model has {tgt_vocab_size}; use a beam of at most {vocab_cap}"
+            "beam",
+            beam,
+            f"needs a target vocabulary of at least {2 * beam + 2} ids, the model has {tgt_vocab_size}; use a beam of at most {vocab_cap}",
         )
     if not 1 <= nbest <= beam:
         return Problem("nbest", nbest, f"is out of range; use 1 to the beam size ({beam}): 1 <= nbest <= beam")
@@ -63,7 +71,9 @@ def lenpen_problem(lenpen: float) -> Problem | None:
     if not math.isfinite(lenpen):
         return Problem("lenpen", lenpen, "must be a finite number; the usual range is 0.6 to 1.5")
     if abs(lenpen) > MAX_LENPEN:
-        return Problem("lenpen", lenpen, f"is out of range; use -{MAX_LENPEN:g} to {MAX_LENPEN:g} (the usual range is 0.6 to 1.5)")
+        return Problem(
+            "lenpen", lenpen, f"is out of range; use -{MAX_LENPEN:g} to {MAX_LENPEN:g} (the usual range is 0.6 to 1.5)"
+        )
     return None
 
 
@@ -72,7 +82,9 @@ def length_problem(max_len_a: float, max_len_b: int) -> Problem | None:
     setting may be negative."""
     for key, value in (("max_len_a", max_len_a), ("max_len_b", max_len_b)):
         if value < 0:
-            return Problem(key, value, "must be 0 or positive (the longest output is max_len_a * source length + max_len_b)")
+            return Problem(
+                key, value, "must be 0 or positive (the longest output is max_len_a * source length + max_len_b)"
+            )
     return None
 
 
@@ -80,18 +92,40 @@ def specials_problem(cfg: ModelConfig, vocab_size: int | None = None) -> Problem
     """The special ids (``model.pad_id`` ... ``model.decoder_start_id``): within the vocabulary (when its size is
     known; -1 allowed for bos and the start, meaning none and bos), a start id when there is no BOS, pad, unk and
     eos distinct, and the start not EOS (a decoder starting from EOS would read its first input as the end)."""
-    named = {"pad_id": cfg.pad_id, "unk_id": cfg.unk_id, "eos_id": cfg.eos_id, "bos_id": cfg.bos_id, "decoder_start_id": cfg.decoder_start_id}
+    named = {
+        "pad_id": cfg.pad_id,
+        "unk_id": cfg.unk_id,
+        "eos_id": cfg.eos_id,
+        "bos_id": cfg.bos_id,
+        "decoder_start_id": cfg.decoder_start_id,
+    }
     for key, value in named.items():
         lowest = -1 if key in ("bos_id", "decoder_start_id") else 0
         if value < lowest:
-            return Problem(f"model.{key}", value, "is out of range; give the id of the piece in the vocabulary" + (" or -1 (none)" if lowest else ""))
+            return Problem(
+                f"model.{key}",
+                value,
+                "is out of range; give the id of the piece in the vocabulary" + (" or -1 (none)" if lowest else ""),
+            )
         if vocab_size is not None and value >= vocab_size:
-            return Problem(f"model.{key}", value, f"is outside the vocabulary of {vocab_size} pieces; give an id below {vocab_size}")
+            return Problem(
+                f"model.{key}",
+                value,
+                f"is outside the vocabulary of {vocab_size} pieces; give an id below {vocab_size}",
+            )
     if cfg.start_id == -1:
-        return Problem("model.decoder_start_id", -1, "means model.bos_id, which is -1 (no BOS); give the id the decoder starts from")
+        return Problem(
+            "model.decoder_start_id",
+            -1,
+            "means model.bos_id, which is -1 (no BOS); give the id the decoder starts from",
+        )
     for a, b in (("pad_id", "eos_id"), ("pad_id", "unk_id"), ("unk_id", "eos_id")):
         if named[a] == named[b]:
             return Problem(f"model.{a}", named[a], f"is also model.{b}; the two ids must differ")
     if cfg.start_id == cfg.eos_id:
-        return Problem("model.decoder_start_id", cfg.start_id, "is model.eos_id; the decoder must not start from the end of sentence")
+        return Problem(
+            "model.decoder_start_id",
+            cfg.start_id,
+            "is model.eos_id; the decoder must not start from the end of sentence",
+        )
     return None

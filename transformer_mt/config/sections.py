@@ -58,12 +58,16 @@ class ModelConfig:
     norm: str = "post"  # post = LayerNorm(x + sublayer(x)) (paper); pre = x + sublayer(LayerNorm(x));
     # scale = pre placement with ScaleNorm g * x / ||x|| and FixNorm embeddings (Nguyen & Salazar 2019)
     positions: str = "sinusoidal"  # sinusoidal (paper) or learned (Table 3 row E)
-    position_layout: str = "interleaved"  # sinusoid order: interleaved (paper: sin even dims, cos odd) or halves (all sines, then cosines)
+    position_layout: str = (
+        "interleaved"  # sinusoid order: interleaved (paper: sin even dims, cos odd) or halves (all sines, then cosines)
+    )
     max_positions: int = 1024  # longest sequence the model accepts (size of the learned table)
     share_all_embeddings: bool = True  # one matrix for source, target and output (needs a joint vocabulary)
     share_decoder_embeddings: bool = True  # tie target embedding and output projection
     output_bias: bool = False  # a bias vector (zero at start) added to the output layer's logits
-    restrict_output: bool = False  # output layer over the pieces seen on the training target side only (faster with a joint vocabulary)
+    restrict_output: bool = (
+        False  # output layer over the pieces seen on the training target side only (faster with a joint vocabulary)
+    )
     # the special ids of the vocabulary (text.specials); tmt's own sentencepiece models use the defaults,
     # an imported vocabulary its own (MarianMT: eos 0, unk 1, pad last, no bos, the decoder starting from pad)
     pad_id: int = 0  # fills batches; masked out of attention and the loss
@@ -104,7 +108,9 @@ class TrainConfig:
     lr_scale: float = 1.0  # multiplier of the paper's noam formula
     warmup_updates: int = 4000  # warmup_steps of section 5.3
     cooldown: float = 0.2  # wsd: fraction of the budget (max_time if set, else max_updates) spent cooling down
-    ema_decay: float = 0.0  # exponential moving average of the weights (e.g. 0.999), used for validation and decoding; 0 = off
+    ema_decay: float = (
+        0.0  # exponential moving average of the weights (e.g. 0.999), used for validation and decoding; 0 = off
+    )
     clip_norm: float = 0.0  # clip the gradient norm to this; 0 = no clipping
     max_updates: int = 0  # stop after this many updates; 0 = no limit
     max_epochs: int = 0  # stop after this many epochs; 0 = no limit

@@ -99,12 +99,16 @@ def collate(pairs: Sequence[tuple[Ids, Ids]], *, indices: Ids | None = None, spe
     tgt_out = _pad(tgts, pad=specials.pad, suffix=specials.eos)  # (B, T)
     return Batch(
         src=source_tensor(srcs, specials=specials),
-        tgt_in=_pad(tgts, pad=specials.pad, prefix=specials.start),  # section 5: the decoder input is the target shifted right
+        tgt_in=_pad(
+            tgts, pad=specials.pad, prefix=specials.start
+        ),  # section 5: the decoder input is the target shifted right
         tgt_out=tgt_out,
         ntokens=int(labels_per_row.sum()),
         nsentences=len(pairs),
         indices=None if indices is None else torch.as_tensor(np.asarray(indices, dtype=np.int64)),
-        labels=torch.from_numpy(np.flatnonzero(np.arange(tgt_out.size(1)) < labels_per_row[:, None])),  # (B, T) -> (ntokens,)
+        labels=torch.from_numpy(
+            np.flatnonzero(np.arange(tgt_out.size(1)) < labels_per_row[:, None])
+        ),  # (B, T) -> (ntokens,)
         src_padded=bool(src_lengths.size and src_lengths.min() < src_lengths.max()),
     )
 
@@ -130,7 +134,9 @@ def _rng(seed: int, epoch: int) -> np.random.Generator:
     return np.random.default_rng([seed & 0xFFFF_FFFF_FFFF_FFFF, epoch & 0xFFFF_FFFF_FFFF_FFFF])
 
 
-def make_batches(lengths_src, lengths_tgt, max_tokens: int, *, seed: int, epoch: int, shuffle: bool = True) -> list[np.ndarray]:
+def make_batches(
+    lengths_src, lengths_tgt, max_tokens: int, *, seed: int, epoch: int, shuffle: bool = True
+) -> list[np.ndarray]:
     """Split pair indices into batches of at most ``max_tokens`` padded tokens per side.
 
     ``lengths_*`` (N,) are the lengths the pairs occupy in the padded tensors (ParallelData passes

@@ -99,7 +99,10 @@ class CorpusSummary:
             [
                 f"{self.src_path} -> {self.tgt_path}: {self.pairs_read:,} pairs read, {self.kept:,} kept ({100 * self.kept / max(self.pairs_read, 1):.2f}%)",
                 f"  {dropped}",
-                "  tokens: " + side("source", self.src_tokens, self.src_unk, self.src_max) + ", " + side("target", self.tgt_tokens, self.tgt_unk, self.tgt_max),
+                "  tokens: "
+                + side("source", self.src_tokens, self.src_unk, self.src_max)
+                + ", "
+                + side("target", self.tgt_tokens, self.tgt_unk, self.tgt_max),
                 f"  cache: {self.cache} ({'loaded' if self.from_cache else 'written'})",
             ]
         )
@@ -115,7 +118,16 @@ class ParallelData:
     ``line_numbers`` (N,) int64 are 0-based lines of the text files the pairs came from.
     """
 
-    def __init__(self, directory: Path, meta: dict, src_path: Path, tgt_path: Path, *, from_cache: bool, specials: SpecialIds = DEFAULT):
+    def __init__(
+        self,
+        directory: Path,
+        meta: dict,
+        src_path: Path,
+        tgt_path: Path,
+        *,
+        from_cache: bool,
+        specials: SpecialIds = DEFAULT,
+    ):
         self.directory = directory
         self.specials = specials  # the ids collation adds: the target tokenizer's
         # the paths as given now: the cache may have been written from another working directory
@@ -143,7 +155,12 @@ class ParallelData:
         args = (epoch, max_tokens, seed, shuffle)
         if self._memo is None or self._memo[0] != args:
             # +1: the EOS on the source and the BOS / EOS on the target occupy a position each
-            self._memo = (args, make_batches(self.src_lengths + 1, self.tgt_lengths + 1, max_tokens, seed=seed, epoch=epoch, shuffle=shuffle))
+            self._memo = (
+                args,
+                make_batches(
+                    self.src_lengths + 1, self.tgt_lengths + 1, max_tokens, seed=seed, epoch=epoch, shuffle=shuffle
+                ),
+            )
         return list(self._memo[1])  # a copy: callers may reorder or slice it
 
     def get_batch(self, indices: Ids) -> Batch:
@@ -190,18 +207,24 @@ def load_parallel(
     rank 0 build the cache before the others load it (concurrent builds are safe, only wasteful).
     """
     if not str(cache_dir):
-        raise ValueError("cache_dir is empty; pass a directory (load_corpora uses data.cache_dir, else <train.out_dir>/cache)")
+        raise ValueError(
+            "cache_dir is empty; pass a directory (load_corpora uses data.cache_dir, else <train.out_dir>/cache)"
+        )
     src_path, tgt_path = Path(src_path), Path(tgt_path)
     for path in (src_path, tgt_path):
         if not path.is_file():
-            raise DataError(f"{path}: file not found; check the data paths (data.train_src / train_tgt / valid_src / valid_tgt)")
+            raise DataError(
+                f"{path}: file not found; check the data paths (data.train_src / train_tgt / valid_src / valid_tgt)"
+            )
     key, inputs = cache_key(src_path, tgt_path, src_tok, tgt_tok, data_cfg, filter_long=filter_long)
     directory = cache_directory(cache_dir, src_path, tgt_path, key)
     meta = read_meta(directory, key)
     if meta is not None:
         return ParallelData(directory, meta, src_path, tgt_path, from_cache=True, specials=tgt_tok.specials)
     try:
-        _encode_corpus(src_path, tgt_path, src_tok, tgt_tok, data_cfg, directory, key, inputs, filter_long=filter_long, quiet=quiet)
+        _encode_corpus(
+            src_path, tgt_path, src_tok, tgt_tok, data_cfg, directory, key, inputs, filter_long=filter_long, quiet=quiet
+        )
     except OSError as exc:
         if exc.filename is not None and not str(exc.filename).startswith(str(directory.parent)):
             raise  # about an input file: the command line names it
@@ -213,7 +236,9 @@ def load_parallel(
         ) from exc
     meta = read_meta(directory, key)
     if meta is None:
-        raise DataError(f"{directory}: the cache just written does not read back; check the disk (space, permissions) and delete the directory")
+        raise DataError(
+            f"{directory}: the cache just written does not read back; check the disk (space, permissions) and delete the directory"
+        )
     return ParallelData(directory, meta, src_path, tgt_path, from_cache=False, specials=tgt_tok.specials)
 
 
@@ -234,7 +259,19 @@ def _aligned_chunks(src_path: Path, tgt_path: Path) -> Iterator[tuple[list[int],
         yield numbers, srcs, tgts, len(chunk), len(chunk) - len(numbers)
 
 
-def _encode_corpus(src_path, tgt_path, src_tok, tgt_tok, cfg: DataConfig, directory: Path, key: str, inputs: dict, *, filter_long: bool, quiet: bool) -> None:
+def _encode_corpus(
+    src_path,
+    tgt_path,
+    src_tok,
+    tgt_tok,
+    cfg: DataConfig,
+    directory: Path,
+    key: str,
+    inputs: dict,
+    *,
+    filter_long: bool,
+    quiet: bool,
+) -> None:
     """Encode, filter and write the cache for ``key`` into a temporary directory, then rename it into place."""
     n_src, n_tgt = count_lines(src_path), count_lines(tgt_path)
     if n_src != n_tgt:
@@ -243,27 +280,44 @@ def _encode_corpus(src_path, tgt_path, src_tok, tgt_tok, cfg: DataConfig, direct
             "so fix the files to have the same number of lines"
         )
     summary = CorpusSummary(
-        str(src_path), str(tgt_path), filtered=filter_long, max_len=cfg.max_len, max_len_ratio=cfg.max_len_ratio, min_len_for_ratio=cfg.min_len_for_ratio
+        str(src_path),
+        str(tgt_path),
+        filtered=filter_long,
+        max_len=cfg.max_len,
+        max_len_ratio=cfg.max_len_ratio,
+        min_len_for_ratio=cfg.min_len_for_ratio,
     )
     dtypes = {"src": token_dtype(src_tok), "tgt": token_dtype(tgt_tok)}
     tmp = temporary_directory(directory)
     try:
         writer = CacheWriter(tmp, dtypes, unk={"src": src_tok.specials.unk, "tgt": tgt_tok.specials.unk})
-        bar = tqdm(total=n_src, unit=" lines", desc=f"encoding {src_path.name}-{tgt_path.name}", leave=False, disable=quiet or not sys.stderr.isatty())
+        bar = tqdm(
+            total=n_src,
+            unit=" lines",
+            desc=f"encoding {src_path.name}-{tgt_path.name}",
+            leave=False,
+            disable=quiet or not sys.stderr.isatty(),
+        )
         try:
             for numbers, srcs, tgts, n_read, n_empty in _aligned_chunks(src_path, tgt_path):
                 encoded = {"src": src_tok.encode(srcs), "tgt": tgt_tok.encode(tgts)}
-                lengths = {side: np.fromiter(map(len, seqs), np.int64, count=len(seqs)) for side, seqs in encoded.items()}
+                lengths = {
+                    side: np.fromiter(map(len, seqs), np.int64, count=len(seqs)) for side, seqs in encoded.items()
+                }
                 summary.pairs_read += n_read
                 summary.dropped_empty += n_empty
-                writer.add(numbers, encoded, lengths, _classify(lengths["src"], lengths["tgt"], cfg, filter_long, summary))
+                writer.add(
+                    numbers, encoded, lengths, _classify(lengths["src"], lengths["tgt"], cfg, filter_long, summary)
+                )
                 bar.update(n_read)
             writer.sync()  # data on disk before meta.json and the rename make it count
         finally:
             bar.close()
             writer.close()
         if summary.pairs_read != n_src:
-            raise DataError(f"{src_path}: read {summary.pairs_read} lines after counting {n_src}; a file changed while it was encoded, run again")
+            raise DataError(
+                f"{src_path}: read {summary.pairs_read} lines after counting {n_src}; a file changed while it was encoded, run again"
+            )
         for side, stats in writer.stats.items():
             setattr(summary, f"{side}_tokens", stats["tokens"])
             setattr(summary, f"{side}_unk", stats["unk"])

@@ -46,7 +46,9 @@ _INDEX_FILES = {"offsets": np.int64, "lengths": np.int32}
 # --------------------------------------------------------------------------- the key and the directory
 
 
-def cache_key(src_path: Path, tgt_path: Path, src_tok: Tokenizer, tgt_tok: Tokenizer, cfg: DataConfig, *, filter_long: bool) -> tuple[str, dict]:
+def cache_key(
+    src_path: Path, tgt_path: Path, src_tok: Tokenizer, tgt_tok: Tokenizer, cfg: DataConfig, *, filter_long: bool
+) -> tuple[str, dict]:
     """(sha256 hex key, the inputs it hashes) for the encoded corpus; see the module docstring."""
     inputs = {
         "format": FORMAT_VERSION,
@@ -74,7 +76,13 @@ def _fingerprint(path: Path) -> dict:
     # inode and ctime: a write between the head and the tail changes ctime, which no tool can set back as
     # `cp -p`, `touch -r`, `rsync -t` and tar set back mtime; a file replaced by another gets a new inode
     identity = {"inode": stat.st_ino, "ctime_ns": stat.st_ctime_ns}
-    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, **identity, "head_tail_sha256": digest.hexdigest()}
+    return {
+        "path": str(path.resolve()),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        **identity,
+        "head_tail_sha256": digest.hexdigest(),
+    }
 
 
 def cache_directory(cache_dir: str | os.PathLike, src_path: Path, tgt_path: Path, key: str) -> Path:
@@ -144,12 +152,16 @@ class CacheWriter:
         self.files = {name: open(directory / name, "wb") for name in names}
         self.stats = {side: {"tokens": 0, "unk": 0, "max": 0} for side in dtypes}
 
-    def add(self, numbers: list[int], encoded: dict[str, list[list[int]]], lengths: dict[str, np.ndarray], keep: np.ndarray) -> None:
+    def add(
+        self, numbers: list[int], encoded: dict[str, list[list[int]]], lengths: dict[str, np.ndarray], keep: np.ndarray
+    ) -> None:
         np.asarray(numbers, dtype=np.int64)[keep].tofile(self.files["lines"])
         rows = np.flatnonzero(keep)
         for side, seqs in encoded.items():
             kept, stats = lengths[side][keep], self.stats[side]
-            flat = np.fromiter(itertools.chain.from_iterable(seqs[i] for i in rows), self.dtypes[side], count=int(kept.sum()))
+            flat = np.fromiter(
+                itertools.chain.from_iterable(seqs[i] for i in rows), self.dtypes[side], count=int(kept.sum())
+            )
             flat.tofile(self.files[f"{side}.tokens"])
             (stats["tokens"] + np.cumsum(kept) - kept).astype(np.int64).tofile(self.files[f"{side}.offsets"])
             kept.astype(np.int32).tofile(self.files[f"{side}.lengths"])
@@ -170,8 +182,19 @@ class CacheWriter:
 def write_meta(tmp: Path, *, key: str, inputs: dict, summary: dict, writer: CacheWriter) -> None:
     """Write meta.json (the stored CorpusSummary ``summary``, counts and dtypes) into ``tmp`` and sync it: the
     array files must be synced first, since a meta.json on disk is what makes a directory count as complete."""
-    meta = {"format": FORMAT_VERSION, "key": key, "key_inputs": inputs, "num_pairs": summary["kept"], "summary": summary}
-    meta.update({side: {"dtype": dtype.name, "num_tokens": writer.stats[side]["tokens"]} for side, dtype in writer.dtypes.items()})
+    meta = {
+        "format": FORMAT_VERSION,
+        "key": key,
+        "key_inputs": inputs,
+        "num_pairs": summary["kept"],
+        "summary": summary,
+    }
+    meta.update(
+        {
+            side: {"dtype": dtype.name, "num_tokens": writer.stats[side]["tokens"]}
+            for side, dtype in writer.dtypes.items()
+        }
+    )
     with open(tmp / "meta.json", "w", encoding="utf-8") as handle:
         json.dump(meta, handle, indent=1)
         handle.flush()

@@ -36,12 +36,20 @@ def prepare_tokenizers(cfg: Config, *, log: Callable[[str], None]) -> tuple[Toke
     check_has_text(cfg)  # before sentencepiece, whose own complaint names no file, and before any summary
     if tok_cfg.model:
         src = Tokenizer(tok_cfg.model)
-        tgt = src if tok_cfg.joint else Tokenizer(tok_cfg.tgt_model) if tok_cfg.tgt_model else _train_spm(cfg, [data_cfg.train_tgt], out / "spm.tgt", log)
+        tgt = (
+            src
+            if tok_cfg.joint
+            else Tokenizer(tok_cfg.tgt_model)
+            if tok_cfg.tgt_model
+            else _train_spm(cfg, [data_cfg.train_tgt], out / "spm.tgt", log)
+        )
         return src, tgt
     if tok_cfg.joint:
         tok = _train_spm(cfg, [data_cfg.train_src, data_cfg.train_tgt], out / "spm", log)
         return tok, tok
-    return _train_spm(cfg, [data_cfg.train_src], out / "spm.src", log), _train_spm(cfg, [data_cfg.train_tgt], out / "spm.tgt", log)
+    return _train_spm(cfg, [data_cfg.train_src], out / "spm.src", log), _train_spm(
+        cfg, [data_cfg.train_tgt], out / "spm.tgt", log
+    )
 
 
 def _train_spm(cfg: Config, inputs: list[str], prefix: Path, log: Callable[[str], None]) -> Tokenizer:
@@ -51,7 +59,10 @@ def _train_spm(cfg: Config, inputs: list[str], prefix: Path, log: Callable[[str]
     model, recipe_path = prefix.parent / f"{prefix.name}.model", prefix.parent / f"{prefix.name}.json"
     recipe = {
         "inputs": [_file_identity(path) for path in inputs],
-        **{key: getattr(tok_cfg, key) for key in ("model_type", "vocab_size", "character_coverage", "input_sentence_size")},
+        **{
+            key: getattr(tok_cfg, key)
+            for key in ("model_type", "vocab_size", "character_coverage", "input_sentence_size")
+        },
     }
     with contextlib.suppress(OSError, ValueError):
         if model.is_file() and json.loads(recipe_path.read_text(encoding="utf-8")) == recipe:
@@ -80,7 +91,9 @@ def check_has_text(cfg: Config) -> None:
         if not path:
             raise ConfigError(f"data.{key} is empty: name the training file")
         if not _has_text(path):
-            raise DataError(f"{path}: the training file holds no text (empty, or empty lines only); give data.{key} a corpus")
+            raise DataError(
+                f"{path}: the training file holds no text (empty, or empty lines only); give data.{key} a corpus"
+            )
     for path in (data.valid_src, data.valid_tgt) if data.valid_src and data.valid_tgt else ():
         if not _has_text(path):
             raise DataError(
@@ -97,10 +110,18 @@ def _has_text(path: str) -> bool:
 def _file_identity(path: str) -> dict:
     stat = os.stat(path)
     # ctime and inode too: an edit whose mtime was set back (`cp -p`, `touch -r`) still changes ctime
-    return {"path": str(Path(path).resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "inode": stat.st_ino, "ctime_ns": stat.st_ctime_ns}
+    return {
+        "path": str(Path(path).resolve()),
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "inode": stat.st_ino,
+        "ctime_ns": stat.st_ctime_ns,
+    }
 
 
-def load_corpora(cfg: Config, src_tok: Tokenizer, tgt_tok: Tokenizer, *, quiet: bool) -> tuple[ParallelData, ParallelData | None]:
+def load_corpora(
+    cfg: Config, src_tok: Tokenizer, tgt_tok: Tokenizer, *, quiet: bool
+) -> tuple[ParallelData, ParallelData | None]:
     """The training corpus and the validation set (None when not configured), encoded into
     data.cache_dir (default <train.out_dir>/cache) unless already there."""
     data_cfg = cfg.data
@@ -108,8 +129,19 @@ def load_corpora(cfg: Config, src_tok: Tokenizer, tgt_tok: Tokenizer, *, quiet: 
         raise ConfigError("data.train_src and data.train_tgt must name the training files")
     check_has_text(cfg)  # a resumed or fine-tuning run trains no tokenizer: check here too
     cache_dir = Path(data_cfg.cache_dir or Path(cfg.train.out_dir) / "cache")
-    train_data = load_parallel(data_cfg.train_src, data_cfg.train_tgt, src_tok, tgt_tok, data_cfg, cache_dir=cache_dir, quiet=quiet)
+    train_data = load_parallel(
+        data_cfg.train_src, data_cfg.train_tgt, src_tok, tgt_tok, data_cfg, cache_dir=cache_dir, quiet=quiet
+    )
     valid_data = None
     if data_cfg.valid_src and data_cfg.valid_tgt:
-        valid_data = load_parallel(data_cfg.valid_src, data_cfg.valid_tgt, src_tok, tgt_tok, data_cfg, cache_dir=cache_dir, filter_long=False, quiet=quiet)
+        valid_data = load_parallel(
+            data_cfg.valid_src,
+            data_cfg.valid_tgt,
+            src_tok,
+            tgt_tok,
+            data_cfg,
+            cache_dir=cache_dir,
+            filter_long=False,
+            quiet=quiet,
+        )
     return train_data, valid_data

@@ -30,10 +30,25 @@ class SampledSegmentation:
     that epoch and ``get_batch`` / ``pair`` read the segmentation of the epoch last batched.
     """
 
-    def __init__(self, base: ParallelData, src_tok: Tokenizer, tgt_tok: Tokenizer, *, alpha: float, nbest: int, seed: int, max_len: int):
+    def __init__(
+        self,
+        base: ParallelData,
+        src_tok: Tokenizer,
+        tgt_tok: Tokenizer,
+        *,
+        alpha: float,
+        nbest: int,
+        seed: int,
+        max_len: int,
+    ):
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"alpha={alpha} must be in (0, 1]")
-        self.base, self.summary, self.num_pairs, self.line_numbers = base, base.summary, base.num_pairs, base.line_numbers
+        self.base, self.summary, self.num_pairs, self.line_numbers = (
+            base,
+            base.summary,
+            base.num_pairs,
+            base.line_numbers,
+        )
         self.specials = base.specials
         self.alpha, self.nbest, self.seed, self.max_len = alpha, nbest, seed, max_len
         self._toks = {"src": src_tok, "tgt": tgt_tok}
@@ -42,7 +57,9 @@ class SampledSegmentation:
         self._tokens: dict[str, np.ndarray] = {}
         self._offsets: dict[str, np.ndarray] = {}
         self.src_lengths, self.tgt_lengths = base.src_lengths, base.tgt_lengths
-        self.last_stats: dict[str, float] = {}  # of the latest re-segmentation: seconds, piece ratios to the best segmentation
+        self.last_stats: dict[
+            str, float
+        ] = {}  # of the latest re-segmentation: seconds, piece ratios to the best segmentation
 
     def __len__(self) -> int:
         return self.num_pairs
@@ -58,14 +75,20 @@ class SampledSegmentation:
         stats: dict[str, float] = {}
         for k, side in enumerate(("src", "tgt")):
             best = getattr(self.base, f"{side}_lengths")
-            spm.set_random_generator_seed(int(np.random.SeedSequence([self.seed & 0xFFFF_FFFF, epoch & 0xFFFF_FFFF, k]).generate_state(1)[0]))
+            spm.set_random_generator_seed(
+                int(np.random.SeedSequence([self.seed & 0xFFFF_FFFF, epoch & 0xFFFF_FFFF, k]).generate_state(1)[0])
+            )
             seqs = self._toks[side].encode(self._texts[side], alpha=self.alpha, nbest=self.nbest)
             lengths = np.fromiter(map(len, seqs), np.int32, count=len(seqs))
             for i in np.flatnonzero(lengths > self.max_len).tolist():  # too long this epoch: the best one
                 seqs[i] = self.base.pair(i)[k].tolist()
                 lengths[i] = best[i]
             self._tokens[side] = np.fromiter(itertools.chain.from_iterable(seqs), np.int32, count=int(lengths.sum()))
-            self._offsets[side] = np.concatenate(([0], np.cumsum(lengths[:-1], dtype=np.int64))) if len(lengths) else np.zeros(0, np.int64)
+            self._offsets[side] = (
+                np.concatenate(([0], np.cumsum(lengths[:-1], dtype=np.int64)))
+                if len(lengths)
+                else np.zeros(0, np.int64)
+            )
             setattr(self, f"{side}_lengths", lengths)
             stats[f"{side}_piece_ratio"] = float(lengths.sum()) / max(int(best.sum()), 1)
         self._epoch = epoch
@@ -74,7 +97,9 @@ class SampledSegmentation:
     def batches(self, epoch: int, *, max_tokens: int, seed: int, shuffle: bool = True) -> list[np.ndarray]:
         """Epoch ``epoch``'s batches over its sampled lengths (see :func:`make_batches`); deterministic."""
         self.segment(epoch)
-        return make_batches(self.src_lengths + 1, self.tgt_lengths + 1, max_tokens, seed=seed, epoch=epoch, shuffle=shuffle)
+        return make_batches(
+            self.src_lengths + 1, self.tgt_lengths + 1, max_tokens, seed=seed, epoch=epoch, shuffle=shuffle
+        )
 
     def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]:
         """Pair i as segmented for the current epoch (its best segmentation before the first)."""

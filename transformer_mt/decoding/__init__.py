@@ -9,7 +9,9 @@
 - ``mbr``: minimum Bayes risk choice among pooled candidate files.
 """
 
-from transformer_mt.config import max_beam  # the rule lives with the config; kept importable beside the search it bounds
+from transformer_mt.config import (
+    max_beam,
+)  # the rule lives with the config; kept importable beside the search it bounds
 from transformer_mt.decoding.greedy import greedy_search, greedy_search_batches
 from transformer_mt.decoding.lengths import length_penalty, max_output_length, positions_needed
 from transformer_mt.decoding.mbr import Candidate, MbrError, mbr_choose, mbr_files, pool_weights, read_candidates

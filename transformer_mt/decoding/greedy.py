@@ -17,14 +17,22 @@ from transformer_mt.decoding.steps import Columns, check_inputs, first_true, sen
 
 @torch.inference_mode()
 def greedy_search(
-    model: SearchModel[Any, Any], src: Tensor, *, max_len_a: float = 1.0, max_len_b: int = 50, lenpen: float = 0.0, max_output: int | None = None
+    model: SearchModel[Any, Any],
+    src: Tensor,
+    *,
+    max_len_a: float = 1.0,
+    max_len_b: int = 50,
+    lenpen: float = 0.0,
+    max_output: int | None = None,
 ) -> list[Hypothesis]:
     """Pick the most probable token at every step; one hypothesis per sentence of ``src`` (B, S).
 
     A sentence stops at its first EOS or at its maximum length; its row then leaves the batch
     (``cache.reorder`` with the rows still running). ``lenpen`` only changes the reported score.
     """
-    return greedy_search_batches(model, [src], max_len_a=max_len_a, max_len_b=max_len_b, lenpen=lenpen, max_output=max_output)[0]
+    return greedy_search_batches(
+        model, [src], max_len_a=max_len_a, max_len_b=max_len_b, lenpen=lenpen, max_output=max_output
+    )[0]
 
 
 @torch.inference_mode()
@@ -61,7 +69,9 @@ def greedy_search_batches(
         if current is None:
             if upcoming:
                 i = upcoming.pop(0)
-                current = _GreedyRows.start(model, srcs[i], first=offsets[i], max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output)
+                current = _GreedyRows.start(
+                    model, srcs[i], first=offsets[i], max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output
+                )
             elif parked is not None:
                 current, parked = parked, None
             else:
@@ -72,7 +82,13 @@ def greedy_search_batches(
         n = current.advance(model, done)  # the step's one host sync
         if n == 0:
             current = None
-        elif parked is None and upcoming and batch_tokens is not None and 4 * n * current.width <= batch_tokens and current.joinable:
+        elif (
+            parked is None
+            and upcoming
+            and batch_tokens is not None
+            and 4 * n * current.width <= batch_tokens
+            and current.joinable
+        ):
             parked, current = current, None
     return _greedy_hypotheses(done, offsets, lenpen=lenpen, pad=sp.pad, eos=sp.eos)
 
@@ -81,14 +97,35 @@ class _GreedyRows:
     """The running rows of greedy search, one per sentence, all at one step: their cache and, per row, the
     sentence it translates (numbered over all batches), its newest token, output limit, log-prob and tokens."""
 
-    def __init__(self, cache: SearchCache, columns: Columns, *, sent: Tensor, limit: Tensor, tokens: Tensor, cum: Tensor, out: Tensor, width: int, step: int):
+    def __init__(
+        self,
+        cache: SearchCache,
+        columns: Columns,
+        *,
+        sent: Tensor,
+        limit: Tensor,
+        tokens: Tensor,
+        cum: Tensor,
+        out: Tensor,
+        width: int,
+        step: int,
+    ):
         self.cache, self.columns, self.width, self.step = cache, columns, width, step
         self.sent, self.limit = sent, limit  # (b,) each row's sentence, numbered over all batches; its longest output
         self.tokens, self.cum = tokens, cum  # (b,) each row's newest token; its summed log-probs (float32)
         self.out = out  # (b, L) the tokens so far, L >= every row's limit
 
     @classmethod
-    def start(cls, model: SearchModel[Any, Any], src: Tensor, *, first: int, max_len_a: float, max_len_b: int, max_output: int | None) -> _GreedyRows:
+    def start(
+        cls,
+        model: SearchModel[Any, Any],
+        src: Tensor,
+        *,
+        first: int,
+        max_len_a: float,
+        max_len_b: int,
+        max_output: int | None,
+    ) -> _GreedyRows:
         """The rows of a new batch ``src`` (B, S), sentences numbered from ``first``, nothing decoded yet."""
         rows, device = src.size(0), src.device
         limit = sentence_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output)  # (B,)
@@ -150,12 +187,20 @@ class _GreedyRows:
             if n:
                 keep = first_true(running, n)  # (b',)
                 self.cache.reorder(keep, group=1, kept=keep)
-                self.sent, tok, self.limit, self.cum, self.out = self.sent[keep], tok[keep], self.limit[keep], self.cum[keep], self.out[keep]
+                self.sent, tok, self.limit, self.cum, self.out = (
+                    self.sent[keep],
+                    tok[keep],
+                    self.limit[keep],
+                    self.cum[keep],
+                    self.out[keep],
+                )
         self.tokens = tok
         return n
 
 
-def _greedy_hypotheses(done: list[tuple[Tensor, Tensor, Tensor, int]], offsets: list[int], *, lenpen: float, pad: int, eos: int) -> list[list[Hypothesis]]:
+def _greedy_hypotheses(
+    done: list[tuple[Tensor, Tensor, Tensor, int]], offsets: list[int], *, lenpen: float, pad: int, eos: int
+) -> list[list[Hypothesis]]:
     """The finished rows, read back at once, as hypotheses per batch in sentence order."""
     if not done:
         return [[] for _ in offsets[1:]]
@@ -163,11 +208,15 @@ def _greedy_hypotheses(done: list[tuple[Tensor, Tensor, Tensor, int]], offsets: 
     sent = torch.cat([s for s, *_ in done])  # (N,)
     cum = torch.cat([c for _, _, c, _ in done])  # (N,)
     lengths = torch.cat([torch.full_like(s, length) for s, _, _, length in done])  # (N,) tokens incl. EOS
-    tokens = torch.cat([torch.nn.functional.pad(t, (0, longest - length), value=pad) for _, t, _, length in done])  # (N, L)
+    tokens = torch.cat(
+        [torch.nn.functional.pad(t, (0, longest - length), value=pad) for _, t, _, length in done]
+    )  # (N, L)
     scores = cum / length_penalty(lengths.float(), lenpen)  # (N,) float32
     ids_read = torch.cat([sent.unsqueeze(1), lengths.unsqueeze(1), tokens], dim=1).tolist()  # (N, 2 + L): read once ...
     by_sentence: list[Hypothesis | None] = [None] * offsets[-1]
-    for (i, n, *row), (score, logprob) in zip(ids_read, torch.stack([scores, cum], dim=1).tolist()):  # ... with the scores
+    for (i, n, *row), (score, logprob) in zip(
+        ids_read, torch.stack([scores, cum], dim=1).tolist()
+    ):  # ... with the scores
         ids = row[:n]
         if ids and ids[-1] == eos:
             ids = ids[:-1]

@@ -97,7 +97,9 @@ def _is_nbest(line: str) -> bool:
         return False
 
 
-def pool_weights(systems: Sequence[list[Candidate]], *, weights: str = "uniform", temperature: float = 1.0) -> dict[str, float]:
+def pool_weights(
+    systems: Sequence[list[Candidate]], *, weights: str = "uniform", temperature: float = 1.0
+) -> dict[str, float]:
     """The distribution over the distinct texts of one input's candidates from every system: each system
     weighs 1 / len(systems), shared among its candidates uniformly or by softmax(score / temperature)."""
     _check_options(weights, temperature)
@@ -118,7 +120,9 @@ def _check_options(weights: str, temperature: float) -> None:
     if weights not in WEIGHTS:
         raise MbrError(f"weights={weights!r} is unknown; choose from {', '.join(WEIGHTS)}")
     if not temperature > 0:
-        raise MbrError(f"temperature={temperature} must be > 0 (1 = the scores as they are; larger flattens the weights)")
+        raise MbrError(
+            f"temperature={temperature} must be > 0 (1 = the scores as they are; larger flattens the weights)"
+        )
 
 
 def sentence_bleu_from_stats(matches: Sequence[int], hyp_len: int, ref_len: int) -> float:
@@ -148,7 +152,9 @@ def mbr_choose(pool: dict[str, float], *, tokenizer: Tokenizer13a | None = None)
     weight = [pool[t] for t in texts]
     expected = [0.0] * len(texts)
     for i, gi in enumerate(grams):
-        expected[i] += weight[i] * sentence_bleu_from_stats([max(0, gi.length - n) for n in range(MAX_ORDER)], gi.length, gi.length)  # itself
+        expected[i] += weight[i] * sentence_bleu_from_stats(
+            [max(0, gi.length - n) for n in range(MAX_ORDER)], gi.length, gi.length
+        )  # itself
         for j in range(i + 1, len(texts)):
             gj = grams[j]
             # clipped matches are symmetric: sum over shared n-grams of the smaller count
@@ -169,7 +175,9 @@ def mbr_files(paths: Sequence[str | os.PathLike], *, weights: str = "uniform", t
     n = len(systems[0])
     for path, cands in zip(paths, systems):
         if len(cands) != n:
-            raise MbrError(f"{path} has candidates for {len(cands)} inputs but {paths[0]} for {n}; every file must translate the same input lines")
+            raise MbrError(
+                f"{path} has candidates for {len(cands)} inputs but {paths[0]} for {n}; every file must translate the same input lines"
+            )
     tokenizer = Tokenizer13a()
     out = []
     for i in range(n):

@@ -104,7 +104,9 @@ class BeamStep(NamedTuple):
     rows: Tensor  # (b, k) the row (of this step) each next open beam extends
     tokens: Tensor  # (b, k) the token each appends
     logprob: Tensor  # (b, k) their log-probs, best first
-    finished: tuple[Tensor, ...]  # (b, k) each: score, log-prob, step, row, token (-1 after EOS), valid: the best k finished so far
+    finished: tuple[
+        Tensor, ...
+    ]  # (b, k) each: score, log-prob, step, row, token (-1 after EOS), valid: the best k finished so far
     limit: Tensor  # (b,) each sentence's longest output
     going_on: Tensor  # (b,) bool: the sentence is searched further
 

@@ -26,7 +26,14 @@ import torch
 from torch import Tensor
 
 from transformer_mt.checkpoint import CheckpointError
-from transformer_mt.config import MAX_POSITION_TABLE_BYTES, ConfigError, ModelConfig, model_elements, quote_name, size_problem
+from transformer_mt.config import (
+    MAX_POSITION_TABLE_BYTES,
+    ConfigError,
+    ModelConfig,
+    model_elements,
+    quote_name,
+    size_problem,
+)
 from transformer_mt.model import Transformer
 
 _KEPT_IDS = "output_ids"  # model.restrict_output's kept pieces: (K,) ascending ids, K known only from the checkpoint
@@ -37,14 +44,18 @@ def _shape(t: Tensor | torch.Size) -> str:
 
 
 def _unfit(source: str, what: str) -> CheckpointError:
-    return CheckpointError(f"{source}: the weights do not fit its config ({what}); the checkpoint was damaged or edited, use one written by `tmt train`")
+    return CheckpointError(
+        f"{source}: the weights do not fit its config ({what}); the checkpoint was damaged or edited, use one written by `tmt train`"
+    )
 
 
 def skeleton(cfg: ModelConfig, *, src_vocab_size: int, tgt_vocab_size: int, source: str) -> Transformer:
     """The model of ``cfg`` on the meta device (shapes and dtypes, no storage), once its size is within the bound."""
     problem = size_problem(model_elements(cfg, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size))
     if problem:
-        raise CheckpointError(f"{source}: model.* with its tokenizers' {src_vocab_size:,} and {tgt_vocab_size:,} pieces make {problem}")
+        raise CheckpointError(
+            f"{source}: model.* with its tokenizers' {src_vocab_size:,} and {tgt_vocab_size:,} pieces make {problem}"
+        )
     try:
         with torch.device("meta"):
             return Transformer(cfg, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size)
@@ -52,7 +63,15 @@ def skeleton(cfg: ModelConfig, *, src_vocab_size: int, tgt_vocab_size: int, sour
         raise CheckpointError(f"{source}: {exc}") from None
 
 
-def check_fit(cfg: ModelConfig, weights: Mapping[str, Tensor], *, src_vocab_size: int, tgt_vocab_size: int, source: str, file_bytes: int | None) -> None:
+def check_fit(
+    cfg: ModelConfig,
+    weights: Mapping[str, Tensor],
+    *,
+    src_vocab_size: int,
+    tgt_vocab_size: int,
+    source: str,
+    file_bytes: int | None,
+) -> None:
     """Refuse, in one line naming ``source`` and the first tensor at fault, weights that are not exactly the
     tensors of ``cfg``'s model (see the module docstring); ``file_bytes``: the size of the file they were read
     from (None: not from a file). Reads no tensor's data but the kept ids of ``model.restrict_output``."""
@@ -65,20 +84,30 @@ def check_fit(cfg: ModelConfig, weights: Mapping[str, Tensor], *, src_vocab_size
     unexpected = [name for name in weights if name not in expected]
     if unexpected:
         more = f", and {len(unexpected) - 1} more" if len(unexpected) > 1 else ""
-        raise _unfit(source, f"tensor {quote_name(unexpected[0])} of shape {_shape(weights[unexpected[0]])} is not part of the model{more}")
+        raise _unfit(
+            source,
+            f"tensor {quote_name(unexpected[0])} of shape {_shape(weights[unexpected[0]])} is not part of the model{more}",
+        )
     for name, want in expected.items():
         got = weights[name]
         if name == _KEPT_IDS:
             _check_kept_ids(got, tgt_vocab_size, source)
         elif got.shape != want.shape:
             raise _unfit(source, f"tensor {name} is stored with shape {_shape(got)}, the config makes {_shape(want)}")
-        elif got.is_floating_point() != want.is_floating_point() or (not want.is_floating_point() and got.dtype != want.dtype):
+        elif got.is_floating_point() != want.is_floating_point() or (
+            not want.is_floating_point() and got.dtype != want.dtype
+        ):
             raise _unfit(source, f"tensor {name} is stored as {got.dtype}, the model holds {want.dtype}")
     # Each stored number once: tied parameters are one tensor (named_parameters() yields each once).
-    unique = [name for name, _ in meta.named_parameters()] + [name for name, _ in meta.named_buffers() if name in expected]
+    unique = [name for name, _ in meta.named_parameters()] + [
+        name for name, _ in meta.named_buffers() if name in expected
+    ]
     stored = sum(weights[name].numel() * weights[name].element_size() for name in unique)
     if file_bytes is not None and stored > file_bytes:
-        raise _unfit(source, f"its {len(unique)} tensors hold {stored:,} bytes of numbers, more than the file's {file_bytes:,} bytes")
+        raise _unfit(
+            source,
+            f"its {len(unique)} tensors hold {stored:,} bytes of numbers, more than the file's {file_bytes:,} bytes",
+        )
     computed = sum(b.numel() * b.element_size() for name, b in meta.named_buffers() if name not in expected)
     if computed > MAX_POSITION_TABLE_BYTES:
         raise CheckpointError(
@@ -90,18 +119,28 @@ def check_fit(cfg: ModelConfig, weights: Mapping[str, Tensor], *, src_vocab_size
 def _check_kept_ids(ids: Tensor, vocab_size: int, source: str) -> None:
     """``output_ids``: 1 to V int64 ids, strictly ascending, each below V (restrict_output_to writes them so)."""
     if ids.dtype != torch.int64 or ids.dim() != 1 or not 1 <= ids.numel() <= vocab_size:
-        raise _unfit(source, f"tensor {_KEPT_IDS} is {ids.dtype} {_shape(ids)}; the model keeps 1 to {vocab_size} int64 ids")
+        raise _unfit(
+            source, f"tensor {_KEPT_IDS} is {ids.dtype} {_shape(ids)}; the model keeps 1 to {vocab_size} int64 ids"
+        )
     if ids[0] < 0 or ids[-1] >= vocab_size or (ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all())):
         raise _unfit(source, f"tensor {_KEPT_IDS} must hold ascending ids from 0 to {vocab_size - 1}")
 
 
 def rebuild_model(
-    cfg: ModelConfig, weights: Mapping[str, Tensor], *, src_vocab_size: int, tgt_vocab_size: int, source: str, file_bytes: int | None
+    cfg: ModelConfig,
+    weights: Mapping[str, Tensor],
+    *,
+    src_vocab_size: int,
+    tgt_vocab_size: int,
+    source: str,
+    file_bytes: int | None,
 ) -> Transformer:
     """The model of ``cfg`` holding ``weights``, on the CPU in float32, after :func:`check_fit`: only a model whose
     every tensor the file holds is ever allocated. It is built as a new model is (its computed tables with it)
     and the weights copied in, so tied parameters stay one tensor."""
-    check_fit(cfg, weights, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, source=source, file_bytes=file_bytes)
+    check_fit(
+        cfg, weights, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size, source=source, file_bytes=file_bytes
+    )
     model = Transformer(cfg, src_vocab_size=src_vocab_size, tgt_vocab_size=tgt_vocab_size)
     model.load_state_dict(weights)
     return model

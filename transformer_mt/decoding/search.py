@@ -76,8 +76,23 @@ def search(
     """
     refuse(beam_problem(beam, nbest))
     if beam == 1:
-        return [[hyp] for hyp in greedy_search(model, src, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output)]
-    return beam_search(model, src, beam=beam, lenpen=lenpen, nbest=nbest, observer=observer, max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output)
+        return [
+            [hyp]
+            for hyp in greedy_search(
+                model, src, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output
+            )
+        ]
+    return beam_search(
+        model,
+        src,
+        beam=beam,
+        lenpen=lenpen,
+        nbest=nbest,
+        observer=observer,
+        max_len_a=max_len_a,
+        max_len_b=max_len_b,
+        max_output=max_output,
+    )
 
 
 @torch.inference_mode()
@@ -149,11 +164,35 @@ def beam_search(
             cand = cand[:, :1]  # (b, 1, V): the k beams are identical copies of the start
         scores = cand.reshape(b, -1)  # (b, k*V) flat beam-major
         top = _top_candidates(scores, 2 * k)
-        ext = _extend(top, finished, sent=sent, max_lens=max_lens, k=k, columns=columns, vocab=vocab, step=step, lenpen=lenpen, rank=rank, eos=sp.eos)
+        ext = _extend(
+            top,
+            finished,
+            sent=sent,
+            max_lens=max_lens,
+            k=k,
+            columns=columns,
+            vocab=vocab,
+            step=step,
+            lenpen=lenpen,
+            rank=rank,
+            eos=sp.eos,
+        )
         n_keep, n_tied = torch.stack([ext.keep.sum(), top.tied.sum()]).tolist()  # the step's one host sync
         if n_tied:  # rare: the cut-off of the top 2k fell among equal scores; settle it by index and redo the step
             top = _top_candidates(scores, 2 * k, n_tied=n_tied)
-            ext = _extend(top, finished, sent=sent, max_lens=max_lens, k=k, columns=columns, vocab=vocab, step=step, lenpen=lenpen, rank=rank, eos=sp.eos)
+            ext = _extend(
+                top,
+                finished,
+                sent=sent,
+                max_lens=max_lens,
+                k=k,
+                columns=columns,
+                vocab=vocab,
+                step=step,
+                lenpen=lenpen,
+                rank=rank,
+                eos=sp.eos,
+            )
             n_keep = int(ext.keep.sum())
         if observer is not None:
             observer(BeamStep(step, sent, ext.src_rows, ext.new_tok, ext.new_cum, ext.merged, max_lens[sent], ext.keep))
@@ -162,7 +201,12 @@ def beam_search(
             break
         if n_keep < b:  # drop the sentences that are done
             keep = first_true(ext.keep, n_keep)  # (b',) found on the device
-            rows, new_tok, cum, sent = ext.src_rows[keep].view(-1), ext.new_tok[keep].view(-1), ext.new_cum[keep], sent[keep]
+            rows, new_tok, cum, sent = (
+                ext.src_rows[keep].view(-1),
+                ext.new_tok[keep].view(-1),
+                ext.new_cum[keep],
+                sent[keep],
+            )
         else:
             keep, rows, new_tok, cum = None, ext.src_rows.view(-1), ext.new_tok.view(-1), ext.new_cum
         cache.reorder(rows, group=k, kept=keep)  # (b'*k,) follow beams and drop finished sentences in one reorder
@@ -261,9 +305,14 @@ class _Finished:
         kept ones before newcomers and earlier before later on equal scores. Nothing is stored here."""
         score, logprob, row, token, valid = candidates
         kept = [f.index_select(0, sent) for f in self._fields()]  # (b, k) each
-        fields = [torch.cat([old, new], dim=1) for old, new in zip(kept, (score, logprob, torch.full_like(row, step), row, token, valid))]  # (b, k + c)
+        fields = [
+            torch.cat([old, new], dim=1)
+            for old, new in zip(kept, (score, logprob, torch.full_like(row, step), row, token, valid))
+        ]  # (b, k + c)
         order = fields[0].argsort(dim=1, descending=True, stable=True)  # by score ...
-        order = order.gather(1, (~fields[5].gather(1, order)).to(torch.uint8).argsort(dim=1, stable=True))  # ... real ones first
+        order = order.gather(
+            1, (~fields[5].gather(1, order)).to(torch.uint8).argsort(dim=1, stable=True)
+        )  # ... real ones first
         order = order[:, : self.k]
         return tuple(f.gather(1, order) for f in fields)
 
@@ -307,7 +356,9 @@ def _top_candidates(scores: Tensor, n: int, *, n_tied: int = 0) -> _Top:
     when the (n+1)-th best equals it (rare; one extra candidate costs less than a pass over ``scores``):
     ``tied`` marks those rows; given their number ``n_tied`` (read by the caller), they are settled by index."""
     values, indices = scores.topk(min(n + 1, scores.size(1)), dim=1)  # (b, n + 1)
-    tied = values[:, n] == values[:, n - 1] if values.size(1) > n else torch.zeros_like(values[:, 0], dtype=torch.bool)  # (b,)
+    tied = (
+        values[:, n] == values[:, n - 1] if values.size(1) > n else torch.zeros_like(values[:, 0], dtype=torch.bool)
+    )  # (b,)
     values, indices = values[:, :n], indices[:, :n]
     if n_tied:
         ambiguous = first_true(tied, n_tied)  # (a,)

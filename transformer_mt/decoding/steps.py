@@ -21,7 +21,9 @@ def refuse(problem: Problem | None) -> None:
         raise SearchError(str(problem))
 
 
-def sentence_limits(model: SearchModel[Any, Any], src: Tensor, *, max_len_a: float, max_len_b: int, max_output: int | None = None) -> Tensor:
+def sentence_limits(
+    model: SearchModel[Any, Any], src: Tensor, *, max_len_a: float, max_len_b: int, max_output: int | None = None
+) -> Tensor:
     """(B,) long: each sentence's longest output (its non-pad tokens), at most the model's own limit and ``max_output``."""
     lens = max_output_length((src != model.specials.pad).sum(dim=1), max_len_a=max_len_a, max_len_b=max_len_b)
     limits = [cap for cap in (model.max_output_length(), max_output) if cap is not None]
@@ -71,4 +73,6 @@ def check_inputs(model: SearchModel[Any, Any], src: Tensor) -> None:
     if model.training:
         raise SearchError("the model is in training mode (dropout on); call model.eval() before searching")
     if src.dim() != 2 or src.dtype != torch.long:
-        raise SearchError(f"src must be a (batch, length) LongTensor of token ids, got shape {tuple(src.shape)} dtype {src.dtype}")
+        raise SearchError(
+            f"src must be a (batch, length) LongTensor of token ids, got shape {tuple(src.shape)} dtype {src.dtype}"
+        )

@@ -27,7 +27,14 @@ from typing import NamedTuple, TextIO, overload
 import torch
 
 from transformer_mt import runtime
-from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, model_weights, tokenizers_from_checkpoint, unpack_tokenizers, unpack_vocabularies
+from transformer_mt.checkpoint import (
+    config_from_checkpoint,
+    load_checkpoint,
+    model_weights,
+    tokenizers_from_checkpoint,
+    unpack_tokenizers,
+    unpack_vocabularies,
+)
 from transformer_mt.config import Config, beam_problem, length_problem, lenpen_problem
 from transformer_mt.data import source_tensor
 from transformer_mt.decoding.greedy import greedy_search_batches
@@ -54,7 +61,9 @@ class CheckpointModel(NamedTuple):
     source: str  # the checkpoint's path, for messages
 
 
-def model_from_checkpoint(path: str | os.PathLike, *, weights: str | None = None, tokenizers_of: CheckpointModel | None = None) -> CheckpointModel:
+def model_from_checkpoint(
+    path: str | os.PathLike, *, weights: str | None = None, tokenizers_of: CheckpointModel | None = None
+) -> CheckpointModel:
     """Rebuild a checkpoint's model with ``weights`` "ema", "raw" or None (its EMA weights when it has them,
     what `tmt translate` decodes with; checkpoint.model_weights). With ``tokenizers_of`` (an ensemble's first
     member), the checkpoint must hold the same tokenizers, checked before the model is built, and shares that
@@ -82,9 +91,16 @@ def model_from_checkpoint(path: str | os.PathLike, *, weights: str | None = None
             )
     weights_dict = model_weights(state, weights=weights, source=str(path))
     # the table a Translator sizes for the longest source and output, refused before the model's own is built
-    _check_position_table(cfg, positions_needed(cfg.model.max_positions, max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b))
+    _check_position_table(
+        cfg, positions_needed(cfg.model.max_positions, max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b)
+    )
     model = rebuild_model(
-        cfg.model, weights_dict, src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size, source=str(path), file_bytes=os.path.getsize(path)
+        cfg.model,
+        weights_dict,
+        src_vocab_size=src_tok.vocab_size,
+        tgt_vocab_size=tgt_tok.vocab_size,
+        source=str(path),
+        file_bytes=os.path.getsize(path),
     )
     return CheckpointModel(model, cfg, src_tok, tgt_tok, str(path))
 
@@ -115,7 +131,9 @@ def translate_ids(
     order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]), reverse=True)
     results: list[list[Hypothesis] | None] = [None] * len(src_ids)
     was_training = model.training
-    if was_training:  # validation during training; an eval-mode model (a Translator's, shared by threads) stays as it is
+    if (
+        was_training
+    ):  # validation during training; an eval-mode model (a Translator's, shared by threads) stays as it is
         model.eval()
     try:
         with torch.inference_mode(), runtime.autocast(device, dtype):
@@ -126,12 +144,28 @@ def translate_ids(
                 found = [
                     [[hyp] for hyp in hyps]
                     for hyps in greedy_search_batches(
-                        model, srcs, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output, batch_tokens=batch_tokens
+                        model,
+                        srcs,
+                        lenpen=lenpen,
+                        max_len_a=max_len_a,
+                        max_len_b=max_len_b,
+                        max_output=max_output,
+                        batch_tokens=batch_tokens,
                     )
                 ]
             else:
                 found = [
-                    search(model, src, beam=beam, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, nbest=nbest, max_output=max_output) for src in srcs
+                    search(
+                        model,
+                        src,
+                        beam=beam,
+                        lenpen=lenpen,
+                        max_len_a=max_len_a,
+                        max_len_b=max_len_b,
+                        nbest=nbest,
+                        max_output=max_output,
+                    )
+                    for src in srcs
                 ]
             for chunk, hyps in zip(chunks, found):
                 for i, nbest_list in zip(chunk, hyps):
@@ -193,7 +227,9 @@ class TranslationResult(NamedTuple):
     stats: TranslateStats  # this call's counts only
 
 
-Translation = str | list[tuple[float, str]]  # Translator.translate's result per line: the text, or with nbest > 1 its n-best (score, text)
+Translation = (
+    str | list[tuple[float, str]]
+)  # Translator.translate's result per line: the text, or with nbest > 1 its n-best (score, text)
 
 
 def _check_position_table(cfg: Config, positions: int) -> None:
@@ -232,19 +268,33 @@ class Translator:
         self.max_src_tokens = cfg.model.max_positions - 1 if max_src_tokens is None else max_src_tokens
         # Size the sinusoid table now for the longest source accepted and the longest output the decode
         # settings allow, so that no translate call (in any thread) ever has to grow it.
-        self.positions = positions_needed(self.max_src_tokens + 1, max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b)
+        self.positions = positions_needed(
+            self.max_src_tokens + 1, max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b
+        )
         _check_position_table(cfg, self.positions)
         self.model.reserve_positions(self.positions)
 
     @classmethod
     def from_checkpoint(
-        cls, path: str | os.PathLike, *, device: str = "auto", dtype: str = "float32", threads: int = 0, weights: str | None = None
+        cls,
+        path: str | os.PathLike,
+        *,
+        device: str = "auto",
+        dtype: str = "float32",
+        threads: int = 0,
+        weights: str | None = None,
     ) -> Translator:
         return cls.from_checkpoints([path], device=device, dtype=dtype, threads=threads, weights=weights)
 
     @classmethod
     def from_checkpoints(
-        cls, paths: Sequence[str | os.PathLike], *, device: str = "auto", dtype: str = "float32", threads: int = 0, weights: str | None = None
+        cls,
+        paths: Sequence[str | os.PathLike],
+        *,
+        device: str = "auto",
+        dtype: str = "float32",
+        threads: int = 0,
+        weights: str | None = None,
     ) -> Translator:
         """One checkpoint, or several decoded as an ensemble (mean of their probabilities at every
         step); an ensemble's members must share the tokenizers. Decoding defaults come from the first.
@@ -266,7 +316,9 @@ class Translator:
         first = members[0]  # its tokenizers serve every member (loaded once); its decode settings are the defaults
         max_src = min(m.cfg.model.max_positions for m in members) - 1
         model = models[0] if len(models) == 1 else Ensemble(models)
-        return cls(model, first.src_tok, first.tgt_tok, first.cfg, device=dev, max_src_tokens=max_src, source=first.source)
+        return cls(
+            model, first.src_tok, first.tgt_tok, first.cfg, device=dev, max_src_tokens=max_src, source=first.source
+        )
 
     @property
     def num_parameters(self) -> int:
@@ -282,14 +334,23 @@ class Translator:
             outputs = self.model.output_size if isinstance(self.model, Transformer) else self.tgt_tok.vocab_size
             problem = beam_problem(d.beam, tgt_vocab_size=min(outputs, self.tgt_tok.vocab_size))
             if problem:
-                raise TranslateError(f"{self.source}: its decode.beam={d.beam} {problem.reason}; give a beam that fits (--beam)")
+                raise TranslateError(
+                    f"{self.source}: its decode.beam={d.beam} {problem.reason}; give a beam that fits (--beam)"
+                )
         return (d.beam if beam is None else beam), (d.lenpen if lenpen is None else lenpen)
 
+    # a str is also a Sequence[str]; this overload comes first
     @overload
-    def translate(self, lines: str, beam: int | None = None, lenpen: float | None = None, nbest: int = 1) -> Translation: ...  # type: ignore[overload-overlap] # a str is also a Sequence[str]; this overload comes first
+    def translate(  # type: ignore[overload-overlap]
+        self, lines: str, beam: int | None = None, lenpen: float | None = None, nbest: int = 1
+    ) -> Translation: ...
     @overload
-    def translate(self, lines: Sequence[str], beam: int | None = None, lenpen: float | None = None, nbest: int = 1) -> list[Translation]: ...
-    def translate(self, lines: str | Sequence[str], beam: int | None = None, lenpen: float | None = None, nbest: int = 1) -> Translation | list[Translation]:
+    def translate(
+        self, lines: Sequence[str], beam: int | None = None, lenpen: float | None = None, nbest: int = 1
+    ) -> list[Translation]: ...
+    def translate(
+        self, lines: str | Sequence[str], beam: int | None = None, lenpen: float | None = None, nbest: int = 1
+    ) -> Translation | list[Translation]:
         """Translations of ``lines``, in order: one ``str`` per line when ``nbest`` is 1, else one n-best list of
         ``(score, text)`` per line, best first. A single ``str`` gives a single result. ``beam`` and ``lenpen``
         default to the checkpoint's decode settings; the text rules are ``tmt translate``'s (an empty line
@@ -320,7 +381,14 @@ class Translator:
         (a server's limit: a line whose own limit is shorter keeps it)."""
         # before encoding: --beam 100000 must not allocate first
         a, b = checked_request(
-            self, beam=beam, nbest=nbest, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, max_output_tokens=max_output_tokens, positions=self.positions
+            self,
+            beam=beam,
+            nbest=nbest,
+            lenpen=lenpen,
+            max_len_a=max_len_a,
+            max_len_b=max_len_b,
+            max_output_tokens=max_output_tokens,
+            positions=self.positions,
         )
         tic = time.perf_counter()
         keep = [i for i, line in enumerate(lines) if line.strip()]
@@ -350,7 +418,11 @@ class Translator:
             out[i] = [(h.score, t) for h, t in zip(nb, texts)]
             tgt_tokens += len(nb[0].tokens) + 1  # + EOS, as fairseq counts
         stats = TranslateStats(
-            lines=len(lines), truncated=truncated, tgt_tokens=tgt_tokens, seconds=time.perf_counter() - tic, max_src_tokens=self.max_src_tokens
+            lines=len(lines),
+            truncated=truncated,
+            tgt_tokens=tgt_tokens,
+            seconds=time.perf_counter() - tic,
+            max_src_tokens=self.max_src_tokens,
         )
         return TranslationResult(out, stats)
 
@@ -428,7 +500,9 @@ def translate_stream(
     index, total = 0, TranslateStats(max_src_tokens=translator.max_src_tokens)
     for chunk in lines:
         # one best per line is written as text alone: its score is not asked for
-        results, stats = translator.translate_batch(chunk, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, scores=nbest > 1)
+        results, stats = translator.translate_batch(
+            chunk, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, scores=nbest > 1
+        )
         write_results(results, out, nbest=nbest, first_index=index)
         out.flush()
         index += len(chunk)

@@ -46,7 +46,9 @@ class ValidationError(TmtError, ValueError):
     """A validation set the model cannot be validated on, worded for the user."""
 
 
-def bleu_set(src_path: str, tgt_path: str, src_tok: Tokenizer, *, limit: int, max_src_tokens: int | None = None) -> BleuSet:
+def bleu_set(
+    src_path: str, tgt_path: str, src_tok: Tokenizer, *, limit: int, max_src_tokens: int | None = None
+) -> BleuSet:
     """The first `limit` (0 = all) validation pairs with text on both sides; sources longer than
     `max_src_tokens` are truncated, as `tmt translate` does (`truncated` counts them)."""
     pairs = [(s, r) for s, r in zip(read_lines(src_path), read_lines(tgt_path)) if s.strip() and r.strip()]
@@ -75,7 +77,9 @@ def checked_validation_set(data: ParallelData, *, max_positions: int, name: str)
     if kept == data.num_pairs:
         return data, None
     if kept == 0:
-        raise ValidationError(f"{name}: every validation pair is longer than {limit} pieces (model.max_positions={max_positions}); check the validation files")
+        raise ValidationError(
+            f"{name}: every validation pair is longer than {limit} pieces (model.max_positions={max_positions}); check the validation files"
+        )
     return data.subset(keep), (
         f"validation: {data.num_pairs - kept} of {data.num_pairs} pairs longer than {limit} pieces "
         f"(model.max_positions={max_positions}) left out of the validation loss"
@@ -83,11 +87,20 @@ def checked_validation_set(data: ParallelData, *, max_positions: int, name: str)
 
 
 def validation_loss(
-    model: Transformer, data: ParallelData, *, max_tokens: int, seed: int, label_smoothing: float, device: torch.device, dtype: str = "float32"
+    model: Transformer,
+    data: ParallelData,
+    *,
+    max_tokens: int,
+    seed: int,
+    label_smoothing: float,
+    device: torch.device,
+    dtype: str = "float32",
 ) -> dict[str, float]:
     """val_loss (label-smoothed), val_nll and val_ppl per target token over all of `data`, teacher-forced."""
     model.eval()
-    if data.num_pairs:  # validation lines are not length-filtered: sinusoids extend past the training lengths (section 3.5)
+    if (
+        data.num_pairs
+    ):  # validation lines are not length-filtered: sinusoids extend past the training lengths (section 3.5)
         model.reserve_positions(int(max(data.src_lengths.max(), data.tgt_lengths.max())) + 1)  # + EOS / BOS
     loss_sum = nll_sum = 0.0
     ntokens = 0
@@ -95,13 +108,26 @@ def validation_loss(
         for idx in data.batches(0, max_tokens=max_tokens, seed=seed):
             batch = data.get_batch(idx).to(device)
             # the training objective's module: with model.restrict_output, the K kept pieces (model.output_targets)
-            loss, nll, n = TeacherForcedLoss(model, label_smoothing=label_smoothing)(batch.src, batch.tgt_in, batch.tgt_out)
+            loss, nll, n = TeacherForcedLoss(model, label_smoothing=label_smoothing)(
+                batch.src, batch.tgt_in, batch.tgt_out
+            )
             loss_sum, nll_sum, ntokens = loss_sum + loss.item(), nll_sum + nll.item(), ntokens + int(n)
-    return {"val_loss": loss_sum / ntokens, "val_nll": nll_sum / ntokens, "val_ppl": math.exp(min(nll_sum / ntokens, 100.0))}
+    return {
+        "val_loss": loss_sum / ntokens,
+        "val_nll": nll_sum / ntokens,
+        "val_ppl": math.exp(min(nll_sum / ntokens, 100.0)),
+    }
 
 
 def validation_bleu(
-    model: Transformer, pairs: BleuSet, tgt_tok: Tokenizer, *, beam: int, decode: DecodeConfig, device: torch.device, dtype: str = "float32"
+    model: Transformer,
+    pairs: BleuSet,
+    tgt_tok: Tokenizer,
+    *,
+    beam: int,
+    decode: DecodeConfig,
+    device: torch.device,
+    dtype: str = "float32",
 ) -> float:
     """sacreBLEU (default 13a tokenization) of `pairs` translated with `beam` and decode's lenpen and length limits."""
     hyps = translate_ids(
@@ -177,5 +203,12 @@ def evaluate_file(
     ref_lines = [read_lines(r) for r in refs]
     with safe_output(output, inputs=[src, *refs, *keep_intact]) as out:
         stats = translate_stream(translator, file_chunks(src), out, beam=beam, lenpen=lenpen, batch_tokens=batch_tokens)
-    scores = score(read_lines(output), ref_lines, metrics=("bleu", "chrf"), lowercase=lowercase, hyp_name=str(output), ref_names=[str(r) for r in refs])
+    scores = score(
+        read_lines(output),
+        ref_lines,
+        metrics=("bleu", "chrf"),
+        lowercase=lowercase,
+        hyp_name=str(output),
+        ref_names=[str(r) for r in refs],
+    )
     return Evaluation(scores, stats, beam, lenpen, Path(output))

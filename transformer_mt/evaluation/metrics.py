@@ -86,7 +86,9 @@ def score(
     return results
 
 
-def score_files(hyp_path: str | os.PathLike, ref_paths: Sequence[str | os.PathLike], **kwargs: Any) -> dict[str, dict[str, Any]]:
+def score_files(
+    hyp_path: str | os.PathLike, ref_paths: Sequence[str | os.PathLike], **kwargs: Any
+) -> dict[str, dict[str, Any]]:
     """:func:`score` on files: one hypothesis file and one file per reference."""
     if not ref_paths:
         raise MetricsError("no reference file given; pass at least one")
@@ -118,11 +120,15 @@ def _check_refs(refs: Sequence[Sequence[str]]) -> Sequence[Sequence[str]]:
     if isinstance(refs, str) or not refs:
         raise MetricsError("refs must be a non-empty list of reference streams, e.g. [ref_lines]")
     if any(isinstance(stream, str) for stream in refs):
-        raise MetricsError("refs must be a list of reference streams (lists of lines); wrap a single reference as [ref_lines]")
+        raise MetricsError(
+            "refs must be a list of reference streams (lists of lines); wrap a single reference as [ref_lines]"
+        )
     return refs
 
 
-def _check_counts(hyps: Sequence[str], refs: Sequence[Sequence[str]], hyp_name: str | None, ref_names: Sequence[str] | None) -> None:
+def _check_counts(
+    hyps: Sequence[str], refs: Sequence[Sequence[str]], hyp_name: str | None, ref_names: Sequence[str] | None
+) -> None:
     for k, stream in enumerate(refs):
         if len(stream) != len(hyps):
             hyp = f"{hyp_name} has" if hyp_name else "the hypotheses have"
@@ -141,7 +147,9 @@ def _make_metric(name: str, *, lowercase: bool, tokenize: str | None) -> BLEU | 
             # warning (its force flag) would only be noise then; the score is the same either way
             return BLEU(lowercase=lowercase, tokenize=tokenize, force=tokenize == "none")
         except (ImportError, RuntimeError) as exc:  # ja-mecab, ko-mecab, spm need extra packages or downloads
-            raise MetricsError(f"BLEU tokenizer {tokenize!r} is unavailable ({exc}); install its extra or use tokenize=13a") from None
+            raise MetricsError(
+                f"BLEU tokenizer {tokenize!r} is unavailable ({exc}); install its extra or use tokenize=13a"
+            ) from None
     if name == "chrf":
         return CHRF(lowercase=lowercase)
     return TER()

@@ -20,13 +20,24 @@ from transformer_mt.decoding import BeamStep, Hypothesis, Translator, max_output
 from transformer_mt.explore.session import RequestError, single_model
 
 
-def run_search(tr: Translator, src_ids: list[int], *, beam: int, lenpen: float, observer: Callable[[BeamStep], None] | None = None) -> list[Hypothesis]:
+def run_search(
+    tr: Translator, src_ids: list[int], *, beam: int, lenpen: float, observer: Callable[[BeamStep], None] | None = None
+) -> list[Hypothesis]:
     """The search `tmt translate` runs for one sentence (without EOS): ``beam`` hypotheses, best first (the
     winner is the same whatever the n-best size). ``observer`` sees every beam step (beam > 1)."""
     d = tr.cfg.decode
     src = source_tensor([src_ids], specials=single_model(tr).specials).to(tr.device)  # (1, S): pieces + EOS
     with torch.inference_mode():
-        return search(tr.model, src, beam=beam, lenpen=lenpen, max_len_a=d.max_len_a, max_len_b=d.max_len_b, nbest=beam, observer=observer)[0]
+        return search(
+            tr.model,
+            src,
+            beam=beam,
+            lenpen=lenpen,
+            max_len_a=d.max_len_a,
+            max_len_b=d.max_len_b,
+            nbest=beam,
+            observer=observer,
+        )[0]
 
 
 def output_limit(tr: Translator, n_src: int) -> int:
@@ -47,7 +58,9 @@ def token_table(tr: Translator, src_ids: list[int], tgt_ids: list[int], *, topk:
     its id, piece, log-prob and probability, loss (-log p, no label smoothing) and the ``topk`` most
     probable pieces there (``alternatives``, best first, the chosen one included)."""
     model, device = single_model(tr), tr.device
-    batch = collate([(src_ids, tgt_ids)], specials=model.specials)  # src (1, S), tgt_in (1, T) = start + target, tgt_out (1, T) = target + EOS
+    batch = collate(
+        [(src_ids, tgt_ids)], specials=model.specials
+    )  # src (1, S), tgt_in (1, T) = start + target, tgt_out (1, T) = target + EOS
     with torch.inference_mode():
         logits = model.decode(batch.tgt_in.to(device), model.encode(batch.src.to(device)))[0]  # (T, V)
         lprobs = torch.log_softmax(logits.float(), dim=-1)  # (T, V) float32, as the search computes them
@@ -58,8 +71,19 @@ def token_table(tr: Translator, src_ids: list[int], tgt_ids: list[int], *, topk:
     chosen = lprobs.gather(1, batch.tgt_out[0].view(-1, 1).to(device))[:, 0].tolist()  # (T,)
     rows = []
     for t, (label, lp) in enumerate(zip(labels, chosen)):
-        alternatives = [{"id": i, "piece": piece(i), "prob": math.exp(v)} for v, i in zip(top_lp[t].tolist(), top_id[t].tolist())]
-        rows.append({"id": label, "piece": piece(label), "logprob": lp, "prob": math.exp(lp), "loss": -lp, "alternatives": alternatives})
+        alternatives = [
+            {"id": i, "piece": piece(i), "prob": math.exp(v)} for v, i in zip(top_lp[t].tolist(), top_id[t].tolist())
+        ]
+        rows.append(
+            {
+                "id": label,
+                "piece": piece(label),
+                "logprob": lp,
+                "prob": math.exp(lp),
+                "loss": -lp,
+                "alternatives": alternatives,
+            }
+        )
     return rows
 
 
@@ -86,7 +110,9 @@ def translation_view(tr: Translator, src_ids: list[int], *, beam: int, lenpen: f
     }
 
 
-def attention_view(tr: Translator, text: str, *, reference: str | None, beam: int, lenpen: float, topk: int, max_weights: int) -> dict:
+def attention_view(
+    tr: Translator, text: str, *, reference: str | None, beam: int, lenpen: float, topk: int, max_weights: int
+) -> dict:
     """`tmt attention`'s JSON for ``text`` (the translation's maps, or teacher-forcing ``reference``), with the
     target's token table (per-token loss; its mean is the reference's cross-entropy in nats per token). Refused
     (413) when the maps hold more than ``max_weights`` weights: as nested JSON lists each costs about 20 bytes, so a

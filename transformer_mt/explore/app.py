@@ -46,17 +46,25 @@ class SentenceRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     text: str = Field(description="The source sentence (one line).")
-    checkpoint: str | None = Field(None, description="A loaded checkpoint's name (GET /api/checkpoints); default: the first.")
+    checkpoint: str | None = Field(
+        None, description="A loaded checkpoint's name (GET /api/checkpoints); default: the first."
+    )
     beam: int | None = Field(None, description="Beam size, 1 = greedy; default: the checkpoint's decode.beam.")
-    lenpen: float | None = Field(None, allow_inf_nan=False, description="GNMT length penalty alpha; default: the checkpoint's decode.lenpen.")
+    lenpen: float | None = Field(
+        None, allow_inf_nan=False, description="GNMT length penalty alpha; default: the checkpoint's decode.lenpen."
+    )
 
 
 class AttentionRequest(SentenceRequest):
-    reference: str | None = Field(None, description="Teacher-force this target instead of the model's translation (tmt attention --ref).")
+    reference: str | None = Field(
+        None, description="Teacher-force this target instead of the model's translation (tmt attention --ref)."
+    )
 
 
 class AnatomyRequest(AttentionRequest):
-    batch_with: str | None = Field(None, description="A second source sentence batched with the first (translated), so the shorter one is padded.")
+    batch_with: str | None = Field(
+        None, description="A second source sentence batched with the first (translated), so the shorter one is padded."
+    )
 
 
 class Alternative(BaseModel):
@@ -73,8 +81,13 @@ class TokenRow(BaseModel):
     logprob: float
     prob: float
     loss: float = Field(description="-log p of this piece (nats, no label smoothing).")
-    alternatives: list[Alternative] = Field(description="The most probable pieces at this position, best first (the chosen one included).")
-    in_output: bool | None = Field(None, description="Whether the search generated this piece: False for the </s> row of an output cut at the longest length.")
+    alternatives: list[Alternative] = Field(
+        description="The most probable pieces at this position, best first (the chosen one included)."
+    )
+    in_output: bool | None = Field(
+        None,
+        description="Whether the search generated this piece: False for the </s> row of an output cut at the longest length.",
+    )
 
 
 class TranslateResponse(BaseModel):
@@ -98,12 +111,17 @@ class BeamResponse(BaseModel):
     steps: list[dict[str, Any]] = Field(
         description="Per step: open (tokens, logprob, from_beam, appended), finished (tokens, logprob, length, penalty, score, eos, new), done, reason."
     )
-    winner: dict[str, Any] = Field(description="tokens, logprob, score, why, and the n-best (tokens, logprob, score, length).")
+    winner: dict[str, Any] = Field(
+        description="tokens, logprob, score, why, and the n-best (tokens, logprob, score, length)."
+    )
     time_ms: float
 
 
 def build_app(explorer: Explorer) -> FastAPI:
-    app = FastAPI(title="tmt explore", summary="A Transformer translation model at work on one sentence: translation, beam search, attention, masks.")
+    app = FastAPI(
+        title="tmt explore",
+        summary="A Transformer translation model at work on one sentence: translation, beam search, attention, masks.",
+    )
     _add_errors(app)
 
     @app.get("/", include_in_schema=False)
@@ -140,7 +158,11 @@ def _add_errors(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        message = "no such path; the page is at /, the API under /api (docs: /docs)" if exc.status_code == 404 else str(exc.detail)
+        message = (
+            "no such path; the page is at /, the API under /api (docs: /docs)"
+            if exc.status_code == 404
+            else str(exc.detail)
+        )
         return JSONResponse({"error": message}, status_code=exc.status_code)
 
 
@@ -195,7 +217,15 @@ def _add_sentence_routes(app: FastAPI, explorer: Explorer) -> None:
         limits = explorer.limits
         return compute(
             req,
-            lambda: attention_view(tr, req.text, reference=req.reference, beam=beam, lenpen=lenpen, topk=limits.topk, max_weights=limits.max_attention),
+            lambda: attention_view(
+                tr,
+                req.text,
+                reference=req.reference,
+                beam=beam,
+                lenpen=lenpen,
+                topk=limits.topk,
+                max_weights=limits.max_attention,
+            ),
         )
 
     @app.post("/api/anatomy")
@@ -210,8 +240,13 @@ def _add_sentence_routes(app: FastAPI, explorer: Explorer) -> None:
             srcs.append(explorer.sentence(tr, req.batch_with, field_name="batch_with"))
         ref = None if req.reference is None else explorer.sentence(tr, req.reference, field_name="reference")
 
-        def run() -> dict:  # the first sentence's target: the reference, else its translation; a second sentence's: its translation
-            tgts = [ref if ref is not None and i == 0 else run_search(tr, s, beam=beam, lenpen=lenpen)[0].tokens for i, s in enumerate(srcs)]
+        def run() -> (
+            dict
+        ):  # the first sentence's target: the reference, else its translation; a second sentence's: its translation
+            tgts = [
+                ref if ref is not None and i == 0 else run_search(tr, s, beam=beam, lenpen=lenpen)[0].tokens
+                for i, s in enumerate(srcs)
+            ]
             return anatomy_view(tr, list(zip(srcs, tgts)))
 
         return compute(req, run)

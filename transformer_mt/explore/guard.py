@@ -41,7 +41,11 @@ class BodyCap:
             return
         declared = next((value for name, value in scope.get("headers", ()) if name == b"content-length"), None)
         if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
-            await _refuse(send, 413, f"body: more than {self.max_bytes:,} bytes, the most a request within --max-chars needs; send one sentence")
+            await _refuse(
+                send,
+                413,
+                f"body: more than {self.max_bytes:,} bytes, the most a request within --max-chars needs; send one sentence",
+            )
             return
         try:
             body = await asyncio.wait_for(self._read(receive), self.timeout)
@@ -49,7 +53,11 @@ class BodyCap:
             await _refuse(send, 408, f"body: did not arrive within {self.timeout:g} s; send the request at once")
             return
         if body is None:  # over the cap while it arrived (a chunked body announces no length)
-            await _refuse(send, 413, f"body: more than {self.max_bytes:,} bytes, the most a request within --max-chars needs; send one sentence")
+            await _refuse(
+                send,
+                413,
+                f"body: more than {self.max_bytes:,} bytes, the most a request within --max-chars needs; send one sentence",
+            )
             return
         handed = False
 
@@ -78,6 +86,10 @@ class BodyCap:
 
 async def _refuse(send: Send, status: int, error: str) -> None:
     data = json.dumps({"error": error}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()), (b"connection", b"close")]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(data)).encode()),
+        (b"connection", b"close"),
+    ]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": data})

@@ -89,7 +89,9 @@ def explore(
     runtime.set_threads(1)
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/"
     ready = (lambda: on_ready(url)) if on_ready is not None else None
-    app, _ = build(checkpoints, examples=examples, device=device, threads=workers, limits=limits, allowed=allowed, on_startup=ready)
+    app, _ = build(
+        checkpoints, examples=examples, device=device, threads=workers, limits=limits, allowed=allowed, on_startup=ready
+    )
     build_server(app, EXPLORE_LIMITS, host=host, port=port, log_level=log_level).run()
 
 

@@ -60,14 +60,19 @@ class Explorer:
         if name is None:
             return self.translators[self.default]
         if name not in self.translators:
-            raise RequestError(404, f"checkpoint: {name!r} is not loaded; choose one of {', '.join(map(repr, self.translators))} (GET /api/checkpoints)")
+            raise RequestError(
+                404,
+                f"checkpoint: {name!r} is not loaded; choose one of {', '.join(map(repr, self.translators))} (GET /api/checkpoints)",
+            )
         return self.translators[name]
 
     def settings(self, tr: Translator, beam: int | None, lenpen: float | None) -> tuple[int, float]:
         """The request's beam and lenpen (the checkpoint's decode settings when None), checked by the rules
         `tmt translate` and `tmt serve` apply; 422 naming the field otherwise."""
         beam, lenpen = tr.decode_defaults(beam, lenpen)
-        problem = beam_problem(beam, 1, tgt_vocab_size=tr.tgt_tok.vocab_size, limit=self.limits.max_beam) or lenpen_problem(lenpen)
+        problem = beam_problem(
+            beam, 1, tgt_vocab_size=tr.tgt_tok.vocab_size, limit=self.limits.max_beam
+        ) or lenpen_problem(lenpen)
         if problem:
             raise RequestError(422, f"{problem.key}: {problem.value} {problem.reason}")
         return beam, lenpen
@@ -80,12 +85,16 @@ class Explorer:
         if "\n" in text or "\r" in text:
             raise RequestError(422, f"{field_name}: contains a line break; give one sentence")
         if len(text) > self.limits.max_chars:
-            raise RequestError(413, f"{field_name}: {len(text)} characters, more than --max-chars {self.limits.max_chars}; give a shorter sentence")
+            raise RequestError(
+                413,
+                f"{field_name}: {len(text)} characters, more than --max-chars {self.limits.max_chars}; give a shorter sentence",
+            )
         tok = tr.tgt_tok if field_name == "reference" else tr.src_tok
         ids = tok.encode([text])[0]
         if len(ids) > tr.max_src_tokens:
             raise RequestError(
-                413, f"{field_name}: {len(ids)} pieces, more than this model's {tr.max_src_tokens} (model.max_positions - 1); give a shorter sentence"
+                413,
+                f"{field_name}: {len(ids)} pieces, more than this model's {tr.max_src_tokens} (model.max_positions - 1); give a shorter sentence",
             )
         return ids
 
@@ -107,7 +116,9 @@ def name_checkpoints(specs: list[str]) -> list[tuple[str, str]]:
         if not name:
             raise ExploreError(f"-c {spec}: the name before '=' is empty; write -c NAME=PATH")
         if name in (n for n, _ in named):
-            raise ExploreError(f"-c {spec}: a checkpoint named {name!r} is already loaded; name them apart with -c NAME=PATH")
+            raise ExploreError(
+                f"-c {spec}: a checkpoint named {name!r} is already loaded; name them apart with -c NAME=PATH"
+            )
         named.append((name, path))
     return named
 
@@ -125,7 +136,14 @@ def read_examples(path: str | Path | None, *, limit: int = MAX_EXAMPLES) -> list
     return lines
 
 
-def load_explorer(specs: list[str], *, examples: str | Path | None = None, device: str = "cpu", threads: int = 0, limits: Limits | None = None) -> Explorer:
+def load_explorer(
+    specs: list[str],
+    *,
+    examples: str | Path | None = None,
+    device: str = "cpu",
+    threads: int = 0,
+    limits: Limits | None = None,
+) -> Explorer:
     """Load every checkpoint (``PATH`` or ``NAME=PATH``) and the example sentences of ``examples`` (None: none).
 
     Only files named on the command line are read: never a path a checkpoint names (its ``data.valid_src``),

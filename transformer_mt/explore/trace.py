@@ -42,7 +42,10 @@ class BeamTrace:
         step = {
             "step": st.step,
             "length": st.step + 1,
-            "open": [{"tokens": self._pieces(h), "logprob": c, "from_beam": r, "appended": self.piece(t)} for h, r, t, c in zip(self._open, rows, toks, cums)],
+            "open": [
+                {"tokens": self._pieces(h), "logprob": c, "from_beam": r, "appended": self.piece(t)}
+                for h, r, t, c in zip(self._open, rows, toks, cums)
+            ],
             "finished": self._finished(st),
             "done": not bool(st.going_on[0]),
         }
@@ -93,9 +96,13 @@ def explain_winner(nbest: list[Hypothesis], *, lenpen: float, limit: int, piece:
     """The winner (the first of the search's n-best) and why it won, in words and numbers. ``limit``: the
     longest output the search allowed, where a hypothesis ends without EOS."""
     win = nbest[0]
-    lengths = [len(h.tokens) + 1 if len(h.tokens) < limit else len(h.tokens) for h in nbest]  # EOS counted when it has one
+    lengths = [
+        len(h.tokens) + 1 if len(h.tokens) < limit else len(h.tokens) for h in nbest
+    ]  # EOS counted when it has one
     pieces = [[piece(i) for i in h.tokens] for h in nbest]
-    rows = [{"tokens": p, "logprob": h.logprob, "score": h.score, "length": n} for h, p, n in zip(nbest, pieces, lengths)]
+    rows = [
+        {"tokens": p, "logprob": h.logprob, "score": h.score, "length": n} for h, p, n in zip(nbest, pieces, lengths)
+    ]
     lp = length_penalty(float(lengths[0]), lenpen)
     why = f"highest score: log-prob / lp({lengths[0]}) = {win.logprob:.4f} / {lp:.4f} = {win.score:.4f} among {len(rows)} finished"
     better_raw = [j for j, h in enumerate(nbest) if j > 0 and h.logprob > win.logprob]
@@ -117,5 +124,13 @@ def beam_view(tr: Translator, src_ids: list[int], *, beam: int, lenpen: float) -
     nbest = run_search(tr, src_ids, beam=beam, lenpen=lenpen, observer=trace if beam > 1 else None)
     winner = explain_winner(nbest, lenpen=lenpen, limit=output_limit(tr, len(src_ids)), piece=piece)
     if beam == 1:
-        winner["why"] = "beam 1 is greedy search: the most probable piece at every step, one hypothesis; no beam to trace"
-    return {"translation": tr.tgt_tok.decode([nbest[0].tokens])[0], "beam": beam, "lenpen": lenpen, "steps": trace.steps, "winner": winner}
+        winner["why"] = (
+            "beam 1 is greedy search: the most probable piece at every step, one hypothesis; no beam to trace"
+        )
+    return {
+        "translation": tr.tgt_tok.decode([nbest[0].tokens])[0],
+        "beam": beam,
+        "lenpen": lenpen,
+        "steps": trace.steps,
+        "winner": winner,
+    }

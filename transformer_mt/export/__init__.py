@@ -28,7 +28,12 @@ class ExportError(TmtError, ValueError):
 
 
 def export(
-    checkpoint: str | os.PathLike, out_dir: str | os.PathLike, *, format: str = "ctranslate2", quantization: str | None = None, force: bool = False
+    checkpoint: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    format: str = "ctranslate2",
+    quantization: str | None = None,
+    force: bool = False,
 ) -> Path:
     """Convert ``checkpoint`` into an inference-engine model directory ``out_dir``; returns ``out_dir``."""
     if format not in FORMATS:
@@ -51,4 +56,6 @@ def ctranslate2_translator(
     ``Translator``'s interface; ``compute_type`` is CTranslate2's (float32, int8, int8_float32, ...)."""
     from transformer_mt.export.engine import CTranslate2Translator
 
-    return CTranslate2Translator.from_checkpoints(checkpoints, device=device, dtype=dtype, threads=threads, weights=weights, compute_type=compute_type)
+    return CTranslate2Translator.from_checkpoints(
+        checkpoints, device=device, dtype=dtype, threads=threads, weights=weights, compute_type=compute_type
+    )

@@ -31,7 +31,9 @@ from transformer_mt.export import ExportError
 from transformer_mt.export.ctranslate2 import export_ctranslate2, require_ctranslate2
 
 CACHE_KEY = "converted_from"  # the key of tmt_export.json that holds what a cache was converted from
-CACHE_FORMAT = 1  # what the conversion writes for the engine (padding and BOS never generated); a new one rebuilds every cache
+CACHE_FORMAT = (
+    1  # what the conversion writes for the engine (padding and BOS never generated); a new one rebuilds every cache
+)
 _UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 
 
@@ -70,18 +72,33 @@ def cached_model(checkpoint: str | os.PathLike, *, weights: str | None = None) -
         raise
     if not ckpt.is_file():
         load_checkpoint(ckpt)
-    versions = {"transformer_mt": __version__, "ctranslate2": ct2.__version__, "weights": weights or "default", "format": CACHE_FORMAT}
+    versions = {
+        "transformer_mt": __version__,
+        "ctranslate2": ct2.__version__,
+        "weights": weights or "default",
+        "format": CACHE_FORMAT,
+    }
     beside, elsewhere = cache_dir_beside(ckpt, weights=weights), user_cache_dir(ckpt, weights=weights)
     digest: list[str] = []  # the checkpoint's sha256, computed at most once
     for place in (beside, elsewhere):
         notes = _fresh_notes(place, ckpt, stat, versions, digest)
         if notes is not None:
             return CachedModel(place, notes)
-    key = {**versions, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "ctime_ns": stat.st_ctime_ns, "sha256": digest[0] if digest else file_sha256(ckpt)}
+    key = {
+        **versions,
+        "size": stat.st_size,
+        "mtime_ns": stat.st_mtime_ns,
+        "ctime_ns": stat.st_ctime_ns,
+        "sha256": digest[0] if digest else file_sha256(ckpt),
+    }
     if _ours_or_free(beside):
         try:
             return _convert(
-                ckpt, beside, key, weights=weights, note=f"converted {ckpt} for CTranslate2 into {beside} (reused while the checkpoint is unchanged)"
+                ckpt,
+                beside,
+                key,
+                weights=weights,
+                note=f"converted {ckpt} for CTranslate2 into {beside} (reused while the checkpoint is unchanged)",
             )
         except OSError as exc:
             if exc.errno not in _UNWRITABLE:
@@ -93,7 +110,13 @@ def cached_model(checkpoint: str | os.PathLike, *, weights: str | None = None) -
         raise ExportError(
             f"{elsewhere}: not a conversion of --engine ctranslate2 as it wrote it, and {why}; move one of them away to cache the conversion there"
         )
-    return _convert(ckpt, elsewhere, key, weights=weights, note=f"{why}: the CTranslate2 conversion of {ckpt.name} is cached in {elsewhere}")
+    return _convert(
+        ckpt,
+        elsewhere,
+        key,
+        weights=weights,
+        note=f"{why}: the CTranslate2 conversion of {ckpt.name} is cached in {elsewhere}",
+    )
 
 
 def _ours_or_free(place: Path) -> bool:
@@ -105,10 +128,14 @@ def _ours_or_free(place: Path) -> bool:
         notes = json.loads((place / EXPORT_MARKER).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return isinstance(notes, dict) and isinstance(notes.get(CACHE_KEY), dict) and output_problem(place, force=True) is None
+    return (
+        isinstance(notes, dict) and isinstance(notes.get(CACHE_KEY), dict) and output_problem(place, force=True) is None
+    )
 
 
-def _fresh_notes(place: Path, ckpt: Path, stat: os.stat_result, versions: dict[str, str], digest: list[str]) -> dict[str, Any] | None:
+def _fresh_notes(
+    place: Path, ckpt: Path, stat: os.stat_result, versions: dict[str, str], digest: list[str]
+) -> dict[str, Any] | None:
     """``place``'s tmt_export.json when it is a cache of this checkpoint's present content by these versions, else None."""
     try:
         notes = json.loads((place / EXPORT_MARKER).read_text(encoding="utf-8"))
@@ -124,7 +151,9 @@ def _fresh_notes(place: Path, ckpt: Path, stat: os.stat_result, versions: dict[s
         digest.append(file_sha256(ckpt))
     if key.get("sha256") != digest[0]:
         return None
-    key.update(mtime_ns=stat.st_mtime_ns, ctime_ns=stat.st_ctime_ns)  # the same content (copied, touched): check it by its times again
+    key.update(
+        mtime_ns=stat.st_mtime_ns, ctime_ns=stat.st_ctime_ns
+    )  # the same content (copied, touched): check it by its times again
     try:
         _write_atomically(place / EXPORT_MARKER, json.dumps(notes, indent=2) + "\n")
     except OSError:  # a read-only cache stays usable; its content is hashed each time
@@ -135,7 +164,9 @@ def _fresh_notes(place: Path, ckpt: Path, stat: os.stat_result, versions: dict[s
 def _convert(ckpt: Path, out: Path, key: dict[str, Any], *, weights: str | None, note: str) -> CachedModel:
     """Convert into ``out`` (free, or a stale conversion of the cache's own: :func:`_ours_or_free`), then read back
     what it wrote."""
-    export_ctranslate2(ckpt, out, force=True, weights=weights, notes={CACHE_KEY: key}, never_generated=True)  # tmt's search rule
+    export_ctranslate2(
+        ckpt, out, force=True, weights=weights, notes={CACHE_KEY: key}, never_generated=True
+    )  # tmt's search rule
     return CachedModel(out, json.loads((out / EXPORT_MARKER).read_text(encoding="utf-8")), note)
 
 

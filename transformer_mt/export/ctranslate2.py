@@ -92,7 +92,9 @@ def export_ctranslate2(
     problem = output_problem(out, force=force)
     if problem:
         raise ExportError(problem)
-    model, cfg, src_tok, tgt_tok, _ = model_from_checkpoint(checkpoint, weights=weights)  # None: the EMA weights when the checkpoint has them
+    model, cfg, src_tok, tgt_tok, _ = model_from_checkpoint(
+        checkpoint, weights=weights
+    )  # None: the EMA weights when the checkpoint has them
     src_proto, tgt_proto = src_tok.proto, tgt_tok.proto
 
     class _Converter(ct2.converters.Converter):  # type: ignore[name-defined] # ctranslate2 is imported at run time (an optional extra)
@@ -114,8 +116,14 @@ def export_ctranslate2(
     # converter's own force (which deletes whatever directory it is given) only ever meets our temporary.
     with staged_directory(out) as staging, tempfile.TemporaryDirectory() as spm_dir:
         _Converter(Path(spm_dir)).convert(str(staging), quantization=quantization, force=True)
-        written = describe(cfg, checkpoint=Path(checkpoint).name, quantization=quantization, joint=src_proto == tgt_proto)
-        written.update(parameters=count_parameters(model), weights=weights or "default", vocab_ids=[src_tok.vocab is not None, tgt_tok.vocab is not None])
+        written = describe(
+            cfg, checkpoint=Path(checkpoint).name, quantization=quantization, joint=src_proto == tgt_proto
+        )
+        written.update(
+            parameters=count_parameters(model),
+            weights=weights or "default",
+            vocab_ids=[src_tok.vocab is not None, tgt_tok.vocab is not None],
+        )
         written["config"] = decoding_config(cfg)
         write_export_marker(staging, written | (notes or {}))
     return out
@@ -133,7 +141,9 @@ def _spm_files(src_proto: bytes, tgt_proto: bytes) -> dict[str, bytes]:
     return {JOINT_SPM: src_proto} if src_proto == tgt_proto else {SOURCE_SPM: src_proto, TARGET_SPM: tgt_proto}
 
 
-def build_spec(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, *, config: Config, never_generated: bool = False):
+def build_spec(
+    model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, *, config: Config, never_generated: bool = False
+):
     """A filled ``ctranslate2.specs.TransformerSpec`` for ``model`` (float32 weights, tmt's special tokens);
     ``config`` (the checkpoint's Config) sizes the sinusoid table. ``never_generated``: the ids tmt's search never
     generates (padding, the decoder's start, BOS) get an output bias of -1e9, as ``suppress_sequences`` would
@@ -147,9 +157,16 @@ def build_spec(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, *, co
     decoder_layers: list[Any] = list(model.decoder)
     attn: MultiHeadAttention = (encoder_layers or decoder_layers)[0].self_attn
     if attn.dk != attn.dv:
-        raise ExportError(f"model.head_dim={attn.dk} differs from model.value_dim={attn.dv}; CTranslate2 needs one size per head for queries, keys and values")
+        raise ExportError(
+            f"model.head_dim={attn.dk} differs from model.value_dim={attn.dv}; CTranslate2 needs one size per head for queries, keys and values"
+        )
     head_dim = None if attn.dk * cfg.heads == cfg.d_model else attn.dk  # only a non-default size is declared
-    common = dict(pre_norm=cfg.norm != "post", rms_norm=cfg.norm == "scale", activation=_activation(common_spec, cfg.activation), head_dim=head_dim)
+    common = dict(
+        pre_norm=cfg.norm != "post",
+        rms_norm=cfg.norm == "scale",
+        activation=_activation(common_spec, cfg.activation),
+        head_dim=head_dim,
+    )
     spec = transformer_spec.TransformerSpec(
         transformer_spec.TransformerEncoderSpec(cfg.encoder_layers, cfg.heads, **common),
         transformer_spec.TransformerDecoderSpec(cfg.decoder_layers, cfg.heads, **common),
@@ -168,11 +185,15 @@ def build_spec(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, *, co
         _set_norm(spec.encoder.layer_norm, model.encoder_norm)
         _set_norm(spec.decoder.layer_norm, model.decoder_norm)
     weight = model.output_proj.weight
-    spec.decoder.projection.weight = _np(torch.nn.functional.normalize(weight, dim=-1) if model.fix_norm else weight)  # (V, D)
+    spec.decoder.projection.weight = _np(
+        torch.nn.functional.normalize(weight, dim=-1) if model.fix_norm else weight
+    )  # (V, D)
     bias: torch.Tensor | None = model.output_proj.bias  # (V,) with model.output_bias, else None
     if model.output_ids is not None:  # restrict_output: the pieces not kept can never be produced
         kept = torch.zeros(weight.size(0)) if bias is None else bias.detach().float().cpu()
-        bias = torch.full((weight.size(0),), -1e9).index_copy_(0, model.output_ids.cpu(), kept[model.output_ids.cpu()])  # (V,)
+        bias = torch.full((weight.size(0),), -1e9).index_copy_(
+            0, model.output_ids.cpu(), kept[model.output_ids.cpu()]
+        )  # (V,)
     if never_generated:
         bias = torch.zeros(weight.size(0)) if bias is None else bias.detach().float().cpu().clone()
         bias[list(model.specials.never_generated)] = -1e9  # (V,)
@@ -200,7 +221,11 @@ def build_spec(model: Transformer, src_tok: Tokenizer, tgt_tok: Tokenizer, *, co
 
 def _activation(common_spec, name: str):
     # torch's F.gelu is the exact (erf) GELU, CTranslate2's Activation.GELU; not GELUTanh.
-    return {"relu": common_spec.Activation.RELU, "gelu": common_spec.Activation.GELU, "swish": common_spec.Activation.SWISH}[name]
+    return {
+        "relu": common_spec.Activation.RELU,
+        "gelu": common_spec.Activation.GELU,
+        "swish": common_spec.Activation.SWISH,
+    }[name]
 
 
 def _position_table(model: Transformer, cfg: Config) -> np.ndarray:
@@ -216,15 +241,22 @@ def _position_table(model: Transformer, cfg: Config) -> np.ndarray:
     return sinusoids(rows, cfg.model.d_model, layout=cfg.model.position_layout).numpy()
 
 
-def _set_stack_inputs(stack_spec, embed: torch.nn.Embedding, positions: np.ndarray, *, embed_list: bool, fix_norm: bool) -> None:
-    weight = torch.nn.functional.normalize(embed.weight, dim=-1) if fix_norm else embed.weight  # FixNorm: unit rows (PAD's stays 0)
+def _set_stack_inputs(
+    stack_spec, embed: torch.nn.Embedding, positions: np.ndarray, *, embed_list: bool, fix_norm: bool
+) -> None:
+    weight = (
+        torch.nn.functional.normalize(embed.weight, dim=-1) if fix_norm else embed.weight
+    )  # FixNorm: unit rows (PAD's stays 0)
     (stack_spec.embeddings[0] if embed_list else stack_spec.embeddings).weight = _np(weight)
     stack_spec.scale_embeddings = True  # multiply by sqrt(d_model), section 3.4
     stack_spec.position_encodings.encodings = positions
 
 
 def _set_self_attention(spec, attn: MultiHeadAttention, norm: torch.nn.Module) -> None:
-    spec.linear[0].weight, spec.linear[0].bias = _np(attn.in_weight), _np(attn.in_bias)  # (H*(2Dk+Dv), D) = [W^Q; W^K; W^V]
+    spec.linear[0].weight, spec.linear[0].bias = (
+        _np(attn.in_weight),
+        _np(attn.in_bias),
+    )  # (H*(2Dk+Dv), D) = [W^Q; W^K; W^V]
     _set_linear(spec.linear[1], attn.out)
     _set_norm(spec.layer_norm, norm)
 
@@ -255,7 +287,9 @@ def _set_norm(spec, norm: torch.nn.Module) -> None:
     elif isinstance(norm, torch.nn.LayerNorm):
         spec.gamma, spec.beta = _np(norm.weight), _np(norm.bias)
     else:
-        raise ExportError(f"{type(norm).__name__}: a norm CTranslate2 has no equivalent for; export supports LayerNorm and ScaleNorm")
+        raise ExportError(
+            f"{type(norm).__name__}: a norm CTranslate2 has no equivalent for; export supports LayerNorm and ScaleNorm"
+        )
 
 
 def _np(tensor: torch.Tensor) -> np.ndarray:

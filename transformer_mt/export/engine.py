@@ -70,10 +70,14 @@ class CTranslate2Translator:
         self.num_parameters: int = notes["parameters"]
         self.max_src_tokens = self.cfg.model.max_positions - 1  # EOS takes one place, as in Translator
         d = self.cfg.decode
-        self.positions = positions_needed(self.max_src_tokens + 1, max_len_a=d.max_len_a, max_len_b=d.max_len_b)  # the exported table
+        self.positions = positions_needed(
+            self.max_src_tokens + 1, max_len_a=d.max_len_a, max_len_b=d.max_len_b
+        )  # the exported table
         self.model_dir, self.compute_type, self.threads, self.note = cached.path, compute_type, threads, cached.note
         self.eos = self.tgt_tok.id_to_piece(self.cfg.model.eos_id)
-        self.ct = ct2.Translator(str(cached.path), device=device, compute_type=compute_type, intra_threads=threads, inter_threads=1)
+        self.ct = ct2.Translator(
+            str(cached.path), device=device, compute_type=compute_type, intra_threads=threads, inter_threads=1
+        )
 
     @classmethod
     def from_checkpoints(
@@ -89,7 +93,9 @@ class CTranslate2Translator:
         """The engine for one checkpoint; every option CTranslate2 cannot honour is refused in one line."""
         ct2 = require_ctranslate2()
         if len(paths) != 1:
-            raise ExportError(f"--engine ctranslate2 decodes one checkpoint, not an ensemble of {len(paths)}; use --engine tmt for -c given several times")
+            raise ExportError(
+                f"--engine ctranslate2 decodes one checkpoint, not an ensemble of {len(paths)}; use --engine tmt for -c given several times"
+            )
         if dtype != "float32":
             raise ExportError(
                 f"--dtype {dtype} applies to --engine tmt; with --engine ctranslate2 choose the weight type with --compute-type (e.g. float16, int8)"
@@ -97,12 +103,16 @@ class CTranslate2Translator:
         ct2_device = _device(ct2, device)
         supported = sorted(ct2.get_supported_compute_types(ct2_device))
         if compute_type not in (*supported, "auto", "default"):
-            raise ExportError(f"--compute-type {compute_type}: CTranslate2 on {ct2_device} supports {', '.join(supported)} (or auto)")
+            raise ExportError(
+                f"--compute-type {compute_type}: CTranslate2 on {ct2_device} supports {', '.join(supported)} (or auto)"
+            )
         if threads == 0:
             import torch
 
             threads = torch.get_num_threads()  # tmt's --threads 0: torch's default, the same count for both engines
-        return cls(cached_model(paths[0], weights=weights), device=ct2_device, compute_type=compute_type, threads=threads)
+        return cls(
+            cached_model(paths[0], weights=weights), device=ct2_device, compute_type=compute_type, threads=threads
+        )
 
     def decode_defaults(self, beam: int | None = None, lenpen: float | None = None) -> tuple[int, float]:
         """``beam`` and ``lenpen``, each the checkpoint's ``decode`` setting when None."""
@@ -127,7 +137,14 @@ class CTranslate2Translator:
         (one best, text alone): CTranslate2 skips the log-softmax that only the scores need, a greedy output past
         its limit is cut without being scored again, and every score is NaN."""
         a, b = checked_request(
-            self, beam=beam, nbest=nbest, lenpen=lenpen, max_len_a=max_len_a, max_len_b=max_len_b, max_output_tokens=max_output_tokens, positions=self.positions
+            self,
+            beam=beam,
+            nbest=nbest,
+            lenpen=lenpen,
+            max_len_a=max_len_a,
+            max_len_b=max_len_b,
+            max_output_tokens=max_output_tokens,
+            positions=self.positions,
         )
         tic = time.perf_counter()
         keep = [i for i, line in enumerate(lines) if line.strip()]
@@ -136,9 +153,24 @@ class CTranslate2Translator:
         truncated = sum(len(p) > self.max_src_tokens for p in pieces)
         if truncated:
             pieces = [p[: self.max_src_tokens] for p in pieces]
-        caps = [c for c in (max_output_tokens, self.cfg.model.max_positions if self.cfg.model.positions == "learned" else None) if c is not None]
+        caps = [
+            c
+            for c in (
+                max_output_tokens,
+                self.cfg.model.max_positions if self.cfg.model.positions == "learned" else None,
+            )
+            if c is not None
+        ]
         limits = [min(max_output_length(len(p) + 1, max_len_a=a, max_len_b=b), *caps, 1 << 62) for p in pieces]
-        hyps = self._search(pieces, limits, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens or self.cfg.decode.batch_tokens, scores=scores)
+        hyps = self._search(
+            pieces,
+            limits,
+            beam=beam,
+            lenpen=lenpen,
+            nbest=nbest,
+            batch_tokens=batch_tokens or self.cfg.decode.batch_tokens,
+            scores=scores,
+        )
         texts = iter(self.tgt_tok.decode_pieces([h for nb in hyps for _, h in nb], num_threads=1))
         out: list[list[tuple[float, str]]] = [[(0.0, "")] * nbest for _ in lines]
         tgt_tokens = 0
@@ -148,12 +180,28 @@ class CTranslate2Translator:
         stats = TranslateStats(len(lines), truncated, tgt_tokens, time.perf_counter() - tic, self.max_src_tokens)
         return TranslationResult(out, stats)
 
-    def _search(self, pieces: list[list[str]], limits: list[int], *, beam: int, lenpen: float, nbest: int, batch_tokens: int, scores: bool) -> list[list[Hyp]]:
+    def _search(
+        self,
+        pieces: list[list[str]],
+        limits: list[int],
+        *,
+        beam: int,
+        lenpen: float,
+        nbest: int,
+        batch_tokens: int,
+        scores: bool,
+    ) -> list[list[Hyp]]:
         """Per source, its n-best (score, pieces), best first, each within the source's own limit."""
         if not pieces:
             return []
         rerank = beam > 1 and (lenpen != 0 or nbest > 1)  # CTranslate2's n-best at penalty 0, ranked by tmt's penalty
-        options = dict(beam_size=beam, num_hypotheses=beam if rerank else 1, max_batch_size=batch_tokens, batch_type="tokens", return_scores=scores or rerank)
+        options = dict(
+            beam_size=beam,
+            num_hypotheses=beam if rerank else 1,
+            max_batch_size=batch_tokens,
+            batch_type="tokens",
+            return_scores=scores or rerank,
+        )
         found = self._decode(pieces, max(limits), options)
         if beam == 1:
             return self._cut(found, limits, pieces, lenpen=lenpen, scores=scores)
@@ -166,7 +214,9 @@ class CTranslate2Translator:
                 found[i] = nb
         return [self._ranked(nb, lenpen=lenpen, nbest=nbest) for nb in found]
 
-    def _decode(self, pieces: list[list[str]], max_length: int, options: dict[str, Any]) -> list[list[tuple[list[str], float]]]:
+    def _decode(
+        self, pieces: list[list[str]], max_length: int, options: dict[str, Any]
+    ) -> list[list[tuple[list[str], float]]]:
         """One ``translate_batch`` call: per source, (pieces ending in EOS when it finished, summed log-prob)."""
         results = self.ct.translate_batch(
             pieces,
@@ -186,7 +236,15 @@ class CTranslate2Translator:
         scored.sort(key=lambda s: -s[0])  # stable: equal scores keep CTranslate2's order
         return scored[:nbest]
 
-    def _cut(self, found: list[list[tuple[list[str], float]]], limits: list[int], sources: list[list[str]], *, lenpen: float, scores: bool) -> list[list[Hyp]]:
+    def _cut(
+        self,
+        found: list[list[tuple[list[str], float]]],
+        limits: list[int],
+        sources: list[list[str]],
+        *,
+        lenpen: float,
+        scores: bool,
+    ) -> list[list[Hyp]]:
         """Greedy outputs within their limits: greedy's first ``limit`` tokens do not depend on the limit, so an
         output past it is cut to it (no EOS left: tmt finishes it as it is) and, with ``scores``, scored again, all in
         one call."""
@@ -197,9 +255,17 @@ class CTranslate2Translator:
                 hyps[i] = (hyps[i][0][: limits[i]], math.nan)
         elif cut:
             kept = [hyps[i][0][: limits[i]] for i in cut]
-            for i, tokens, scored in zip(cut, kept, self.ct.score_batch([sources[i] for i in cut], kept, max_input_length=0)):
-                hyps[i] = (tokens, sum(scored.log_probs[: len(tokens)]))  # its log_probs end with EOS's, which is not kept
-        return [[(logprob / length_penalty(len(tokens), lenpen), _text_pieces(tokens, self.eos))] for tokens, logprob in hyps]
+            for i, tokens, scored in zip(
+                cut, kept, self.ct.score_batch([sources[i] for i in cut], kept, max_input_length=0)
+            ):
+                hyps[i] = (
+                    tokens,
+                    sum(scored.log_probs[: len(tokens)]),
+                )  # its log_probs end with EOS's, which is not kept
+        return [
+            [(logprob / length_penalty(len(tokens), lenpen), _text_pieces(tokens, self.eos))]
+            for tokens, logprob in hyps
+        ]
 
 
 def _text_pieces(tokens: list[str], eos: str) -> list[str]:
@@ -213,10 +279,14 @@ def _device(ct2, device: str) -> str:
         return "cuda" if gpus else "cpu"
     if device == "cpu" or (device.split(":")[0] == "cuda" and gpus):
         if ":" in device:
-            raise ExportError(f"--device {device}: --engine ctranslate2 takes cpu or cuda (the first GPU; CUDA_VISIBLE_DEVICES picks it)")
+            raise ExportError(
+                f"--device {device}: --engine ctranslate2 takes cpu or cuda (the first GPU; CUDA_VISIBLE_DEVICES picks it)"
+            )
         return device
     if device.split(":")[0] == "cuda":
-        raise ExportError(f"--device {device}: this CTranslate2 build sees no CUDA device; use --device cpu, or --engine tmt")
+        raise ExportError(
+            f"--device {device}: this CTranslate2 build sees no CUDA device; use --device cpu, or --engine tmt"
+        )
     raise ExportError(f"--device {device}: --engine ctranslate2 runs on cpu or cuda; use one of them, or --engine tmt")
 
 
@@ -231,7 +301,9 @@ def _tokenizers(model_dir: Path, cfg: Config, *, vocab_ids: list[bool]) -> tuple
         vocab = None
         if has_vocab:
             shared = model_dir / "shared_vocabulary.json"
-            vocab = json.loads((shared if shared.is_file() else model_dir / f"{side}_vocabulary.json").read_text(encoding="utf-8"))
+            vocab = json.loads(
+                (shared if shared.is_file() else model_dir / f"{side}_vocabulary.json").read_text(encoding="utf-8")
+            )
         if made and joint and proto == made[0].proto and vocab == made[0].vocab:
             made.append(made[0])
         else:

@@ -67,4 +67,12 @@ def export_marian(checkpoint: str | os.PathLike, output: str | os.PathLike, *, f
     return run(checkpoint, output, force=force)
 
 
-__all__ = ["INSTALL_HINT", "HfError", "brief", "export_marian", "import_marian", "require_safetensors", "require_transformers"]
+__all__ = [
+    "INSTALL_HINT",
+    "HfError",
+    "brief",
+    "export_marian",
+    "import_marian",
+    "require_safetensors",
+    "require_transformers",
+]

@@ -30,7 +30,15 @@ from transformer_mt.config import ModelConfig
 from transformer_mt.decoding import model_from_checkpoint
 from transformer_mt.hf import HfError, require_safetensors
 from transformer_mt.hf.marian_config import marian_config, marian_refusal
-from transformer_mt.hf.vocab import SOURCE_SPM, TARGET_SPM, TARGET_VOCAB, TOKENIZER_CONFIG, VOCAB, tokenizer_config, vocab_json
+from transformer_mt.hf.vocab import (
+    SOURCE_SPM,
+    TARGET_SPM,
+    TARGET_VOCAB,
+    TOKENIZER_CONFIG,
+    VOCAB,
+    tokenizer_config,
+    vocab_json,
+)
 from transformer_mt.hf.weights import SAFETENSORS, marian_state
 from transformer_mt.text import NO_ID
 
@@ -61,7 +69,12 @@ def export_marian(checkpoint: str | os.PathLike, output: str | os.PathLike, *, f
         "exported_by": f"transformer_mt {__version__}",
         "checkpoint": Path(checkpoint).name,  # its name, not where it lives on this machine
         "format": "marian-hf",
-        "tmt_decode": {"beam": cfg.decode.beam, "lenpen": cfg.decode.lenpen, "max_len_a": cfg.decode.max_len_a, "max_len_b": cfg.decode.max_len_b},
+        "tmt_decode": {
+            "beam": cfg.decode.beam,
+            "lenpen": cfg.decode.lenpen,
+            "max_len_a": cfg.decode.max_len_a,
+            "max_len_b": cfg.decode.max_len_b,
+        },
         "note": (
             "tmt's lenpen is GNMT ((5+len)/6)^alpha, transformers' length_penalty divides by len^alpha: the two agree only at 0; "
             "tmt's longest output is floor(a * (pieces + 1) + b) per line, generate's max_new_tokens one number per call"
@@ -74,7 +87,9 @@ def export_marian(checkpoint: str | os.PathLike, output: str | os.PathLike, *, f
             (staging / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         (staging / SOURCE_SPM).write_bytes(src_tok.proto)
         (staging / TARGET_SPM).write_bytes(tgt_tok.proto)
-        st.save_file(marian_state(model), str(staging / SAFETENSORS), metadata={"format": "pt"})  # "pt": what from_pretrained expects
+        st.save_file(
+            marian_state(model), str(staging / SAFETENSORS), metadata={"format": "pt"}
+        )  # "pt": what from_pretrained expects
         write_export_marker(staging, notes)
     return out
 

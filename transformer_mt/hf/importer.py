@@ -93,7 +93,9 @@ def import_marian(directory: str | os.PathLike, output: str | os.PathLike, *, fo
     An existing ``output`` is replaced only with ``force`` (never a directory)."""
     src_dir, out = Path(directory), Path(output)
     if not src_dir.is_dir():
-        raise HfError(f"{src_dir}: not a directory; give the folder save_pretrained wrote (config.json, model.safetensors, vocab.json, *.spm)")
+        raise HfError(
+            f"{src_dir}: not a directory; give the folder save_pretrained wrote (config.json, model.safetensors, vocab.json, *.spm)"
+        )
     if out.is_dir():
         raise HfError(f"{out}: is a directory; give the checkpoint file to write, e.g. -o {out / 'model.pt'}")
     if out.exists() and not force:
@@ -104,7 +106,9 @@ def import_marian(directory: str | os.PathLike, output: str | os.PathLike, *, fo
     _check_size(files.shape, source=config_json)
     validate(cfg, source=str(config_json), check_files=False)  # what every later command checks in the checkpoint
     with torch.device("meta"):  # shapes and dtypes, no storage
-        skeleton = Transformer(cfg.model, src_vocab_size=files.shape.src_vocab_size, tgt_vocab_size=files.shape.tgt_vocab_size)
+        skeleton = Transformer(
+            cfg.model, src_vocab_size=files.shape.src_vocab_size, tgt_vocab_size=files.shape.tgt_vocab_size
+        )
     stored, weight_file = open_weights(src_dir)
     layout = marian_layout(skeleton, stored)
     check_stored(stored, layout, source=weight_file)
@@ -118,7 +122,9 @@ def _check_size(shape: MarianShape, *, source: Path) -> None:
     """The model's numbers within :data:`~transformer_mt.config.MAX_PARAMETERS`, counted with the real vocabularies,
     and its sinusoid table within :data:`MAX_POSITION_TABLE_BYTES`."""
     model = shape.model
-    problem = size_problem(model_elements(model, src_vocab_size=shape.src_vocab_size, tgt_vocab_size=shape.tgt_vocab_size))
+    problem = size_problem(
+        model_elements(model, src_vocab_size=shape.src_vocab_size, tgt_vocab_size=shape.tgt_vocab_size)
+    )
     if problem:
         raise HfError(f"{source}: d_model, encoder_layers, decoder_layers, the ffn dims and vocab_size make {problem}")
     table = model.max_positions * model.d_model * 4
@@ -138,9 +144,13 @@ def read_marian_dir(directory: Path) -> MarianFiles:
     if separate is None:
         separate = False
     if not isinstance(separate, bool):
-        raise HfError(f"{tok_path}: separate_vocabs={quote(separate)} must be true or false; fix or re-save the tokenizer")
+        raise HfError(
+            f"{tok_path}: separate_vocabs={quote(separate)} must be true or false; fix or re-save the tokenizer"
+        )
     if separate and not (directory / TARGET_VOCAB).is_file():
-        raise HfError(f"{tok_path}: separate_vocabs=true but {TARGET_VOCAB} is missing; download it, or re-save the tokenizer")
+        raise HfError(
+            f"{tok_path}: separate_vocabs=true but {TARGET_VOCAB} is missing; download it, or re-save the tokenizer"
+        )
     src_vocab = read_vocab(directory / VOCAB)
     tgt_vocab = read_vocab(directory / TARGET_VOCAB) if separate else src_vocab
     pieces = special_pieces(tok_config, path=tok_path)
@@ -149,15 +159,24 @@ def read_marian_dir(directory: Path) -> MarianFiles:
         ids[key] = special_id(src_vocab, piece, key=key, path=directory / VOCAB)
         # The target side pads and starts with config.json's pad_token_id whatever target_vocab.json's <pad> is (MarianMT
         # appends <pad> to each vocabulary, so with separate vocabularies of two sizes the ids differ); EOS and UNK must agree.
-        if separate and key != "pad_token" and special_id(tgt_vocab, piece, key=key, path=directory / TARGET_VOCAB) != ids[key]:
-            raise HfError(f"{directory / TARGET_VOCAB}: {key} {quote(piece)} has another id than in {VOCAB}; tmt has one id per special piece")
+        if (
+            separate
+            and key != "pad_token"
+            and special_id(tgt_vocab, piece, key=key, path=directory / TARGET_VOCAB) != ids[key]
+        ):
+            raise HfError(
+                f"{directory / TARGET_VOCAB}: {key} {quote(piece)} has another id than in {VOCAB}; tmt has one id per special piece"
+            )
     shape = model_config_from_marian(config, unk_id=ids["unk_token"], source=str(directory / "config.json"))
     if shape.model.share_all_embeddings and separate:
         raise HfError(
             f"{tok_path}: separate_vocabs=true but config.json share_encoder_decoder_embeddings=true; "
             "a model with one embedding matrix has one vocabulary (fix either file)"
         )
-    for key, field, value in (("eos_token", "eos_token_id", shape.model.eos_id), ("pad_token", "pad_token_id", shape.model.pad_id)):
+    for key, field, value in (
+        ("eos_token", "eos_token_id", shape.model.eos_id),
+        ("pad_token", "pad_token_id", shape.model.pad_id),
+    ):
         if ids[key] != value:
             raise HfError(
                 f"{directory / 'config.json'}: {field}={value} but the tokenizer's {key} {quote(pieces[key])} has id {ids[key]}; "
@@ -168,7 +187,9 @@ def read_marian_dir(directory: Path) -> MarianFiles:
         (directory / (TARGET_VOCAB if separate else VOCAB), tgt_vocab, "decoder_vocab_size", shape.tgt_vocab_size),
     ):
         if len(vocab) != size:
-            raise HfError(f"{path}: lists {len(vocab)} pieces but config.json {field}={size}; tmt needs one piece per embedding row")
+            raise HfError(
+                f"{path}: lists {len(vocab)} pieces but config.json {field}={size}; tmt needs one piece per embedding row"
+            )
     beam = _num_beams(directory / GENERATION_CONFIG, tgt_vocab_size=shape.tgt_vocab_size)
     files = MarianFiles(
         config,
@@ -185,7 +206,9 @@ def read_marian_dir(directory: Path) -> MarianFiles:
         try:
             Tokenizer(proto, vocab=vocab, specials=specials)
         except (TokenizerError, RuntimeError) as exc:  # sentencepiece raises RuntimeError for a proto it cannot parse
-            raise HfError(f"{directory / name}: not a usable sentencepiece model ({brief(exc)}); download it again") from None
+            raise HfError(
+                f"{directory / name}: not a usable sentencepiece model ({brief(exc)}); download it again"
+            ) from None
     return files
 
 
@@ -205,10 +228,14 @@ def _num_beams(path: Path, *, tgt_vocab_size: int) -> int:
 
 def _spm(path: Path) -> bytes:
     if not path.is_file():
-        raise HfError(f"{path}: sentencepiece model not found; MarianTokenizer's {path.name} belongs beside config.json")
+        raise HfError(
+            f"{path}: sentencepiece model not found; MarianTokenizer's {path.name} belongs beside config.json"
+        )
     size = path.stat().st_size
     if size > MAX_VOCAB_BYTES:
-        raise HfError(f"{path}: {size:,} bytes, more than the {MAX_VOCAB_BYTES:,} a sentencepiece model may hold; download it again")
+        raise HfError(
+            f"{path}: {size:,} bytes, more than the {MAX_VOCAB_BYTES:,} a sentencepiece model may hold; download it again"
+        )
     return path.read_bytes()
 
 

@@ -26,7 +26,12 @@ from transformer_mt.config import LIMITS, ModelConfig, quote, specials_problem
 from transformer_mt.hf import HfError
 from transformer_mt.text import NO_ID
 
-ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}  # MarianConfig name -> model.activation
+ACTIVATIONS = {
+    "relu": "relu",
+    "gelu": "gelu",
+    "swish": "swish",
+    "silu": "swish",
+}  # MarianConfig name -> model.activation
 # Fields of older MarianMT / BART-family configs that must hold the value MarianMT's code assumes, and why tmt
 # cannot follow another value (transformers removed most of them: their value is now fixed in the code).
 FIXED_FIELDS: dict[str, tuple[object, str]] = {
@@ -93,15 +98,24 @@ def model_config_from_marian(config: dict[str, Any], *, unk_id: int, source: str
     field = _Fields(config, source)
     model_type = field.get("model_type", "marian")
     if model_type != "marian":
-        raise HfError(f"{source}: model_type {quote(model_type)} is not marian; tmt imports MarianMT (OPUS-MT) models only")
+        raise HfError(
+            f"{source}: model_type {quote(model_type)} is not marian; tmt imports MarianMT (OPUS-MT) models only"
+        )
     for name, (want, why) in FIXED_FIELDS.items():
         value = field.get(name, DEFAULTS.get(name, want))
         if value != want or isinstance(value, bool) != isinstance(want, bool):  # 1 is not true, false is not 0.0
-            raise HfError(f"{source}: {name}={_json(value)} cannot be imported ({why}); only {name}={_json(want)} maps to tmt")
+            raise HfError(
+                f"{source}: {name}={_json(value)} cannot be imported ({why}); only {name}={_json(want)} maps to tmt"
+            )
     activation = field.get("activation_function", DEFAULTS["activation_function"])
     if not isinstance(activation, str) or activation not in ACTIVATIONS:
-        raise HfError(f"{source}: activation_function={_json(activation)} has no tmt equivalent; tmt has {', '.join(ACTIVATIONS)}")
-    heads, d_ff = field.same("encoder_attention_heads", "decoder_attention_heads"), field.same("encoder_ffn_dim", "decoder_ffn_dim")
+        raise HfError(
+            f"{source}: activation_function={_json(activation)} has no tmt equivalent; tmt has {', '.join(ACTIVATIONS)}"
+        )
+    heads, d_ff = (
+        field.same("encoder_attention_heads", "decoder_attention_heads"),
+        field.same("encoder_ffn_dim", "decoder_ffn_dim"),
+    )
     shared = field.flag("share_encoder_decoder_embeddings")
     tied = field.flag("tie_word_embeddings")
     if shared and not tied:
@@ -231,7 +245,11 @@ class _Fields:
         if not isinstance(value, int) or isinstance(value, bool):
             self._fail(name, value, "must be an integer")
         if value < low or (high is not None and value > high):
-            self._fail(name, value, f"is out of range; tmt imports {low} to {high}" if high is not None else f"must be at least {low}")
+            self._fail(
+                name,
+                value,
+                f"is out of range; tmt imports {low} to {high}" if high is not None else f"must be at least {low}",
+            )
         return value
 
     def size(self, name: str, *, default: int | None = None, low: int = 1) -> int:
@@ -248,7 +266,9 @@ class _Fields:
         self.config = {**self.config, name: value}
         index = self.integer(name, default=default)
         if index >= vocab_size:
-            raise HfError(f"{self.source}: {name}={index} is outside the target vocabulary of {vocab_size} (decoder_vocab_size)")
+            raise HfError(
+                f"{self.source}: {name}={index} is outside the target vocabulary of {vocab_size} (decoder_vocab_size)"
+            )
         return index
 
     def fraction(self, name: str) -> float:
@@ -268,7 +288,9 @@ class _Fields:
     def same(self, encoder: str, decoder: str) -> int:
         enc, dec = self.size(encoder), self.size(decoder)
         if enc != dec:
-            raise HfError(f"{self.source}: {encoder}={enc} differs from {decoder}={dec}; tmt uses one size for both stacks")
+            raise HfError(
+                f"{self.source}: {encoder}={enc} differs from {decoder}={dec}; tmt uses one size for both stacks"
+            )
         return enc
 
 

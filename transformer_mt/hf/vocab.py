@@ -34,10 +34,14 @@ def read_json(path: Path, *, max_bytes: int = MAX_CONFIG_BYTES) -> dict[str, Any
     """A JSON object from ``path``, or one line naming the file and what is wrong: the file is refused above
     ``max_bytes`` (before it is read) and when nested too deeply for Python's parser."""
     if not path.is_file():
-        raise HfError(f"{path}: file not found; give a directory written by save_pretrained (MarianMTModel and MarianTokenizer)")
+        raise HfError(
+            f"{path}: file not found; give a directory written by save_pretrained (MarianMTModel and MarianTokenizer)"
+        )
     size = path.stat().st_size
     if size > max_bytes:
-        raise HfError(f"{path}: {size:,} bytes, more than the {max_bytes:,} such a file may hold; download or save it again")
+        raise HfError(
+            f"{path}: {size:,} bytes, more than the {max_bytes:,} such a file may hold; download or save it again"
+        )
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
@@ -45,7 +49,9 @@ def read_json(path: Path, *, max_bytes: int = MAX_CONFIG_BYTES) -> dict[str, Any
     except RecursionError:  # json's parser recurses once per nested list or object
         raise HfError(f"{path}: JSON nested too deeply to be a model's file; download or save it again") from None
     if not isinstance(data, dict):
-        raise HfError(f"{path}: holds a JSON {JSON_KINDS.get(type(data), 'value')}, not an object; download or save it again")
+        raise HfError(
+            f"{path}: holds a JSON {JSON_KINDS.get(type(data), 'value')}, not an object; download or save it again"
+        )
     return data
 
 
@@ -54,8 +60,15 @@ def read_vocab(path: Path) -> list[str]:
     table = read_json(path, max_bytes=MAX_VOCAB_BYTES)
     pieces: list[str | None] = [None] * len(table)
     for piece, index in table.items():
-        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(table) or pieces[index] is not None:
-            raise HfError(f"{path}: piece {quote(piece)} has id {quote(index)}; ids must be 0..{len(table) - 1}, each once (one embedding row per piece)")
+        if (
+            not isinstance(index, int)
+            or isinstance(index, bool)
+            or not 0 <= index < len(table)
+            or pieces[index] is not None
+        ):
+            raise HfError(
+                f"{path}: piece {quote(piece)} has id {quote(index)}; ids must be 0..{len(table) - 1}, each once (one embedding row per piece)"
+            )
         pieces[index] = piece
     return [p for p in pieces if p is not None]
 
@@ -70,7 +83,9 @@ def special_pieces(tokenizer_config: dict[str, Any], *, path: Path) -> dict[str,
         if piece is None:
             piece = default
         if not isinstance(piece, str):
-            raise HfError(f"{path}: {key}={quote(value)} must be a piece (a string, or an object whose content is one); fix or re-save the tokenizer")
+            raise HfError(
+                f"{path}: {key}={quote(value)} must be a piece (a string, or an object whose content is one); fix or re-save the tokenizer"
+            )
         out[key] = piece
     return out
 
@@ -79,7 +94,9 @@ def special_id(vocab: list[str], piece: str, *, key: str, path: Path) -> int:
     try:
         return vocab.index(piece)
     except ValueError:
-        raise HfError(f"{path}: {key} {quote(piece)} is not in the vocabulary; MarianTokenizer needs it there") from None
+        raise HfError(
+            f"{path}: {key} {quote(piece)} is not in the vocabulary; MarianTokenizer needs it there"
+        ) from None
 
 
 def vocab_json(tok: Tokenizer) -> dict[str, int]:
@@ -92,7 +109,11 @@ def tokenizer_config(src_tok: Tokenizer, tgt_tok: Tokenizer, *, separate: bool, 
     target side has its own vocabulary. UNK and EOS must be the same piece on both sides; the pad piece is the
     source's (the target side pads and starts with config.json's pad_token_id, whatever piece that id is there)."""
     specials = src_tok.specials
-    out: dict[str, Any] = {"tokenizer_class": "MarianTokenizer", "separate_vocabs": separate, "model_max_length": max_length}
+    out: dict[str, Any] = {
+        "tokenizer_class": "MarianTokenizer",
+        "separate_vocabs": separate,
+        "model_max_length": max_length,
+    }
     for key, index in (("unk_token", specials.unk), ("eos_token", specials.eos), ("pad_token", specials.pad)):
         piece = src_tok.id_to_piece(index)
         if key != "pad_token" and tgt_tok.id_to_piece(index) != piece:

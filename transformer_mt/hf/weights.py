@@ -41,7 +41,13 @@ from transformer_mt.model import Transformer, sinusoids
 
 SAFETENSORS, SAFETENSORS_INDEX, PYTORCH_BIN = "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"
 ENCODER = {"self_attn_layer_norm": "norm1", "fc1": "ffn.fc1", "fc2": "ffn.fc2", "final_layer_norm": "norm2"}
-DECODER = {"self_attn_layer_norm": "norm1", "encoder_attn_layer_norm": "norm2", "fc1": "ffn.fc1", "fc2": "ffn.fc2", "final_layer_norm": "norm3"}
+DECODER = {
+    "self_attn_layer_norm": "norm1",
+    "encoder_attn_layer_norm": "norm2",
+    "fc1": "ffn.fc1",
+    "fc2": "ffn.fc2",
+    "final_layer_norm": "norm3",
+}
 ATTENTION = {"encoder": {"self_attn": "self_attn"}, "decoder": {"self_attn": "self_attn", "encoder_attn": "cross_attn"}}
 POSITIONS = ("model.encoder.embed_positions.weight", "model.decoder.embed_positions.weight")
 # MarianMT writes its one shared matrix under the first name; older files repeat it under the others.
@@ -81,7 +87,9 @@ def open_weights(directory: Path) -> tuple[dict[str, Stored], str]:
         return _shards(directory, index), str(index)
     if (directory / PYTORCH_BIN).is_file():
         return _pytorch_bin(directory / PYTORCH_BIN), str(directory / PYTORCH_BIN)
-    raise HfError(f"{directory}: holds no {SAFETENSORS}, {SAFETENSORS_INDEX} or {PYTORCH_BIN}; give a directory written by save_pretrained")
+    raise HfError(
+        f"{directory}: holds no {SAFETENSORS}, {SAFETENSORS_INDEX} or {PYTORCH_BIN}; give a directory written by save_pretrained"
+    )
 
 
 def _safetensors_header(path: Path) -> dict[str, Stored]:
@@ -89,12 +97,22 @@ def _safetensors_header(path: Path) -> dict[str, Stored]:
     with path.open("rb") as handle:  # the format: an 8-byte little-endian header length, the JSON header, the numbers
         length = int.from_bytes(handle.read(8), "little")
     if length > MAX_CONFIG_BYTES:
-        raise HfError(f"{path}: its header claims {length:,} bytes, more than the {MAX_CONFIG_BYTES:,} a model's tensor list needs; download it again")
+        raise HfError(
+            f"{path}: its header claims {length:,} bytes, more than the {MAX_CONFIG_BYTES:,} a model's tensor list needs; download it again"
+        )
     try:
-        handle = st.safe_open(str(path), framework="pt")  # parses the header, checks the offsets against the file's size
+        handle = st.safe_open(
+            str(path), framework="pt"
+        )  # parses the header, checks the offsets against the file's size
         slices = {name: handle.get_slice(name) for name in handle.keys()}
         return {
-            name: Stored(str(path), tuple(part.get_shape()), part.get_dtype(), part.get_dtype() in FLOAT_DTYPES, partial(handle.get_tensor, name))
+            name: Stored(
+                str(path),
+                tuple(part.get_shape()),
+                part.get_dtype(),
+                part.get_dtype() in FLOAT_DTYPES,
+                partial(handle.get_tensor, name),
+            )
             for name, part in slices.items()
         }
     except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types for a damaged file
@@ -111,13 +129,17 @@ def _shards(directory: Path, index: Path) -> dict[str, Stored]:
         )
     for name, shard in weight_map.items():
         if not isinstance(shard, str):
-            raise HfError(f"{index}: weight_map gives tensor {quote_name(name)} the shard {quote(shard)}, not a file name; re-save the model")
+            raise HfError(
+                f"{index}: weight_map gives tensor {quote_name(name)} the shard {quote(shard)}, not a file name; re-save the model"
+            )
     weights: dict[str, Stored] = {}
     for shard in sorted(set(weight_map.values())):
         for name, tensor in _safetensors_header(_shard_path(directory, shard, index)).items():
             if weight_map.get(name) != shard:
                 where = "in no shard" if name not in weight_map else f"in {quote(weight_map[name])}"
-                raise HfError(f"{index}: shard {quote(shard)} holds tensor {quote_name(name)}, which weight_map puts {where}; re-save the model")
+                raise HfError(
+                    f"{index}: shard {quote(shard)} holds tensor {quote_name(name)}, which weight_map puts {where}; re-save the model"
+                )
             weights[name] = tensor
     absent = sorted(set(weight_map) - set(weights))
     if absent:
@@ -132,16 +154,24 @@ def _shard_path(directory: Path, shard: str, index: Path) -> Path:
     part or ``..``, and a link that leads out of ``directory`` are refused (the index is a file from a stranger;
     following its names could import any file of the machine)."""
     if shard in ("", ".", "..") or Path(shard).name != shard or "\\" in shard or "\0" in shard:
-        raise HfError(f"{index}: weight_map names the shard {quote(shard)}; a shard must be a file name in the model's directory, without a path")
+        raise HfError(
+            f"{index}: weight_map names the shard {quote(shard)}; a shard must be a file name in the model's directory, without a path"
+        )
     path = directory / shard
     try:
         real, root = path.resolve(strict=True), directory.resolve(strict=True)
     except (OSError, RuntimeError):  # missing, or a loop of links
-        raise HfError(f"{index}: weight_map names the shard {quote(shard)}, which is not in the model's directory; download every shard") from None
+        raise HfError(
+            f"{index}: weight_map names the shard {quote(shard)}, which is not in the model's directory; download every shard"
+        ) from None
     if real.parent != root:
-        raise HfError(f"{index}: weight_map names the shard {quote(shard)}, a link to a file outside the model's directory; copy the shard itself into it")
+        raise HfError(
+            f"{index}: weight_map names the shard {quote(shard)}, a link to a file outside the model's directory; copy the shard itself into it"
+        )
     if not real.is_file():
-        raise HfError(f"{index}: weight_map names the shard {quote(shard)}, which is not a regular file; download every shard")
+        raise HfError(
+            f"{index}: weight_map names the shard {quote(shard)}, which is not a regular file; download every shard"
+        )
     return real
 
 
@@ -149,10 +179,15 @@ def _pytorch_bin(path: Path) -> dict[str, Stored]:
     try:  # weights-only: no code in the pickle runs; mmap: the tensors' numbers stay in the file until read
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # noqa: BLE001 - torch raises many types for a bad or unsafe pickle; all are one user error
-        raise HfError(f"{path}: cannot be loaded weights-only ({brief(exc)}); re-save it as model.safetensors") from None
+        raise HfError(
+            f"{path}: cannot be loaded weights-only ({brief(exc)}); re-save it as model.safetensors"
+        ) from None
     if not isinstance(state, dict) or not all(isinstance(k, str) and isinstance(v, Tensor) for k, v in state.items()):
         raise HfError(f"{path}: not a state dict of named tensors; re-save the model with save_pretrained")
-    return {name: Stored(str(path), tuple(t.shape), str(t.dtype), t.dtype in FLOAT_TORCH_DTYPES, partial(_same, t)) for name, t in state.items()}
+    return {
+        name: Stored(str(path), tuple(t.shape), str(t.dtype), t.dtype in FLOAT_TORCH_DTYPES, partial(_same, t))
+        for name, t in state.items()
+    }
 
 
 def _same(t: Tensor) -> Tensor:
@@ -179,13 +214,19 @@ def marian_layout(model: Transformer, stored: Collection[str]) -> Layout:
     else:
         one("src_embed.weight", "model.encoder.embed_tokens.weight")
         one("tgt_embed.weight", "model.decoder.embed_tokens.weight")
-        one("output_proj.weight", "model.decoder.embed_tokens.weight" if cfg.share_decoder_embeddings else "lm_head.weight")
+        one(
+            "output_proj.weight",
+            "model.decoder.embed_tokens.weight" if cfg.share_decoder_embeddings else "lm_head.weight",
+        )
         aliases = ["lm_head.weight"] if cfg.share_decoder_embeddings else []
     for alias in aliases:
         shapes[alias] = (expected["output_proj.weight"],)
         optional.add(alias)
     vocab = expected["output_proj.bias"][0]
-    shapes["final_logits_bias"] = ((1, vocab), (vocab,))  # MarianMT's (1, V); tmt's (V,) is filled with zeros without it
+    shapes["final_logits_bias"] = (
+        (1, vocab),
+        (vocab,),
+    )  # MarianMT's (1, V); tmt's (V,) is filled with zeros without it
     optional.add("final_logits_bias")
     for name in POSITIONS:  # MarianMT's sinusoids: compared with tmt's, not imported
         shapes[name] = ((cfg.max_positions, cfg.d_model),)
@@ -213,7 +254,9 @@ def check_stored(stored: dict[str, Stored], layout: Layout, *, source: str) -> N
     name, shape and dtype (a floating one); ``source``: the file that lists them (for a missing one). Reads no numbers."""
     missing = sorted(layout.required - set(stored))
     if missing:
-        raise HfError(f"{source}: tensor {missing[0]} is missing ({len(missing)} such); the file does not match its config.json")
+        raise HfError(
+            f"{source}: tensor {missing[0]} is missing ({len(missing)} such); the file does not match its config.json"
+        )
     surplus = sorted(set(stored) - set(layout.shapes))
     if surplus:
         first = stored[surplus[0]]
@@ -223,9 +266,13 @@ def check_stored(stored: dict[str, Stored], layout: Layout, *, source: str) -> N
     for name in (n for n in layout.shapes if n in stored):  # the embeddings first, then layer by layer
         tensor, allowed = stored[name], layout.shapes[name]
         if tensor.shape not in allowed:
-            raise HfError(f"{tensor.file}: tensor {name} has shape {tensor.shape}, config.json implies {allowed[0]}; the file does not match it")
+            raise HfError(
+                f"{tensor.file}: tensor {name} has shape {tensor.shape}, config.json implies {allowed[0]}; the file does not match it"
+            )
         if not tensor.floating:
-            raise HfError(f"{tensor.file}: tensor {name} is stored as {tensor.dtype}; MarianMT's weights are floating point (F32, F16 or BF16)")
+            raise HfError(
+                f"{tensor.file}: tensor {name} is stored as {tensor.dtype}; MarianMT's weights are floating point (F32, F16 or BF16)"
+            )
 
 
 def tmt_state(stored: dict[str, Stored], layout: Layout, model: Transformer) -> dict[str, Tensor]:
@@ -239,13 +286,17 @@ def tmt_state(stored: dict[str, Stored], layout: Layout, model: Transformer) -> 
         # one part: read once and kept (tied names share it); q, k and v: read, fused, and let go
         out[ours] = read.kept(parts[0]) if len(parts) == 1 else torch.cat([read(p) for p in parts])
     bias = "final_logits_bias"
-    out["output_proj.bias"] = read(bias).reshape(-1) if bias in stored else torch.zeros(model.tgt_vocab_size)  # (1, V) -> (V,)
+    out["output_proj.bias"] = (
+        read(bias).reshape(-1) if bias in stored else torch.zeros(model.tgt_vocab_size)
+    )  # (1, V) -> (V,)
     tables = [name for name in POSITIONS if name in stored]
     if tables:
         expected = sinusoids(cfg.max_positions, cfg.d_model, layout="halves")
         for name in tables:
             if not torch.allclose(read(name), expected, atol=1e-4):
-                raise HfError(f"{stored[name].file}: {name} is not MarianMT's sinusoid table; tmt imports models with fixed sinusoidal positions only")
+                raise HfError(
+                    f"{stored[name].file}: {name} is not MarianMT's sinusoid table; tmt imports models with fixed sinusoidal positions only"
+                )
     return out
 
 
@@ -267,7 +318,9 @@ class _Reader:
         try:
             return tensor.read().float()
         except Exception as exc:  # noqa: BLE001 - a file damaged after its header: safetensors' or torch's error
-            raise HfError(f"{tensor.file}: tensor {name} cannot be read ({brief(exc)}); download the file again") from None
+            raise HfError(
+                f"{tensor.file}: tensor {name} cannot be read ({brief(exc)}); download the file again"
+            ) from None
 
 
 def residual_order(model: Transformer) -> Tensor:

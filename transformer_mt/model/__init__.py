@@ -6,7 +6,12 @@ from transformer_mt.model.attention import MultiHeadAttention, allowed_mask
 from transformer_mt.model.cache import DecoderCache
 from transformer_mt.model.ensemble import Ensemble
 from transformer_mt.model.kernels import dropout, use_reference_ops
-from transformer_mt.model.loss import TeacherForcedLoss, label_smoothed_nll_loss, perplexity, projected_label_smoothed_loss
+from transformer_mt.model.loss import (
+    TeacherForcedLoss,
+    label_smoothed_nll_loss,
+    perplexity,
+    projected_label_smoothed_loss,
+)
 from transformer_mt.model.norms import LayerNorm, ScaleNorm, fixnorm
 from transformer_mt.model.positions import sinusoids
 from transformer_mt.model.transformer import AttentionWeights, EncoderOut, Transformer, count_parameters

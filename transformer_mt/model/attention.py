@@ -86,7 +86,14 @@ class MultiHeadAttention(nn.Module):
         return self._split_heads(k), self._split_heads(v)
 
     def attend(
-        self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, *, causal: bool = False, need_weights: bool = False
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        allowed: Tensor | None,
+        *,
+        causal: bool = False,
+        need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
         """softmax(q k^T / sqrt(Dk)) v over heads, then W^O: (B, H, T, Dk) x (B, H, K, Dk|Dv) -> (B, T, D).
 
@@ -101,7 +108,9 @@ class MultiHeadAttention(nn.Module):
         if not need_weights and p == 0.0 and _native_applies(q, k, v, allowed):
             b, _, t, _ = q.shape
             keys = None if allowed is None else allowed.reshape(b, -1)  # (B, 1, 1, K) -> (B, K)
-            out = native.short_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), keys, causal=causal, scale=self.dk**-0.5)
+            out = native.short_attention(
+                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), keys, causal=causal, scale=self.dk**-0.5
+            )
             return self.out(out), None  # (B, T, H*Dv) already
         if need_weights or _spelled_out_is_faster(k):
             scores = q @ k.transpose(-2, -1) * self.dk**-0.5  # (B, H, T, K); section 3.2.1 scaling
@@ -117,9 +126,13 @@ class MultiHeadAttention(nn.Module):
                 with sdpa_kernel(CUDA_SDPA_BACKENDS):
                     out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, is_causal=causal)
             else:
-                out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, is_causal=causal)  # scale 1/sqrt(Dk)
+                out = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=allowed, dropout_p=p, is_causal=causal
+                )  # scale 1/sqrt(Dk)
         b, h, t, dv = out.shape
-        return self.out(out.transpose(1, 2).reshape(b, t, h * dv)), weights if need_weights else None  # (B, H, T, Dv) -> (B, T, H*Dv)
+        return self.out(
+            out.transpose(1, 2).reshape(b, t, h * dv)
+        ), weights if need_weights else None  # (B, H, T, Dv) -> (B, T, H*Dv)
 
 
 # The SDPA kernels allowed on a GPU: not cuDNN's, which torch prefers for bfloat16 / float16 on recent GPUs. cuDNN

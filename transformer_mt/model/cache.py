@@ -37,7 +37,15 @@ class DecoderCache:
     a bare ``reorder(indices)`` works the layout out from the indices, which reads them back (a few syncs).
     """
 
-    def __init__(self, cross_k: Tensor, cross_v: Tensor, src_pad: Tensor, cross_allowed: Tensor | None, *, output: StepOutput | None = None):
+    def __init__(
+        self,
+        cross_k: Tensor,
+        cross_v: Tensor,
+        src_pad: Tensor,
+        cross_allowed: Tensor | None,
+        *,
+        output: StepOutput | None = None,
+    ):
         """cross_k (L, B, H, S, Dk), cross_v (L, B, H, S, Dv), src_pad (B, S) True = pad, and the model's
         cross-attention mask built from it, cross_allowed (B, 1, 1, S) True = attend, or None (no padding);
         ``output``: the output layer's matrix as the model scores with it, taken once for the whole search."""
@@ -134,10 +142,18 @@ class DecoderCache:
 
         def padded(t: Tensor, dim: int, value: float | bool) -> Tensor:  # source positions up to `width` along `dim`
             missing = width - t.size(dim)
-            return t if missing == 0 else torch.cat([t, t.new_full((*t.shape[:dim], missing, *t.shape[dim + 1 :]), value)], dim=dim)
+            return (
+                t
+                if missing == 0
+                else torch.cat([t, t.new_full((*t.shape[:dim], missing, *t.shape[dim + 1 :]), value)], dim=dim)
+            )
 
         src_pad = torch.cat([padded(self.src_pad, 1, True), padded(other.src_pad, 1, True)])  # (G, S)
-        padding = self.cross_allowed is not None or other.cross_allowed is not None or self.src_pad.size(1) != other.src_pad.size(1)
+        padding = (
+            self.cross_allowed is not None
+            or other.cross_allowed is not None
+            or self.src_pad.size(1) != other.src_pad.size(1)
+        )
         cache = DecoderCache(
             torch.cat([padded(self.cross_k, 3, 0.0), padded(other.cross_k, 3, 0.0)], dim=1),  # (L, G, H, S, Dk)
             torch.cat([padded(self.cross_v, 3, 0.0), padded(other.cross_v, 3, 0.0)], dim=1),
@@ -149,9 +165,14 @@ class DecoderCache:
         cache.length = self.length
         if self.self_k:  # both have decoded at least one position: copy the filled prefixes, one buffer per layer
             rows = self.batch_size
-            for mine, theirs, into in ((self.self_k, other.self_k, cache.self_k), (self.self_v, other.self_v, cache.self_v)):
+            for mine, theirs, into in (
+                (self.self_k, other.self_k, cache.self_k),
+                (self.self_v, other.self_v, cache.self_v),
+            ):
                 for a, b in zip(mine, theirs):
-                    buffer = a.new_empty(max(a.size(0), b.size(0)), rows + b.size(1), *a.shape[2:])  # (capacity, R, H, D)
+                    buffer = a.new_empty(
+                        max(a.size(0), b.size(0)), rows + b.size(1), *a.shape[2:]
+                    )  # (capacity, R, H, D)
                     buffer[: self.length, :rows] = a[: self.length]
                     buffer[: self.length, rows:] = b[: self.length]
                     into.append(buffer)

@@ -45,7 +45,9 @@ class Ensemble(nn.Module):
             raise ValueError("an ensemble needs at least one model")
         sizes = {m.output_proj.weight.size(0) for m in models}
         if len(sizes) != 1:
-            raise ValueError(f"ensemble members have different target vocabularies ({sorted(sizes)} ids); ensemble only models trained with the same tokenizer")
+            raise ValueError(
+                f"ensemble members have different target vocabularies ({sorted(sizes)} ids); ensemble only models trained with the same tokenizer"
+            )
         specials = {m.specials for m in models}
         if len(specials) != 1:
             raise ValueError(
@@ -74,5 +76,7 @@ class Ensemble(nn.Module):
     def decode_step(self, tokens: Tensor, cache: EnsembleCache) -> Tensor:
         """tokens (B,) -> (B, V) float32 log of the members' mean next-token probabilities (normalised
         log-probs are valid logits: the search's log-softmax leaves them unchanged)."""
-        lprobs = [torch.log_softmax(m.decode_step(tokens, c).float(), dim=-1) for m, c in zip(self.members, cache.caches)]
+        lprobs = [
+            torch.log_softmax(m.decode_step(tokens, c).float(), dim=-1) for m, c in zip(self.members, cache.caches)
+        ]
         return torch.logsumexp(torch.stack(lprobs), dim=0) - math.log(len(lprobs))  # (N, B, V) -> (B, V)

@@ -43,7 +43,9 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h: Tensor, weight: Tensor, target: Tensor, epsilon: float, ignore_index: int, compute_dtype: torch.dtype):
+    def forward(
+        ctx, h: Tensor, weight: Tensor, target: Tensor, epsilon: float, ignore_index: int, compute_dtype: torch.dtype
+    ):
         vocab = weight.size(0)
         rows = chunk_rows(vocab, h.device)
         eps_i = epsilon / (vocab - 1) if epsilon > 0 else 0.0
@@ -79,8 +81,17 @@ class _ProjectedLabelSmoothedLoss(torch.autograd.Function):
         else:
             loss = nll.clone()
         ctx.save_for_backward(h, weight, safe, pad)
-        ctx.probs, ctx.rows, ctx.eps, ctx.eps_i, ctx.compute_dtype, ctx.in_cpp = probs, rows, epsilon, eps_i, compute_dtype, in_cpp
-        ctx.w = w if w is not weight else None  # under bf16 autocast: the cast (V, D) matrix, kept rather than cast again
+        ctx.probs, ctx.rows, ctx.eps, ctx.eps_i, ctx.compute_dtype, ctx.in_cpp = (
+            probs,
+            rows,
+            epsilon,
+            eps_i,
+            compute_dtype,
+            in_cpp,
+        )
+        ctx.w = (
+            w if w is not weight else None
+        )  # under bf16 autocast: the cast (V, D) matrix, kept rather than cast again
         ctx.mark_non_differentiable(nll)
         return loss, nll
 
@@ -143,7 +154,9 @@ class _LossSumAndGradient(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, h: Tensor, weight: Tensor, target: Tensor, epsilon: float, ignore_index: int):  # autograd's signature: ctx untyped
+    def forward(
+        ctx, h: Tensor, weight: Tensor, target: Tensor, epsilon: float, ignore_index: int
+    ):  # autograd's signature: ctx untyped
         vocab = weight.size(0)
         rows = chunk_rows(vocab, h.device)
         eps_i = epsilon / (vocab - 1) if epsilon > 0 else 0.0
@@ -206,7 +219,9 @@ def _softmax_rows_in_cpp(h: Tensor, compute_dtype: torch.dtype) -> bool:
     return h.device.type == "cpu" and compute_dtype == torch.float32 and not reference_ops() and native.available()
 
 
-def fused_projected_label_smoothed_loss(h: Tensor, weight: Tensor, target: Tensor, *, epsilon: float, ignore_index: int) -> tuple[Tensor, Tensor]:
+def fused_projected_label_smoothed_loss(
+    h: Tensor, weight: Tensor, target: Tensor, *, epsilon: float, ignore_index: int
+) -> tuple[Tensor, Tensor]:
     """The hand-written kernel of :func:`transformer_mt.model.loss.projected_label_smoothed_sums` (which checks
     ``epsilon`` and picks this or the plain path): h (N, D), weight (V, D), target (N,) ->
     (loss_sum, nll_sum), without a host sync. Under autocast the projection runs in the autocast dtype,

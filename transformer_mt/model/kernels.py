@@ -203,7 +203,9 @@ class _ScaleNorm(torch.autograd.Function):
 def scale_norm(x: Tensor, g: Tensor, eps: float) -> Tensor:
     """ScaleNorm's formula g * x / max(||x||_2, eps) (..., D) -> (..., D); the written-out backward unless
     :func:`use_reference_ops` asked for the plain autograd form or no gradient is recorded (decoding)."""
-    if _reference_ops or not torch.is_grad_enabled():  # inference: the same ops without an autograd Function's call cost
+    if (
+        _reference_ops or not torch.is_grad_enabled()
+    ):  # inference: the same ops without an autograd Function's call cost
         return x * (g / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp(min=eps))
     if native_scale_norm_applies(x) and g.dtype == torch.float32:
         return _NativeScaleNorm.apply(x, g, eps)
@@ -213,7 +215,13 @@ def scale_norm(x: Tensor, g: Tensor, eps: float) -> Tensor:
 def native_scale_norm_applies(x: Tensor) -> bool:
     """Whether :func:`scale_norm` runs the C++ kernel on ``x`` (with a float32 gain) in a training step: contiguous
     float32 on CPU, the kernels built, and not under :func:`use_reference_ops`."""
-    return not _reference_ops and x.device.type == "cpu" and x.dtype == torch.float32 and x.is_contiguous() and native.available()
+    return (
+        not _reference_ops
+        and x.device.type == "cpu"
+        and x.dtype == torch.float32
+        and x.is_contiguous()
+        and native.available()
+    )
 
 
 class _NativeScaleNorm(torch.autograd.Function):
@@ -269,7 +277,10 @@ def inference_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> T
     few hundred rows by the whole vocabulary), through oneDNN for float32 on CPU, where it beats MKL at every row
     count; torch's own product otherwise (and under :func:`use_reference_ops`). Small layers keep F.linear there:
     oneDNN's fixed cost per call is larger than their product."""
-    if _reference_ops or (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))):
+    if _reference_ops or (
+        torch.is_grad_enabled()
+        and (x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad))
+    ):
         return F.linear(x, weight, bias)
     return times_transposed(x, weight, bias)
 

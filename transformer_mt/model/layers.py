@@ -167,14 +167,21 @@ class DecoderLayer(_Block):
         if spelled:
             assert cache is not None
             q = self.cross_attn.project_q(h.reshape(-1, cache.group, h.size(-1)))  # (R, 1, D) -> (G, H, group, Dk)
-            h, cross_w = _step_cross_attention(self.cross_attn, q, cross_k, cross_v, cross_allowed).reshape(x.shape), None
+            h, cross_w = (
+                _step_cross_attention(self.cross_attn, q, cross_k, cross_v, cross_allowed).reshape(x.shape),
+                None,
+            )
         elif cache is not None and cache.group > 1:
             # A sentence's beams query its one copy of the encoder output as `group` query positions:
             # (R, 1, D) -> (G, group, D) -> attend -> (R, 1, D).
-            h, cross_w = self.cross_attn.attend(self.cross_attn.project_q(h.reshape(-1, cache.group, h.size(-1))), cross_k, cross_v, cross_allowed)
+            h, cross_w = self.cross_attn.attend(
+                self.cross_attn.project_q(h.reshape(-1, cache.group, h.size(-1))), cross_k, cross_v, cross_allowed
+            )
             h = h.reshape(x.shape)
         else:
-            h, cross_w = self.cross_attn.attend(self.cross_attn.project_q(h), cross_k, cross_v, cross_allowed, need_weights=need_weights)
+            h, cross_w = self.cross_attn.attend(
+                self.cross_attn.project_q(h), cross_k, cross_v, cross_allowed, need_weights=need_weights
+            )
         x = self._add(x, h, self.norm2)
         h = self.norm3(x) if self.pre else x
         x = self._add(x, self.ffn(h), self.norm3)

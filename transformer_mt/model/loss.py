@@ -107,7 +107,9 @@ def projected_label_smoothed_sums(
     """:func:`projected_label_smoothed_loss` without the token count, so without a host sync: (loss_sum, nll_sum)."""
     _check_epsilon(epsilon, weight.size(0))
     if kernels.reference_ops():
-        return _label_smoothed_sums(F.linear(h, weight, bias), target, epsilon=epsilon, ignore_index=ignore_index)  # (N, V) logits
+        return _label_smoothed_sums(
+            F.linear(h, weight, bias), target, epsilon=epsilon, ignore_index=ignore_index
+        )  # (N, V) logits
     if bias is not None:
         # The bias as one more input feature: h @ W.T + b = [h, 1] @ [W, b].T, so the fused kernel needs no bias
         # of its own, and autograd carries the bias's gradient back through the concatenation.
@@ -135,7 +137,9 @@ class TeacherForcedLoss(nn.Module):
         self.model = model
         self.label_smoothing = label_smoothing
 
-    def forward(self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, labels: Tensor | None = None, *, src_padded: bool = True) -> tuple[Tensor, Tensor, int]:
+    def forward(
+        self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, labels: Tensor | None = None, *, src_padded: bool = True
+    ) -> tuple[Tensor, Tensor, int]:
         """src (B, S), tgt_in (B, T) = start + y, tgt_out (B, T) = y + EOS, all right-padded -> the sums of
         :func:`label_smoothed_nll_loss` over the non-pad labels: loss_sum, nll_sum (float32 scalars), ntokens.
         ``labels`` (N,): flat positions of the non-pad labels in (B, T) (``Batch.labels``; None: found here,
@@ -150,5 +154,7 @@ class TeacherForcedLoss(nn.Module):
         model = self.model
         # ignore_index -1: the labels were selected above, so no target is padding (and an id such as MarianMT's EOS 0
         # must not be taken for it)
-        loss, nll = projected_label_smoothed_sums(h, model.output_weight(), target, epsilon=self.label_smoothing, bias=model.output_bias(), ignore_index=-1)
+        loss, nll = projected_label_smoothed_sums(
+            h, model.output_weight(), target, epsilon=self.label_smoothing, bias=model.output_bias(), ignore_index=-1
+        )
         return loss, nll, labels.numel()

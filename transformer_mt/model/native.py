@@ -45,7 +45,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-SOURCES = [Path(__file__).parent / "csrc" / name for name in ("short_attention.cpp", "residual.cpp", "loss.cpp", "random_words.cpp")]
+SOURCES = [
+    Path(__file__).parent / "csrc" / name
+    for name in ("short_attention.cpp", "residual.cpp", "loss.cpp", "random_words.cpp")
+]
 CFLAGS = ["-O3", "-march=native", "-fopenmp"]  # -fopenmp: at::parallel_for runs on torch's OpenMP threads
 ENV_SWITCH = "TMT_NATIVE_KERNELS"  # "0": never build or load
 BUILD_LOCK = "tmt_build.lock"  # in the build directory: flocked by the process that builds, holding "PID HOST"
@@ -71,7 +74,9 @@ def _cpu_tag() -> str:
 def extension_name() -> str:
     """The name torch builds and caches the kernels under on this CPU: with a hash of every file in csrc/, since torch
     rebuilds when a listed source changes but not when a header they include does."""
-    files = hashlib.sha256(b"".join(path.read_bytes() for path in sorted(SOURCES[0].parent.iterdir()) if path.suffix in (".cpp", ".h")))
+    files = hashlib.sha256(
+        b"".join(path.read_bytes() for path in sorted(SOURCES[0].parent.iterdir()) if path.suffix in (".cpp", ".h"))
+    )
     return f"tmt_kernels_{_cpu_tag()}_{files.hexdigest()[:8]}"
 
 
@@ -88,7 +93,9 @@ def available() -> bool:
 def _build() -> bool:
     if os.environ.get(ENV_SWITCH, "1") == "0":
         return False
-    if hasattr(torch.ops.tmt, "softmax_rows_backward_"):  # registered already (loaded under another name in this process)
+    if hasattr(
+        torch.ops.tmt, "softmax_rows_backward_"
+    ):  # registered already (loaded under another name in this process)
         return True
     from torch.utils import cpp_extension
 
@@ -115,11 +122,20 @@ def _load(cpp_extension: ModuleType, name: str, *, wait: float = BUILD_WAIT) -> 
 
 
 def _compile(cpp_extension: ModuleType, name: str, build_dir: Path | None) -> bool:
-    if build_dir is not None and not any(build_dir.glob(f"{name}*.so")):  # one line before the first build, which takes a while
+    if build_dir is not None and not any(
+        build_dir.glob(f"{name}*.so")
+    ):  # one line before the first build, which takes a while
         print(f"tmt: compiling the C++ kernels for this CPU, once (about 15 s; cached in {build_dir})", file=sys.stderr)
     try:
         sources = [str(path) for path in SOURCES]
-        cpp_extension.load(name=name, sources=sources, extra_cflags=CFLAGS, extra_ldflags=["-fopenmp"], is_python_module=False, verbose=False)
+        cpp_extension.load(
+            name=name,
+            sources=sources,
+            extra_cflags=CFLAGS,
+            extra_ldflags=["-fopenmp"],
+            is_python_module=False,
+            verbose=False,
+        )
     except (RuntimeError, OSError, ImportError, subprocess.SubprocessError) as exc:
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         _say_not_built(reason)
@@ -154,7 +170,10 @@ def _build_lock(build_dir: Path, *, wait: float) -> Iterator[bool]:
             quiet = min(QUIET_WAIT, wait)
             stopped = _wait_for_flock(fcntl, fd, quiet)
             if stopped is None and not _try_flock(fcntl, fd):
-                print(f"tmt: waiting for {holder}, which builds the C++ kernels in {build_dir} (at most {wait:g} s)", file=sys.stderr)
+                print(
+                    f"tmt: waiting for {holder}, which builds the C++ kernels in {build_dir} (at most {wait:g} s)",
+                    file=sys.stderr,
+                )
                 stopped = _wait_for_flock(fcntl, fd, wait - quiet)
             if stopped is not None or not _try_flock(fcntl, fd):
                 why = f"{stopped} ended the wait" if stopped else f"{holder} still holds {path} after {wait:g} s"
@@ -229,7 +248,9 @@ def _holder(path: Path) -> str:
     """Who holds the build lock, as its file says ("pid 123 on HOST"), or "another process"."""
     try:
         pid, _, host = path.read_text(encoding="utf-8", errors="replace")[:200].partition(" ")
-        return f"pid {int(pid)}" + (f" on {host.strip()[:60]}" if host.strip() and host.strip() != platform.node() else "")
+        return f"pid {int(pid)}" + (
+            f" on {host.strip()[:60]}" if host.strip() and host.strip() != platform.node() else ""
+        )
     except (OSError, ValueError):
         return "another process"
 
@@ -250,7 +271,9 @@ class _ShortAttention(torch.autograd.Function):
     """softmax(scale * q k^T, masked) v over heads, as (B, T, H * Dv); gradients for q, k and v."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, causal: bool, scale: float) -> Tensor:  # autograd's signature: ctx untyped
+    def forward(
+        ctx, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, causal: bool, scale: float
+    ) -> Tensor:  # autograd's signature: ctx untyped
         out, probs = torch.ops.tmt.short_attention(q, k, v, allowed, causal, scale)
         ctx.save_for_backward(q, k, v, probs)
         ctx.scale = scale
@@ -275,7 +298,13 @@ class _ShortAttentionOnProjections(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, q_base: Tensor, kv_base: Tensor | None, geometry: tuple[Geometry, Geometry, Geometry], allowed: Tensor | None, causal: bool, scale: float
+        ctx,
+        q_base: Tensor,
+        kv_base: Tensor | None,
+        geometry: tuple[Geometry, Geometry, Geometry],
+        allowed: Tensor | None,
+        causal: bool,
+        scale: float,
     ) -> Tensor:  # autograd's signature: ctx untyped
         kv = q_base if kv_base is None else kv_base
         q, k, v = (_view(base, geom) for base, geom in zip((q_base, kv, kv), geometry))
@@ -290,7 +319,10 @@ class _ShortAttentionOnProjections(torch.autograd.Function):
         kv = q_base if kv_base is None else kv_base
         grad_q = torch.empty_like(q_base)
         grad_kv = grad_q if kv_base is None else torch.empty_like(kv_base)
-        views = [(_view(base, geom), _view(g, geom)) for base, g, geom in zip((q_base, kv, kv), (grad_q, grad_kv, grad_kv), ctx.geometry)]
+        views = [
+            (_view(base, geom), _view(g, geom))
+            for base, g, geom in zip((q_base, kv, kv), (grad_q, grad_kv, grad_kv), ctx.geometry)
+        ]
         (q, gq), (k, gk), (v, gv) = views
         torch.ops.tmt.short_attention_backward(grad, q, k, v, probs, ctx.scale, gq, gk, gv)
         return grad_q, None if kv_base is None else grad_kv, None, None, None, None
@@ -319,7 +351,11 @@ def _tiled(base: Tensor | None, *views: Tensor) -> bool:
         if v.stride() != (t * row, row, d, 1) or b * t * row != base.numel():
             return False
     spans = sorted((v.storage_offset() - base.storage_offset(), v.size(2) * v.size(3)) for v in views)
-    return spans[0][0] == 0 and all(a + n == c for (a, n), (c, _) in zip(spans, spans[1:])) and spans[-1][0] + spans[-1][1] == row
+    return (
+        spans[0][0] == 0
+        and all(a + n == c for (a, n), (c, _) in zip(spans, spans[1:]))
+        and spans[-1][0] + spans[-1][1] == row
+    )
 
 
 def short_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, *, causal: bool, scale: float) -> Tensor:
@@ -331,7 +367,11 @@ def short_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, *, 
     kernel checks and raises otherwise)."""
     qb, kb = q._base, k._base
     if qb is not None and qb is kb and _tiled(qb, q, k, v):  # self-attention
-        return _ShortAttentionOnProjections.apply(qb, None, (_geometry(q, qb), _geometry(k, qb), _geometry(v, qb)), allowed, causal, scale)
+        return _ShortAttentionOnProjections.apply(
+            qb, None, (_geometry(q, qb), _geometry(k, qb), _geometry(v, qb)), allowed, causal, scale
+        )
     if qb is not None and kb is not None and qb is not kb and _tiled(qb, q) and _tiled(kb, k, v):  # cross-attention
-        return _ShortAttentionOnProjections.apply(qb, kb, (_geometry(q, qb), _geometry(k, kb), _geometry(v, kb)), allowed, causal, scale)
+        return _ShortAttentionOnProjections.apply(
+            qb, kb, (_geometry(q, qb), _geometry(k, kb), _geometry(v, kb)), allowed, causal, scale
+        )
     return _ShortAttention.apply(q, k, v, allowed, causal, scale)

@@ -39,7 +39,9 @@ class LayerNorm(nn.LayerNorm):
     def forward(self, x: Tensor) -> Tensor:
         if x.dtype == self.weight.dtype:
             return super().forward(x)
-        return F.layer_norm(x.to(self.weight.dtype), self.normalized_shape, self.weight, self.bias, self.eps).to(x.dtype)
+        return F.layer_norm(x.to(self.weight.dtype), self.normalized_shape, self.weight, self.bias, self.eps).to(
+            x.dtype
+        )
 
 
 class ScaleNorm(nn.Module):

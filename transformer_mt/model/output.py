@@ -75,7 +75,9 @@ class OutputLayer(nn.Module):
         assert self.output_ids is not None
         unk = torch.searchsorted(self.output_ids, self.specials.unk)  # UNK's kept index: what a piece not kept maps to
         index = unk.expand(self.tgt_vocab_size).clone()  # (V,)
-        self.output_index = index.index_copy_(0, self.output_ids, torch.arange(self.output_ids.numel(), device=index.device))
+        self.output_index = index.index_copy_(
+            0, self.output_ids, torch.arange(self.output_ids.numel(), device=index.device)
+        )
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:  # torch's hook signature
         # A restricted model's kept set has the checkpoint's size K, unknown when the model is built: take it.

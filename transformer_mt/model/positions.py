@@ -20,7 +20,9 @@ from torch import Tensor, nn
 from transformer_mt.config import ModelConfig
 
 
-def sinusoids(length: int, d_model: int, *, layout: str = "interleaved", device: torch.device | str | None = None) -> Tensor:
+def sinusoids(
+    length: int, d_model: int, *, layout: str = "interleaved", device: torch.device | str | None = None
+) -> Tensor:
     """Section 3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(same); returns (length, d_model) float32.
 
     ``layout="halves"``: PE(pos, i) = sin(pos / 10000^(2i/d)) for i < ceil(d/2), then PE(pos, ceil(d/2) + i) =
@@ -58,7 +60,9 @@ class PositionTable(nn.Module):
         if self.learned_positions:  # Table 3 row (E)
             self.pos_embed = nn.Embedding(cfg.max_positions, cfg.d_model)
         else:  # not persistent: a function of the config, recomputed (and grown) rather than checkpointed
-            self.register_buffer("pe", sinusoids(cfg.max_positions, cfg.d_model, layout=cfg.position_layout), persistent=False)
+            self.register_buffer(
+                "pe", sinusoids(cfg.max_positions, cfg.d_model, layout=cfg.position_layout), persistent=False
+            )
 
     def _positions(self, start: int, n: int) -> Tensor:
         """Position vectors for positions [start, start + n): (n, D)."""
@@ -87,7 +91,9 @@ class PositionTable(nn.Module):
         # A normal tensor even when called under inference_mode, so that training can use the table later.
         # Training itself never needs more (config keeps data.max_len + 2 <= max_positions): DDP ranks see one size.
         with torch.inference_mode(False):
-            self.pe = sinusoids(n, self.cfg.d_model, layout=self.cfg.position_layout, device=self.pe.device).to(self.pe.dtype)
+            self.pe = sinusoids(n, self.cfg.d_model, layout=self.cfg.position_layout, device=self.pe.device).to(
+                self.pe.dtype
+            )
 
     def max_output_length(self) -> int | None:
         """Longest output the decoder can produce: BOS plus the first L-1 outputs occupy positions

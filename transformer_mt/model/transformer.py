@@ -51,7 +51,9 @@ class AttentionWeights(NamedTuple):
     mask blocks get exactly 0, and every row sums to 1 (a row with no allowed key attends everywhere)."""
 
     encoder: tuple[Tensor, ...]  # per encoder layer: self-attention (B, H, S, S), 0 on source padding keys
-    decoder: tuple[Tensor, ...]  # per decoder layer: masked self-attention (B, H, T, T), 0 above the diagonal and on padding keys
+    decoder: tuple[
+        Tensor, ...
+    ]  # per decoder layer: masked self-attention (B, H, T, T), 0 above the diagonal and on padding keys
     cross: tuple[Tensor, ...]  # per decoder layer: attention over the encoder output (B, H, T, S), 0 on source padding
     logits: Tensor  # (B, T, V_tgt) of the same pass, equal to decode()'s up to float rounding
 
@@ -67,7 +69,9 @@ def _check(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
         if getattr(cfg, key) not in allowed:
             raise ConfigError(f"model.{key}={getattr(cfg, key)!r} is not one of {', '.join(allowed)}")
     if cfg.positions == "learned" and cfg.position_layout != "interleaved":
-        raise ConfigError(f"model.position_layout={cfg.position_layout!r} orders sinusoids only; remove it or set model.positions: sinusoidal")
+        raise ConfigError(
+            f"model.position_layout={cfg.position_layout!r} orders sinusoids only; remove it or set model.positions: sinusoidal"
+        )
     if (not cfg.head_dim or not cfg.value_dim) and cfg.d_model % cfg.heads:
         raise ConfigError(
             f"model.d_model={cfg.d_model} is not divisible by model.heads={cfg.heads}; "
@@ -99,7 +103,9 @@ class Transformer(PositionTable, OutputLayer):
         self.src_embed = nn.Embedding(src_vocab_size, d, padding_idx=pad)
         # Section 3.4: one matrix for both embeddings and the pre-softmax layer (joint vocabulary); with
         # separate vocabularies only the target embedding and the output layer can share.
-        self.tgt_embed = self.src_embed if cfg.share_all_embeddings else nn.Embedding(tgt_vocab_size, d, padding_idx=pad)
+        self.tgt_embed = (
+            self.src_embed if cfg.share_all_embeddings else nn.Embedding(tgt_vocab_size, d, padding_idx=pad)
+        )
         # model.output_bias: a (V,) bias on the logits (MarianMT's final_logits_bias), its own even when the weight is tied
         self.output_proj = nn.Linear(d, tgt_vocab_size, bias=cfg.output_bias)
         if cfg.share_all_embeddings or cfg.share_decoder_embeddings:
@@ -141,7 +147,9 @@ class Transformer(PositionTable, OutputLayer):
         and the sinusoid table stay float32 (:class:`LayerNorm` normalises in float32; the positions are
         added in float32). Returns the model."""
         for module in self.modules():
-            if module is not self and not isinstance(module, (nn.LayerNorm, ScaleNorm)):  # the pe buffer is the model's own
+            if module is not self and not isinstance(
+                module, (nn.LayerNorm, ScaleNorm)
+            ):  # the pe buffer is the model's own
                 module._apply(lambda t: t.to(dtype) if t.is_floating_point() else t, recurse=False)
         return self
 
@@ -198,7 +206,9 @@ class Transformer(PositionTable, OutputLayer):
         """
         enc, encoder = self._encode(src, need_weights=True)
         x, decoder = self._decoder_states(tgt_in, enc, need_weights=True)
-        return AttentionWeights(tuple(encoder), tuple(w.self_attn for w in decoder), tuple(w.cross_attn for w in decoder), self.logits(x))
+        return AttentionWeights(
+            tuple(encoder), tuple(w.self_attn for w in decoder), tuple(w.cross_attn for w in decoder), self.logits(x)
+        )
 
     def _decoder_states(self, tgt_in: Tensor, enc: EncoderOut, *, need_weights: bool = False) -> tuple[Tensor, list]:
         """tgt_in (B, T) -> the top decoder states (B, T, D) (after the final norm), and attention weights if asked.
@@ -210,7 +220,15 @@ class Transformer(PositionTable, OutputLayer):
         weights = []
         for layer in self.decoder:
             k, v = layer.cross_attn.project_kv(enc.memory)
-            x, w = layer(x, k, v, self_allowed=self_allowed, causal=self_allowed is None, cross_allowed=enc.allowed, need_weights=need_weights)
+            x, w = layer(
+                x,
+                k,
+                v,
+                self_allowed=self_allowed,
+                causal=self_allowed is None,
+                cross_allowed=enc.allowed,
+                need_weights=need_weights,
+            )
             weights.append(w)
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
@@ -240,7 +258,9 @@ class Transformer(PositionTable, OutputLayer):
         """Start incremental decoding of a batch: project the encoder output to every layer's cross K/V once, and
         take the output layer's matrix (FixNorm, kept rows) once (:meth:`step_output`)."""
         ks, vs = zip(*(layer.cross_attn.project_kv(enc.memory) for layer in self.decoder))
-        return DecoderCache(torch.stack(ks), torch.stack(vs), enc.src_pad, enc.allowed, output=self.step_output())  # (L, B, H, S, Dk|Dv)
+        return DecoderCache(
+            torch.stack(ks), torch.stack(vs), enc.src_pad, enc.allowed, output=self.step_output()
+        )  # (L, B, H, S, Dk|Dv)
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """tokens (B,): the newest token of each row (the start id first), at position ``cache.length``
@@ -249,7 +269,15 @@ class Transformer(PositionTable, OutputLayer):
         x = self._embed(self.tgt_embed, tokens[:, None], start=cache.length)  # (B,) -> (B, 1, D)
         for i, layer in enumerate(self.decoder):
             # A single query attends to every cached position, all of them in its past: no mask.
-            x, _ = layer(x, cache.cross_k[i], cache.cross_v[i], self_allowed=None, cross_allowed=cache.cross_allowed, cache=cache, layer=i)
+            x, _ = layer(
+                x,
+                cache.cross_k[i],
+                cache.cross_v[i],
+                self_allowed=None,
+                cross_allowed=cache.cross_allowed,
+                cache=cache,
+                layer=i,
+            )
         cache.length += 1
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)

@@ -84,7 +84,11 @@ def auto_dtype(device: torch.device, *, d_model: int) -> str:
         return "float32"
     from transformer_mt.runtime.flops import cached_peak
 
-    return "bfloat16" if cached_peak("bfloat16", device=device) >= AUTO_BF16_CPU_SPEEDUP * cached_peak("float32", device=device) else "float32"
+    return (
+        "bfloat16"
+        if cached_peak("bfloat16", device=device) >= AUTO_BF16_CPU_SPEEDUP * cached_peak("float32", device=device)
+        else "float32"
+    )
 
 
 def accumulator_dtype(device: torch.device) -> torch.dtype:

@@ -88,7 +88,9 @@ def init_distributed(info: DistInfo, device: torch.device) -> tuple[torch.device
         torch.cuda.set_device(device)
     if dist.is_initialized():
         return device, False
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=DIST_TIMEOUT_MINUTES))
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(minutes=DIST_TIMEOUT_MINUTES)
+    )
     return device, True
 
 

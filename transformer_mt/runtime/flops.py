@@ -69,7 +69,9 @@ def decode_flops(m: ModelConfig, *, vocab: int, src_len: int, tgt_len: int, beam
     with the KV cache, ``beam`` hypotheses per step (all kept to the end: an upper bound for beam search)."""
     d, h, f, dk, dv = _dims(m)
     s = src_len
-    encoder = m.encoder_layers * (2 * s * d * h * (2 * dk + dv) + 2 * s * h * dv * d + 2 * h * s * s * (dk + dv) + 4 * s * d * f)
+    encoder = m.encoder_layers * (
+        2 * s * d * h * (2 * dk + dv) + 2 * s * h * dv * d + 2 * h * s * s * (dk + dv) + 4 * s * d * f
+    )
     cross_kv = m.decoder_layers * 2 * s * d * h * (dk + dv)  # once per sentence (DecoderCache)
     steps = 0
     for t in range(tgt_len):  # one query position that sees t + 1 cached positions (itself included)
@@ -104,7 +106,9 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def measure_peak(dtype: str = "float32", *, device: torch.device | str = "cpu", n: int | None = None, reps: int = 5) -> float:
+def measure_peak(
+    dtype: str = "float32", *, device: torch.device | str = "cpu", n: int | None = None, reps: int = 5
+) -> float:
     """FLOP/s of the best of ``reps`` timed n x n matmuls (after 3 untimed ones): 2 n^3 / seconds."""
     device = torch.device(device)
     n = n or PEAK_N.get(device.type, 1024)
@@ -163,11 +167,21 @@ def cached_peak(dtype: str = "float32", *, device: torch.device | str = "cpu") -
 def batches_train_flops(m: ModelConfig, batches, *, vocab: int) -> int:
     """:func:`train_flops` summed over padded :class:`~transformer_mt.data.corpus.Batch` es (src (B, S), tgt_in (B, T)),
     as the benchmark counts them: padding included, the output layer over every target position."""
-    return sum(train_flops(m, vocab=vocab, batch=b.src.size(0), src_len=b.src.size(1), tgt_len=b.tgt_in.size(1)) for b in batches)
+    return sum(
+        train_flops(m, vocab=vocab, batch=b.src.size(0), src_len=b.src.size(1), tgt_len=b.tgt_in.size(1))
+        for b in batches
+    )
 
 
 def cost_summary(
-    *, tokens: int, train_flops: float, update_seconds: float, wall_seconds: float, peak_flops_per_s: float, peak_source: str, world_size: int = 1
+    *,
+    tokens: int,
+    train_flops: float,
+    update_seconds: float,
+    wall_seconds: float,
+    peak_flops_per_s: float,
+    peak_source: str,
+    world_size: int = 1,
 ) -> dict[str, float | int | str]:
     """The training cost fields of the "summary" record (plain types, for metrics.jsonl), beside its
     ``target_tokens`` and ``wall``: FLOPs, achieved FLOP/s and MFU.

@@ -122,9 +122,14 @@ class SyncCounter(TorchDispatchMode):
             self.collectives[short.rstrip("_")] += 1
         elif short in _ALWAYS:
             self._count(_ALWAYS[short])
-        elif short in ("index", "_index_put_impl_", "index_put", "index_put_") and _has_bool_index(args[1] if len(args) > 1 else kwargs.get("indices")):
+        elif short in ("index", "_index_put_impl_", "index_put", "index_put_") and _has_bool_index(
+            args[1] if len(args) > 1 else kwargs.get("indices")
+        ):
             self._count(short.strip("_").replace("_impl", ""))
-        elif func in (aten.repeat_interleave.Tensor, aten.repeat_interleave.self_Tensor) and kwargs.get("output_size") is None:
+        elif (
+            func in (aten.repeat_interleave.Tensor, aten.repeat_interleave.self_Tensor)
+            and kwargs.get("output_size") is None
+        ):
             self._count("repeat_interleave")  # the output size is the sum of the repeats
         elif short in ("_to_copy", "copy_"):
             self._count_copy(short, args, kwargs)
@@ -138,7 +143,11 @@ class SyncCounter(TorchDispatchMode):
         dst = torch.device(dst)
         if src.device.type != "cpu" and dst.type == "cpu":
             self._count("to_host")
-        elif src.device.type == "cpu" and dst.type != "cpu" and not kwargs.get("non_blocking", args[2] if short == "copy_" and len(args) > 2 else False):
+        elif (
+            src.device.type == "cpu"
+            and dst.type != "cpu"
+            and not kwargs.get("non_blocking", args[2] if short == "copy_" and len(args) > 2 else False)
+        ):
             self._count("to_device_blocking")
 
     # ------------------------------------------------------------ tolist / numpy: no aten op on a CPU tensor

@@ -44,14 +44,25 @@ from transformer_mt.serve.hosts import HostGuard, allowed_hosts
 if TYPE_CHECKING:
     from transformer_mt.decoding import TextTranslator
 
-__all__ = ["HostGuard", "ServeError", "ServeOptions", "address_problem", "allowed_hosts", "load_api_keys", "require_serving", "serve"]
+__all__ = [
+    "HostGuard",
+    "ServeError",
+    "ServeOptions",
+    "address_problem",
+    "allowed_hosts",
+    "load_api_keys",
+    "require_serving",
+    "serve",
+]
 
 INSTALL_HINT = 'fastapi, uvicorn or prometheus-client is not installed; run: pip install -e ".[serve]"'
 MIB = 1 << 20
 # Request bodies at the cap held at once by default: enough for a burst of the largest requests; the
 # connection cap (1024) times the body cap (30 MB by default) would be 30 GiB.
 BODY_BUDGET_BODIES = 8
-MIN_KEY_CHARS = 16  # shorter keys can be guessed; `python -c "import secrets; print(secrets.token_urlsafe(32))"` makes one
+MIN_KEY_CHARS = (
+    16  # shorter keys can be guessed; `python -c "import secrets; print(secrets.token_urlsafe(32))"` makes one
+)
 
 
 class ServeError(TmtError, ValueError):
@@ -69,14 +80,20 @@ class ServeOptions:
     batch_wait_ms: float = 5.0  # how long a batch waits for the rest of a wave of concurrent requests
     batch_tokens: int = 0  # source tokens per decode call (a large request is split into chunks); 0 = the checkpoint's decode.batch_tokens
     timeout: float = 60.0  # seconds from a request's headers to its answer; then 504 (0 = no deadline)
-    max_output_tokens: int = 512  # longest output per line, whatever the checkpoint's max_len_a / max_len_b allow (0 = no cap)
+    max_output_tokens: int = (
+        512  # longest output per line, whatever the checkpoint's max_len_a / max_len_b allow (0 = no cap)
+    )
     header_timeout: float = 10.0  # seconds for a request head (headers) to arrive; then the connection is closed
     keep_alive_timeout: int = 5  # seconds an idle keep-alive connection stays open
     max_connections: int = 1024  # connections and requests at once; more get 503 from uvicorn
     shutdown_timeout: int = 30  # seconds SIGTERM waits for requests in flight before it closes them (0 = no bound)
-    api_keys: tuple[str, ...] = field(default=(), repr=False)  # when set, every path but /health and /ready needs one (401); never printed
+    api_keys: tuple[str, ...] = field(
+        default=(), repr=False
+    )  # when set, every path but /health and /ready needs one (401); never printed
     body_budget: int = 0  # bytes of request bodies held at once, all connections together; more -> 503 (0 = BODY_BUDGET_BODIES bodies at the cap)
-    allowed_hosts: tuple[str, ...] = ()  # Host header values answered besides the bound address (hosts.allowed_hosts); "*" = any
+    allowed_hosts: tuple[
+        str, ...
+    ] = ()  # Host header values answered besides the bound address (hosts.allowed_hosts); "*" = any
 
     def check(self) -> None:
         for key in ("max_lines", "max_chars", "max_beam", "max_queue", "keep_alive_timeout", "max_connections"):
@@ -88,7 +105,9 @@ class ServeOptions:
         if not self.header_timeout > 0:
             raise ServeError(f"--header-timeout {self.header_timeout}: must be > 0 seconds")
         if self.batch_tokens < 0:
-            raise ServeError(f"batch_tokens={self.batch_tokens}: must be >= 0 (0 = the checkpoint's decode.batch_tokens)")
+            raise ServeError(
+                f"batch_tokens={self.batch_tokens}: must be >= 0 (0 = the checkpoint's decode.batch_tokens)"
+            )
         if self.body_budget and not self.body_budget >= self.max_body_bytes:
             raise ServeError(
                 f"--body-budget-mb {self.body_budget / MIB:.4g}: less than one body at the cap ({self.max_body_bytes / MIB:.4g} MiB, "
@@ -114,7 +133,9 @@ def load_api_keys(path: str | Path) -> tuple[str, ...]:
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise ServeError(f"--api-key-file {path}: cannot read it ({getattr(exc, 'strerror', None) or exc}); give a UTF-8 file of keys, one a line") from None
+        raise ServeError(
+            f"--api-key-file {path}: cannot read it ({getattr(exc, 'strerror', None) or exc}); give a UTF-8 file of keys, one a line"
+        ) from None
     keys = []
     for number, raw in enumerate(text.splitlines(), start=1):
         key = raw.strip()

@@ -68,7 +68,9 @@ def build_app(models: list[ServedModel], options: ServeOptions, *, hosts: frozen
         stopping = True
         await asyncio.gather(*(asyncio.to_thread(m.batcher.stop, options.shutdown_timeout or None) for m in models))
 
-    app = FastAPI(title="transformer_mt", summary="Transformer machine translation, batched across requests.", lifespan=lifespan)
+    app = FastAPI(
+        title="transformer_mt", summary="Transformer machine translation, batched across requests.", lifespan=lifespan
+    )
     budget = BodyBudget(options.body_budget_bytes)
     metrics.body_bytes.set_function(lambda: float(budget.held))
     app.add_middleware(
@@ -93,7 +95,9 @@ def build_app(models: list[ServedModel], options: ServeOptions, *, hosts: frozen
         """Translate one line or a list of lines; requests arriving together are decoded in one batch."""
         tic = time.perf_counter()
         body, content_type = await request.body(), request.headers.get("content-type")
-        if len(body) > OFF_LOOP_BYTES:  # its checks and parse are C loops of up to ~0.1 s each: between them, the loop runs
+        if (
+            len(body) > OFF_LOOP_BYTES
+        ):  # its checks and parse are C loops of up to ~0.1 s each: between them, the loop runs
             req = await asyncio.to_thread(parse_request, body, content_type, options)
         else:
             req = parse_request(body, content_type, options)
@@ -127,7 +131,10 @@ def build_app(models: list[ServedModel], options: ServeOptions, *, hosts: frozen
             "status": "ok",
             "models": [m.name for m in models],
             "uptime_s": round(time.time() - started, 1),
-            **{key: sum(getattr(b, key) for b in batchers) for key in ("requests", "batches", "lines", "rejected", "dropped", "waiting")},
+            **{
+                key: sum(getattr(b, key) for b in batchers)
+                for key in ("requests", "batches", "lines", "rejected", "dropped", "waiting")
+            },
             "busy": any(b.busy for b in batchers),
             "body_bytes_held": budget.held,
         }
@@ -137,7 +144,9 @@ def build_app(models: list[ServedModel], options: ServeOptions, *, hosts: frozen
         """Readiness: every model's worker runs and its queue has room; 503 naming what is wrong otherwise."""
         problems = _unready(models, options, stopping=stopping)
         if problems:
-            return JSONResponse({"error": "not ready: " + "; ".join(problems)}, status_code=503, headers={"Retry-After": "1"})
+            return JSONResponse(
+                {"error": "not ready: " + "; ".join(problems)}, status_code=503, headers={"Retry-After": "1"}
+            )
         return {"status": "ready", "models": [m.name for m in models]}
 
     @app.get("/models")
@@ -161,7 +170,9 @@ def _error_answers(app: FastAPI) -> None:
         return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:  # parameters of a path, were one to take any
+    async def _invalid(
+        _request: Request, exc: RequestValidationError
+    ) -> JSONResponse:  # parameters of a path, were one to take any
         errors = [{**e, "loc": tuple(e.get("loc", ()))[1:]} for e in exc.errors()[:1]]
         status, message = describe_validation(errors)
         return JSONResponse({"error": message}, status_code=status)
@@ -169,14 +180,18 @@ def _error_answers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = (
-            "no such path; the API is POST /translate, GET /health, /ready, /models, /metrics (docs: /docs)" if exc.status_code == 404 else str(exc.detail)
+            "no such path; the API is POST /translate, GET /health, /ready, /models, /metrics (docs: /docs)"
+            if exc.status_code == 404
+            else str(exc.detail)
         )
         return JSONResponse({"error": message}, status_code=exc.status_code, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(Exception)
     async def _bug(_request: Request, exc: Exception) -> JSONResponse:
         log.exception("unexpected error", exc_info=exc)
-        return JSONResponse({"error": f"internal error ({type(exc).__name__}); the server's log has the details"}, status_code=500)
+        return JSONResponse(
+            {"error": f"internal error ({type(exc).__name__}); the server's log has the details"}, status_code=500
+        )
 
 
 async def _outcome(job: Job, options: ServeOptions) -> list:
@@ -187,7 +202,10 @@ async def _outcome(job: Job, options: ServeOptions) -> list:
         return await asyncio.wait_for(job.future, left)
     except asyncio.TimeoutError:  # not the builtin TimeoutError before Python 3.11
         job.drop("timeout")
-        raise ApiError(504, f"no answer within --timeout {options.timeout:g} s; send fewer or shorter lines, or ask for a smaller beam") from None
+        raise ApiError(
+            504,
+            f"no answer within --timeout {options.timeout:g} s; send fewer or shorter lines, or ask for a smaller beam",
+        ) from None
     except ClientGone:
         raise ApiError(499, "the client closed the connection") from None  # never delivered; ends the handler
     except TmtError as exc:
@@ -196,7 +214,9 @@ async def _outcome(job: Job, options: ServeOptions) -> list:
         raise ApiError(503, str(exc)) from None
     except Exception as exc:
         log.error("translating a request failed", exc_info=exc)
-        raise ApiError(500, f"internal error while translating ({type(exc).__name__}); the server's log has the details") from None
+        raise ApiError(
+            500, f"internal error while translating ({type(exc).__name__}); the server's log has the details"
+        ) from None
 
 
 def _unready(models: list[ServedModel], options: ServeOptions, *, stopping: bool) -> list[str]:
@@ -227,7 +247,9 @@ def _pick_model(by_name: dict[str, ServedModel], name: str | None, *, default: S
         return default
     if name not in by_name:
         shown = repr(name if len(name) <= 60 else name[:60] + "...")
-        raise ApiError(404, f"model: {shown} is not served; choose one of {', '.join(map(repr, by_name))} (GET /models)")
+        raise ApiError(
+            404, f"model: {shown} is not served; choose one of {', '.join(map(repr, by_name))} (GET /models)"
+        )
     return by_name[name]
 
 
@@ -238,8 +260,17 @@ def _describe_model(m: ServedModel, options: ServeOptions) -> dict:
         "name": m.name,
         "parameters": tr.num_parameters,
         "config": to_dict(cfg)["model"],
-        "tokenizer": {"src_vocab_size": tr.src_tok.vocab_size, "tgt_vocab_size": tr.tgt_tok.vocab_size, "joint": tr.src_tok.proto == tr.tgt_tok.proto},
-        "decode": {"beam": cfg.decode.beam, "lenpen": cfg.decode.lenpen, "max_len_a": cfg.decode.max_len_a, "max_len_b": cfg.decode.max_len_b},
+        "tokenizer": {
+            "src_vocab_size": tr.src_tok.vocab_size,
+            "tgt_vocab_size": tr.tgt_tok.vocab_size,
+            "joint": tr.src_tok.proto == tr.tgt_tok.proto,
+        },
+        "decode": {
+            "beam": cfg.decode.beam,
+            "lenpen": cfg.decode.lenpen,
+            "max_len_a": cfg.decode.max_len_a,
+            "max_len_b": cfg.decode.max_len_b,
+        },
         "limits": {
             "max_lines": options.max_lines,
             "max_chars": options.max_chars,
@@ -251,5 +282,12 @@ def _describe_model(m: ServedModel, options: ServeOptions) -> dict:
             "batch_wait_ms": options.batch_wait_ms,
             "timeout_s": options.timeout,
         },
-        "stats": {"requests": b.requests, "batches": b.batches, "lines": b.lines, "rejected": b.rejected, "dropped": b.dropped, "waiting": b.waiting},
+        "stats": {
+            "requests": b.requests,
+            "batches": b.batches,
+            "lines": b.lines,
+            "rejected": b.rejected,
+            "dropped": b.dropped,
+            "waiting": b.waiting,
+        },
     }

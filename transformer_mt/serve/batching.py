@@ -261,14 +261,18 @@ class Batcher:
         def priority(job: Job) -> tuple[int, int, float]:
             return (0 if job.skipped >= STARVING_AFTER else 1, job.turns, job.queued_at)
 
-        group = sorted((j for j in self._active if j.settings == min(self._active, key=priority).settings), key=priority)
+        group = sorted(
+            (j for j in self._active if j.settings == min(self._active, key=priority).settings), key=priority
+        )
         budget = self.batch_tokens
         share = budget if len(group) == 1 else max(1, budget // 2)  # room left for the others when several wait
         parts: list[Part] = []
         for job in group:
             end, used = job.done, 0
             # The first part takes at least one line (a line over the budget is decoded alone); later ones fit or wait.
-            while end < len(job.lines) and (used + job.tokens[end] <= min(budget, share) or not parts and end == job.done):
+            while end < len(job.lines) and (
+                used + job.tokens[end] <= min(budget, share) or not parts and end == job.done
+            ):
                 used += job.tokens[end]
                 end += 1
             if end > job.done:

@@ -141,7 +141,9 @@ class Guard:
             message = "missing or unknown API key; send the header 'Authorization: Bearer KEY' or 'X-API-Key: KEY'"
             await send_json(send, 401, {"error": message}, {"WWW-Authenticate": "Bearer"})
             return
-        if not self._takes_body(scope):  # the API reads no other body: refuse one unread, else nothing to count or wait for
+        if not self._takes_body(
+            scope
+        ):  # the API reads no other body: refuse one unread, else nothing to count or wait for
             if _declares_body(scope):
                 asked = f"{scope.get('method')} {scope.get('path', '')}"
                 asked = asked if len(asked) <= 60 else asked[:60] + "..."
@@ -235,7 +237,11 @@ class Guard:
             if too_big:  # the limit was passed anyway: say that, not the deadline
                 await self._refuse_size(send, size)
                 return False
-            await send_json(send, 408, {"error": f"the request body did not arrive within --timeout {self.timeout:g} s; send it at once"})
+            await send_json(
+                send,
+                408,
+                {"error": f"the request body did not arrive within --timeout {self.timeout:g} s; send it at once"},
+            )
             return False
         if too_big:
             await self._refuse_size(send, max(size, int(declared or 0)))

@@ -62,7 +62,13 @@ class HostGuard:
         if len(given) == 1 and self._answers(given[0].decode("latin-1").strip().lower()):
             await self.app(scope, receive, send)
             return
-        shown = _quote(given[0].decode("latin-1")) if len(given) == 1 else "missing" if not given else "given more than once"
+        shown = (
+            _quote(given[0].decode("latin-1"))
+            if len(given) == 1
+            else "missing"
+            if not given
+            else "given more than once"
+        )
         message = (
             f"Host {shown}: not a name this server answers (DNS rebinding is refused); send one of {', '.join(sorted(self.allowed))}, "
             "or start the server with --allowed-host NAME (repeatable; '*' for any, behind a proxy that checks Host)"

@@ -34,21 +34,47 @@ class ServeMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        self.requests = Counter("tmt_http_requests", "HTTP requests answered, by path and status.", ["path", "status"], registry=r)
-        self.latency = Histogram("tmt_http_request_seconds", "Time from a request's headers to its answer.", ["path"], buckets=LATENCY_BUCKETS, registry=r)
-        self.queue_wait = Histogram(
-            "tmt_queue_wait_seconds", "Time from a request's submission to its first decoded chunk.", ["model"], buckets=LATENCY_BUCKETS, registry=r
+        self.requests = Counter(
+            "tmt_http_requests", "HTTP requests answered, by path and status.", ["path", "status"], registry=r
         )
-        self.batch_requests = Histogram("tmt_batch_requests", "Requests per decode call.", ["model"], buckets=SIZE_BUCKETS, registry=r)
-        self.batch_lines = Histogram("tmt_batch_lines", "Lines per decode call.", ["model"], buckets=SIZE_BUCKETS, registry=r)
-        self.batch_seconds = Histogram("tmt_batch_seconds", "Duration of one decode call.", ["model"], buckets=LATENCY_BUCKETS, registry=r)
+        self.latency = Histogram(
+            "tmt_http_request_seconds",
+            "Time from a request's headers to its answer.",
+            ["path"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "tmt_queue_wait_seconds",
+            "Time from a request's submission to its first decoded chunk.",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_requests = Histogram(
+            "tmt_batch_requests", "Requests per decode call.", ["model"], buckets=SIZE_BUCKETS, registry=r
+        )
+        self.batch_lines = Histogram(
+            "tmt_batch_lines", "Lines per decode call.", ["model"], buckets=SIZE_BUCKETS, registry=r
+        )
+        self.batch_seconds = Histogram(
+            "tmt_batch_seconds", "Duration of one decode call.", ["model"], buckets=LATENCY_BUCKETS, registry=r
+        )
         self.lines = Counter("tmt_lines", "Lines decoded.", ["model"], registry=r)
-        self.source_tokens = Counter("tmt_source_tokens", "Source tokens decoded (pieces + EOS per non-blank line).", ["model"], registry=r)
-        self.target_tokens = Counter("tmt_target_tokens", "Tokens generated in the best hypotheses (+ EOS each).", ["model"], registry=r)
+        self.source_tokens = Counter(
+            "tmt_source_tokens", "Source tokens decoded (pieces + EOS per non-blank line).", ["model"], registry=r
+        )
+        self.target_tokens = Counter(
+            "tmt_target_tokens", "Tokens generated in the best hypotheses (+ EOS each).", ["model"], registry=r
+        )
         self.dropped = Counter("tmt_dropped", "Requests abandoned before their end.", ["model", "reason"], registry=r)
-        self.queue_depth = Gauge("tmt_queue_depth", "Requests waiting, not in the running batch.", ["model"], registry=r)
+        self.queue_depth = Gauge(
+            "tmt_queue_depth", "Requests waiting, not in the running batch.", ["model"], registry=r
+        )
         self.worker_alive = Gauge("tmt_worker_alive", "1 while the model's worker thread runs.", ["model"], registry=r)
-        self.body_bytes = Gauge("tmt_request_body_bytes", "Bytes of request bodies held now, all connections together.", registry=r)
+        self.body_bytes = Gauge(
+            "tmt_request_body_bytes", "Bytes of request bodies held now, all connections together.", registry=r
+        )
 
     def request(self, path: str, status: int, seconds: float) -> None:
         label = path if path in ROUTES else "other"  # a bounded label set, whatever paths clients try

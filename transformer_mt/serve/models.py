@@ -34,7 +34,9 @@ class Runner:
                 tokens.append(0)
                 continue
             if len(pieces) > limit:
-                warnings.append(f"text[{i}]: {len(pieces)} pieces, truncated to {limit} (model.max_positions={limit + 1})")
+                warnings.append(
+                    f"text[{i}]: {len(pieces)} pieces, truncated to {limit} (model.max_positions={limit + 1})"
+                )
             tokens.append(min(len(pieces), limit) + 1)
         return tokens, warnings
 
@@ -43,7 +45,9 @@ class Runner:
         cap; a line whose checkpoint limit (decode.max_len_a x source + max_len_b) is shorter keeps it, so its
         translation is the Translator's own."""
         # an answer carries scores only with n-best lists (one best is sent as text)
-        result = self.tr.translate_batch(lines, beam=beam, lenpen=lenpen, nbest=nbest, max_output_tokens=self.cap or None, scores=nbest > 1)
+        result = self.tr.translate_batch(
+            lines, beam=beam, lenpen=lenpen, nbest=nbest, max_output_tokens=self.cap or None, scores=nbest > 1
+        )
         self.events.generated(result.stats.tgt_tokens)
         return result.hypotheses
 
@@ -60,7 +64,13 @@ class ServedModel:
 
 
 def serve_model(
-    name: str, translator: TextTranslator, options: ServeOptions, *, path: str = "", translate: TranslateFn | None = None, threads: int = 0
+    name: str,
+    translator: TextTranslator,
+    options: ServeOptions,
+    *,
+    path: str = "",
+    translate: TranslateFn | None = None,
+    threads: int = 0,
 ) -> ServedModel:
     """A ServedModel with its batcher started; ``translate`` replaces the Runner's (tests instrument it). ``threads``:
     torch's CPU threads on the worker thread that decodes (0: as set for the calling thread)."""
@@ -78,7 +88,12 @@ def serve_model(
 
 
 def load_models(
-    specs: list[str], *, device: str, threads: int, options: ServeOptions, load: Callable[[str], TextTranslator] | None = None
+    specs: list[str],
+    *,
+    device: str,
+    threads: int,
+    options: ServeOptions,
+    load: Callable[[str], TextTranslator] | None = None,
 ) -> list[ServedModel]:
     """``PATH`` or ``NAME=PATH`` per checkpoint; a name defaults to the file's stem and must be unique. ``load`` builds
     the translator of a path (None: tmt's ``Translator`` on ``device``)."""

@@ -41,7 +41,9 @@ class TranslateRequest(BaseModel):
     text: str | list[str] = Field(description="One line, or a list of lines; one translation per line, in order.")
     model: str | None = Field(None, description="A served model's name (GET /models); default: the first.")
     beam: int | None = Field(None, description="Beam size, 1 = greedy; default: the checkpoint's decode.beam.")
-    lenpen: float | None = Field(None, allow_inf_nan=False, description="GNMT length penalty alpha; default: decode.lenpen.")
+    lenpen: float | None = Field(
+        None, allow_inf_nan=False, description="GNMT length penalty alpha; default: decode.lenpen."
+    )
     nbest: int = Field(1, description="Hypotheses per line (1..beam); > 1 returns [{text, score}, ...] per line.")
 
 
@@ -49,7 +51,9 @@ def decode_settings(tr: TextTranslator, req: TranslateRequest, options: ServeOpt
     """The request's beam and lenpen (the checkpoint's when absent), checked before the request is queued:
     beam within --max-beam and the target vocabulary, 1 <= nbest <= beam, lenpen within config.lenpen_problem's bound."""
     beam, lenpen = tr.decode_defaults(req.beam, req.lenpen)
-    problem = beam_problem(beam, req.nbest, tgt_vocab_size=tr.tgt_tok.vocab_size, limit=options.max_beam) or lenpen_problem(lenpen)
+    problem = beam_problem(
+        beam, req.nbest, tgt_vocab_size=tr.tgt_tok.vocab_size, limit=options.max_beam
+    ) or lenpen_problem(lenpen)
     if problem:
         raise ApiError(422, f"{problem.key}: {problem.value} {problem.reason}")
     return beam, lenpen
@@ -88,17 +92,24 @@ def parse_request(body: bytes, content_type: str | None, options: ServeOptions) 
         raise ApiError(415, 'the body was not sent as JSON; send it with the header "Content-Type: application/json"')
     limit = token_limit(options)
     if more_tokens_than(body, limit):
-        raise ApiError(413, f"body: more than {limit} JSON values, more than a request of --max-lines {options.max_lines} lines holds; split the request")
+        raise ApiError(
+            413,
+            f"body: more than {limit} JSON values, more than a request of --max-lines {options.max_lines} lines holds; split the request",
+        )
     try:  # UTF-8 only (RFC 8259), as the bound above reads the bytes: json.loads would also take UTF-16 and UTF-32
         data = json.loads(body.decode("utf-8"))
     except json.JSONDecodeError as exc:
-        raise ApiError(400, f'malformed JSON at character {exc.pos} ({exc.msg}); send a JSON object such as {{"text": "A man."}}') from None
+        raise ApiError(
+            400, f'malformed JSON at character {exc.pos} ({exc.msg}); send a JSON object such as {{"text": "A man."}}'
+        ) from None
     except UnicodeDecodeError:
         raise ApiError(400, "the body is not UTF-8 text; send JSON encoded as UTF-8") from None
     except RecursionError:
         raise ApiError(400, 'malformed JSON: nested too deep; send a JSON object such as {"text": "A man."}') from None
     except ValueError:  # a number of more than 4300 digits (sys.get_int_max_str_digits)
-        raise ApiError(400, 'malformed JSON: a number too long to read; send a JSON object such as {"text": "A man."}') from None
+        raise ApiError(
+            400, 'malformed JSON: a number too long to read; send a JSON object such as {"text": "A man."}'
+        ) from None
     if not isinstance(data, dict):
         raise ApiError(422, 'body: not a JSON object; send a JSON object such as {"text": "A man."}')
     check_text(data.get("text"), options)
@@ -126,10 +137,14 @@ def check_text(text: object, options: ServeOptions) -> None:
         check_lines([text], options)
     elif isinstance(text, list):
         if len(text) > options.max_lines:
-            raise ApiError(413, f"text: {len(text)} lines, more than --max-lines {options.max_lines}; split the request")
+            raise ApiError(
+                413, f"text: {len(text)} lines, more than --max-lines {options.max_lines}; split the request"
+            )
         wrong = next((i for i, line in enumerate(text) if not isinstance(line, str)), None)
         if wrong is not None:
-            raise ApiError(422, f"text[{wrong}]: {_json_type(text[wrong])}, not a string; send each line as a JSON string")
+            raise ApiError(
+                422, f"text[{wrong}]: {_json_type(text[wrong])}, not a string; send each line as a JSON string"
+            )
         check_lines(text, options)
 
 
@@ -149,13 +164,16 @@ def check_lines(lines: list[str], options: ServeOptions) -> None:
         if "\n" in line or "\r" in line:
             raise ApiError(422, f"text[{i}]: contains a line break; send one line per list item")
         if len(line) > options.max_chars:
-            raise ApiError(413, f"text[{i}]: {len(line)} characters, more than --max-chars {options.max_chars}; split the line")
+            raise ApiError(
+                413, f"text[{i}]: {len(line)} characters, more than --max-chars {options.max_chars}; split the line"
+            )
         if not line.isascii():
             try:
                 line.encode("utf-8")
             except UnicodeEncodeError as exc:  # JSON's "\ud800": a lone surrogate, which no tokenizer can encode
                 raise ApiError(
-                    422, f"text[{i}]: is not valid Unicode (a lone surrogate \\u{ord(line[exc.start]):04x} at character {exc.start}); send whole characters"
+                    422,
+                    f"text[{i}]: is not valid Unicode (a lone surrogate \\u{ord(line[exc.start]):04x} at character {exc.start}); send whole characters",
                 ) from None
 
 
@@ -164,7 +182,9 @@ def describe_validation(errors: Sequence[Mapping[str, Any]]) -> tuple[int, str]:
     # A union (text: str | list[str]) reports one error per member; the deepest location is the most specific.
     e = max(errors, key=lambda err: len(err.get("loc", ())))
     parts = [p for p in e.get("loc", ()) if p not in ("str", "list[str]")]  # drop the union member tags
-    field = "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(parts)) or "body"
+    field = (
+        "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(parts)) or "body"
+    )
     if field == "body":
         return 422, 'body: not a JSON object; send a JSON object such as {"text": "A man."}'
     if e.get("type") == "extra_forbidden":

@@ -8,7 +8,15 @@ the same training budget for every variant, and the table of what each change bo
 
 from transformer_mt.sweep.report import COLUMNS, columns, markdown, plot_bleu, write_outputs
 from transformer_mt.sweep.runner import SweepReport, budget_overrides, read_result, run_sweep, trained_parameters
-from transformer_mt.sweep.variations import SweepError, Variation, check_variations, load_variations, select, table3_variations, variations_yaml
+from transformer_mt.sweep.variations import (
+    SweepError,
+    Variation,
+    check_variations,
+    load_variations,
+    select,
+    table3_variations,
+    variations_yaml,
+)
 
 __all__ = [
     "COLUMNS",

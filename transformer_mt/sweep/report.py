@@ -43,11 +43,17 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     b, bl = meta["budget"], meta["bleu"]
     budget = " and ".join(
         x
-        for x in (f"{b['updates']} updates" * bool(b["updates"]), f"{b['minutes']:g} minutes" * bool(b["minutes"]), f"{b['epochs']} epochs" * bool(b["epochs"]))
+        for x in (
+            f"{b['updates']} updates" * bool(b["updates"]),
+            f"{b['minutes']:g} minutes" * bool(b["minutes"]),
+            f"{b['epochs']} epochs" * bool(b["epochs"]),
+        )
         if x
     )
     search = "greedy" if bl["beam"] == 1 else f"beam {bl['beam']}, lenpen {bl['lenpen']:g}"
-    sentences = {0: "all validation sentences", -1: "no sentences (BLEU off)"}.get(bl["sentences"], f"the first {bl['sentences']} validation sentences")
+    sentences = {0: "all validation sentences", -1: "no sentences (BLEU off)"}.get(
+        bl["sentences"], f"the first {bl['sentences']} validation sentences"
+    )
     lines = [
         f"# Table 3 variations of `{meta['base_config']}`",
         "",
@@ -56,7 +62,8 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         + ". "
         f"val BLEU: {bl['metric']} on {sentences}, {search}. val PPL: per-piece perplexity exp(NLL), no label smoothing, "
         "whole validation set. params: sum(p.numel()) of the trained model (tied matrices once). wall: training minutes, "
-        "validation included. Blank cells equal the base row." + (f"\n\nCommand: `{meta['command']}`" if meta["command"] else ""),
+        "validation included. Blank cells equal the base row."
+        + (f"\n\nCommand: `{meta['command']}`" if meta["command"] else ""),
         "",
         "| row | variant | " + " | ".join(COLUMNS) + " | updates | val PPL | val BLEU | params | wall (min) | status |",
         "|" + " --- |" * (len(COLUMNS) + 8),
@@ -104,7 +111,9 @@ def plot_bleu(rows: list[dict[str, Any]], path: Path, *, title: str) -> Path | N
     return save_figure(fig, path)
 
 
-def write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any], *, unless_unchanged: bool = False) -> tuple[list[Path], str]:
+def write_outputs(
+    out: Path, rows: list[dict[str, Any]], meta: dict[str, Any], *, unless_unchanged: bool = False
+) -> tuple[list[Path], str]:
     """OUT/table3.json, table3.md and (with matplotlib) table3.png, each written atomically; returns the files and
     why there is no picture. ``unless_unchanged``: leave the files as they are when table3.json already says this."""
     from transformer_mt.viz import VizError
@@ -119,7 +128,13 @@ def write_outputs(out: Path, rows: list[dict[str, Any]], meta: dict[str, Any], *
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)
     b = meta["budget"]
-    budget = f"{b['updates']} updates" if b["updates"] else f"{b['minutes']:g} min" if b["minutes"] else f"{b['epochs']} epochs"
+    budget = (
+        f"{b['updates']} updates"
+        if b["updates"]
+        else f"{b['minutes']:g} min"
+        if b["minutes"]
+        else f"{b['epochs']} epochs"
+    )
     title = f"{Path(meta['base_config']).name}: val BLEU after {budget}"
     tmp_png = out / f".table3.{os.getpid()}.tmp.png"  # the suffix names the format for matplotlib
     try:

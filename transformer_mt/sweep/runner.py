@@ -156,18 +156,27 @@ def run_sweep(
     base = load_config(config, common)  # a base (or --set) the checks refuse stops the sweep: every row would fail
     t = base.train
     if not (t.max_updates or t.max_time or t.max_epochs):
-        raise SweepError(f"{config}: no training budget (train.max_updates, max_time and max_epochs are 0); give --budget-updates or --budget-minutes")
+        raise SweepError(
+            f"{config}: no training budget (train.max_updates, max_time and max_epochs are 0); give --budget-updates or --budget-minutes"
+        )
     variations = table3_variations(base) if variations is None else variations
     check_variations(variations)
     chosen = select(variations, rows)
-    plans = [_plan(v, config, common, out, selected=v.name in chosen) for v in variations]  # refuses before training anything
+    plans = [
+        _plan(v, config, common, out, selected=v.name in chosen) for v in variations
+    ]  # refuses before training anything
     out.mkdir(parents=True, exist_ok=True)
     meta = {
         "base_config": str(config),
         "overrides": list(overrides),
         "command": command,
         "budget": {"updates": t.max_updates, "minutes": t.max_time, "epochs": t.max_epochs},
-        "bleu": {"metric": "sacreBLEU cased 13a", "beam": t.valid_beam, "lenpen": base.decode.lenpen, "sentences": t.valid_bleu_sentences},
+        "bleu": {
+            "metric": "sacreBLEU cased 13a",
+            "beam": t.valid_beam,
+            "lenpen": base.decode.lenpen,
+            "sentences": t.valid_bleu_sentences,
+        },
     }
     shared: list[str] = []  # the shared tokenizer's overrides, made at the first row that needs them
     interrupted, trained = False, False
@@ -185,7 +194,17 @@ def run_sweep(
 def _plan(v: Variation, config: str | os.PathLike, common: list[str], out: Path, *, selected: bool) -> _Row:
     """What a row needs: nothing (finished, invalid, not selected) or training, new or resumed."""
     run_dir = out / v.name
-    plan = _Row(v, {"row": v.row, "name": v.name, "set": list(v.overrides), "status": "not run", "note": "", "run_dir": str(run_dir)})
+    plan = _Row(
+        v,
+        {
+            "row": v.row,
+            "name": v.name,
+            "set": list(v.overrides),
+            "status": "not run",
+            "note": "",
+            "run_dir": str(run_dir),
+        },
+    )
     try:
         plan.cfg = load_config(config, [*common, *v.overrides])
     except ConfigError as exc:  # d_model not divisible by h, an unknown key, ...: the row's status, not the sweep's end
@@ -196,16 +215,22 @@ def _plan(v: Variation, config: str | os.PathLike, common: list[str], out: Path,
     if marker is not None and marker.get("config") != recorded(plan.cfg):
         what = _first_difference(marker.get("config") or {}, recorded(plan.cfg))
         if selected:
-            raise SweepError(f"{run_dir}: this row was trained with another config ({what}); use another -o SWEEP_DIR, or delete {run_dir} to train it again")
+            raise SweepError(
+                f"{run_dir}: this row was trained with another config ({what}); use another -o SWEEP_DIR, or delete {run_dir} to train it again"
+            )
         plan.result["note"] = f"holds a run with another config ({what})"
     elif marker is not None and marker.get("status") in ("done", "failed"):
         plan.result.update(marker.get("result") or {})
     elif marker is None and any(run_dir.glob("checkpoint*.pt")):
-        raise SweepError(f"{run_dir}: holds a run that tmt sweep did not start (no {MARKER}); remove it or use another -o SWEEP_DIR")
+        raise SweepError(
+            f"{run_dir}: holds a run that tmt sweep did not start (no {MARKER}); remove it or use another -o SWEEP_DIR"
+        )
     else:
         plan.todo = selected
         if not selected:
-            plan.result["note"] = "not selected by --rows" if marker is None else "unfinished; select it with --rows to continue"
+            plan.result["note"] = (
+                "not selected by --rows" if marker is None else "unfinished; select it with --rows to continue"
+            )
     return plan
 
 
@@ -218,11 +243,23 @@ def _shared_tokenizer(base: Config, out: Path, log: Callable[[str], None]) -> li
     where = out / "tokenizer"
     where.mkdir(parents=True, exist_ok=True)
     prepare_tokenizers(dataclasses.replace(base, train=dataclasses.replace(base.train, out_dir=str(where))), log=log)
-    names = (("model", "spm.model"),) if base.tokenizer.joint else (("model", "spm.src.model"), ("tgt_model", "spm.tgt.model"))
+    names = (
+        (("model", "spm.model"),)
+        if base.tokenizer.joint
+        else (("model", "spm.src.model"), ("tgt_model", "spm.tgt.model"))
+    )
     return [f"tokenizer.{key}={json.dumps(str(where / name))}" for key, name in names]
 
 
-def _train_row(plan: _Row, config: str | os.PathLike, common: list[str], base: Config, out: Path, shared: list[str], log: Callable[[str], None]) -> bool:
+def _train_row(
+    plan: _Row,
+    config: str | os.PathLike,
+    common: list[str],
+    base: Config,
+    out: Path,
+    shared: list[str],
+    log: Callable[[str], None],
+) -> bool:
     """Train or resume one row into OUT/<name> and fill its result. True when a signal stopped it (saved, resumable)."""
     import torch
 
@@ -241,21 +278,37 @@ def _train_row(plan: _Row, config: str | os.PathLike, common: list[str], base: C
     marker = read_marker(run_dir) or {"config": recorded(row_cfg), "status": "started"}
     write_marker(run_dir, marker)  # before training: a killed row is then known as this sweep's, with this config
     resume = any(run_dir.glob("checkpoint*.pt"))
-    log(f"tmt sweep: row {v.row} {v.name} ({', '.join(v.overrides) or 'the base'}): {'resuming' if resume else 'training'} in {run_dir}")
+    log(
+        f"tmt sweep: row {v.row} {v.name} ({', '.join(v.overrides) or 'the base'}): {'resuming' if resume else 'training'} in {run_dir}"
+    )
     try:
-        result = training.train(cfg, resume=resume, overwrite=not resume)  # overwrite: a start killed before its first checkpoint
+        result = training.train(
+            cfg, resume=resume, overwrite=not resume
+        )  # overwrite: a start killed before its first checkpoint
     except ConfigError as exc:  # the trainer's own checks (e.g. a validation beam too large for the vocabulary)
         row.update(status="invalid", note=str(exc))
         return False
-    except (training.TrainError, torch.OutOfMemoryError) as exc:  # diverged, or too big for the device: the next rows still run
+    except (
+        training.TrainError,
+        torch.OutOfMemoryError,
+    ) as exc:  # diverged, or too big for the device: the next rows still run
         row.update(status="failed", note=str(exc).splitlines()[0])
         write_marker(run_dir, {**marker, "status": "failed", "result": {"status": "failed", "note": row["note"]}})
         return False
     if result.stop_reason == "interrupted":
-        row.update(status="interrupted", note=f"saved at update {result.progress.update}; run the sweep again to continue")
+        row.update(
+            status="interrupted", note=f"saved at update {result.progress.update}; run the sweep again to continue"
+        )
         return True
-    done = {**read_result(run_dir), "params": trained_parameters(run_dir / "checkpoint_last.pt"), "status": "done", "note": ""}
+    done = {
+        **read_result(run_dir),
+        "params": trained_parameters(run_dir / "checkpoint_last.pt"),
+        "status": "done",
+        "note": "",
+    }
     row.update(done)
     write_marker(run_dir, {**marker, "status": "done", "result": done})
-    log(f"tmt sweep: row {v.name}: {done['updates']} updates, val BLEU {done['val_bleu']}, {done['params']:,} parameters")
+    log(
+        f"tmt sweep: row {v.name}: {done['updates']} updates, val BLEU {done['val_bleu']}, {done['params']:,} parameters"
+    )
     return False

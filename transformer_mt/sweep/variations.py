@@ -54,7 +54,9 @@ def table3_variations(cfg: Config) -> list[Variation]:
     reset = ["model.head_dim=0", "model.value_dim=0"] if m.head_dim or m.value_dim else []
     out += [Variation("A", f"A-h{x}", [f"model.heads={x}", *reset]) for x in sorted(heads)]
     out += [
-        Variation("B", f"B-dk{x}", [f"model.head_dim={x}", f"model.value_dim={m.value_dim or d // h}"]) for x in dict.fromkeys((dk // 4, dk // 2)) if x >= 1
+        Variation("B", f"B-dk{x}", [f"model.head_dim={x}", f"model.value_dim={m.value_dim or d // h}"])
+        for x in dict.fromkeys((dk // 4, dk // 2))
+        if x >= 1
     ]
     layers = sorted({max(1, round(m.encoder_layers * f)) for f in (1 / 3, 2 / 3, 4 / 3)} - {m.encoder_layers})
     for n in layers:
@@ -68,7 +70,9 @@ def table3_variations(cfg: Config) -> list[Variation]:
         values = (0.0, round(min(2 * base, base + 0.2), 2)) if base > 0 else (0.1, 0.2)
         out += [Variation("D", f"D-{name}{_num(v)}", [f"{key}={_num(v)}"]) for v in values if v != base and v < 1.0]
     other = "learned" if m.positions == "sinusoidal" else "sinusoidal"
-    layout = ["model.position_layout=interleaved"] if other == "learned" and m.position_layout != "interleaved" else []  # sinusoids only
+    layout = (
+        ["model.position_layout=interleaved"] if other == "learned" and m.position_layout != "interleaved" else []
+    )  # sinusoids only
     out.append(Variation("E", f"E-{other}", [f"model.positions={other}", *layout]))
     return out
 
@@ -77,13 +81,17 @@ def load_variations(path: str | os.PathLike) -> list[Variation]:
     """Read a variations file: a YAML list of ``{row, name, set}`` mappings (name optional: row + number)."""
     path = Path(path)
     if not path.is_file():
-        raise SweepError(f"--variations {path}: file not found; give a YAML list such as the one `tmt sweep --print-variations` writes")
+        raise SweepError(
+            f"--variations {path}: file not found; give a YAML list such as the one `tmt sweep --print-variations` writes"
+        )
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise SweepError(f"{path}: not valid YAML ({str(exc).splitlines()[0]}); fix the syntax") from None
     if not isinstance(raw, list) or not raw:
-        raise SweepError(f"{path}: expected a non-empty YAML list of rows, e.g. - {{row: A, name: h1, set: [model.heads=1]}}")
+        raise SweepError(
+            f"{path}: expected a non-empty YAML list of rows, e.g. - {{row: A, name: h1, set: [model.heads=1]}}"
+        )
     out: list[Variation] = []
     counts: dict[str, int] = {}
     for i, item in enumerate(raw, 1):
@@ -92,7 +100,9 @@ def load_variations(path: str | os.PathLike) -> list[Variation]:
             raise SweepError(f"{where}: expected a mapping with 'row' (and 'name', 'set'), got {item!r}")
         unknown = set(item) - {"row", "name", "set"}
         if unknown:
-            raise SweepError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}; a row has row, name and set")
+            raise SweepError(
+                f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}; a row has row, name and set"
+            )
         sets = item.get("set") or []
         if isinstance(sets, str):
             sets = [sets]
@@ -110,14 +120,18 @@ def check_variations(variations: list[Variation], *, source: str = "variations")
     seen = set()
     for v in variations:
         if not _NAME.fullmatch(v.name) or v.name in RESERVED:
-            raise SweepError(f"{source}: row name {v.name!r} cannot name a run directory; use letters, digits, '-', '_', '.' (not {' or '.join(RESERVED)})")
+            raise SweepError(
+                f"{source}: row name {v.name!r} cannot name a run directory; use letters, digits, '-', '_', '.' (not {' or '.join(RESERVED)})"
+            )
         if v.name in seen:
             raise SweepError(f"{source}: two rows are named {v.name!r}; give each row its own name")
         seen.add(v.name)
         for item in v.overrides:
             key = item.split("=", 1)[0].strip()
             if key in ("train.out_dir", "data.cache_dir"):
-                raise SweepError(f"{source}: row {v.name}: {key} is set by the sweep (SWEEP_DIR/{v.name}); remove it from the row")
+                raise SweepError(
+                    f"{source}: row {v.name}: {key} is set by the sweep (SWEEP_DIR/{v.name}); remove it from the row"
+                )
 
 
 def variations_yaml(variations: list[Variation]) -> str:
@@ -126,7 +140,10 @@ def variations_yaml(variations: list[Variation]) -> str:
     def plain(text: str) -> str:  # quoted unless YAML reads it back as the same string
         return text if re.fullmatch(r"[A-Za-z_][\w.=+-]*", text) else json.dumps(text)
 
-    return "".join(f"- {{row: {plain(v.row)}, name: {plain(v.name)}, set: [{', '.join(map(plain, v.overrides))}]}}\n" for v in variations)
+    return "".join(
+        f"- {{row: {plain(v.row)}, name: {plain(v.name)}, set: [{', '.join(map(plain, v.overrides))}]}}\n"
+        for v in variations
+    )
 
 
 def select(variations: list[Variation], rows: str | None) -> set[str]:

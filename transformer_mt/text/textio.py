@@ -68,7 +68,9 @@ def decode_line(raw: bytes, *, name: str, lineno: int) -> str:
             else "convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8 FILE > FILE.utf8"
         )
         column = start + exc.start + 1  # 1-based byte position in the line as stored
-        raise TextError(f"{name}:{lineno}: invalid UTF-8 (byte 0x{raw[column - 1]:02x} at column {column}); {fix}") from None
+        raise TextError(
+            f"{name}:{lineno}: invalid UTF-8 (byte 0x{raw[column - 1]:02x} at column {column}); {fix}"
+        ) from None
 
 
 class LineSplitter:
@@ -113,9 +115,12 @@ class LineSplitter:
         # a str line of n characters has at most 4n bytes: only long ones need encoding to be measured
         if lines is None or (
             len(head) > self.max_line_bytes
-            and max((len(line.encode()) for line in lines if 4 * len(line) > self.max_line_bytes), default=0) > self.max_line_bytes
+            and max((len(line.encode()) for line in lines if 4 * len(line) > self.max_line_bytes), default=0)
+            > self.max_line_bytes
         ):
-            return [self._line(raw, newline=True) for raw in head.split(b"\n")]  # raises at the first bad line, naming it
+            return [
+                self._line(raw, newline=True) for raw in head.split(b"\n")
+            ]  # raises at the first bad line, naming it
         if b"\r" in head:  # CRLF endings; a "\r" not followed by "\n" stays text
             lines = [line[:-1] if line.endswith("\r") else line for line in lines]
         if self.lineno == 0 and lines[0].startswith("\ufeff"):  # the byte-order mark, at the very start only
@@ -186,7 +191,9 @@ def read_lines(path: PathLike) -> list[str]:
     return list(iter_file(path))
 
 
-def iter_stream(stream: BinaryIO | TextIO | None = None, *, name: str = STDIN, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[str]:
+def iter_stream(
+    stream: BinaryIO | TextIO | None = None, *, name: str = STDIN, max_line_bytes: int = MAX_LINE_BYTES
+) -> Iterator[str]:
     """The lines of a stream (default: stdin) by the module's rules. Its bytes are read, not its
     text, so the locale plays no part; a text stream without bytes (io.StringIO) is encoded as UTF-8."""
     read = _byte_reader(sys.stdin if stream is None else stream)
@@ -224,7 +231,9 @@ def file_chunks(path: PathLike, *, chunk_lines: int = 10_000) -> Iterator[list[s
     return chunks(iter_file(path), chunk_lines)
 
 
-def stdin_chunks(stream: BinaryIO | TextIO | None = None, *, max_lines: int = 1000, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[list[str]]:
+def stdin_chunks(
+    stream: BinaryIO | TextIO | None = None, *, max_lines: int = 1000, max_line_bytes: int = MAX_LINE_BYTES
+) -> Iterator[list[str]]:
     """Lines from stdin as they arrive, in lists of at most ``max_lines``: everything already
     readable is batched (a pipe translates in batches), and a lone interactive line is yielded at
     once (no waiting for EOF or for more lines). A stream without a file descriptor is chunked plainly."""
@@ -289,7 +298,9 @@ def safe_output(path: PathLike | None, *, inputs: Sequence[PathLike | None] = ()
         if given is not None and str(given) != "-":
             given = check_input(given)
             if path.exists() and os.path.samefile(path, given):
-                raise TextError(f"{path}: the output is the input file {given}; writing it would destroy the input, so give another output file")
+                raise TextError(
+                    f"{path}: the output is the input file {given}; writing it would destroy the input, so give another output file"
+                )
     target = Path(os.path.realpath(path))
     if target.exists() and not target.is_file():  # a device or FIFO: nothing to replace
         with name_write_errors(str(path)), open(target, "w", encoding="utf-8", newline="\n") as handle:

@@ -86,11 +86,15 @@ def train_sentencepiece(
             num_threads=os.cpu_count() or 1,
         )
     except RuntimeError as exc:
-        if reader.error is not None:  # sentencepiece turns the reader's TextError into a RuntimeError: raise the original
+        if (
+            reader.error is not None
+        ):  # sentencepiece turns the reader's TextError into a RuntimeError: raise the original
             raise reader.error from None
         msg = str(exc).splitlines()[-1] if str(exc) else repr(exc)
         if "Vocabulary size is too high" in msg or "vocab_size" in msg:
-            raise TokenizerError(f"sentencepiece: {msg.strip()}; lower the vocabulary size (--vocab-size / tokenizer.vocab_size)") from None
+            raise TokenizerError(
+                f"sentencepiece: {msg.strip()}; lower the vocabulary size (--vocab-size / tokenizer.vocab_size)"
+            ) from None
         raise TokenizerError(f"sentencepiece training failed: {msg.strip()}") from None
     return prefix.parent / f"{prefix.name}.model"  # sentencepiece appends ".model" to the prefix as given
 
@@ -132,7 +136,13 @@ class Tokenizer:
     ``transformers.MarianTokenizer`` encodes it.
     """
 
-    def __init__(self, model: str | os.PathLike | bytes, *, vocab: Sequence[str] | None = None, specials: SpecialIds | None = None):
+    def __init__(
+        self,
+        model: str | os.PathLike | bytes,
+        *,
+        vocab: Sequence[str] | None = None,
+        specials: SpecialIds | None = None,
+    ):
         self.proto = model if isinstance(model, bytes) else _read_model(model)
         self.sp = spm.SentencePieceProcessor(model_proto=self.proto)
         self.specials = specials or DEFAULT
@@ -149,10 +159,14 @@ class Tokenizer:
         else:
             self._index = {piece: i for i, piece in enumerate(self.vocab)}
             if len(self._index) != len(self.vocab):
-                raise TokenizerError(f"{where}: its vocabulary lists a piece twice; give a vocabulary with one id per piece")
+                raise TokenizerError(
+                    f"{where}: its vocabulary lists a piece twice; give a vocabulary with one id per piece"
+                )
             bad = [i for i in self.specials.kept_ids if i >= len(self.vocab)]
             if bad:
-                raise TokenizerError(f"{where}: special id {bad[0]} is outside its vocabulary of {len(self.vocab)} pieces; check the model.*_id keys")
+                raise TokenizerError(
+                    f"{where}: special id {bad[0]} is outside its vocabulary of {len(self.vocab)} pieces; check the model.*_id keys"
+                )
 
     @property
     def vocab_size(self) -> int:
@@ -168,7 +182,11 @@ class Tokenizer:
 
     def __eq__(self, other: object) -> bool:
         """Two tokenizers are equal when they give every text the same ids."""
-        return isinstance(other, Tokenizer) and (self.proto, self.vocab, self.specials) == (other.proto, other.vocab, other.specials)
+        return isinstance(other, Tokenizer) and (self.proto, self.vocab, self.specials) == (
+            other.proto,
+            other.vocab,
+            other.specials,
+        )
 
     __hash__ = None  # type: ignore[assignment]  # mutable fields: equal tokenizers need not hash alike
 
@@ -182,7 +200,9 @@ class Tokenizer:
     def encode(self, lines: list[str], *, alpha: float = 0.0, nbest: int = -1) -> list[list[int]]:
         """Ids without BOS/EOS; the data and search code add them where they belong. ``alpha`` > 0 samples a
         segmentation (subword regularisation: unigram smoothing, or the BPE-dropout rate) among ``nbest``."""
-        sample: dict[str, Any] = {"enable_sampling": True, "alpha": alpha, "nbest_size": nbest, "num_threads": 1} if alpha > 0 else {}
+        sample: dict[str, Any] = (
+            {"enable_sampling": True, "alpha": alpha, "nbest_size": nbest, "num_threads": 1} if alpha > 0 else {}
+        )
         if self.vocab is None:
             return _each_or_all(self.sp.encode, lines, out_type=int, **sample)
         unk, index = self.specials.unk, self._index
@@ -192,7 +212,9 @@ class Tokenizer:
         if self.vocab is None:
             return _each_or_all(self.sp.encode, lines, out_type=str, **sample)
         tags, texts = zip(*map(_split_language_tag, lines)) if lines else ((), ())
-        return [tag + pieces for tag, pieces in zip(tags, _each_or_all(self.sp.encode, list(texts), out_type=str, **sample))]
+        return [
+            tag + pieces for tag, pieces in zip(tags, _each_or_all(self.sp.encode, list(texts), out_type=str, **sample))
+        ]
 
     def decode(self, ids: list[list[int]], **threads: Any) -> list[str]:
         """Detokenized text; padding, BOS, EOS and the decoder's start are dropped."""
@@ -228,12 +250,16 @@ def _split_language_tag(line: str) -> tuple[list[str], str]:
 def _read_model(path: str | os.PathLike) -> bytes:
     path = Path(path)
     if not path.is_file():
-        raise TokenizerError(f"{path}: sentencepiece model not found; train one with `tmt tokenize train` or fix the path")
+        raise TokenizerError(
+            f"{path}: sentencepiece model not found; train one with `tmt tokenize train` or fix the path"
+        )
     data = path.read_bytes()
     try:
         spm.SentencePieceProcessor(model_proto=data)
     except RuntimeError:
-        raise TokenizerError(f"{path}: not a sentencepiece model; give the .model file written by `tmt tokenize train`") from None
+        raise TokenizerError(
+            f"{path}: not a sentencepiece model; give the .model file written by `tmt tokenize train`"
+        ) from None
     return data
 
 
@@ -267,10 +293,14 @@ def decode_stream(tok: Tokenizer, lines: Iterable[str], out: TextIO, *, as_ids: 
             try:
                 ids = [int(f) for f in fields]
             except ValueError:
-                raise TokenizerError(f"{source}:{lineno}: expected space-separated integer ids; drop --ids to decode pieces") from None
+                raise TokenizerError(
+                    f"{source}:{lineno}: expected space-separated integer ids; drop --ids to decode pieces"
+                ) from None
             bad = [i for i in ids if not 0 <= i < tok.vocab_size]
             if bad:
-                raise TokenizerError(f"{source}:{lineno}: id {bad[0]} is outside the vocabulary (size {tok.vocab_size})")
+                raise TokenizerError(
+                    f"{source}:{lineno}: id {bad[0]} is outside the vocabulary (size {tok.vocab_size})"
+                )
             out.write(tok.decode([ids])[0] + "\n")
         else:
             out.write(tok.decode_pieces([fields])[0] + "\n")

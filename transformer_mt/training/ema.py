@@ -95,7 +95,11 @@ class EMA:
     def state_dict(self) -> dict[str, Any]:
         """{"decay", "updates", "weights": {parameter name -> fp32 shadow}} (plain types: a checkpoint's "ema" entry).
         Tied names share one tensor, so a checkpoint stores it once."""
-        return {"decay": self.decay, "updates": self.updates, "weights": {name: self.shadow[i] for name, i in self.names.items()}}
+        return {
+            "decay": self.decay,
+            "updates": self.updates,
+            "weights": {name: self.shadow[i] for name, i in self.names.items()},
+        }
 
     def load_state_dict(self, state: dict[str, Any], *, source: str = "checkpoint") -> None:
         """Restore `state_dict()`: the shadows and the update count (so the warm-up continues where it was). The decay

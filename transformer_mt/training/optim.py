@@ -94,7 +94,13 @@ class Scheduler:
     so resuming sets the same rate again and continues as an uninterrupted run.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, lr_fn: Callable[..., float], *, fraction_fn: Callable[[int, float], float] | None = None):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        lr_fn: Callable[..., float],
+        *,
+        fraction_fn: Callable[[int, float], float] | None = None,
+    ):
         self.optimizer = optimizer
         self.lr_fn = lr_fn
         self.fraction_fn = fraction_fn
@@ -138,7 +144,9 @@ def build_scheduler(optimizer: torch.optim.Optimizer, train_cfg: TrainConfig, *,
     elif train_cfg.lr_schedule == "inverse_sqrt":
         fn = functools.partial(inverse_sqrt_lr, peak=train_cfg.lr, warmup=train_cfg.warmup_updates)
     elif train_cfg.lr_schedule == "linear":
-        fn = functools.partial(linear_lr, peak=train_cfg.lr, warmup=train_cfg.warmup_updates, total=train_cfg.max_updates)
+        fn = functools.partial(
+            linear_lr, peak=train_cfg.lr, warmup=train_cfg.warmup_updates, total=train_cfg.max_updates
+        )
     elif train_cfg.lr_schedule == "wsd":
         fn = functools.partial(wsd_lr, peak=train_cfg.lr, warmup=train_cfg.warmup_updates, cooldown=train_cfg.cooldown)
         budget = functools.partial(budget_fraction, max_updates=train_cfg.max_updates, max_time=train_cfg.max_time)
@@ -178,7 +186,9 @@ def build_optimizer(model: nn.Module, train_cfg: TrainConfig) -> torch.optim.Opt
         cls, groups = torch.optim.AdamW, param_groups(model, train_cfg.weight_decay)
     else:
         cls, groups = torch.optim.Adam, [{"params": [p for p in model.parameters() if p.requires_grad]}]
-    kwargs: dict[str, Any] = dict(lr=train_cfg.lr, betas=tuple(train_cfg.optimizer_betas), eps=train_cfg.optimizer_eps, weight_decay=0.0)
+    kwargs: dict[str, Any] = dict(
+        lr=train_cfg.lr, betas=tuple(train_cfg.optimizer_betas), eps=train_cfg.optimizer_eps, weight_decay=0.0
+    )
     try:
         return cls(groups, fused=True, **kwargs)
     except (RuntimeError, ValueError, TypeError):  # no fused kernel for this device or dtype in this torch
@@ -188,7 +198,9 @@ def build_optimizer(model: nn.Module, train_cfg: TrainConfig) -> torch.optim.Opt
 OPTIMIZER_KEYS = ("weight_decay", "optimizer_betas", "optimizer_eps")  # the TrainConfig fields build_optimizer reads
 
 
-def restore_optimizer(optimizer: torch.optim.Optimizer, saved: dict, *, model: nn.Module, saved_cfg: TrainConfig, train_cfg: TrainConfig) -> list[str]:
+def restore_optimizer(
+    optimizer: torch.optim.Optimizer, saved: dict, *, model: nn.Module, saved_cfg: TrainConfig, train_cfg: TrainConfig
+) -> list[str]:
     """Load a checkpoint's optimizer state into ``optimizer`` (built from ``train_cfg``); returns the
     optimizer settings that changed since the checkpoint (``saved_cfg``), as "key: old -> new".
 

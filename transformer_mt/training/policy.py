@@ -59,7 +59,9 @@ class CheckpointPolicy:
     def after_validation(self, update: int, *, improved: bool) -> list[Path]:
         """The files a validation's save writes, in order: best (when improved), numbered (when due), last."""
         numbered = self.t.writes_numbered(update, validating=True)
-        return [self.out / BEST] * improved + [numbered_checkpoint_path(self.out, update)] * numbered + [self.out / LAST]
+        return (
+            [self.out / BEST] * improved + [numbered_checkpoint_path(self.out, update)] * numbered + [self.out / LAST]
+        )
 
     def between_validations(self, update: int) -> list[Path]:
         """The files a save between validations writes: numbered and last when one is due, else none."""
@@ -80,12 +82,16 @@ class CheckpointPolicy:
             prune_checkpoints(self.out, self.t.keep_last, keep_every=self.t.keep_every)
 
 
-def newest_checkpoint(run_dir: str | os.PathLike, *, log: Callable[[str], None] | None = None) -> tuple[Path, dict[str, Any]]:
+def newest_checkpoint(
+    run_dir: str | os.PathLike, *, log: Callable[[str], None] | None = None
+) -> tuple[Path, dict[str, Any]]:
     """The newest complete training checkpoint of a run and its loaded state (see the module docstring).
     ``log`` hears about each checkpoint skipped because it does not load."""
     run_dir = Path(run_dir)
     if run_dir.is_file():
-        raise RunDirError(f"--resume {run_dir}: give the run directory (train.out_dir), not a checkpoint file; the newest checkpoint in it is found for you")
+        raise RunDirError(
+            f"--resume {run_dir}: give the run directory (train.out_dir), not a checkpoint file; the newest checkpoint in it is found for you"
+        )
     if not run_dir.is_dir():
         raise RunDirError(f"--resume {run_dir}: no such run directory; give the train.out_dir of the run to continue")
 

@@ -64,7 +64,9 @@ class RunLock:
         content = os.pread(fd, 64, 0)
         if not _PID_LINE.fullmatch(content):  # never truncate what another program wrote under this name
             os.close(fd)
-            raise RunDirError(f"{self.path}: exists and is not a tmt lock file (a pid line); move it away, or set train.out_dir to another directory")
+            raise RunDirError(
+                f"{self.path}: exists and is not a tmt lock file (a pid line); move it away, or set train.out_dir to another directory"
+            )
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd = fd
@@ -88,7 +90,9 @@ def _open_lock_file(path: Path) -> int:
     if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
         if fd >= 0:
             os.close(fd)
-        raise RunDirError(f"{path}: is not a regular file (a symlink, directory or device); remove it, or set train.out_dir to another directory")
+        raise RunDirError(
+            f"{path}: is not a regular file (a symlink, directory or device); remove it, or set train.out_dir to another directory"
+        )
     return fd
 
 

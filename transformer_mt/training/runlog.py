@@ -123,18 +123,34 @@ class RunLog:
         if self.bar is not None and not self.bar.disable:
             self.bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{rec['lr']:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}")
         else:
-            self.log(f"update {update} epoch {epoch}: loss {rec['loss']:.3f} ppl {rec['ppl']:.2f} lr {rec['lr']:.3e} {rec['tokens_per_s']:.0f} tgt tok/s")
+            self.log(
+                f"update {update} epoch {epoch}: loss {rec['loss']:.3f} ppl {rec['ppl']:.2f} lr {rec['lr']:.3e} {rec['tokens_per_s']:.0f} tgt tok/s"
+            )
 
     def valid(self, *, update: int, epoch: int, wall: float, val: dict[str, float], best: bool, seconds: float) -> None:
         """A "valid" record and its log line; `val` holds the val_* values."""
         self.record(
-            "valid", update=update, epoch=epoch, wall=round(wall, 2), **{k: round(v, 4) for k, v in val.items()}, best=best, valid_seconds=round(seconds, 2)
+            "valid",
+            update=update,
+            epoch=epoch,
+            wall=round(wall, 2),
+            **{k: round(v, 4) for k, v in val.items()},
+            best=best,
+            valid_seconds=round(seconds, 2),
         )
         shown = ", ".join(f"{k[4:]} {v:.2f}" for k, v in val.items())
         self.log(f"validation at update {update}: {shown}{' (best)' if best else ''}")
 
     def summary(
-        self, *, update: int, epoch: int, wall: float, stop_reason: str, target_tokens: int, last_valid: dict[str, float], cost: dict | None = None
+        self,
+        *,
+        update: int,
+        epoch: int,
+        wall: float,
+        stop_reason: str,
+        target_tokens: int,
+        last_valid: dict[str, float],
+        cost: dict | None = None,
     ) -> None:
         """The "summary" record of a session's end; `cost` adds flops.cost_summary()'s fields."""
         self.record(
@@ -148,12 +164,24 @@ class RunLog:
             **(cost or {}),
         )
 
-    def end(self, p: Progress, *, reason: str, interrupted: bool, last_valid: dict[str, float], cost: dict, out: Path) -> None:
+    def end(
+        self, p: Progress, *, reason: str, interrupted: bool, last_valid: dict[str, float], cost: dict, out: Path
+    ) -> None:
         """A session's end: the "summary" record, the cost line, and how to continue an interrupted run."""
-        self.summary(update=p.update, epoch=p.epoch, wall=p.elapsed, stop_reason=reason, target_tokens=p.tokens, last_valid=last_valid, cost=cost)
+        self.summary(
+            update=p.update,
+            epoch=p.epoch,
+            wall=p.elapsed,
+            stop_reason=reason,
+            target_tokens=p.tokens,
+            last_valid=last_valid,
+            cost=cost,
+        )
         self.log(flops.format_cost(cost, tokens=p.tokens, wall_seconds=p.elapsed))
         if interrupted:
-            self.log(f"interrupted at update {p.update}: saved {out / 'checkpoint_last.pt'}; continue with `tmt train --resume {out}`")
+            self.log(
+                f"interrupted at update {p.update}: saved {out / 'checkpoint_last.pt'}; continue with `tmt train --resume {out}`"
+            )
         else:
             self.log(f"stopped at update {p.update} (epoch {p.epoch}): {reason}; checkpoints in {out}")
 

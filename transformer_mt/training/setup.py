@@ -24,8 +24,24 @@ from pathlib import Path
 import torch
 
 from transformer_mt import runtime
-from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, model_weights, pack_tokenizer_pair, tokenizers_from_checkpoint
-from transformer_mt.config import Config, ConfigError, TrainConfig, beam_problem, load_config, max_beam, stated_keys, to_dict, validate
+from transformer_mt.checkpoint import (
+    config_from_checkpoint,
+    load_checkpoint,
+    model_weights,
+    pack_tokenizer_pair,
+    tokenizers_from_checkpoint,
+)
+from transformer_mt.config import (
+    Config,
+    ConfigError,
+    TrainConfig,
+    beam_problem,
+    load_config,
+    max_beam,
+    stated_keys,
+    to_dict,
+    validate,
+)
 from transformer_mt.data import ParallelData, SampledSegmentation, load_corpora, prepare_tokenizers
 from transformer_mt.decoding.rebuild import check_fit
 from transformer_mt.errors import TmtError
@@ -48,21 +64,30 @@ class TrainError(TmtError, RuntimeError):
 
 
 # ---------------------------------------------------------------- the config
-def train_config_from_cli(*, config: Path | None, overrides: list[str], resume: Path | None, overwrite: bool, init_from: Path | None = None) -> Config:
+def train_config_from_cli(
+    *, config: Path | None, overrides: list[str], resume: Path | None, overwrite: bool, init_from: Path | None = None
+) -> Config:
     """The config of `tmt train`: from --config (with --init-from, the checkpoint's architecture and tokenizer),
     or from the run being resumed (--resume)."""
     if resume is not None and overwrite:
         raise ConfigError(f"--overwrite starts a new run, --resume {resume} continues one; give one of them")
     if resume is not None and init_from is not None:
-        raise ConfigError(f"--init-from starts a new run from a checkpoint's weights, --resume {resume} continues one; give one of them")
+        raise ConfigError(
+            f"--init-from starts a new run from a checkpoint's weights, --resume {resume} continues one; give one of them"
+        )
     if resume is None:
         if config is None:
             raise ConfigError("tmt train needs --config FILE (see configs/) or --resume RUN_DIR")
-        overrides = list(overrides) + ([f"train.init_from={json.dumps(str(init_from))}"] if init_from is not None else [])
+        overrides = list(overrides) + (
+            [f"train.init_from={json.dumps(str(init_from))}"] if init_from is not None else []
+        )
         cfg = load_config(config, overrides)
         return initialized_config(cfg, stated_keys(config, overrides)) if cfg.train.init_from else cfg
     if config is not None and runtime.dist_info().is_main:
-        print(f"tmt train: resuming {resume}: its saved config is used, --config {config} is ignored (use --set to change values)", file=sys.stderr)
+        print(
+            f"tmt train: resuming {resume}: its saved config is used, --config {config} is ignored (use --set to change values)",
+            file=sys.stderr,
+        )
     return resumed_config(resume, overrides)
 
 
@@ -97,9 +122,15 @@ def resumed_config(run_dir: Path, overrides: list[str]) -> Config:
     that do not change the architecture."""
     path, state = newest_checkpoint(run_dir)
     saved = config_from_checkpoint(state, source=str(path))
-    cfg = load_config(None, [f"{s}.{k}={json.dumps(v)}" for s, sec in to_dict(saved).items() for k, v in sec.items()] + list(overrides), check_files=False)
+    cfg = load_config(
+        None,
+        [f"{s}.{k}={json.dumps(v)}" for s, sec in to_dict(saved).items() for k, v in sec.items()] + list(overrides),
+        check_files=False,
+    )
     if cfg.model != saved.model or cfg.tokenizer != saved.tokenizer:
-        raise ConfigError(f"--resume {run_dir}: model.* and tokenizer.* cannot change when resuming; start a new run in another train.out_dir")
+        raise ConfigError(
+            f"--resume {run_dir}: model.* and tokenizer.* cannot change when resuming; start a new run in another train.out_dir"
+        )
     cfg.train.out_dir = str(run_dir)
     return cfg
 
@@ -170,8 +201,12 @@ def init_point(cfg: Config, *, log: Log) -> tuple[Path, dict] | None:
         return None
     path = Path(cfg.train.init_from)
     state = load_checkpoint(path, map_location="cpu")
-    check_checkpoint_weights(state, source=path, weights=(None,))  # what initialize() loads: the EMA weights when present
-    log(f"starting from the weights, architecture and tokenizer of {path} (train.init_from), with a fresh optimizer and schedule")
+    check_checkpoint_weights(
+        state, source=path, weights=(None,)
+    )  # what initialize() loads: the EMA weights when present
+    log(
+        f"starting from the weights, architecture and tokenizer of {path} (train.init_from), with a fresh optimizer and schedule"
+    )
     return path, state
 
 
@@ -184,7 +219,14 @@ def check_checkpoint_weights(state: dict, *, source: Path, weights: tuple[str | 
     file_bytes = source.stat().st_size if source.is_file() else None
     for which in weights:
         chosen = model_weights(state, weights=which, source=str(source))
-        check_fit(saved.model, chosen, src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size, source=str(source), file_bytes=file_bytes)
+        check_fit(
+            saved.model,
+            chosen,
+            src_vocab_size=src_tok.vocab_size,
+            tgt_vocab_size=tgt_tok.vocab_size,
+            source=str(source),
+            file_bytes=file_bytes,
+        )
 
 
 def tokenizers(cfg: Config, state: dict | None, *, source: str, log: Log) -> tuple[Tokenizer, Tokenizer]:
@@ -200,7 +242,9 @@ def tokenizers(cfg: Config, state: dict | None, *, source: str, log: Log) -> tup
 
 
 # ---------------------------------------------------------------- the train state
-def build_state(cfg: Config, t: TrainConfig, toks: tuple[Tokenizer, Tokenizer], *, device: torch.device, keeps_ema: bool) -> TrainState:
+def build_state(
+    cfg: Config, t: TrainConfig, toks: tuple[Tokenizer, Tokenizer], *, device: torch.device, keeps_ema: bool
+) -> TrainState:
     """A new run's model, optimizer, schedule, fp16 scaler and EMA. `keeps_ema`: this rank validates and saves,
     so it alone keeps the moving average (of the unwrapped model)."""
     model = Transformer(cfg.model, src_vocab_size=toks[0].vocab_size, tgt_vocab_size=toks[1].vocab_size).to(device)
@@ -225,7 +269,9 @@ def initialize(state: TrainState, init: dict, *, source: Path) -> None:
         state.model.load_state_dict(model_weights(init, source=str(source)))
     except RuntimeError as exc:  # missing, unexpected or differently shaped tensors: torch lists them, one per line
         first = next((line.strip() for line in str(exc).splitlines()[1:] if line.strip()), str(exc).strip())
-        raise TrainError(f"--init-from {source}: the weights do not fit its config ({first.rstrip('.')}); the checkpoint was damaged or edited") from None
+        raise TrainError(
+            f"--init-from {source}: the weights do not fit its config ({first.rstrip('.')}); the checkpoint was damaged or edited"
+        ) from None
     if state.ema is not None:
         state.ema.reset()
 
@@ -239,7 +285,9 @@ def restore(state: TrainState, saved: dict, *, source: Path, restore_rng: bool, 
         runlog.log(f"resuming with {change}: applied from update {p.update + 1} on (Adam's moment estimates are kept)")
     dropped = runlog.drop_after(p.update)
     if dropped:
-        runlog.log(f"metrics.jsonl: {dropped} records after update {p.update} removed (written after that checkpoint; trained again now)")
+        runlog.log(
+            f"metrics.jsonl: {dropped} records after update {p.update} removed (written after that checkpoint; trained again now)"
+        )
 
 
 # ---------------------------------------------------------------- the data
@@ -260,7 +308,9 @@ def load_data(
     valid_summary, dropped = None, None
     if valid_data is not None:
         valid_summary = valid_data.summary.format()
-        valid_data, dropped = checked_validation_set(valid_data, max_positions=cfg.model.max_positions, name=cfg.data.valid_src)
+        valid_data, dropped = checked_validation_set(
+            valid_data, max_positions=cfg.model.max_positions, name=cfg.data.valid_src
+        )
     log(f"training data: {train_data.summary.format()}")
     if cfg.model.restrict_output:
         if cfg.data.subword_alpha > 0:  # sampled segmentations use pieces the best one never does (scored as UNK)
@@ -270,11 +320,23 @@ def load_data(
             )
         if not resumed:
             state.model.restrict_output_to(_target_pieces(train_data))
-        log(f"output layer: {state.model.output_size:,} of {tgt_tok.vocab_size:,} target pieces (model.restrict_output)")
+        log(
+            f"output layer: {state.model.output_size:,} of {tgt_tok.vocab_size:,} target pieces (model.restrict_output)"
+        )
     if cfg.data.subword_alpha > 0:
         d = cfg.data
-        train_data = SampledSegmentation(train_data, src_tok, tgt_tok, alpha=d.subword_alpha, nbest=d.subword_nbest, seed=cfg.train.seed, max_len=d.max_len)
-        log(f"subword regularisation: training pairs re-segmented every epoch (alpha {d.subword_alpha:g}, nbest {d.subword_nbest})")
+        train_data = SampledSegmentation(
+            train_data,
+            src_tok,
+            tgt_tok,
+            alpha=d.subword_alpha,
+            nbest=d.subword_nbest,
+            seed=cfg.train.seed,
+            max_len=d.max_len,
+        )
+        log(
+            f"subword regularisation: training pairs re-segmented every epoch (alpha {d.subword_alpha:g}, nbest {d.subword_nbest})"
+        )
     if valid_summary is not None:
         log(f"validation data: {valid_summary}")
         if dropped:
@@ -316,11 +378,17 @@ def batching_of(cfg: Config, train_data: Corpus) -> Batching:
     """What this run's epoch batch lists depend on besides the epoch."""
     d, t = cfg.data, cfg.train
     return Batching.of(
-        data=Path(train_data.summary.cache).name, max_tokens=t.max_tokens, seed=t.seed, subword_alpha=d.subword_alpha, subword_nbest=d.subword_nbest
+        data=Path(train_data.summary.cache).name,
+        max_tokens=t.max_tokens,
+        seed=t.seed,
+        subword_alpha=d.subword_alpha,
+        subword_nbest=d.subword_nbest,
     )
 
 
-def training_module(model: Transformer, t: TrainConfig, *, dist: runtime.DistInfo, device: torch.device) -> tuple[torch.nn.Module, str]:
+def training_module(
+    model: Transformer, t: TrainConfig, *, dist: runtime.DistInfo, device: torch.device
+) -> tuple[torch.nn.Module, str]:
     """What the training forward runs: the loss module around the model, wrapped by DDP in a data-parallel run
     (the model itself is what is saved and validated); and the log's words for the processes."""
     module: torch.nn.Module = TeacherForcedLoss(model, label_smoothing=t.label_smoothing)

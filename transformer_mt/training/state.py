@@ -17,7 +17,13 @@ from typing import Any
 
 import torch
 
-from transformer_mt.checkpoint import CheckpointError, config_from_checkpoint, pack_tokenizer_pair, rng_state, set_rng_state
+from transformer_mt.checkpoint import (
+    CheckpointError,
+    config_from_checkpoint,
+    pack_tokenizer_pair,
+    rng_state,
+    set_rng_state,
+)
 from transformer_mt.config import Config, TrainConfig, to_dict
 from transformer_mt.model import Transformer
 from transformer_mt.text import Tokenizer
@@ -41,7 +47,12 @@ class Batching:
         return cls(data, max_tokens, seed, float(f"{subword_alpha:g}"), subword_nbest)
 
     def _parts(self) -> dict[str, str]:
-        return {"data": self.data, "max_tokens": str(self.max_tokens), "seed": str(self.seed), "subword": f"{self.subword_alpha:g}/{self.subword_nbest}"}
+        return {
+            "data": self.data,
+            "max_tokens": str(self.max_tokens),
+            "seed": str(self.seed),
+            "subword": f"{self.subword_alpha:g}/{self.subword_nbest}",
+        }
 
     def to_text(self) -> str:
         return " ".join(f"{key}={value}" for key, value in self._parts().items())
@@ -55,7 +66,11 @@ class Batching:
             parts = dict(kv.split("=", 1) for kv in text.split())
             alpha, nbest = parts["subword"].split("/")
             return cls.of(
-                data=parts["data"], max_tokens=int(parts["max_tokens"]), seed=int(parts["seed"]), subword_alpha=float(alpha), subword_nbest=int(nbest)
+                data=parts["data"],
+                max_tokens=int(parts["max_tokens"]),
+                seed=int(parts["seed"]),
+                subword_alpha=float(alpha),
+                subword_nbest=int(nbest),
             )
         except (KeyError, ValueError):
             raise CheckpointError(
@@ -156,13 +171,17 @@ class TrainState:
             state["ema"] = self.ema.state_dict()
         return state
 
-    def load_state_dict(self, state: dict[str, Any], *, source: str, restore_rng: bool = True, log: Callable[[str], None] = print) -> list[str]:
+    def load_state_dict(
+        self, state: dict[str, Any], *, source: str, restore_rng: bool = True, log: Callable[[str], None] = print
+    ) -> list[str]:
         """Restore a checkpoint of this run (`source` names it in messages); returns the optimizer settings that
         changed since it (applied from the next update, optim.restore_optimizer). `restore_rng`: False on ranks
         that reseed instead (trainer.py)."""
         self.model.load_state_dict(state["model"])
         saved = config_from_checkpoint(state, source=source).train
-        changed = restore_optimizer(self.optimizer, state["optimizer"], model=self.model, saved_cfg=saved, train_cfg=self.train_cfg)
+        changed = restore_optimizer(
+            self.optimizer, state["optimizer"], model=self.model, saved_cfg=saved, train_cfg=self.train_cfg
+        )
         self.scheduler.load_state_dict(state["scheduler"])
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
@@ -170,7 +189,9 @@ class TrainState:
             self.ema.load_state_dict(state["ema"], source=source)
         elif self.ema is not None:
             self.ema.reset()
-            log(f"train.ema_decay={self.train_cfg.ema_decay:g}: {source} holds no EMA weights; the average starts from its weights")
+            log(
+                f"train.ema_decay={self.train_cfg.ema_decay:g}: {source} holds no EMA weights; the average starts from its weights"
+            )
         self.progress = Progress.from_state_dict(state["progress"])
         if restore_rng:
             set_rng_state(state["rng"])

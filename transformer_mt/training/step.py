@@ -40,7 +40,9 @@ from transformer_mt.data import Batch, ParallelData, SampledSegmentation
 from transformer_mt.runtime import flops
 from transformer_mt.training.state import Progress, TrainState
 
-Corpus = ParallelData | SampledSegmentation  # a training corpus: the encoded pairs, or their re-segmentation every epoch
+Corpus = (
+    ParallelData | SampledSegmentation
+)  # a training corpus: the encoded pairs, or their re-segmentation every epoch
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,9 @@ class UpdateBatches:
         return [data.get_batch(idx) for idx in mine], None if mine else data.get_batch(self.batches[0])
 
 
-def update_schedule(data: Corpus, t: TrainConfig, *, world_size: int = 1, epoch: int = 1, start: int = 0) -> Iterator[UpdateBatches]:
+def update_schedule(
+    data: Corpus, t: TrainConfig, *, world_size: int = 1, epoch: int = 1, start: int = 0
+) -> Iterator[UpdateBatches]:
     """Every update's batches in training order, from batch `start` of `epoch` on, until t.max_epochs
     (0: for ever). The same on every rank, and for one process with update_freq x world_size."""
     per_update = world_size * t.update_freq
@@ -83,7 +87,13 @@ def update_flops(data: Corpus, batches: list, m: ModelConfig, *, vocab: int) -> 
     """Training FLOPs of the whole update (all ranks), counted as the benchmark counts them (padded batches,
     flops.train_flops), from the lengths on the host: padded source = longest + EOS, target = longest + BOS."""
     return sum(
-        flops.train_flops(m, vocab=vocab, batch=len(idx), src_len=int(data.src_lengths[idx].max()) + 1, tgt_len=int(data.tgt_lengths[idx].max()) + 1)
+        flops.train_flops(
+            m,
+            vocab=vocab,
+            batch=len(idx),
+            src_len=int(data.src_lengths[idx].max()) + 1,
+            tgt_len=int(data.tgt_lengths[idx].max()) + 1,
+        )
         for idx in batches
     )
 
@@ -151,7 +161,14 @@ def run_update(
             sums += torch.stack([loss.detach(), nll]).to(sums.dtype)
     runtime.all_reduce_sum_(sums)
     gnorm, lr = _apply_gradients(state, log=log)
-    stats = {"loss": sums[0], "nll": sums[1], "ntokens": ntokens, "lr": lr, "gnorm": gnorm, "seconds": time.perf_counter() - tic}
+    stats = {
+        "loss": sums[0],
+        "nll": sums[1],
+        "ntokens": ntokens,
+        "lr": lr,
+        "gnorm": gnorm,
+        "seconds": time.perf_counter() - tic,
+    }
     if host_stats:
         stats["loss"], stats["nll"] = sums.tolist()
     return stats

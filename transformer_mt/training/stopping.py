@@ -73,7 +73,9 @@ class Stopping:
             self.request()
             if verbose:  # a closed or full stderr must not turn the message into an exception here
                 with contextlib.suppress(OSError, ValueError):
-                    echo(f"\n{signal.Signals(signum).name} received: finishing this update and saving a checkpoint (Ctrl-C again to abort)")
+                    echo(
+                        f"\n{signal.Signals(signum).name} received: finishing this update and saving a checkpoint (Ctrl-C again to abort)"
+                    )
 
         previous = {}
         try:
@@ -88,7 +90,9 @@ class Stopping:
                 signal.signal(sig, old)
 
 
-def stop_reason(stopping: Stopping, t: TrainConfig, *, update: int, elapsed: float, distributed: bool, device: torch.device) -> str:
+def stop_reason(
+    stopping: Stopping, t: TrainConfig, *, update: int, elapsed: float, distributed: bool, device: torch.device
+) -> str:
     """Why to stop after this update ("" = go on): a signal or a limit; the same on every rank."""
     reason = INTERRUPTED if stopping.requested else ""
     if not reason and t.max_updates and update >= t.max_updates:

@@ -30,7 +30,9 @@ class TensorBoardLog:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise TensorBoardError(f"train.tensorboard: true needs the tensorboard package: {INSTALL} (or set train.tensorboard: false)") from None
+            raise TensorBoardError(
+                f"train.tensorboard: true needs the tensorboard package: {INSTALL} (or set train.tensorboard: false)"
+            ) from None
         self.writer = SummaryWriter(log_dir=str(log_dir))
 
     def record(self, rec: dict[str, Any]) -> None:
@@ -39,7 +41,12 @@ class TensorBoardLog:
         kind = rec.get("kind") or ("valid" if any(k.startswith("val_") for k in rec) else "train")
         step = rec.get("update")
         for key, value in rec.items():
-            if key in _NOT_SCALARS or isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            if (
+                key in _NOT_SCALARS
+                or isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not math.isfinite(value)
+            ):
                 continue
             name = key[4:] if kind == "valid" and key.startswith("val_") else key
             self.writer.add_scalar(f"{kind}/{name}", value, global_step=step)

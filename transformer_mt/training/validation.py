@@ -22,7 +22,15 @@ from transformer_mt.training.stopping import Stopping
 class Validator:
     """Validates one run's model on its validation set."""
 
-    def __init__(self, cfg: Config, data: ParallelData, tokenizers: tuple[Tokenizer, Tokenizer], *, device: torch.device, log: Callable[[str], None]):
+    def __init__(
+        self,
+        cfg: Config,
+        data: ParallelData,
+        tokenizers: tuple[Tokenizer, Tokenizer],
+        *,
+        device: torch.device,
+        log: Callable[[str], None],
+    ):
         self.cfg, self.t, self.data, self.device, self.log = cfg, cfg.train, data, device, log
         self.src_tok, self.tgt_tok = tokenizers
 
@@ -33,10 +41,24 @@ class Validator:
         # a safe point before every batch's encoder pass: the loss batches and the BLEU search batches alike
         with ema.applied() if ema is not None else contextlib.nullcontext(), stopping.checked_before(model.encoder[0]):
             stopping.check()
-            result = validation_loss(model, self.data, max_tokens=t.max_tokens, seed=t.seed, label_smoothing=t.label_smoothing, device=self.device, dtype=dtype)
+            result = validation_loss(
+                model,
+                self.data,
+                max_tokens=t.max_tokens,
+                seed=t.seed,
+                label_smoothing=t.label_smoothing,
+                device=self.device,
+                dtype=dtype,
+            )
             if t.valid_bleu_sentences >= 0:
                 result["val_bleu"] = validation_bleu(
-                    model, self.bleu_set, self.tgt_tok, beam=t.valid_beam, decode=self.cfg.decode, device=self.device, dtype=dtype
+                    model,
+                    self.bleu_set,
+                    self.tgt_tok,
+                    beam=t.valid_beam,
+                    decode=self.cfg.decode,
+                    device=self.device,
+                    dtype=dtype,
                 )
         return result
 
@@ -45,7 +67,15 @@ class Validator:
         """The validation pairs of BLEU, read and encoded once per run; sources longer than the model takes are
         truncated, as `tmt translate` does, and counted in the log."""
         limit = self.cfg.model.max_positions - 1  # + EOS
-        pairs = bleu_set(self.cfg.data.valid_src, self.cfg.data.valid_tgt, self.src_tok, limit=self.t.valid_bleu_sentences, max_src_tokens=limit)
+        pairs = bleu_set(
+            self.cfg.data.valid_src,
+            self.cfg.data.valid_tgt,
+            self.src_tok,
+            limit=self.t.valid_bleu_sentences,
+            max_src_tokens=limit,
+        )
         if pairs.truncated:
-            self.log(f"validation BLEU: {pairs.truncated} of {len(pairs.src_ids)} sources longer than {limit} pieces truncated")
+            self.log(
+                f"validation BLEU: {pairs.truncated} of {len(pairs.src_ids)} sources longer than {limit} pieces truncated"
+            )
         return pairs

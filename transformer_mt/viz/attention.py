@@ -100,7 +100,9 @@ def _pick(w: torch.Tensor, layers: list[int] | None, heads: list[int] | None) ->
     return w if heads is None else w[:, heads]
 
 
-def batch_attention(model, src_ids: list[list[int]], tgt_ids: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def batch_attention(
+    model, src_ids: list[list[int]], tgt_ids: list[list[int]]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Teacher-forced weights of a padded batch (ids without BOS/EOS): encoder (B, L, H, S, S), decoder
     (B, L, H, T, T), cross (B, L, H, T, S), and the batch's src (B, S) and tgt_in (B, T)."""
     batch = collate(list(zip(src_ids, tgt_ids)), specials=model.specials)
@@ -117,7 +119,9 @@ def batch_attention(model, src_ids: list[list[int]], tgt_ids: list[list[int]]) -
     return stack(w.encoder), stack(w.decoder), stack(w.cross), batch.src, batch.tgt_in
 
 
-def sentence_maps(translator, source: str, *, reference: str | None = None, beam: int | None = None, lenpen: float | None = None) -> AttentionMaps:
+def sentence_maps(
+    translator, source: str, *, reference: str | None = None, beam: int | None = None, lenpen: float | None = None
+) -> AttentionMaps:
     """The maps of ``source`` translated by ``translator``'s model (or teacher-forcing ``reference``)."""
     from transformer_mt.decoding import translate_ids
 
@@ -175,7 +179,14 @@ def draw_kind(maps: AttentionMaps, kind: str, out: Path, *, dpi: int = 80):
             ax = axes[r, c]
             data = w[r, c] if c < n_heads else w[r].mean(0)  # (Q, K); the last column: mean over the heads
             # Each panel scaled 0 .. its own largest weight (diffuse heads would be uniformly dark on 0 .. 1); the title gives it.
-            ax.imshow(data.numpy(), cmap="viridis", vmin=0.0, vmax=max(float(data.max()), 1e-6), interpolation="nearest", aspect="auto")
+            ax.imshow(
+                data.numpy(),
+                cmap="viridis",
+                vmin=0.0,
+                vmax=max(float(data.max()), 1e-6),
+                interpolation="nearest",
+                aspect="auto",
+            )
             name = f"head {head_ids[c]}" if c < n_heads else "mean of heads"
             ax.set_title(f"layer {layer_ids[r]}, {name} (max {float(data.max()):.2f})", fontsize=7.5)
             ax.set_xticks(range(nk), klab, rotation=90, fontsize=small)

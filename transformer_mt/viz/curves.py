@@ -90,14 +90,24 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, *, dpi: int = 90)
     axes = fig.subplots(2, 3)
     colours = [f"C{i % 10}" for i in range(len(runs))]
     for col, (kind, key, title) in enumerate(PANELS):
-        for row, (xkey, xlabel, scale) in enumerate((("update", "updates", 1.0), ("wall", "wall-clock minutes", 1 / 60))):
+        for row, (xkey, xlabel, scale) in enumerate(
+            (("update", "updates", 1.0), ("wall", "wall-clock minutes", 1 / 60))
+        ):
             ax = axes[row, col]
             drawn = False
             for run, colour in zip(runs, colours):
                 recs = [r for r in (run.train if kind == "train" else run.valid) if key in r and xkey in r]
                 if recs:
                     marker = "o" if kind == "valid" and len(recs) < 30 else None
-                    ax.plot([r[xkey] * scale for r in recs], [r[key] for r in recs], color=colour, marker=marker, markersize=3, linewidth=1.2, label=run.name)
+                    ax.plot(
+                        [r[xkey] * scale for r in recs],
+                        [r[key] for r in recs],
+                        color=colour,
+                        marker=marker,
+                        markersize=3,
+                        linewidth=1.2,
+                        label=run.name,
+                    )
                     drawn = True
             if not drawn:
                 ax.text(0.5, 0.5, f"no {key} records", ha="center", va="center", transform=ax.transAxes, color="0.5")
@@ -110,5 +120,7 @@ def plot_runs(run_dirs: Sequence[str | Path], out: str | Path, *, dpi: int = 90)
         for handle, label in zip(*ax.get_legend_handles_labels()):
             by_label.setdefault(label, handle)
     if by_label:
-        fig.legend(list(by_label.values()), list(by_label), loc="outside lower center", ncols=min(len(by_label), 4), fontsize=9)
+        fig.legend(
+            list(by_label.values()), list(by_label), loc="outside lower center", ncols=min(len(by_label), 4), fontsize=9
+        )
     return save_figure(fig, out, dpi=dpi)

@@ -90,7 +90,10 @@ def traced(model: Transformer):
     for name, module in model.named_modules():
         if not name:
             continue
-        hook = lambda _mod, args, out, name=name: calls[name].append(f"{_shape(_first_tensor(args))} -> {_shape(_first_tensor(out))}")  # noqa: E731
+
+        def hook(_mod: nn.Module, args: object, out: object, name: str = name) -> None:
+            calls[name].append(f"{_shape(_first_tensor(args))} -> {_shape(_first_tensor(out))}")
+
         handles.append(module.register_forward_hook(hook))
         if isinstance(module, MultiHeadAttention):
             wrapped.append(module)
@@ -112,10 +115,14 @@ def _recording_attend(module: MultiHeadAttention, name: str, lines: list[str]):
         out = real(q, k, v, allowed, *args, **kwargs)
         b, h, nq, _ = q.shape
         if allowed is not None:
-            mask = f"allowed {_shape(allowed)} bool, True = attend" + (" (causal + padding)" if (tq, tk) == ("T", "T") else "")
+            mask = f"allowed {_shape(allowed)} bool, True = attend" + (
+                " (causal + padding)" if (tq, tk) == ("T", "T") else ""
+            )
         else:  # SDPA's is_causal: the causal pattern without a mask tensor
             mask = "causal (is_causal, no mask tensor)" if kwargs.get("causal") else "none (no padding to hide)"
-        lines.append(f"Q (B, H, {tq}, Dk) = {_shape(q)}   K (B, H, {tk}, Dk) = {_shape(k)}   V (B, H, {tk}, Dv) = {_shape(v)}")
+        lines.append(
+            f"Q (B, H, {tq}, Dk) = {_shape(q)}   K (B, H, {tk}, Dk) = {_shape(k)}   V (B, H, {tk}, Dv) = {_shape(v)}"
+        )
         lines.append(f"scores softmax(QK^T/sqrt(Dk)) (B, H, {tq}, {tk}) = {(b, h, nq, k.size(-2))}   mask {mask}")
         lines.append(f"heads concatenated (B, {tq}, H*Dv) = {(b, nq, h * v.size(-1))} -> out")
         return out
@@ -177,7 +184,9 @@ def render_tree(root: Node, *, full_layers: int = 1) -> list[str]:
     return out
 
 
-def example_batch(src_len: int, tgt_len: int, *, vocab: int, device: torch.device | str, specials: SpecialIds = DEFAULT) -> tuple[torch.Tensor, torch.Tensor]:
+def example_batch(
+    src_len: int, tgt_len: int, *, vocab: int, device: torch.device | str, specials: SpecialIds = DEFAULT
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Two sentences: the first fills (S, T), the second is shorter, so the masks hold padding. src (2, S), tgt_in (2, T)."""
     gen = torch.Generator().manual_seed(0)
     words = torch.tensor([i for i in range(max(vocab, 5)) if i not in specials.kept_ids])  # no special ids
@@ -200,13 +209,27 @@ def paper_size(m: ModelConfig) -> str | None:
     """'base' or 'big' when the config has that Table 3 size (layers, widths, heads, d_k)."""
     dk = m.head_dim or m.d_model // m.heads
     for name, p in PAPER.items():
-        if (m.encoder_layers, m.decoder_layers, m.d_model, m.d_ff, m.heads, dk) == (p["n"], p["n"], p["d_model"], p["d_ff"], p["heads"], p["dk"]):
+        if (m.encoder_layers, m.decoder_layers, m.d_model, m.d_ff, m.heads, dk) == (
+            p["n"],
+            p["n"],
+            p["d_model"],
+            p["d_ff"],
+            p["heads"],
+            p["dk"],
+        ):
             return name
     return None
 
 
 def inspect_report(
-    model: Transformer, cfg: Config, *, vocab: tuple[int, int], source: str, src_len: int = 10, tgt_len: int = 8, full_layers: int = 1
+    model: Transformer,
+    cfg: Config,
+    *,
+    vocab: tuple[int, int],
+    source: str,
+    src_len: int = 10,
+    tgt_len: int = 8,
+    full_layers: int = 1,
 ) -> tuple[list[str], dict]:
     """The report's lines, and its numbers (``total_params``, ``tree_params``, ``flops_per_token``)."""
     m = cfg.model
@@ -218,7 +241,13 @@ def inspect_report(
     root = build_tree(model, calls, details)
     total = sum(p.numel() for p in model.parameters())
     dk, dv = m.head_dim or m.d_model // m.heads, m.value_dim or m.d_model // m.heads
-    shared = "shared source/target/output" if m.share_all_embeddings else "target/output tied" if m.share_decoder_embeddings else "untied"
+    shared = (
+        "shared source/target/output"
+        if m.share_all_embeddings
+        else "target/output tied"
+        if m.share_decoder_embeddings
+        else "untied"
+    )
     lines = [
         f"tmt inspect {source}",
         f"model: {m.norm}-norm, {m.encoder_layers} encoder + {m.decoder_layers} decoder layers, d_model {m.d_model}, {m.heads} heads "
@@ -263,7 +292,9 @@ def load_model(target: str | Path, overrides: list[str] | None = None) -> tuple[
             from transformer_mt.viz import VizError
 
             raise VizError(f"{target}: --set applies to a YAML config, not a checkpoint (its architecture is fixed)")
-        model, cfg, src_tok, tgt_tok, _ = model_from_checkpoint(target)  # the EMA weights when present, as tmt translate decodes
+        model, cfg, src_tok, tgt_tok, _ = model_from_checkpoint(
+            target
+        )  # the EMA weights when present, as tmt translate decodes
         return model, cfg, (src_tok.vocab_size, tgt_tok.vocab_size)
     cfg = load_config(target, overrides or [], check_files=False)
     vocab = (cfg.tokenizer.vocab_size, cfg.tokenizer.vocab_size)

@@ -37,7 +37,12 @@ def drawn_dimensions(d: int, layout: str | None) -> list[tuple[int, float | None
 
 
 def plot_positions(
-    table: torch.Tensor, out: str | Path, *, layout: str | None = "interleaved", title: str = "sinusoidal positional encoding", dpi: int = 72
+    table: torch.Tensor,
+    out: str | Path,
+    *,
+    layout: str | None = "interleaved",
+    title: str = "sinusoidal positional encoding",
+    dpi: int = 72,
 ) -> Path:
     """Draw ``table`` (L positions, D dims) to ``out`` (PNG or SVG by suffix). ``layout``: the sinusoid layout
     (``model.position_layout``) that names each drawn dimension's sine and period; None for learned positions."""
