@@ -29,7 +29,7 @@ from transformer_mt.checkpoint import (
     set_rng_state,
     unpack_tokenizers,
 )
-from transformer_mt.checkpoint import io as ckpt
+from transformer_mt.checkpoint import entries as ckpt
 from transformer_mt.config import Config, to_dict
 from transformer_mt.text import Tokenizer
 
@@ -43,6 +43,7 @@ class Tiny(nn.Module):
         self.norm = nn.LayerNorm(d)
         self.out = nn.Linear(d, vocab)
         self.register_buffer("scale", torch.randn(4).half())
+        self.steps: torch.Tensor  # a buffer: typed here, as nn.Module's attributes are dynamic
         self.register_buffer("steps", torch.tensor(0, dtype=torch.long))
 
 
@@ -183,7 +184,8 @@ def _partial_save(exc: BaseException):
     [
         (
             OSError(errno.ENOSPC, "No space left on device"),
-            "could not save checkpoint to {path}: No space left on device; free space or change train.out_dir; the previous checkpoint is intact",
+            "could not save checkpoint to {path}: No space left on device; free space or change train.out_dir; the "
+            "previous checkpoint is intact",
         ),
         (
             RuntimeError("simulated crash mid-write"),
@@ -272,16 +274,17 @@ def test_missing_and_foreign_files_are_reported(tmp_path):
     with pytest.raises(CheckpointError) as err:
         load_checkpoint(tmp_path / "nope.pt")
     assert str(err.value) == (
-        f"{tmp_path / 'nope.pt'}: checkpoint not found; give a .pt file from train.out_dir (checkpoint_last.pt, checkpoint_best.pt or checkpoint_<update>.pt)"
+        f"{tmp_path / 'nope.pt'}: checkpoint not found; give a .pt file from train.out_dir (checkpoint_last.pt, "
+        "checkpoint_best.pt or checkpoint_<update>.pt)"
     )
 
     plain = tmp_path / "weights.pt"
     torch.save({"weight": torch.ones(2)}, plain)  # loads fine, but is not ours
     with pytest.raises(CheckpointError) as err:
         load_checkpoint(plain)
-    assert (
-        str(err.value)
-        == f"{plain}: not a transformer_mt checkpoint (no 'format' key); give a checkpoint written by `tmt train` or `tmt average`"
+    assert str(err.value) == (
+        f"{plain}: not a transformer_mt checkpoint (no 'format' key); give a checkpoint written by `tmt train` or "
+        "`tmt average`"
     )
 
     pickled = tmp_path / "pickled.pt"
@@ -351,15 +354,16 @@ def test_average_refuses_different_architectures(tmp_path):
     with pytest.raises(CheckpointError) as err:
         average_checkpoints([base, wider])
     assert str(err.value) == (
-        f"cannot average {base} and {wider}: model.d_model differs (8 vs 16); average checkpoints of one run (or of identically configured runs)"
+        f"cannot average {base} and {wider}: model.d_model differs (8 vs 16); average checkpoints of one run (or of "
+        "identically configured runs)"
     )
 
     bigger_vocab = save_checkpoint(training_state(3, vocab=12), tmp_path / "c.pt")  # same config, other shapes
     with pytest.raises(CheckpointError) as err:
         average_checkpoints([base, bigger_vocab])
     assert str(err.value) == (
-        f"cannot average {base} and {bigger_vocab}: parameter 'emb.weight' differs "
-        "(shape [11, 8] float32 vs shape [12, 8] float32); average checkpoints of one run (or of identically configured runs)"
+        f"cannot average {base} and {bigger_vocab}: parameter 'emb.weight' differs (shape [11, 8] float32 vs shape "
+        "[12, 8] float32); average checkpoints of one run (or of identically configured runs)"
     )
 
 

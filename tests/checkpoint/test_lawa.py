@@ -60,8 +60,8 @@ def test_every_averages_the_newest_multiples(tmp_path, capsys):
     avg = load_checkpoint(out)
     picked = [2000, 3000, 4000]
     assert avg["averaged_from"] == [str(numbered_checkpoint_path(tmp_path, u)) for u in picked]
-    mean_w = sum(weights[u]["w"].double() for u in picked) / 3
-    mean_b = sum(weights[u]["b"].double() for u in picked) / 3
+    mean_w = torch.stack([weights[u]["w"].double() for u in picked]).sum(0) / 3
+    mean_b = torch.stack([weights[u]["b"].double() for u in picked]).sum(0) / 3
     torch.testing.assert_close(avg["model"]["w"], mean_w.float(), rtol=0, atol=1e-6)
     torch.testing.assert_close(avg["model"]["b"], mean_b.half(), rtol=0, atol=1e-3)
     assert avg["model"]["steps"].item() == 4000  # an integer buffer comes from the newest, not averaged
@@ -74,8 +74,9 @@ def test_too_few_multiples_is_one_line_naming_what_was_found(tmp_path, capsys):
     )
     assert code == 2 and out == ""
     assert err == (
-        f"tmt: error: {tmp_path}: asked for the last 3 checkpoints at multiples of 1000 updates but found 2 (updates: 1000, 2000); "
-        "ask for fewer with --last, or train with train.keep_every=1000 (and numbered saves on those updates) so pruning keeps them\n"
+        f"tmt: error: {tmp_path}: asked for the last 3 checkpoints at multiples of 1000 updates but found 2 (updates: "
+        "1000, 2000); ask for fewer with --last, or train with train.keep_every=1000 (and numbered saves on those "
+        "updates) so pruning keeps them\n"
     )
     assert not (tmp_path / "x.pt").exists()
     code, _, err = run_cli(

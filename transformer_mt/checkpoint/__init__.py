@@ -1,7 +1,16 @@
-"""Checkpoint files: the format, atomic save and safe load (io), RNG state (rng), the numbered files of a
-run and their pruning (retention), averaging (averaging), and the directories `tmt export` writes (exports)."""
+"""Checkpoint files: the format, atomic save and safe load (io), the tokenizers and config a checkpoint holds
+(entries), the weights to decode with (weights), RNG state (rng), the numbered files of a run and their pruning
+(retention), averaging (averaging), and the directories `tmt export` writes (exports)."""
 
 from transformer_mt.checkpoint.averaging import average_checkpoints, check_average_output
+from transformer_mt.checkpoint.entries import (
+    config_from_checkpoint,
+    pack_tokenizer_pair,
+    pack_tokenizers,
+    tokenizers_from_checkpoint,
+    unpack_tokenizers,
+    unpack_vocabularies,
+)
 from transformer_mt.checkpoint.exports import (
     EXPORT_MARKER,
     file_sha256,
@@ -9,20 +18,7 @@ from transformer_mt.checkpoint.exports import (
     staged_directory,
     write_export_marker,
 )
-from transformer_mt.checkpoint.io import (
-    FORMAT,
-    CheckpointError,
-    config_from_checkpoint,
-    copy_checkpoint,
-    load_checkpoint,
-    model_weights,
-    pack_tokenizer_pair,
-    pack_tokenizers,
-    save_checkpoint,
-    tokenizers_from_checkpoint,
-    unpack_tokenizers,
-    unpack_vocabularies,
-)
+from transformer_mt.checkpoint.io import FORMAT, CheckpointError, copy_checkpoint, load_checkpoint, save_checkpoint
 from transformer_mt.checkpoint.retention import (
     checkpoint_update,
     last_checkpoints,
@@ -31,6 +27,7 @@ from transformer_mt.checkpoint.retention import (
     prune_checkpoints,
 )
 from transformer_mt.checkpoint.rng import rng_state, set_rng_state
+from transformer_mt.checkpoint.weights import model_weights
 
 __all__ = [
     "file_sha256",

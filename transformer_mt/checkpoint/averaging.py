@@ -10,15 +10,10 @@ from typing import Any
 
 import torch
 
-from transformer_mt.checkpoint.io import (
-    WEIGHTS,
-    CheckpointError,
-    load_checkpoint,
-    model_weights,
-    unpack_tokenizers,
-    unpack_vocabularies,
-)
+from transformer_mt.checkpoint.entries import unpack_tokenizers, unpack_vocabularies
+from transformer_mt.checkpoint.io import CheckpointError, load_checkpoint
 from transformer_mt.checkpoint.retention import is_numbered_checkpoint
+from transformer_mt.checkpoint.weights import WEIGHTS, model_weights
 
 # The training-state keys an averaged (inference) checkpoint does not carry.
 TRAINING_KEYS = ("optimizer", "scheduler", "scaler", "rng", "progress", "metrics", "ema")
@@ -94,19 +89,21 @@ def check_average_output(
         raise CheckpointError(f"{out}: exists and is not a regular file; give a file path for the averaged checkpoint")
     if is_numbered_checkpoint(out) and _is_run_dir(out.parent):
         raise CheckpointError(
-            f"{out}: a numbered checkpoint name in a run directory, which `tmt train --resume` would take for a training checkpoint; "
-            "give another name (e.g. average.pt)"
+            f"{out}: a numbered checkpoint name in a run directory, which `tmt train --resume` would take for a "
+            "training checkpoint; give another name (e.g. average.pt)"
         )
     if not out.exists():
         return
     for path in inputs:  # a checkpoint replaced by the average loses its training state
         if Path(path).exists() and os.path.samefile(out, path):
             raise CheckpointError(
-                f"{out}: the output is the input checkpoint {path}; writing it would destroy that checkpoint, so give another -o"
+                f"{out}: the output is the input checkpoint {path}; writing it would destroy that checkpoint, so give "
+                "another -o"
             )
     if out.name in RUN_CHECKPOINTS and _is_run_dir(out.parent) and not _is_average(out):
         raise CheckpointError(
-            f"{out}: the run's own {out.name}, not an average; --force never replaces a checkpoint of the run, so give another -o (e.g. average.pt)"
+            f"{out}: the run's own {out.name}, not an average; --force never replaces a checkpoint of the run, so give "
+            "another -o (e.g. average.pt)"
         )
     if not force and not _is_average(out):
         raise CheckpointError(
@@ -132,7 +129,8 @@ def _is_average(path: Path) -> bool:
 def _check_same_architecture(path_a: Path, a: dict[str, Any], path_b: Path, b: dict[str, Any]) -> None:
     def refuse(what: str) -> None:
         raise CheckpointError(
-            f"cannot average {path_a} and {path_b}: {what}; average checkpoints of one run (or of identically configured runs)"
+            f"cannot average {path_a} and {path_b}: {what}; average checkpoints of one run (or of identically "
+            "configured runs)"
         )
 
     model_a = (a.get("config") or {}).get("model", {})

@@ -55,20 +55,29 @@ def output_problem(out: Path, *, force: bool) -> str | None:
             if entries is None
             else f"it holds {', '.join(entries[:3]) or 'nothing'}" + (", ..." if len(entries) > 3 else "")
         )
-        return f"{out}: not a directory tmt export wrote ({held}); --force replaces only an earlier export: choose a new -o directory"
+        return (
+            f"{out}: not a directory tmt export wrote ({held}); --force replaces only an earlier export: choose a new "
+            "-o directory"
+        )
     if not written:
         return (
-            f"{out}: its {EXPORT_MARKER} lists no files (an older tmt's export), so --force cannot tell them from yours; "
-            f"delete {out} yourself or choose a new -o directory"
+            f"{out}: its {EXPORT_MARKER} lists no files (an older tmt's export), so --force cannot tell them from "
+            f"yours; delete {out} yourself or choose a new -o directory"
         )
     for name in entries or ():
         path = out / name
         if name == EXPORT_MARKER:
             continue
         if name not in written:
-            return f"{path}: not written by tmt export, and --force replaces only an export's own files; move it out of {out} or choose a new -o directory"
+            return (
+                f"{path}: not written by tmt export, and --force replaces only an export's own files; move it out of "
+                f"{out} or choose a new -o directory"
+            )
         if path.is_symlink() or not path.is_file() or file_sha256(path) != written[name]:
-            return f"{path}: changed since tmt export wrote it, and --force replaces only unchanged files; move it out of {out} or choose a new -o directory"
+            return (
+                f"{path}: changed since tmt export wrote it, and --force replaces only unchanged files; move it out of "
+                f"{out} or choose a new -o directory"
+            )
     return None
 
 

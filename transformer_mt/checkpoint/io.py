@@ -1,4 +1,4 @@
-"""Checkpoint files: the format, atomic save, safe load, and the plain-type helpers of their entries.
+"""Checkpoint files: the format, atomic save and safe load.
 
 THE checkpoint format ("transformer_mt/1") is a dict of plain types only (tensors, dicts,
 lists, tuples, str, int, float, bool, None), so it loads with ``torch.load(weights_only=True)``
@@ -9,17 +9,20 @@ and loading a file never runs code from it:
     config      ``config.to_dict(cfg)``: the whole resolved experiment configuration
     tokenizers  {"src": uint8 tensor, "tgt": uint8 tensor}: the sentencepiece model protos
                 (the same proto twice for a joint vocabulary), and for an imported vocabulary
-                "src_vocab" / "tgt_vocab": the piece of each id (list of str); see :func:`pack_tokenizers`
+                "src_vocab" / "tgt_vocab": the piece of each id (list of str);
+                see :func:`~transformer_mt.checkpoint.entries.pack_tokenizers`
     # training state; absent (or None) in inference checkpoints such as averages
     optimizer   ``optimizer.state_dict()``
     scheduler   ``scheduler.state_dict()``
     scaler      ``GradScaler.state_dict()`` or None when no loss scaling is used
-    rng         :func:`~transformer_mt.checkpoint.rng.rng_state`: python / numpy / torch CPU / torch CUDA generator states
+    rng         :func:`~transformer_mt.checkpoint.rng.rng_state`: python / numpy / torch CPU / torch CUDA
+                generator states
     progress    ``Progress.state_dict()`` (training/state.py): "update", "epoch", "batch_in_epoch" (batches consumed
                 in the epoch), "best", "bad_validations" (patience count), "elapsed" (seconds), ...
     metrics     the last validation's results (loss, perplexity, BLEU, ...)
     ema         only with train.ema_decay > 0: ``EMA.state_dict()`` (training/ema.py), {"decay", "updates", "weights":
-                {parameter name -> fp32 tensor}}; decoding takes these weights by default (:func:`model_weights`)
+                {parameter name -> fp32 tensor}}; decoding takes these weights by default
+                (:func:`~transformer_mt.checkpoint.weights.model_weights`)
 
 Sentencepiece protos are stored as uint8 tensors, not ``bytes``: torch before 2.5 refuses
 ``bytes`` under weights_only (pytorch/pytorch#133163), and older checkpoints must keep loading.
@@ -28,8 +31,9 @@ Sentencepiece protos are stored as uint8 tensors, not ``bytes``: torch before 2.
 (CVE-2025-32434) and its unpickler could corrupt memory below 2.10 (CVE-2026-24747), so
 :func:`load_checkpoint` refuses to read any checkpoint under a torch older than 2.10.
 
-The rest of the package: RNG state (rng.py), the numbered files of a run directory and their
-pruning (retention.py), averaging into an inference checkpoint (averaging.py).
+The rest of the package: the entries of a loaded checkpoint read back and checked, tokenizers and config
+(entries.py), and the weights to decode with (weights.py); RNG state (rng.py), the numbered files of a run
+directory and their pruning (retention.py), averaging into an inference checkpoint (averaging.py).
 """
 
 from __future__ import annotations
@@ -46,22 +50,14 @@ from typing import Any
 
 import torch
 
-from transformer_mt.config import Config, ConfigError, from_dict, quote, quote_name
+from transformer_mt.config import quote
 from transformer_mt.errors import TmtError
-from transformer_mt.text import SpecialIds, Tokenizer, TokenizerError
 
 FORMAT = "transformer_mt/1"
-WEIGHTS = (
-    "ema",
-    "raw",
-)  # which weights of a checkpoint to decode: the moving average (train.ema_decay) or the trained ones
 
 
 class CheckpointError(TmtError, RuntimeError):
     """A checkpoint problem worded for the user: one line naming the path and the fix."""
-
-
-# ----------------------------------------------------------------------------- save / load
 
 
 def save_checkpoint(state: dict[str, Any], path: str | os.PathLike) -> Path:
@@ -174,11 +170,13 @@ def load_checkpoint(
     if not path.is_file():
         what = "is a directory, not a checkpoint file" if path.is_dir() else "checkpoint not found"
         raise CheckpointError(
-            f"{path}: {what}; give a .pt file from train.out_dir (checkpoint_last.pt, checkpoint_best.pt or checkpoint_<update>.pt)"
+            f"{path}: {what}; give a .pt file from train.out_dir (checkpoint_last.pt, checkpoint_best.pt or "
+            "checkpoint_<update>.pt)"
         )
     try:
         state = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap and _is_zip(path))
-    except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError, EOFError, UnpicklingError, ... depending on the damage
+    except Exception as exc:  # noqa: BLE001
+        # torch raises RuntimeError, EOFError, UnpicklingError, ... depending on the damage
         text = str(exc)
         if "Weights only load failed" in text:
             raise CheckpointError(
@@ -194,11 +192,13 @@ def load_checkpoint(
         ) from None
     if not isinstance(state, dict) or "format" not in state:
         raise CheckpointError(
-            f"{path}: not a transformer_mt checkpoint (no 'format' key); give a checkpoint written by `tmt train` or `tmt average`"
+            f"{path}: not a transformer_mt checkpoint (no 'format' key); give a checkpoint written by `tmt train` or "
+            "`tmt average`"
         )
     if not isinstance(state["format"], str) or state["format"] != FORMAT:
         raise CheckpointError(
-            f"{path}: checkpoint format {quote(state['format'])} is not {FORMAT!r}; use the transformer_mt version that wrote it"
+            f"{path}: checkpoint format {quote(state['format'])} is not {FORMAT!r}; use the transformer_mt version "
+            "that wrote it"
         )
     return state
 
@@ -219,8 +219,8 @@ def _check_torch_is_safe(version: str | None = None) -> None:
     parts = re.match(r"(\d+)\.(\d+)", version)
     if parts is None or (int(parts.group(1)), int(parts.group(2))) < SAFE_TORCH:
         raise CheckpointError(
-            f"torch {version} cannot load checkpoints safely (weights-only loading is unsafe below 2.10: CVE-2025-32434, CVE-2026-24747); "
-            "upgrade with pip install 'torch>=2.10'"
+            f"torch {version} cannot load checkpoints safely (weights-only loading is unsafe below 2.10: "
+            "CVE-2025-32434, CVE-2026-24747); upgrade with pip install 'torch>=2.10'"
         )
 
 
@@ -244,199 +244,12 @@ def _check_plain(obj: Any, where: str) -> None:
             _check_plain(value, f"{where}[{i}]")
     elif isinstance(obj, (bytes, bytearray)):
         raise CheckpointError(
-            f"checkpoint {where} is bytes, which torch < 2.5 refuses under weights_only; store bytes_to_tensor(value) instead"
+            f"checkpoint {where} is bytes, which torch < 2.5 refuses under weights_only; store bytes_to_tensor(value) "
+            "instead"
         )
     elif not (isinstance(obj, torch.Tensor) or type(obj) in _LEAF_TYPES):
         kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
         raise CheckpointError(
-            f"checkpoint {where} is a {kind}, which torch.load(weights_only=True) refuses; convert it to a tensor, str, int, float, bool, list or dict"
+            f"checkpoint {where} is a {kind}, which torch.load(weights_only=True) refuses; convert it to a tensor, "
+            "str, int, float, bool, list or dict"
         )
-
-
-# ----------------------------------------------------------------------------- plain-type helpers
-
-
-def bytes_to_tensor(data: bytes) -> torch.Tensor:
-    """``bytes`` -> 1-D uint8 tensor (a copy), storable under weights_only in every torch version."""
-    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.zeros(0, dtype=torch.uint8)
-
-
-def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
-    """Inverse of :func:`bytes_to_tensor`."""
-    if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.uint8 or tensor.dim() != 1:
-        got = (
-            f"{tensor.dtype} with shape {tuple(tensor.shape)}"
-            if isinstance(tensor, torch.Tensor)
-            else f"a {type(tensor).__name__}"
-        )
-        raise CheckpointError(f"expected a 1-D uint8 tensor of bytes, got {got}")
-    return tensor.cpu().numpy().tobytes()
-
-
-def pack_tokenizers(
-    src_proto: bytes,
-    tgt_proto: bytes | None = None,
-    *,
-    src_vocab: list[str] | None = None,
-    tgt_vocab: list[str] | None = None,
-) -> dict[str, Any]:
-    """The ``tokenizers`` entry: sentencepiece protos as tensors (joint vocabulary: tgt = src), and the vocabularies
-    of a tokenizer whose ids come from a vocabulary file (:class:`~transformer_mt.text.Tokenizer` with ``vocab``)."""
-    entry: dict[str, Any] = {
-        "src": bytes_to_tensor(src_proto),
-        "tgt": bytes_to_tensor(src_proto if tgt_proto is None else tgt_proto),
-    }
-    for side, vocab in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab)):
-        if vocab is not None:
-            entry[side] = list(vocab)
-    return entry
-
-
-def pack_tokenizer_pair(src: Tokenizer, tgt: Tokenizer) -> dict[str, Any]:
-    """:func:`pack_tokenizers` of two tokenizers: what a checkpoint stores of them."""
-    return pack_tokenizers(src.proto, tgt.proto, src_vocab=src.vocab, tgt_vocab=tgt.vocab)
-
-
-def unpack_tokenizers(state: dict[str, Any], *, source: str = "checkpoint") -> tuple[bytes, bytes]:
-    """(src_proto, tgt_proto) from a loaded checkpoint; feed them to ``Tokenizer(proto)``."""
-    toks = state.get("tokenizers")
-    if not isinstance(toks, dict) or not {"src", "tgt"} <= toks.keys():
-        raise CheckpointError(
-            f"{source}: checkpoint holds no sentencepiece models ('tokenizers' with 'src' and 'tgt'); give a checkpoint written by `tmt train`"
-        )
-    for side in ("src", "tgt"):
-        proto = toks[side]
-        if (
-            not isinstance(proto, torch.Tensor)
-            or proto.dtype != torch.uint8
-            or proto.dim() != 1
-            or not _stored_whole(proto)
-        ):
-            raise CheckpointError(
-                f"{source}: its tokenizers' {side!r} is not a sentencepiece model (1-D uint8 tensor); the checkpoint is damaged, use another one"
-            )
-    return tensor_to_bytes(toks["src"]), tensor_to_bytes(toks["tgt"])
-
-
-def unpack_vocabularies(
-    state: dict[str, Any], *, source: str = "checkpoint"
-) -> tuple[list[str] | None, list[str] | None]:
-    """(src_vocab, tgt_vocab) of a loaded checkpoint: the piece of each id for a tokenizer whose ids come from a
-    vocabulary file, None for a side whose ids are sentencepiece's own."""
-    toks = state.get("tokenizers")
-    toks = toks if isinstance(toks, dict) else {}
-    vocabs = []
-    for side in ("src_vocab", "tgt_vocab"):
-        vocab = toks.get(side)
-        if vocab is not None and not (isinstance(vocab, list) and all(isinstance(p, str) for p in vocab)):
-            raise CheckpointError(
-                f"{source}: its tokenizers' {side!r} is not a list of pieces; the checkpoint is damaged, use another one"
-            )
-        vocabs.append(vocab)
-    return vocabs[0], vocabs[1]
-
-
-def tokenizers_from_checkpoint(
-    state: dict[str, Any], cfg: Config, *, source: str = "checkpoint"
-) -> tuple[Tokenizer, Tokenizer]:
-    """The (source, target) tokenizers a loaded checkpoint holds, with the special ids of its ``cfg.model``.
-    A joint vocabulary gives one Tokenizer twice. A model that does not parse, or whose ids do not fit the
-    config, is a CheckpointError naming the checkpoint."""
-    protos, vocabs = unpack_tokenizers(state, source=source), unpack_vocabularies(state, source=source)
-    specials = SpecialIds.of(cfg.model)
-    made: list[Tokenizer] = []
-    for side, proto, vocab in zip(("src", "tgt"), protos, vocabs):
-        if made and proto == made[0].proto and vocab == made[0].vocab:
-            made.append(made[0])
-            continue
-        try:
-            made.append(Tokenizer(proto, vocab=vocab, specials=specials))
-        except RuntimeError:  # sentencepiece: "INTERNAL: ... ParseFromArray ..."
-            raise CheckpointError(
-                f"{source}: its sentencepiece model {side!r} is corrupt (it does not parse); use another checkpoint of the run"
-            ) from None
-        except TokenizerError as exc:
-            raise CheckpointError(f"{source}: {side} tokenizer: {exc}") from None
-    return made[0], made[1]
-
-
-def config_from_checkpoint(state: dict[str, Any], *, source: str = "checkpoint") -> Config:
-    """The experiment Config stored in a loaded checkpoint (checked like a YAML file)."""
-    if not isinstance(state.get("config"), dict):
-        raise CheckpointError(f"{source}: checkpoint holds no 'config'; give a checkpoint written by `tmt train`")
-    try:
-        return from_dict(state["config"], source=source)
-    except ConfigError as exc:
-        raise CheckpointError(f"{exc}; the checkpoint may come from another transformer_mt version") from None
-
-
-def _stored_whole(tensor: torch.Tensor) -> bool:
-    """Whether the file holds every number of ``tensor``: a dense tensor whose numbers fit in its storage. A view
-    with a stride of 0 or overlapping strides could make a (10^6, 10^6) tensor of one float, which any copy or cast
-    would then allocate in full."""
-    if tensor.layout != torch.strided:
-        return False
-    return tensor.numel() * tensor.element_size() <= tensor.untyped_storage().nbytes()
-
-
-def _named_tensors(entry: Any, what: str, source: str) -> dict[str, torch.Tensor]:
-    """``entry`` checked to be {name: tensor}, every tensor held whole by the file (:func:`_stored_whole`)."""
-    if not isinstance(entry, dict):
-        raise CheckpointError(
-            f"{source}: its {what} is not a mapping of names to tensors; the checkpoint is damaged, use another one"
-        )
-    for name, tensor in entry.items():
-        if not isinstance(name, str) or not isinstance(tensor, torch.Tensor):
-            raise CheckpointError(
-                f"{source}: its {what} entry {quote_name(name)} is not a named tensor; the checkpoint is damaged, use another one"
-            )
-        if not _stored_whole(tensor):
-            raise CheckpointError(
-                f"{source}: its {what} tensor {quote_name(name)} of shape {tuple(tensor.shape)} claims more numbers than the file stores for it; "
-                "the checkpoint is damaged or crafted, use another one"
-            )
-    return entry
-
-
-def model_weights(
-    state: dict[str, Any], *, weights: str | None = None, source: str = "checkpoint"
-) -> dict[str, torch.Tensor]:
-    """The model ``state_dict`` to decode with: `weights` "ema" (the moving average, what validation chose the best
-    checkpoint on), "raw" (the trained weights), or None: "ema" when the checkpoint holds them, else "raw".
-    Every entry is checked to be a named tensor held whole by the file, and each EMA weight to have its
-    parameter's name and shape, before any is cast; whether they fit the model is its loader's check."""
-    if weights not in (None, *WEIGHTS):
-        raise CheckpointError(f"--weights {weights}: choose one of {', '.join(WEIGHTS)}")
-    ema = state.get("ema")
-    has_ema = ema is not None and not (isinstance(ema, dict) and not ema)
-    if weights == "ema" and not has_ema:
-        raise CheckpointError(
-            f"{source}: --weights ema, but the checkpoint holds no EMA weights (train.ema_decay was 0); use --weights raw"
-        )
-    if not isinstance(state.get("model"), dict):
-        raise CheckpointError(
-            f"{source}: checkpoint holds no 'model' weights; give a checkpoint written by `tmt train` or `tmt average`"
-        )
-    raw = _named_tensors(state["model"], "'model'", source)
-    if weights == "raw" or not has_ema:
-        return raw
-    if not isinstance(ema, dict) or "weights" not in ema:
-        raise CheckpointError(
-            f"{source}: its 'ema' entry holds no 'weights'; the checkpoint is damaged, decode its trained weights with --weights raw"
-        )
-    model = dict(raw)
-    for name, tensor in _named_tensors(
-        ema["weights"], "'ema' weights", source
-    ).items():  # parameters only: buffers stay the model's
-        if name not in model:
-            raise CheckpointError(
-                f"{source}: EMA weight {quote_name(name)} is not a model parameter; the checkpoint is damaged, use --weights raw"
-            )
-        param = model[name]
-        if tensor.shape != param.shape or not tensor.is_floating_point():
-            raise CheckpointError(
-                f"{source}: EMA weight {quote_name(name)} is {tensor.dtype} {tuple(tensor.shape)}, its parameter {param.dtype} {tuple(param.shape)}; "
-                "the checkpoint is damaged, use --weights raw"
-            )
-        model[name] = tensor.to(model[name].dtype)
-    return model

@@ -85,12 +85,13 @@ def last_checkpoints(run_dir: str | os.PathLike, n: int, *, every: int = 0) -> l
         if len(found) < n:
             updates = ", ".join(str(checkpoint_update(p)) for p in found) or "none"
             raise CheckpointError(
-                f"{run_dir}: asked for the last {n} checkpoints at multiples of {every} updates but found {len(found)} (updates: {updates}); "
-                f"ask for fewer with --last, or train with train.keep_every={every} (and numbered saves on those updates) so pruning keeps them"
+                f"{run_dir}: asked for the last {n} checkpoints at multiples of {every} updates but found {len(found)} "
+                f"(updates: {updates}); ask for fewer with --last, or train with train.keep_every={every} (and "
+                "numbered saves on those updates) so pruning keeps them"
             )
     if len(found) < n:
         raise CheckpointError(
-            f"{run_dir}: asked for the last {n} checkpoints but the run has {len(found)} numbered checkpoint_<update>.pt files; "
-            "ask for fewer or raise train.keep_last for the next run"
+            f"{run_dir}: asked for the last {n} checkpoints but the run has {len(found)} numbered "
+            "checkpoint_<update>.pt files; ask for fewer or raise train.keep_last for the next run"
         )
     return found[-n:]
