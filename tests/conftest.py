@@ -119,8 +119,10 @@ def run_cli(argv: list, capsys) -> tuple[int, str, str]:
 
     with pytest.raises(SystemExit) as exit_:
         main([str(a) for a in argv])
+    code = exit_.value.code
+    assert code is None or isinstance(code, int), code  # main exits with a number, never a message
     captured = capsys.readouterr()
-    return exit_.value.code or 0, captured.out, captured.err
+    return code or 0, captured.out, captured.err
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 import pytest
@@ -26,9 +27,18 @@ def write(path: Path, lines: list[str]) -> Path:
     return path
 
 
-def naive_filter(src: list[str], tgt: list[str], tok: Tokenizer, cfg: DataConfig) -> dict:
+class Filtered(TypedDict):
+    """What :func:`naive_filter` finds: the pairs dropped for each reason, and the line numbers kept."""
+
+    empty: int
+    too_long: int
+    ratio: int
+    kept: list[int]
+
+
+def naive_filter(src: list[str], tgt: list[str], tok: Tokenizer, cfg: DataConfig) -> Filtered:
     """The filtering rules of transformer_mt.data.corpus, restated one pair at a time."""
-    out = {"empty": 0, "too_long": 0, "ratio": 0, "kept": []}
+    out: Filtered = {"empty": 0, "too_long": 0, "ratio": 0, "kept": []}
     for lineno, (s, t) in enumerate(zip(src, tgt)):
         s, t = s.strip(), t.strip()
         if not s or not t:
@@ -223,11 +233,11 @@ def test_crash_mid_encode_leaves_no_valid_looking_cache(tmp_path, corpus_slice, 
     calls = []
 
     class Failing(Tokenizer):
-        def encode(self, lines):
+        def encode(self, lines: list[str], *, alpha: float = 0.0, nbest: int = -1) -> list[list[int]]:
             calls.append(len(lines))
             if len(calls) == 3:  # second chunk, source side already written
                 raise KeyboardInterrupt
-            return super().encode(lines)
+            return super().encode(lines, alpha=alpha, nbest=nbest)
 
     bad = Failing(tok.proto)
     with pytest.raises(KeyboardInterrupt):
@@ -301,7 +311,8 @@ def test_batches_equal_a_naive_greedy_loop():
         ls, lt = rng.integers(1, 80, n), rng.integers(1, int(rng.integers(2, 80)), n)
         max_tokens = int(rng.integers(1, 600))
         order = sorted(range(n), key=lambda i: (lt[i], ls[i], i))
-        want, current = [], []
+        want: list[list[int]] = []
+        current: list[int] = []
         for i in order:  # add while max(len) x count stays within budget on both sides
             grown = current + [i]
             if current and len(grown) * max(max(ls[grown]), max(lt[grown])) > max_tokens:
@@ -333,6 +344,7 @@ def test_collate_builds_teacher_forcing_in_one_place():
     assert b.src.tolist() == [[5, 6, 7, EOS_ID], [8, EOS_ID, PAD_ID, PAD_ID]]
     assert b.tgt_in.tolist() == [[BOS_ID, 10, PAD_ID, PAD_ID], [BOS_ID, 11, 12, 13]]
     assert b.tgt_out.tolist() == [[10, EOS_ID, PAD_ID, PAD_ID], [11, 12, 13, EOS_ID]]
+    assert b.indices is not None
     assert (b.ntokens, b.nsentences, b.indices.tolist()) == (6, 2, [4, 9])
     assert b.src.dtype == b.tgt_in.dtype == b.tgt_out.dtype == torch.long
     moved = b.to("cpu")
@@ -352,6 +364,7 @@ def test_get_batch_rows_match_the_pairs(tmp_path, corpus_slice, tok):
     )
     idx = d.batches(1, max_tokens=600, seed=1)[0]
     b = d.get_batch(idx)
+    assert b.indices is not None
     assert b.nsentences == len(idx) and b.indices.tolist() == idx.tolist()
     assert b.ntokens == int((d.tgt_lengths[idx] + 1).sum()) == int((b.tgt_out != PAD_ID).sum())
     for row, i in enumerate(idx):

@@ -58,9 +58,14 @@ def test_preprocess_reads_back_direct_encoding_in_chunks_and_train_reuses_it(
     config, corpus_slice, tmp_path, capsys, monkeypatch
 ):
     monkeypatch.setattr(data_module, "CHUNK_LINES", 300)
-    sizes = []
+    sizes: list[int] = []
     real_encode = Tokenizer.encode
-    monkeypatch.setattr(Tokenizer, "encode", lambda self, lines: sizes.append(len(lines)) or real_encode(self, lines))
+
+    def counting_encode(self: Tokenizer, lines: list[str]) -> list[list[int]]:
+        sizes.append(len(lines))
+        return real_encode(self, lines)
+
+    monkeypatch.setattr(Tokenizer, "encode", counting_encode)
     code, out, err = run_cli(["preprocess", "-c", str(config)], capsys)
     assert code == 0, err
     assert "2,000 pairs read" in out and "100 pairs read" in out and out.count("(written)") == 2

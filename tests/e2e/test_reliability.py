@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tracemalloc
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -33,6 +34,7 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str]:
     """Exit code and stderr of `tmt ARGV` run in this process."""
     with pytest.raises(SystemExit) as exc:
         main(argv)
+    assert isinstance(exc.value.code, int), exc.value.code  # main exits with a number, never a message
     return exc.value.code, capsys.readouterr().err
 
 
@@ -497,11 +499,14 @@ def test_position_table_too_large_is_refused_before_allocating(bad_inputs, tmp_p
     ckpt = _damaged(bad_inputs, tmp_path / "huge.pt", damage)
     from transformer_mt.model import positions as positions_module
 
-    built = []
+    built: list[int] = []
     sinusoids = positions_module.sinusoids
-    monkeypatch.setattr(
-        positions_module, "sinusoids", lambda n, *a, **k: built.append(n) or sinusoids(min(n, 2**21), *a, **k)
-    )
+
+    def counting_sinusoids(n: int, *a: Any, **k: Any) -> torch.Tensor:
+        built.append(n)
+        return sinusoids(min(n, 2**21), *a, **k)
+
+    monkeypatch.setattr(positions_module, "sinusoids", counting_sinusoids)
     code, err = run_cli(["translate", "-c", ckpt, bad_inputs["src"]], capsys)
     assert (
         code == 2

@@ -9,6 +9,7 @@ import os
 import re
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -76,7 +77,7 @@ def test_default_rows_at_the_papers_base_are_table_3():
     d_ff 1024/4096, dropout 0/0.2, label smoothing 0/0.2, learned positions."""
     path = REPO / "configs" / "transformer_base.yaml"
     rows = table3_variations(load_config(path, check_files=False))
-    by_row = {}
+    by_row: dict[str, list[dict[str, Any]]] = {}
     for v in rows:
         cfg = load_config(path, v.overrides, check_files=False)
         by_row.setdefault(v.row, []).append(columns(cfg))
@@ -259,10 +260,12 @@ def test_killed_sweep_continues_where_it_stopped(base_yaml, tmp_path, capsys, mo
     # the E row is stopped by a signal at update 8, as Ctrl-C or a scheduler's SIGTERM would
     real_train = train_module.train
 
+    def interrupt_at_update_8(update: int, _: dict) -> None:
+        if update == 8:
+            os.kill(os.getpid(), signal.SIGINT)
+
     def interrupted_train(cfg, **kwargs):
-        return real_train(
-            cfg, on_update=lambda update, _: update == 8 and os.kill(os.getpid(), signal.SIGINT), **kwargs
-        )
+        return real_train(cfg, on_update=interrupt_at_update_8, **kwargs)
 
     monkeypatch.setattr(train_module, "train", interrupted_train)
     code, _, stderr = run_cli(argv, capsys)

@@ -32,7 +32,7 @@ DOG, CATS, BIRDS = (
     "Zwei Katzen schlafen auf dem Sofa.",
     "Drei Vögel sitzen auf dem Dach.",
 )
-CASES = {
+CASES: dict[str, tuple[bytes, list[str] | int]] = {
     "bom": (f"\ufeff{DOG}\n{CATS}\n".encode(), [DOG, CATS]),
     "no_final_newline": (f"{DOG}\n{CATS}".encode(), [DOG, CATS]),
     "crlf": (f"{DOG}\r\n{CATS}\r\n".encode(), [DOG, CATS]),
@@ -62,7 +62,8 @@ def test_every_reader_sees_the_same_lines(case, tmp_path, spm_model, ckpt, monke
     path = tmp_path / "in.txt"
     path.write_bytes(data)
     invalid = isinstance(expected, int)
-    where = f"{path}:{expected}" if invalid else None
+    where = f"{path}:{expected}"  # what an invalid-UTF-8 error names (checked only when invalid)
+    lines: list[str] = [] if isinstance(expected, int) else expected
     tok = Tokenizer(spm_model)
 
     # tmt tokenize train: the sentences handed to sentencepiece (spied, not trained: a 2-line corpus is too small)
@@ -73,7 +74,7 @@ def test_every_reader_sees_the_same_lines(case, tmp_path, spm_model, ckpt, monke
     if invalid:
         assert_error_names(code, err, where)
     else:
-        assert code == 0 and seen == expected, (err, seen)
+        assert code == 0 and seen == lines, (err, seen)
 
     # training data: transformer_mt.data.corpus reads the pairs (the target side is clean)
     tgt = tmp_path / "tgt.txt"
@@ -87,24 +88,24 @@ def test_every_reader_sees_the_same_lines(case, tmp_path, spm_model, ckpt, monke
         corpus = load_parallel(
             path, tgt, tok, tok, DataConfig(), cache_dir=tmp_path / "cache", filter_long=False, quiet=True
         )
-        assert corpus.summary.pairs_read == len(expected) and corpus.texts("src") == expected
+        assert corpus.summary.pairs_read == len(lines) and corpus.texts("src") == lines
 
     # tmt translate: the file chunks, the line count (its progress bar) and one output line per line
     if invalid:
         with pytest.raises(TextError, match=re.escape(where)):
             [line for chunk in textio.file_chunks(path) for line in chunk]
     else:
-        assert [line for chunk in textio.file_chunks(path, chunk_lines=1) for line in chunk] == expected
-        assert textio.count_lines(path) == len(expected)
+        assert [line for chunk in textio.file_chunks(path, chunk_lines=1) for line in chunk] == lines
+        assert textio.count_lines(path) == len(lines)
     code, out, err = run_cli(["translate", "-c", ckpt, path, "--beam", "1", "--device", "cpu"], capsys)
     if invalid:
         assert_error_names(code, err, where)
     else:
-        assert code == 0 and out.count("\n") == len(expected), err
+        assert code == 0 and out.count("\n") == len(lines), err
 
     # tmt bleu, the hypotheses from the file and from stdin, against the expected lines as a clean reference
     ref = tmp_path / "ref.txt"
-    ref.write_bytes(b"".join(line.encode() + b"\n" for line in (["x", "y"] if invalid else expected)))
+    ref.write_bytes(b"".join(line.encode() + b"\n" for line in (["x", "y"] if invalid else lines)))
     for hyp, name in ((path, str(path)), ("-", "<stdin>")):
         fake_stdin(monkeypatch, data)
         code, out, err = run_cli(["bleu", "-r", ref, hyp, "-w", "2"], capsys)
@@ -120,7 +121,7 @@ def test_every_reader_sees_the_same_lines(case, tmp_path, spm_model, ckpt, monke
         if invalid:
             assert_error_names(code, err, f"{name}:{expected}")
         else:
-            assert code == 0 and out.splitlines() == [" ".join(pieces) for pieces in tok.encode_pieces(expected)], err
+            assert code == 0 and out.splitlines() == [" ".join(pieces) for pieces in tok.encode_pieces(lines)], err
 
 
 def test_tokenize_train_rejects_invalid_utf8_like_training(tmp_path, corpus_slice, capsys):
