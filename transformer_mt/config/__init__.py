@@ -8,7 +8,8 @@ and what to change. Dotted overrides (``model.encoder_layers=3``) go through the
 - ``sections``: the dataclasses and their defaults;
 - ``loading``: strict YAML, typed values, overrides, to and from plain dicts;
 - ``checks``: :func:`validate`, each section's checks and the allocation bounds (:data:`MAX_PARAMETERS`,
-  :func:`model_elements`, :func:`size_problem`); :func:`quote` and :func:`quote_name`, how a message shows a value or a name from a file;
+  :func:`model_elements`, :func:`size_problem`); :func:`quote` and :func:`quote_name`, how a message shows a
+  value or a name from a file;
 - ``rules``: the search settings' rules (beam, n-best, length penalty, output length) that the
   config, the command line, the server and the search each check with the same functions.
 """

@@ -76,7 +76,8 @@ def quote(value: Any, limit: int = 60) -> str:
 
 def quote_name(name: Any, limit: int = 80) -> str:
     """A name read from a file (a key, a tensor's name) as a message shows it: as it is when it is a short printable
-    string, else quoted by :func:`quote` (a tab, a line separator or a thousand characters never reach the message raw)."""
+    string, else quoted by :func:`quote` (a tab, a line separator or a thousand characters never reach the message
+    raw)."""
     if isinstance(name, str) and name.isprintable() and len(name) <= limit:
         return name
     return quote(name, limit)
@@ -106,7 +107,8 @@ def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -
             if value and not Path(value).is_file():
                 fail(
                     dotted,
-                    f"file {quote(value, 160)} not found; check the path (relative paths start from the current directory)",
+                    f"file {quote(value, 160)} not found; "
+                    "check the path (relative paths start from the current directory)",
                 )
 
 
@@ -120,7 +122,8 @@ def _check_model(m: ModelConfig, fail: Fail) -> None:
     if (m.head_dim == 0 or m.value_dim == 0) and m.d_model % m.heads:
         fail(
             "model.d_model",
-            f"{m.d_model} is not divisible by model.heads={m.heads}; choose d_model as a multiple of heads (or set model.head_dim and model.value_dim)",
+            f"{m.d_model} is not divisible by model.heads={m.heads}; "
+            "choose d_model as a multiple of heads (or set model.head_dim and model.value_dim)",
         )
     for key in ("dropout", "attention_dropout", "activation_dropout"):
         if not 0.0 <= getattr(m, key) < 1.0:
@@ -172,8 +175,10 @@ def _check_train(t: TrainConfig, fail: Fail) -> None:
         nearest = spacing * max(1, round(t.keep_every / spacing))
         fail(
             "train.keep_every",
-            f"{t.keep_every} is not a multiple of train.{'save_every' if t.save_every else 'validate_every'} ({spacing}), "
-            f"so only the updates that are multiples of both would be kept; use a multiple of {spacing}, e.g. {nearest}",
+            f"{t.keep_every} is not a multiple of "
+            f"train.{'save_every' if t.save_every else 'validate_every'} ({spacing}), "
+            "so only the updates that are multiples of both would be kept; "
+            f"use a multiple of {spacing}, e.g. {nearest}",
         )
     _check_schedule(t, fail)
     if not 0.0 <= t.ema_decay < 1.0:
@@ -232,7 +237,8 @@ def _check_data(data: DataConfig, m: ModelConfig, fail: Fail) -> None:
     if data.max_len + 1 > m.max_positions:  # + EOS on the source, + BOS on the decoder input
         fail(
             "data.max_len",
-            f"{data.max_len} + 1 (EOS or BOS) exceeds model.max_positions={m.max_positions}; lower data.max_len or raise model.max_positions",
+            f"{data.max_len} + 1 (EOS or BOS) exceeds model.max_positions={m.max_positions}; "
+            "lower data.max_len or raise model.max_positions",
         )
     if bool(data.valid_src) != bool(data.valid_tgt):
         given, missing = ("valid_src", "valid_tgt") if data.valid_src else ("valid_tgt", "valid_src")
@@ -269,7 +275,8 @@ LIMITS = {
 # holds with room to decode, and ten times Transformer-big (213M) or the largest MarianMT model (~600M). A config,
 # a checkpoint or an imported model above it is refused before anything is allocated.
 MAX_PARAMETERS = 1 << 31
-# A sinusoid position table computed on load (never stored): 1 GiB is 500k positions at d_model 512, far past any sentence
+# A sinusoid position table computed on load (never stored): 1 GiB is 500k positions at d_model 512,
+# far past any sentence
 MAX_POSITION_TABLE_BYTES = 1 << 30
 
 
@@ -295,8 +302,9 @@ def size_problem(elements: int) -> str | None:
     if elements <= MAX_PARAMETERS:
         return None
     return (
-        f"about {elements:.3g} parameters, above the supported {MAX_PARAMETERS:.3g} ({elements * 4 / 2**30:.3g} GiB in float32, "
-        f"the bound is {MAX_PARAMETERS * 4 / 2**30:.3g} GiB); check model.* (layers, d_model, d_ff, heads) and the vocabulary"
+        f"about {elements:.3g} parameters, above the supported {MAX_PARAMETERS:.3g} "
+        f"({elements * 4 / 2**30:.3g} GiB in float32, the bound is {MAX_PARAMETERS * 4 / 2**30:.3g} GiB); "
+        "check model.* (layers, d_model, d_ff, heads) and the vocabulary"
     )
 
 
@@ -307,7 +315,8 @@ def _check_bounds(cfg: Config, fail: Fail) -> None:
         if value > limit:
             fail(
                 dotted,
-                f"{value} is above the supported maximum {limit}; check the value (a checkpoint with it is damaged or crafted)",
+                f"{value} is above the supported maximum {limit}; "
+                "check the value (a checkpoint with it is damaged or crafted)",
             )
     vocab = cfg.tokenizer.vocab_size  # a checkpoint's loader checks again with its tokenizers' real sizes
     problem = size_problem(model_elements(cfg.model, src_vocab_size=vocab, tgt_vocab_size=vocab))

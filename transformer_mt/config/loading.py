@@ -52,7 +52,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         except (ValueError, OverflowError) as exc:  # int() past sys.get_int_max_str_digits(), date(2001, 13, 45), ...
             value = node.value if isinstance(node.value, str) else node.tag
             raise ConfigError(
-                f"line {node.start_mark.line + 1}: {quote(value)} cannot be read ({quote(str(exc), 80)}); give a plain number or quote it as a string"
+                f"line {node.start_mark.line + 1}: {quote(value)} cannot be read ({quote(str(exc), 80)}); "
+                "give a plain number or quote it as a string"
             ) from None
 
 
@@ -61,7 +62,8 @@ def _read_yaml(path: Path) -> Any:
     try:
         if path.stat().st_size > MAX_CONFIG_BYTES:
             raise ConfigError(
-                f"{path.stat().st_size:,} bytes, more than a config holds ({MAX_CONFIG_BYTES:,} at most); give the YAML config file"
+                f"{path.stat().st_size:,} bytes, more than a config holds ({MAX_CONFIG_BYTES:,} at most); "
+                "give the YAML config file"
             )
         return yaml.load(
             path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader
@@ -91,7 +93,8 @@ def _override_value(dotted: str, text: str) -> Any:
     except (yaml.YAMLError, RecursionError, ValueError) as exc:
         problem = quote(str(getattr(exc, "problem", None) or (str(exc).splitlines() or [type(exc).__name__])[0]), 120)
         raise ConfigError(
-            f"--set {dotted}={text}: the value is not valid YAML ({problem}); quote strings, e.g. --set '{dotted}=\"...\"', and close lists, e.g. [0.9, 0.98]"
+            f"--set {dotted}={text}: the value is not valid YAML ({problem}); "
+            f"quote strings, e.g. --set '{dotted}=\"...\"', and close lists, e.g. [0.9, 0.98]"
         ) from None
 
 
@@ -197,7 +200,8 @@ def _apply_sections(cfg: Config, raw: Any, source: str, *, empty_sections: bool)
     file may state; a checkpoint's config always has all of them."""
     if not isinstance(raw, dict):
         raise ConfigError(
-            f"{source}: expected a mapping of sections (data, tokenizer, model, train, decode) at the top, got {quote(raw)}"
+            f"{source}: expected a mapping of sections (data, tokenizer, model, train, decode) at the top, "
+            f"got {quote(raw)}"
         )
     for section, values in raw.items():
         name = _name(section)
@@ -227,7 +231,8 @@ def load_config(
         path = Path(path)
         if path.is_dir():
             raise ConfigError(
-                f"{path}: is a directory, not a config file; give a YAML file (to continue a run directory use --resume {path})"
+                f"{path}: is a directory, not a config file; "
+                f"give a YAML file (to continue a run directory use --resume {path})"
             )
         if not path.is_file():
             raise ConfigError(f"{path}: config file not found; check the path given to --config")

@@ -54,7 +54,8 @@ def beam_problem(
         return Problem(
             "beam",
             beam,
-            f"needs a target vocabulary of at least {2 * beam + 2} ids, the model has {tgt_vocab_size}; use a beam of at most {vocab_cap}",
+            f"needs a target vocabulary of at least {2 * beam + 2} ids, the model has {tgt_vocab_size}; "
+            f"use a beam of at most {vocab_cap}",
         )
     if not 1 <= nbest <= beam:
         return Problem("nbest", nbest, f"is out of range; use 1 to the beam size ({beam}): 1 <= nbest <= beam")

@@ -93,7 +93,9 @@ class TrainConfig:
     seed: int = 1  # seeds parameters, dropout and batch order
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps
     threads: int = 0  # CPU threads for torch; 0 = torch's default
-    dtype: str = "float32"  # float32, bfloat16 (autocast, CPU or CUDA), float16 (autocast + loss scaling, CUDA) or auto (per machine: runtime.auto_dtype)
+    # float32, bfloat16 (autocast, CPU or CUDA), float16 (autocast + loss scaling, CUDA) or auto (per machine:
+    # runtime.auto_dtype)
+    dtype: str = "float32"
     max_tokens: int = 4096  # token budget per batch (the larger of source and target tokens, padding included)
     update_freq: int = 1  # batches whose gradients are accumulated into one update
     label_smoothing: float = 0.1  # eps_ls of section 5.4
@@ -118,14 +120,20 @@ class TrainConfig:
     validate_every: int = 1000  # updates between validations (and checkpoint saves)
     save_every: int = 0  # updates between numbered checkpoints kept on disk (validated or not); 0 = at every validation
     keep_last: int = 5  # numbered checkpoints kept (the newest ones); 0 = keep all
-    keep_every: int = 0  # also keep, past keep_last, every numbered checkpoint whose update is a multiple of this (for `tmt average --every`); 0 = none
+    # also keep, past keep_last, every numbered checkpoint whose update is a multiple of this (for
+    # `tmt average --every`); 0 = none
+    keep_every: int = 0
     best_metric: str = "bleu"  # bleu (higher is better) or loss (lower is better) picks checkpoint_best.pt
     patience: int = 0  # stop after this many validations without improvement; 0 = never
     valid_bleu_sentences: int = 0  # sentences of the validation set decoded for BLEU; 0 = all, -1 = skip BLEU
     valid_beam: int = 1  # beam size for validation BLEU (1 = greedy, fastest); lenpen from decode.lenpen
     log_every: int = 100  # updates between lines of the log and metrics file
-    tensorboard: bool = False  # also write the metrics.jsonl scalars as TensorBoard events in <out_dir>/tensorboard (pip install -e ".[tensorboard]")
-    peak_tflops: float = 0.0  # the device's matmul peak, for the MFU of the end-of-training cost report; 0 = measure once, cached in ~/.cache/tmt/peak.json
+    # also write the metrics.jsonl scalars as TensorBoard events in <out_dir>/tensorboard
+    # (pip install -e ".[tensorboard]")
+    tensorboard: bool = False
+    # the device's matmul peak, for the MFU of the end-of-training cost report; 0 = measure once, cached in
+    # ~/.cache/tmt/peak.json
+    peak_tflops: float = 0.0
 
     @property
     def numbered_spacing(self) -> int:
