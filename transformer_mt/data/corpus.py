@@ -97,7 +97,8 @@ class CorpusSummary:
             )
         return "\n".join(
             [
-                f"{self.src_path} -> {self.tgt_path}: {self.pairs_read:,} pairs read, {self.kept:,} kept ({100 * self.kept / max(self.pairs_read, 1):.2f}%)",
+                f"{self.src_path} -> {self.tgt_path}: {self.pairs_read:,} pairs read, "
+                f"{self.kept:,} kept ({100 * self.kept / max(self.pairs_read, 1):.2f}%)",
                 f"  {dropped}",
                 "  tokens: "
                 + side("source", self.src_tokens, self.src_unk, self.src_max)
@@ -237,7 +238,8 @@ def load_parallel(
     meta = read_meta(directory, key)
     if meta is None:
         raise DataError(
-            f"{directory}: the cache just written does not read back; check the disk (space, permissions) and delete the directory"
+            f"{directory}: the cache just written does not read back; "
+            "check the disk (space, permissions) and delete the directory"
         )
     return ParallelData(directory, meta, src_path, tgt_path, from_cache=False, specials=tgt_tok.specials)
 
@@ -276,7 +278,8 @@ def _encode_corpus(
     n_src, n_tgt = count_lines(src_path), count_lines(tgt_path)
     if n_src != n_tgt:
         raise DataError(
-            f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}; line i of one file must translate line i of the other, "
+            f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}; "
+            "line i of one file must translate line i of the other, "
             "so fix the files to have the same number of lines"
         )
     summary = CorpusSummary(
@@ -316,7 +319,8 @@ def _encode_corpus(
             writer.close()
         if summary.pairs_read != n_src:
             raise DataError(
-                f"{src_path}: read {summary.pairs_read} lines after counting {n_src}; a file changed while it was encoded, run again"
+                f"{src_path}: read {summary.pairs_read} lines after counting {n_src}; "
+                "a file changed while it was encoded, run again"
             )
         for side, stats in writer.stats.items():
             setattr(summary, f"{side}_tokens", stats["tokens"])

@@ -60,9 +60,10 @@ def markdown(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"Each row trained for the same budget ({budget}) from the base config"
         + (f" with `{' '.join('--set ' + o for o in meta['overrides'])}`" if meta["overrides"] else "")
         + ". "
-        f"val BLEU: {bl['metric']} on {sentences}, {search}. val PPL: per-piece perplexity exp(NLL), no label smoothing, "
-        "whole validation set. params: sum(p.numel()) of the trained model (tied matrices once). wall: training minutes, "
-        "validation included. Blank cells equal the base row."
+        f"val BLEU: {bl['metric']} on {sentences}, {search}. "
+        "val PPL: per-piece perplexity exp(NLL), no label smoothing, whole validation set. "
+        "params: sum(p.numel()) of the trained model (tied matrices once). "
+        "wall: training minutes, validation included. Blank cells equal the base row."
         + (f"\n\nCommand: `{meta['command']}`" if meta["command"] else ""),
         "",
         "| row | variant | " + " | ".join(COLUMNS) + " | updates | val PPL | val BLEU | params | wall (min) | status |",

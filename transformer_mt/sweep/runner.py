@@ -157,7 +157,8 @@ def run_sweep(
     t = base.train
     if not (t.max_updates or t.max_time or t.max_epochs):
         raise SweepError(
-            f"{config}: no training budget (train.max_updates, max_time and max_epochs are 0); give --budget-updates or --budget-minutes"
+            f"{config}: no training budget (train.max_updates, max_time and max_epochs are 0); "
+            "give --budget-updates or --budget-minutes"
         )
     variations = table3_variations(base) if variations is None else variations
     check_variations(variations)
@@ -216,7 +217,8 @@ def _plan(v: Variation, config: str | os.PathLike, common: list[str], out: Path,
         what = _first_difference(marker.get("config") or {}, recorded(plan.cfg))
         if selected:
             raise SweepError(
-                f"{run_dir}: this row was trained with another config ({what}); use another -o SWEEP_DIR, or delete {run_dir} to train it again"
+                f"{run_dir}: this row was trained with another config ({what}); "
+                f"use another -o SWEEP_DIR, or delete {run_dir} to train it again"
             )
         plan.result["note"] = f"holds a run with another config ({what})"
     elif marker is not None and marker.get("status") in ("done", "failed"):
@@ -279,7 +281,8 @@ def _train_row(
     write_marker(run_dir, marker)  # before training: a killed row is then known as this sweep's, with this config
     resume = any(run_dir.glob("checkpoint*.pt"))
     log(
-        f"tmt sweep: row {v.row} {v.name} ({', '.join(v.overrides) or 'the base'}): {'resuming' if resume else 'training'} in {run_dir}"
+        f"tmt sweep: row {v.row} {v.name} ({', '.join(v.overrides) or 'the base'}): "
+        f"{'resuming' if resume else 'training'} in {run_dir}"
     )
     try:
         result = training.train(
@@ -309,6 +312,7 @@ def _train_row(
     row.update(done)
     write_marker(run_dir, {**marker, "status": "done", "result": done})
     log(
-        f"tmt sweep: row {v.name}: {done['updates']} updates, val BLEU {done['val_bleu']}, {done['params']:,} parameters"
+        f"tmt sweep: row {v.name}: {done['updates']} updates, val BLEU {done['val_bleu']}, "
+        f"{done['params']:,} parameters"
     )
     return False

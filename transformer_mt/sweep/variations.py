@@ -82,7 +82,8 @@ def load_variations(path: str | os.PathLike) -> list[Variation]:
     path = Path(path)
     if not path.is_file():
         raise SweepError(
-            f"--variations {path}: file not found; give a YAML list such as the one `tmt sweep --print-variations` writes"
+            f"--variations {path}: file not found; "
+            "give a YAML list such as the one `tmt sweep --print-variations` writes"
         )
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
@@ -121,7 +122,8 @@ def check_variations(variations: list[Variation], *, source: str = "variations")
     for v in variations:
         if not _NAME.fullmatch(v.name) or v.name in RESERVED:
             raise SweepError(
-                f"{source}: row name {v.name!r} cannot name a run directory; use letters, digits, '-', '_', '.' (not {' or '.join(RESERVED)})"
+                f"{source}: row name {v.name!r} cannot name a run directory; "
+                f"use letters, digits, '-', '_', '.' (not {' or '.join(RESERVED)})"
             )
         if v.name in seen:
             raise SweepError(f"{source}: two rows are named {v.name!r}; give each row its own name")

@@ -145,7 +145,8 @@ class LineSplitter:
 
     def _too_long(self) -> TextError:
         return TextError(
-            f"{self.name}:{self.lineno + 1}: line longer than {self.max_line_bytes:,} bytes; give one sentence per line "
+            f"{self.name}:{self.lineno + 1}: line longer than {self.max_line_bytes:,} bytes; "
+            "give one sentence per line "
             "(a file with old Mac \\r line endings: convert them to \\n, e.g. tr '\\r' '\\n')"
         )
 
@@ -299,7 +300,8 @@ def safe_output(path: PathLike | None, *, inputs: Sequence[PathLike | None] = ()
             given = check_input(given)
             if path.exists() and os.path.samefile(path, given):
                 raise TextError(
-                    f"{path}: the output is the input file {given}; writing it would destroy the input, so give another output file"
+                    f"{path}: the output is the input file {given}; "
+                    "writing it would destroy the input, so give another output file"
                 )
     target = Path(os.path.realpath(path))
     if target.exists() and not target.is_file():  # a device or FIFO: nothing to replace

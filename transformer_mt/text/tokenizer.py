@@ -153,7 +153,8 @@ class Tokenizer:
             want = (self.specials.pad, self.specials.unk, self.specials.bos, self.specials.eos)
             if ids != want:
                 raise TokenizerError(
-                    f"{where}: special ids (pad, unk, bos, eos) are {ids}, expected {want}; train it with `tmt tokenize train` so the ids match"
+                    f"{where}: special ids (pad, unk, bos, eos) are {ids}, expected {want}; "
+                    "train it with `tmt tokenize train` so the ids match"
                 )
             self._index: dict[str, int] = {}
         else:
@@ -165,7 +166,8 @@ class Tokenizer:
             bad = [i for i in self.specials.kept_ids if i >= len(self.vocab)]
             if bad:
                 raise TokenizerError(
-                    f"{where}: special id {bad[0]} is outside its vocabulary of {len(self.vocab)} pieces; check the model.*_id keys"
+                    f"{where}: special id {bad[0]} is outside its vocabulary of {len(self.vocab)} pieces; "
+                    "check the model.*_id keys"
                 )
 
     @property
