@@ -60,10 +60,13 @@ WEIGHTS_HELP = (
 
 
 ENGINE_HELP = (
-    "tmt (its own search) or ctranslate2: the checkpoint converted once (cached beside it as CHECKPOINT.ct2/) and decoded "
-    "by CTranslate2, one call over all lines (extra export; docs/deploying.md says what is equal)."
+    "tmt (its own search) or ctranslate2: the checkpoint converted once (cached beside it as CHECKPOINT.ct2/) and "
+    "decoded by CTranslate2, one call over all lines (extra export; docs/deploying.md says what is equal)."
 )
-COMPUTE_TYPE_HELP = "With --engine ctranslate2: CTranslate2's compute type, float32 (default), int8, int8_float32, ... (weights quantized when loading)."
+COMPUTE_TYPE_HELP = (
+    "With --engine ctranslate2: CTranslate2's compute type, float32 (default), int8, int8_float32, ... "
+    "(weights quantized when loading)."
+)
 
 
 def build_translator(

@@ -22,7 +22,8 @@ def explore(
     examples: Path | None = typer.Option(
         None,
         "--examples",
-        help="Example source sentences, one per line, offered in the page's menu (default: none; a checkpoint's own files are never read).",
+        help="Example source sentences, one per line, offered in the page's menu "
+        "(default: none; a checkpoint's own files are never read).",
     ),
     device: str = typer.Option("cpu", "--device", help="cpu, auto, cuda, cuda:N or mps."),
     threads: int = typer.Option(0, "--threads", help="CPU threads for torch (0 = torch default)."),
@@ -39,7 +40,8 @@ def explore(
         help="Also answer requests for this Host name (repeatable; '*' = any). Others get 421 (DNS rebinding).",
     ),
 ) -> None:
-    """The model at work on one sentence, in a browser: translation and probabilities, beam search, attention, masks and positions."""
+    """The model at work on one sentence, in a browser: translation and probabilities, beam search, attention, \
+masks and positions."""
     from transformer_mt.explore.server import explore as run_explorer
     from transformer_mt.explore.session import Limits
 

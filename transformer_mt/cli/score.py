@@ -52,18 +52,21 @@ def average(
         0,
         "--every",
         min=0,
-        help="With --run: only checkpoints whose update is a multiple of K (a wider, LAWA-style window; train with train.keep_every=K to keep them).",
+        help="With --run: only checkpoints whose update is a multiple of K "
+        "(a wider, LAWA-style window; train with train.keep_every=K to keep them).",
     ),
     output: Path = typer.Option(..., "--output", "-o", help="Where to write the averaged checkpoint."),
     weights: str | None = typer.Option(
         None,
         "--weights",
-        help="ema or raw: which weights of each checkpoint to average (train.ema_decay). Default: ema when every checkpoint holds it, else raw.",
+        help="ema or raw: which weights of each checkpoint to average (train.ema_decay). "
+        "Default: ema when every checkpoint holds it, else raw.",
     ),
     force: bool = typer.Option(
         False,
         "--force",
-        help="Replace an existing output file that is not an earlier average (never a directory, an input or a run's checkpoint).",
+        help="Replace an existing output file that is not an earlier average "
+        "(never a directory, an input or a run's checkpoint).",
     ),
 ) -> None:
     """Average model parameters of several checkpoints (the paper averages the last 5 or 20)."""
@@ -86,6 +89,7 @@ def average(
     averaged = average_checkpoints(paths, weights=weights)
     save_checkpoint(averaged, output)
     typer.echo(
-        f"averaged the {averaged['averaged_weights']} weights of {len(paths)} checkpoints ({', '.join(p.name for p in paths)}) into {output}",
+        f"averaged the {averaged['averaged_weights']} weights of {len(paths)} checkpoints "
+        f"({', '.join(p.name for p in paths)}) into {output}",
         err=True,
     )

@@ -20,7 +20,8 @@ def sweep(
     variations: Path | None = typer.Option(
         None,
         "--variations",
-        help="YAML list of rows {row, name, set: [...]}; default: Table 3's rows A-E scaled to the base (see --print-variations).",
+        help="YAML list of rows {row, name, set: [...]}; "
+        "default: Table 3's rows A-E scaled to the base (see --print-variations).",
     ),
     budget_updates: int | None = typer.Option(
         None, "--budget-updates", min=1, help="Updates per row (replaces the base's limits)."
@@ -28,7 +29,8 @@ def sweep(
     budget_minutes: float | None = typer.Option(
         None,
         "--budget-minutes",
-        help="Training minutes per row, validation included (replaces the base's limits; with --budget-updates, whichever comes first).",
+        help="Training minutes per row, validation included "
+        "(replaces the base's limits; with --budget-updates, whichever comes first).",
     ),
     rows: str | None = typer.Option(
         None, "--rows", help="Train only these rows: labels or names, comma-separated (e.g. base,A)."

@@ -79,7 +79,8 @@ def translate(
 def mbr(
     candidates: list[Path] = typer.Argument(
         ...,
-        help="Candidate files, one per system, for the same inputs: tmt translate output, plain (one line per input) or n-best (--nbest K).",
+        help="Candidate files, one per system, for the same inputs: "
+        "tmt translate output, plain (one line per input) or n-best (--nbest K).",
     ),
     output: Path | None = typer.Option(
         None, "--output", "-o", help="Output file, one line per input (default: stdout)."
