@@ -39,7 +39,8 @@ def time_call(fn, *, reps: int) -> float:
 def case(
     attn: MultiHeadAttention, *, batch: int, queries: int, keys: int, causal: bool, padded: bool, reps: int
 ) -> dict[str, float]:
-    """Both paths on one shape: q (B, H, T, Dk), k and v (B, H, K, Dk); returns ms per call and the largest output difference."""
+    """Both paths on one shape: q (B, H, T, Dk), k and v (B, H, K, Dk); returns ms per call and the largest output
+    difference."""
     g = torch.Generator().manual_seed(0)
     h, dk = attn.heads, attn.dk
     q, k, v = (torch.randn(batch, h, n, dk, generator=g).requires_grad_() for n in (queries, keys, keys))
@@ -102,7 +103,8 @@ def main() -> None:
                 )
                 kind = "causal" if causal else "no mask"
                 print(
-                    f"| d_k {dk}, {batch} x {keys} keys, {kind} | {r['sdpa']:.2f} | {r['spelled']:.2f} | {r['sdpa'] / r['spelled']:.2f} | {r['diff']:.1e} |"
+                    f"| d_k {dk}, {batch} x {keys} keys, {kind} | {r['sdpa']:.2f} | {r['spelled']:.2f} "
+                    f"| {r['sdpa'] / r['spelled']:.2f} | {r['diff']:.1e} |"
                 )
 
 

@@ -82,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
             tic = time.perf_counter()
             page.press("#source", "Enter")
             page.wait_for_function(
-                "document.getElementById('status').textContent.startsWith('done') || !document.getElementById('error').hidden"
+                "document.getElementById('status').textContent.startsWith('done') "
+                "|| !document.getElementById('error').hidden"
             )
             translate_s = time.perf_counter() - tic
             if not page.locator("#error").is_hidden():
@@ -99,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.stop()
     print(
-        f"translation: {page_text(args.sentence)} -> page load {load_s:.2f} s, translation with every view {translate_s:.2f} s"
+        f"translation: {page_text(args.sentence)} -> page load {load_s:.2f} s, "
+        f"translation with every view {translate_s:.2f} s"
     )
     return 0
 

@@ -195,7 +195,8 @@ def print_tables(
 ) -> None:
     print(
         f"# {args.model}: {args.updates} updates profiled after {args.warmup}, {ntok} target tokens, "
-        f"{wall_us / 1e3 / args.updates:.1f} ms per update, {ntok / (wall_us / 1e6):.0f} target tokens/s (under the profiler), "
+        f"{wall_us / 1e3 / args.updates:.1f} ms per update, "
+        f"{ntok / (wall_us / 1e6):.0f} target tokens/s (under the profiler), "
         f"torch {torch.__version__}, {args.threads} threads"
     )
     print("\n| group | ms per update | share of wall |\n| --- | ---: | ---: |")

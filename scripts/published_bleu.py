@@ -37,7 +37,8 @@ def moses_pipeline(lang: str):
         from sacremoses import MosesPunctNormalizer, MosesTokenizer
     except ImportError:
         sys.exit(
-            "published_bleu.py: needs the sacremoses package (the Moses tokenizer in Python); run: pip install sacremoses"
+            "published_bleu.py: needs the sacremoses package (the Moses tokenizer in Python); "
+            "run: pip install sacremoses"
         )
     normalizer, tokenizer = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
 
@@ -69,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ref = prepare(read_lines(args.ref))
         print(
-            f"{args.ref}: {sum(len(line.split()) for line in ref)} reference tokens after lowercase | normalize | tokenize -l {lang}",
+            f"{args.ref}: {sum(len(line.split()) for line in ref)} reference tokens "
+            f"after lowercase | normalize | tokenize -l {lang}",
             file=sys.stderr,
         )
         for hyp_path in args.hyps:
@@ -90,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
                 )
             else:
                 print(
-                    f"{hyp_path}: BLEU {bleu['score']:.2f} {bleu['verbose']} (lowercased, Moses-normalized and -tokenized, {lang})"
+                    f"{hyp_path}: BLEU {bleu['score']:.2f} {bleu['verbose']} "
+                    f"(lowercased, Moses-normalized and -tokenized, {lang})"
                 )
     except TmtError as exc:  # MetricsError, or textio's TextError for a file that is not UTF-8
         sys.exit(f"published_bleu.py: {exc}")

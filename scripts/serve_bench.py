@@ -150,7 +150,8 @@ def batch_sums(url: str) -> dict[str, float]:
 async def clients(
     url: str, lines: list[str], n: int, *, beam: int | None
 ) -> tuple[list[float], list[str | None], float]:
-    """``n`` clients sending the lines one per request, each taking the next unsent line; latencies, answers, wall time."""
+    """``n`` clients sending the lines one per request, each taking the next unsent line; latencies, answers, wall
+    time."""
     answers: list[str | None] = [None] * len(lines)
     latencies: list[float] = []
     queue = iter(range(len(lines)))

@@ -56,8 +56,8 @@ def render(sweep: dict) -> str:
     bl = sweep["bleu"]
     search = "greedy" if bl["beam"] == 1 else f"beam {bl['beam']}, lenpen {bl['lenpen']:g}"
     out = [
-        "| row | ours: variant | ours: val BLEU | ours: Δ | paper: variant | paper: BLEU | paper: Δ | ours: val PPL | paper: PPL "
-        "| ours: params | paper: params (M) | ours: wall (min) |",
+        "| row | ours: variant | ours: val BLEU | ours: Δ | paper: variant | paper: BLEU | paper: Δ "
+        "| ours: val PPL | paper: PPL | ours: params | paper: params (M) | ours: wall (min) |",
         "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in sweep["rows"]:
@@ -66,16 +66,17 @@ def render(sweep: dict) -> str:
         change = ", ".join(s.split(".", 1)[1] for s in r["set"]) or "—"
         if r.get("status") != "done":
             out.append(
-                f"| {r['row']} | {change} | {r.get('status')} {r.get('note', '')} | | {label} | {p_bleu or ''} | | | | | {p_params or ''} | |"
+                f"| {r['row']} | {change} | {r.get('status')} {r.get('note', '')} | | {label} | {p_bleu or ''} "
+                f"| | | | | {p_params or ''} | |"
             )
             continue
         ours = f"{r['val_bleu']:.2f}"
         d_ours = "" if name == "base" else signed(r["val_bleu"] - base["val_bleu"], "+.2f")
         d_paper = "" if name == "base" or p_bleu is None else signed(p_bleu - p_bleu0)
         out.append(
-            f"| {r['row']} | {change} | {ours} | {d_ours} | {label} | {p_bleu if p_bleu is not None else ''} | {d_paper} "
-            f"| {r['val_ppl']:.2f} | {p_ppl if p_ppl is not None else ''} | {r['params'] / 1e6:.2f}M | {p_params or ''} "
-            f"| {r['wall_s'] / 60:.1f} |"
+            f"| {r['row']} | {change} | {ours} | {d_ours} | {label} | {p_bleu if p_bleu is not None else ''} "
+            f"| {d_paper} | {r['val_ppl']:.2f} | {p_ppl if p_ppl is not None else ''} | {r['params'] / 1e6:.2f}M "
+            f"| {p_params or ''} | {r['wall_s'] / 60:.1f} |"
         )
     head = (
         f"Ours: `{sweep['command']}`; every row {sweep['budget']['updates'] or ''} updates"
