@@ -39,8 +39,8 @@ def time_call(fn, *, reps: int) -> float:
 def case(
     attn: MultiHeadAttention, *, batch: int, queries: int, keys: int, causal: bool, padded: bool, reps: int
 ) -> dict[str, float]:
-    """Both paths on one shape: q (B, H, T, Dk), k and v (B, H, K, Dk); returns ms per call and the largest output
-    difference."""
+    """Both paths on one shape: q (B, H, T, Dk), k and v (B, H, K, Dk); returns ms per call and the
+    largest output difference."""
     g = torch.Generator().manual_seed(0)
     h, dk = attn.heads, attn.dk
     q, k, v = (torch.randn(batch, h, n, dk, generator=g).requires_grad_() for n in (queries, keys, keys))

@@ -58,8 +58,8 @@ def _generate(hf, tok, lines: list[str], *, beam: int, max_len: int, batch_size:
 def max_logprob_difference(
     hf, tok, tr: Translator, lines: list[str], targets: list[list[int]], *, batch_size: int
 ) -> float:
-    """Teacher forcing of ``targets`` (target ids without EOS) in both: the largest |log p_tmt - log p_hf| at a real
-    position."""
+    """Teacher forcing of ``targets`` (target ids without EOS) in both: the largest
+    |log p_tmt - log p_hf| at a real position."""
     eos, pad, start = hf.config.eos_token_id, hf.config.pad_token_id, hf.config.decoder_start_token_id
     worst = 0.0
     for i in range(0, len(lines), batch_size):

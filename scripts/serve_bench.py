@@ -10,7 +10,7 @@ on the lines and a 1+1-layer model; enough to exercise the path, not to time a r
    p50/p95/p99 latency, and the decode calls' sizes read from /metrics; every answer is checked against
    the in-process translation of its line.
 
-It prints a markdown table (and writes it as JSON with --json). The issue's targets: 32 clients reach at
+It prints a markdown table (and writes it as JSON with --json). The targets: 32 clients reach at
 least 70% of the in-process batched sentences/s; one client's p50 is within 1.2x of a direct call. Time it on
 a quiet machine: other work on the CPU moves every number.
 
@@ -150,8 +150,8 @@ def batch_sums(url: str) -> dict[str, float]:
 async def clients(
     url: str, lines: list[str], n: int, *, beam: int | None
 ) -> tuple[list[float], list[str | None], float]:
-    """``n`` clients sending the lines one per request, each taking the next unsent line; latencies, answers, wall
-    time."""
+    """``n`` clients sending the lines one per request, each taking the next unsent line;
+    latencies, answers, wall time."""
     answers: list[str | None] = [None] * len(lines)
     latencies: list[float] = []
     queue = iter(range(len(lines)))

@@ -105,7 +105,8 @@ def make_checkpoint(
 @pytest.fixture(scope="module")
 def one_thread():
     """One intra-op thread for the module (use with ``pytestmark = pytest.mark.usefixtures("one_thread")``):
-    tiny matmuls gain nothing from more, and on a busy 2-core machine their spin-waits make each op many times slower."""
+    tiny matmuls gain nothing from more, and on a busy 2-core machine their spin-waits make each op
+    many times slower."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

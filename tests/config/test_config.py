@@ -94,7 +94,8 @@ def test_bad_choice(tmp_path):
 
 
 def test_model_options_for_converted_checkpoints(tmp_path):
-    """model.activation swish, model.position_layout and model.output_bias: defaults as before, bad values in one line."""
+    """model.activation swish, model.position_layout and model.output_bias: defaults as before,
+    bad values in one line."""
     default = load_config(None, check_files=False).model
     assert (default.activation, default.position_layout, default.output_bias) == ("relu", "interleaved", False)
     cfg = load_config(write(tmp_path, "model:\n  activation: swish\n  position_layout: halves\n  output_bias: true\n"))
@@ -133,7 +134,8 @@ def test_which_updates_write_numbered_checkpoints():
     t.validate_every, t.save_every = 500, 0
     assert t.numbered_spacing == 500
     assert t.writes_numbered(1234, validating=True) and not t.writes_numbered(1000, validating=False)
-    # save_every 250: multiples of 250 only, between validations or at them; an off-multiple final validation writes none
+    # save_every 250: multiples of 250 only, between validations or at them;
+    # an off-multiple final validation writes none
     t.save_every = 250
     assert t.numbered_spacing == 250
     assert t.writes_numbered(750, validating=False) and t.writes_numbered(1000, validating=True)
@@ -202,7 +204,8 @@ def test_round_trip_through_yaml_and_dict(tmp_path):
     assert isinstance(Config().model.d_model, int)
 
 
-# ---------------------------------------------------------------- files nobody here wrote: one short line, never a traceback
+# ---------------------------------------------------------------- files nobody here wrote: one short line,
+# never a traceback
 def refusal(call) -> str:
     """The message of the ConfigError `call()` raises, checked to be one short line."""
     with pytest.raises(ConfigError) as err:

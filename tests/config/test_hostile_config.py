@@ -119,7 +119,8 @@ def base_with(section: str, key: str, raw_value: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-# ---------------------------------------------------------------- mutations: each gives the file's bytes and the words a refusal may name
+# ---------------------------------------------------------------- mutations: each gives the file's bytes and
+# the words a refusal may name
 def value_mutation(data) -> tuple[bytes, list[str]]:
     section, key = data.draw(st.sampled_from(KEYS), label="key")
     raw = copy.deepcopy(BASE)

@@ -180,5 +180,8 @@ def test_public_names_without_importing_torch():
     )
     assert all(getattr(transformer_mt, name) is not None for name in transformer_mt.__all__)
     assert transformer_mt.Translator is Translator
-    code = "import sys, transformer_mt; assert 'torch' not in sys.modules, 'torch imported'; transformer_mt.load; assert 'torch' in sys.modules"
+    code = (
+        "import sys, transformer_mt; assert 'torch' not in sys.modules, 'torch imported'; "
+        "transformer_mt.load; assert 'torch' in sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)

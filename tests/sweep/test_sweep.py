@@ -312,7 +312,9 @@ def test_rows_share_one_tokenizer_unless_they_change_it(corpus_slice, spm_model,
     )
     rows = tmp_path / "rows.yaml"
     rows.write_text(
-        "- {row: base, name: base}\n- {row: A, name: A-h2, set: [model.heads=2]}\n- {row: X, name: X-v200, set: [tokenizer.vocab_size=200]}\n"
+        "- {row: base, name: base}\n"
+        "- {row: A, name: A-h2, set: [model.heads=2]}\n"
+        "- {row: X, name: X-v200, set: [tokenizer.vocab_size=200]}\n"
     )
     out = tmp_path / "sweep"
     code, _, stderr = run_cli(["sweep", "-c", base, "--variations", rows, "--budget-updates", 3, "-o", out], capsys)

@@ -76,8 +76,8 @@ def quote(value: Any, limit: int = 60) -> str:
 
 def quote_name(name: Any, limit: int = 80) -> str:
     """A name read from a file (a key, a tensor's name) as a message shows it: as it is when it is a short printable
-    string, else quoted by :func:`quote` (a tab, a line separator or a thousand characters never reach the message
-    raw)."""
+    string, else quoted by :func:`quote` (a tab, a line separator or a thousand characters never reach the
+    message raw)."""
     if isinstance(name, str) and name.isprintable() and len(name) <= limit:
         return name
     return quote(name, limit)

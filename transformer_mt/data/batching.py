@@ -91,8 +91,8 @@ def source_tensor(seqs: Sequence[Ids], *, specials: SpecialIds = DEFAULT) -> tor
 
 
 def collate(pairs: Sequence[tuple[Ids, Ids]], *, indices: Ids | None = None, specials: SpecialIds = DEFAULT) -> Batch:
-    """Build a :class:`Batch` from (source ids, target ids) pairs given without start/EOS, with the model's
-    ``specials``."""
+    """Build a :class:`Batch` from (source ids, target ids) pairs given without start/EOS,
+    with the model's ``specials``."""
     srcs = [p[0] for p in pairs]
     tgts = [p[1] for p in pairs]
     src_lengths = np.fromiter(map(len, srcs), np.int64, count=len(srcs))
