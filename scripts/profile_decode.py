@@ -103,7 +103,8 @@ def speed(tr: Translator, lines: list[str], args: argparse.Namespace) -> None:
             tr.translate_batch([line], beam=beam, lenpen=0.0)
             lat.append(time.perf_counter() - tic)
         print(
-            f"beam {beam}: {len(lines) / best:.1f} sentences/s, {tokens / best:.0f} target tokens/s; one at a time p50 {statistics.median(lat) * 1e3:.1f} ms",
+            f"beam {beam}: {len(lines) / best:.1f} sentences/s, {tokens / best:.0f} target tokens/s; "
+            f"one at a time p50 {statistics.median(lat) * 1e3:.1f} ms",
             flush=True,
         )
 
@@ -159,7 +160,8 @@ def compare(new: dict[str, list], old: dict[str, list]) -> bool:
         same = sum(all(a[0] == b[0] for a, b in zip(x, y)) and len(x) == len(y) for x, y in zip(got, lists))
         diff = max(abs(a[i] - b[i]) for x, y in zip(got, lists) for a, b in zip(x, y) for i in (1, 2))
         print(
-            f"{name}: {same}/{len(lists)} lines with identical hypotheses, largest score / log-prob difference {diff:.2e}"
+            f"{name}: {same}/{len(lists)} lines with identical hypotheses, "
+            f"largest score / log-prob difference {diff:.2e}"
         )
         same_everywhere &= same == len(lists)
     return same_everywhere
