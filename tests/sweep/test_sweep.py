@@ -260,7 +260,7 @@ def test_killed_sweep_continues_where_it_stopped(base_yaml, tmp_path, capsys, mo
     # the E row is stopped by a signal at update 8, as Ctrl-C or a scheduler's SIGTERM would
     real_train = train_module.train
 
-    def interrupt_at_update_8(update: int, _: dict) -> None:
+    def interrupt_at_update_8(update: int, _stats: object) -> None:
         if update == 8:
             os.kill(os.getpid(), signal.SIGINT)
 
