@@ -73,7 +73,7 @@ def test_beam_view_ends_on_the_translation(page, translated):
 
 
 def test_heatmap_is_drawn_and_its_hover_value_is_tmt_attentions(page, translated):
-    from transformer_mt.viz.attention import sentence_maps
+    from transformer_mt.analysis import sentence_maps
 
     tr, _ = translated
     page.select_option("#att-kind", "cross")

@@ -294,24 +294,6 @@ def test_attention_json_equals_independent_computation(tmp_path, capsys, tiny_ch
     assert f"translation: {data['target']}" in out
 
 
-def test_attention_padding_gets_zero_weight_and_changes_nothing(tiny_model):
-    from transformer_mt.viz.attention import batch_attention
-
-    model, tok = tiny_model.model, tiny_model.src_tok
-    long, short = tok.encode(["A man in a blue shirt is standing on a ladder.", "Two dogs."])
-    tgt_long, tgt_short = tok.encode(["Ein Mann in einem blauen Hemd steht auf einer Leiter.", "Zwei Hunde."])
-    enc, dec, cross, src, tgt_in = batch_attention(model, [long, short], [tgt_long, tgt_short])
-    s, t = len(short) + 1, len(tgt_short) + 1  # the short pair's real lengths (EOS / BOS included)
-    assert src.size(1) > s and tgt_in.size(1) > t  # it is padded
-    assert bool((cross[1, ..., s:] == 0).all()) and bool(
-        (enc[1, ..., s:] == 0).all()
-    )  # padded source keys get exactly 0
-    assert bool((dec[1, :, :, :t, t:] == 0).all())  # a real target position never sees padding (it lies in its future)
-    alone = batch_attention(model, [short], [tgt_short])
-    for batched, single, (q, k) in zip((enc, dec, cross), alone[:3], ((s, s), (t, t), (t, s))):
-        torch.testing.assert_close(batched[1, :, :, :q, :k], single[0], atol=1e-5, rtol=0)
-
-
 def test_attention_options(tmp_path, capsys, tiny_checkpoint, tiny_model):
     src = tmp_path / "src.en"
     src.write_text("A dog runs.\nTwo children play in the snow.\n")

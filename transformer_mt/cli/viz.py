@@ -45,9 +45,10 @@ def inspect_cmd(
 
 
 def _draw_positions(model, cfg, out: Path, length: int) -> Path:
+    from transformer_mt.analysis import position_table
     from transformer_mt.model import sinusoids
     from transformer_mt.viz import VizError
-    from transformer_mt.viz.positions import plot_positions, position_table
+    from transformer_mt.viz.positions import plot_positions
 
     layout = cfg.model.position_layout if cfg.model.positions == "sinusoidal" else None
     name = f"sinusoids ({layout})" if layout else "learned positions"
@@ -99,10 +100,11 @@ def attention(
     ),
 ) -> None:
     """Attention maps of one sentence: encoder self, decoder self (causal) and cross-attention, per layer and head."""
+    from transformer_mt.analysis import sentence_maps
     from transformer_mt.config import beam_problem
     from transformer_mt.decoding import Translator
     from transformer_mt.viz import VizError
-    from transformer_mt.viz.attention import parse_indices, read_line, sentence_maps, write_maps
+    from transformer_mt.viz.attention import parse_indices, read_line, write_maps
 
     if (src is None) == (file is None) or (file is not None) != (line is not None):
         raise VizError('give the sentence either as --src "text" or as FILE --line N')

@@ -5,7 +5,7 @@ on the Translator's model), so its text is `tmt translate`'s for the same beam a
 probabilities come from one teacher-forced pass over that output (``Transformer.decode``), with the search's
 rule that pad and the decoder's start id are never generated; their log-probs add up to the search's log-prob of the
 hypothesis (up to float rounding: the search adds them one step at a time). The attention is `tmt attention`'s
-(``viz.attention.sentence_maps``), the same JSON.
+(``analysis.sentence_maps``), the same JSON.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import torch
 
+from transformer_mt.analysis import sentence_maps
 from transformer_mt.data import collate, source_tensor
 from transformer_mt.decoding import BeamStep, Hypothesis, Translator, max_output_length, search
 from transformer_mt.explore.session import RequestError, single_model
@@ -117,8 +118,6 @@ def attention_view(
     target's token table (per-token loss; its mean is the reference's cross-entropy in nats per token). Refused
     (413) when the maps hold more than ``max_weights`` weights: as nested JSON lists each costs about 20 bytes, so a
     long sentence of a deep model would be an answer of hundreds of MB."""
-    from transformer_mt.viz.attention import sentence_maps
-
     maps = sentence_maps(tr, text, reference=reference, beam=beam, lenpen=lenpen)
     weights = maps.encoder_self.numel() + maps.decoder_self.numel() + maps.cross.numel()  # L x H x (S^2 + T^2 + T*S)
     if weights > max_weights:

@@ -2,9 +2,9 @@
 
 The batch is the sentence and its target (the translation or a reference), optionally with a second sentence
 so that the shorter one is padded, as in training. Shapes are recorded the way `tmt inspect` records them
-(``viz.inspect.traced``: forward hooks and each attention's ``attend``, on the real modules while the batch runs
+(``analysis.traced``: forward hooks and each attention's ``attend``, on the real modules while the batch runs
 through ``encode`` and ``decode``); the masks are built by the model's own ``allowed_mask`` from the batch's
-padding; the positions are the model's own table (``viz.positions.position_table``).
+padding; the positions are the model's own table (``analysis.position_table``).
 
 Mask convention (the model's): padding masks True = padding; attention masks True = may attend.
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from transformer_mt.analysis import describe, position_table, traced
 from transformer_mt.data import collate
 from transformer_mt.decoding import Translator
 from transformer_mt.explore.session import single_model
@@ -21,8 +22,6 @@ from transformer_mt.model import MultiHeadAttention, allowed_mask
 
 def anatomy_view(tr: Translator, pairs: list[tuple[list[int], list[int]]], *, positions: int | None = None) -> dict:
     """Masks, shapes and positions of the batch ``pairs`` (source ids, target ids; without BOS / EOS)."""
-    from transformer_mt.viz.inspect import describe, traced
-
     model, device = single_model(tr), tr.device
     batch = collate(pairs, specials=model.specials)  # src (B, S), tgt_in (B, T)
     src, tgt_in = batch.src.to(device), batch.tgt_in.to(device)
@@ -68,8 +67,6 @@ def anatomy_view(tr: Translator, pairs: list[tuple[list[int], list[int]]], *, po
 
 def positions_view(tr: Translator, n: int) -> dict:
     """The position vectors the model adds at positions 0..n-1: (n, d_model), and what they are."""
-    from transformer_mt.viz.positions import position_table
-
     m = tr.cfg.model
     table = position_table(tr.model, n)  # (n, D) float32
     return {

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from transformer_mt.explore import INSTALL_HINT, ExploreError
+from transformer_mt.explore.errors import INSTALL_HINT, ExploreError
 from transformer_mt.explore.session import Explorer, Limits, load_explorer
 from transformer_mt.serve import HostGuard, ServeOptions, address_problem, allowed_hosts
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from transformer_mt.config import beam_problem, lenpen_problem
 from transformer_mt.decoding import Translator
-from transformer_mt.explore import ExploreError
+from transformer_mt.explore.errors import ExploreError
 from transformer_mt.model import Transformer
 from transformer_mt.text import iter_file
 

@@ -24,12 +24,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from transformer_mt.config import to_dict
 from transformer_mt.errors import TmtError
-from transformer_mt.serve import ServeOptions
 from transformer_mt.serve.batching import Arrivals, Batcher, Job, QueueFull, Stopped
 from transformer_mt.serve.guard import BodyBudget, Guard, arrived, deadline_of, on_disconnect
 from transformer_mt.serve.hosts import HostGuard
 from transformer_mt.serve.metrics import CONTENT_TYPE, ServeMetrics
 from transformer_mt.serve.models import ServedModel, load_models, serve_model
+from transformer_mt.serve.options import ServeOptions
 from transformer_mt.serve.schema import ApiError, TranslateRequest, decode_settings, describe_validation, parse_request
 
 __all__ = ["ApiError", "ServedModel", "TranslateRequest", "build_app", "load_models", "serve_model"]

@@ -16,6 +16,8 @@ import re
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
+from transformer_mt.serve.errors import ServeError
+
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -109,8 +111,6 @@ def _bound_names(host: str) -> tuple[str, ...]:
 
 def _checked(value: str) -> str:
     """An --allowed-host value, lowercased; ServeError when it is not a Host value (a URL, a path, spaces)."""
-    from transformer_mt.serve import ServeError  # the package's __init__ imports this module
-
     norm = value.strip().lower()
     if norm == ANY or HOST_VALUE.fullmatch(norm):
         return norm

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from transformer_mt import runtime
 from transformer_mt.decoding import TextTranslator, Translator
-from transformer_mt.serve import ServeError, ServeOptions
 from transformer_mt.serve.batching import Batcher, BatchEvents, TranslateFn
+from transformer_mt.serve.errors import ServeError
+from transformer_mt.serve.options import ServeOptions
 
 
 class Runner:

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from transformer_mt.config import beam_problem, lenpen_problem
 from transformer_mt.decoding import TextTranslator
-from transformer_mt.serve import ServeOptions
+from transformer_mt.serve.options import ServeOptions
 
 
 class ApiError(Exception):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from transformer_mt.serve import ServeOptions
+from transformer_mt.serve.options import ServeOptions
 
 MAX_HEADER_BYTES = 16 * 1024  # a request head larger than this is refused (400) by h11 before it is parsed
 HEAD_TIMEOUT_ANSWER = b'{"error": "the request headers did not arrive within --header-timeout; send them at once"}'

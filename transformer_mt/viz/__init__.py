@@ -1,39 +1,32 @@
-"""Pictures and reports of a model and its training: attention maps, training curves, the inspection
-tree, the positional-encoding matrix. A leaf: the core never imports it.
+"""Pictures and reports of a model and its training: attention maps (``attention``), training curves
+(``curves``), the inspection tree (``inspect``), the positional-encoding matrix (``positions``), drawn on the
+figures of ``figures``. A leaf: the core never imports it; what it draws is computed by
+``transformer_mt.analysis``.
 
-matplotlib is optional (``pip install -e ".[viz]"``) and imported only through :func:`new_figure`,
-so the text reports (``tmt inspect`` without ``--pe``) work without it. Figures are drawn on the Agg
-canvas directly (no pyplot state, no display needed).
+matplotlib is optional (``pip install -e ".[viz]"``) and imported only when a figure is made, so the text
+reports (``tmt inspect`` without ``--pe``) work without it.
 """
 
-from __future__ import annotations
+from transformer_mt.viz.attention import draw_kind, parse_indices, read_line, write_maps
+from transformer_mt.viz.curves import RunCurves, plot_runs, read_run
+from transformer_mt.viz.figures import INSTALL, VizError, new_figure, save_figure
+from transformer_mt.viz.inspect import inspect_report, load_model
+from transformer_mt.viz.positions import drawn_dimensions, plot_positions
 
-from pathlib import Path
-
-from transformer_mt.errors import TmtError
-
-INSTALL = 'pip install -e ".[viz]"'
-
-
-class VizError(TmtError, ValueError):
-    """A picture or report cannot be made (bad input, missing matplotlib); one line with the fix."""
-
-
-def new_figure(width: float, height: float):
-    """A matplotlib Figure (inches) on the Agg canvas; VizError naming the install command without matplotlib."""
-    try:
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise VizError(f"drawing pictures needs matplotlib, which is not installed: {INSTALL}") from None
-    fig = Figure(figsize=(width, height), layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def save_figure(fig, path: str | Path, *, dpi: int = 90) -> Path:
-    """Write ``fig`` to ``path`` (format from the suffix: .png, .svg, .pdf), creating its directory."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=dpi)
-    return path
+__all__ = [
+    "INSTALL",
+    "RunCurves",
+    "VizError",
+    "draw_kind",
+    "drawn_dimensions",
+    "inspect_report",
+    "load_model",
+    "new_figure",
+    "parse_indices",
+    "plot_positions",
+    "plot_runs",
+    "read_line",
+    "read_run",
+    "save_figure",
+    "write_maps",
+]

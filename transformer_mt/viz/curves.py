@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from transformer_mt.viz import VizError, new_figure, save_figure
+from transformer_mt.viz.figures import VizError, new_figure, save_figure
 
 
 @dataclass

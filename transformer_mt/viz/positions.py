@@ -13,13 +13,7 @@ from pathlib import Path
 
 import torch
 
-from transformer_mt.viz import new_figure, save_figure
-
-
-def position_table(model, length: int) -> torch.Tensor:
-    """The model's own position vectors for positions [0, length): (length, D) float32 on CPU."""
-    with torch.no_grad():
-        return model._positions(0, length).detach().float().cpu()
+from transformer_mt.viz.figures import new_figure, save_figure
 
 
 def drawn_dimensions(d: int, layout: str | None) -> list[tuple[int, float | None]]:
