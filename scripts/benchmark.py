@@ -7,18 +7,11 @@
                                 [--device cuda [--compile] [--peak-tflops T] [--dry-run]]
                                 [--peer fairseq [--fairseq-env DIR] [--peer-updates 40 160] [--only peer]]
 
-What each phase measures and how: the docstring of scripts/benchmarking/__init__.py. This file is the
-entry point, also of each phase's own process (``--phase SPEC.json``).
+The same command as ``python -m transformer_mt.benchmark``; what each phase measures and how: the docstring of
+transformer_mt/benchmark/__init__.py.
 """
 
-import sys
-from pathlib import Path
-
-sys.path.insert(
-    0, str(Path(__file__).resolve().parent)
-)  # the benchmarking package beside this file, also when loaded by path
-
-from benchmarking import dry_run, gpu_bf16_peak, main, parse_args, phase_ctranslate2
+from transformer_mt.benchmark import dry_run, gpu_bf16_peak, main, parse_args, phase_ctranslate2
 
 __all__ = ["dry_run", "gpu_bf16_peak", "main", "parse_args", "phase_ctranslate2"]  # what callers load from this file
 

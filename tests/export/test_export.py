@@ -217,18 +217,13 @@ def test_cli_export_and_missing_extra(tiny_checkpoint, tmp_path, capsys, monkeyp
 def test_benchmark_ctranslate2_phase(tiny_checkpoint, multi30k, tmp_path):
     """scripts/benchmark.py --ctranslate2's phase: CTranslate2 float32 / int8 called directly, tmt's engine over it, and
     tmt's own search, on the same lines; the rows count what they say."""
-    import importlib.util
     import shutil
 
-    from tests.conftest import REPO
+    from transformer_mt.benchmark import best_pass, phase_ctranslate2
 
-    spec = importlib.util.spec_from_file_location("benchmark_script_ct2", REPO / "scripts" / "benchmark.py")
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench  # its dataclasses look their module up while being defined
-    spec.loader.exec_module(bench)
     ckpt = tmp_path / "tiny.pt"  # the engine caches its conversion beside the checkpoint
     shutil.copy(tiny_checkpoint, ckpt)
-    res = bench.phase_ctranslate2(
+    res = phase_ctranslate2(
         {
             "checkpoint": str(ckpt),
             "input": str(multi30k / "test_2016_flickr.en"),
@@ -254,9 +249,7 @@ def test_benchmark_ctranslate2_phase(tiny_checkpoint, multi30k, tmp_path):
         {"seconds": 2.0, "latency_p50_ms": 5.0, "target_tokens": 9},
         {"seconds": 3.0, "latency_p50_ms": 4.0, "target_tokens": 9},
     ]
-    from benchmarking.ct2 import _best  # on sys.path since the script was loaded
-
-    best = _best(runs)
+    best = best_pass(runs)
     assert (best["seconds"], best["latency_p50_ms"], best["target_tokens"], len(best["passes"])) == (2.0, 4.0, 9, 2)
     # The engine keeps tmt's per-sentence limits: its output is tmt's, token for token, but for the few degenerate lines
     # of this barely trained model where the two beam searches part (test_engine: test_trained_model_equals_translator...).

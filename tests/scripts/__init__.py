@@ -1,1 +1,2 @@
-"""Tests of the scripts in scripts/ (benchmark, recipe, published BLEU, Table 3 comparison)."""
+"""Tests of the scripts in scripts/: the recipe, published BLEU, Table 3 beside the paper, the MarianMT comparison,
+the attention and serving benchmarks."""

@@ -1,5 +1,5 @@
 """The benchmark's own phases, each run in a fresh process from its spec (a JSON-able dict) by
-:mod:`benchmarking.runner`: the matmul peak, training, translation and the host-sync counts."""
+:mod:`transformer_mt.benchmark.runner`: the matmul peak, training, translation and the host-sync counts."""
 
 from __future__ import annotations
 
@@ -9,11 +9,13 @@ import itertools
 import shutil
 import statistics
 import time
+from collections.abc import Callable
+from typing import cast
 
 import torch
 
-from benchmarking.flops import train_step_flops
-from benchmarking.settings import DTYPES
+from transformer_mt.benchmark.flops import train_step_flops
+from transformer_mt.benchmark.settings import DTYPES
 from transformer_mt.config import from_dict
 from transformer_mt.data import source_tensor
 from transformer_mt.decoding import Translator, beam_search, greedy_search, positions_needed
@@ -85,17 +87,18 @@ def phase_train(spec: dict) -> dict:
     timing = _Timing(warmup, updates, cuda=cfg.train.device.startswith("cuda"))
     trainer = Trainer(cfg, resume=False, on_update=timing.on_update)
     if spec.get("compile"):  # the training step (model and fused loss) compiled; shapes vary from batch to batch
-        trainer.train_model = torch.compile(trainer.train_model, dynamic=True)
+        # compiling a Module gives an OptimizedModule, a Module too (torch.compile's annotation says Callable)
+        trainer.train_model = cast(torch.nn.Module, torch.compile(trainer.train_model, dynamic=True))
     result = trainer.run()
     gpu_peak_mib = torch.cuda.max_memory_allocated() / 2**20 if timing.cuda else None
     if len(timing.marks) < 2:
         raise RuntimeError(
-            f"training stopped at update {result.progress.update} ({result.stop_reason}) before update {warmup + updates}"
+            f"training stopped at update {result.progress.update} ({result.stop_reason}) "
+            f"before update {warmup + updates}"
         )
     seconds = timing.marks[warmup + updates] - timing.marks[warmup]
-    timed = itertools.islice(
-        update_schedule(trainer.train_data, cfg.train), warmup, warmup + updates
-    )  # as Trainer.run took them
+    # the timed updates' batches, as Trainer.run took them
+    timed = itertools.islice(update_schedule(trainer.train_data, cfg.train), warmup, warmup + updates)
     batches = [trainer.train_data.get_batch(idx) for u in timed for idx in u.batches]
     if sum(b.ntokens for b in batches) != sum(timing.tokens):
         raise RuntimeError("the batches replayed for FLOP counting differ from those Trainer.run trained on")
@@ -214,6 +217,7 @@ def _search_syncs(trainer: Trainer, cfg, input_path: str) -> list[dict]:
     for batch in (8, 32):
         src = source_tensor([seq[: cfg.model.max_positions - 1] for seq in ids[:batch]]).to(trainer.device)
         for name, beam in (("greedy", 1), ("beam5", 5)):
+            run: Callable[[], object]
             if beam == 1:
                 run = functools.partial(greedy_search, model, src, max_len_a=d.max_len_a, max_len_b=d.max_len_b)
             else:

@@ -10,16 +10,17 @@ import argparse
 import functools
 from pathlib import Path
 
-from benchmarking import peer
-from benchmarking.settings import DTYPES, GPU_BATCH_TOKENS, REFERENCE_MODEL, REFERENCE_TRAIN, REPO, Sizes
-from benchmarking.specs import train_spec, translate_spec
+from transformer_mt.benchmark import peer
+from transformer_mt.benchmark.settings import DTYPES, GPU_BATCH_TOKENS, REFERENCE_MODEL, REFERENCE_TRAIN, REPO, Sizes
+from transformer_mt.benchmark.specs import train_spec, translate_spec
 from transformer_mt.config import Config, DecodeConfig, ModelConfig, TrainConfig, load_config
 
 SEARCHES = (("greedy", 1), ("beam5", 5))  # (name, beam) of every translation row
 
 
 def reference_config(recipe: Config) -> Config:
-    """The reference model (3+3 layers, d256, the size of the quoted fairseq figures) on the recipe's data and tokenizer."""
+    """The reference model (3+3 layers, d256, the size of the quoted fairseq figures) on the recipe's data and
+    tokenizer."""
     return Config(
         model=ModelConfig(**REFERENCE_MODEL),
         train=TrainConfig(**REFERENCE_TRAIN),
@@ -114,9 +115,8 @@ def cuda_plan(
         "device": "cuda",
     }
     specs = [matmul]
-    keep_recipe = (
-        args.checkpoint is None
-    )  # then the recipe's bf16 run is translated (not representative: barely trained)
+    # without --checkpoint the recipe's bf16 run is translated (not representative: barely trained)
+    keep_recipe = args.checkpoint is None
     for model, base, batch_tokens in models:
         for dtype in ("bfloat16", "float32"):
             keep = keep_recipe and model == "recipe" and dtype == "bfloat16"

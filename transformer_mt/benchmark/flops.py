@@ -25,11 +25,12 @@ from transformer_mt.runtime import autocast
 
 
 def cpu_formulas() -> dict:
-    """FlopCounterMode formulas for the CPU flash-attention kernels (borrowed from the CUDA kernels'), oneDNN's matmul and
-    tmt's C++ attention."""
+    """FlopCounterMode formulas for the CPU flash-attention kernels (borrowed from the CUDA kernels'), oneDNN's
+    matmul and tmt's C++ attention."""
     aten = torch.ops.aten
 
-    # FlopCounterMode passes the op's other arguments and out_shape too; the count needs only the shapes of q, k, v (and g).
+    # FlopCounterMode passes the op's other arguments and out_shape too; the count needs only the shapes of
+    # q, k, v (and g).
     def fwd(q, k, v, *_args, **_kwargs) -> int:
         return sdpa_flop_count(q, k, v)
 

@@ -1,11 +1,11 @@
 """benchmark.md: one table of the report's rows (CPU or ``--device cuda``) and the notes that say how to read it.
 
-The fairseq side-by-side table, when there is one, follows it (:func:`benchmarking.peer.render`).
+The fairseq side-by-side table, when there is one, follows it (:func:`transformer_mt.benchmark.peer.render`).
 """
 
 from __future__ import annotations
 
-from benchmarking.settings import DTYPES
+from transformer_mt.benchmark.settings import DTYPES
 
 COLUMNS = [
     "phase",
@@ -52,7 +52,8 @@ def syncs_line(sy: dict) -> str:
     )
     return (
         f"Host syncs ({sy['device']}, transformer_mt.runtime.SyncCounter): per training update of the recipe model "
-        f"{', '.join(str(u['syncs']) for u in sy['train_updates'])} (budget 1); per search step, the most over the steps: {steps} "
+        f"{', '.join(str(u['syncs']) for u in sy['train_updates'])} (budget 1); "
+        f"per search step, the most over the steps: {steps} "
         "(budget 1, whatever the batch and beam)."
     )
 
@@ -65,9 +66,11 @@ def render_markdown(r: dict) -> str:
     lines = [
         f"# transformer_mt benchmark{' (quick mode: tiny models, not a measurement)' if r['quick'] else ''}",
         "",
-        f"{r['date']}; {m['cpu']}, {m['logical_cpus']} logical CPUs, {r['threads']} threads; torch {m['torch']} ({m['cpu_capability']}); "
+        f"{r['date']}; {m['cpu']}, {m['logical_cpus']} logical CPUs, {r['threads']} threads; "
+        f"torch {m['torch']} ({m['cpu_capability']}); "
         f"load average {r['loadavg_start'][0]:.2f} at start, {r['loadavg_end'][0]:.2f} at end.",
-        f"Training: {s['warmup_updates']} untimed + {s['timed_updates']} timed updates; tokens/s = non-pad target tokens per second. "
+        f"Training: {s['warmup_updates']} untimed + {s['timed_updates']} timed updates; "
+        "tokens/s = non-pad target tokens per second. "
         f"Config: {s['config']}{' (' + s['config_note'] + ')' if s['config_note'] else ''}.",
         "",
         *table(COLUMNS, _cpu_rows(r)),
@@ -167,29 +170,36 @@ def peak_share_line(r: dict) -> str:
         and t["model"] in PEAK_TARGETS
         and t.get("fraction_of_peak") is not None
     ]
-    return f"Training update, share of the fp32 matmul peak ({r['matmul_peak']['float32']['gflops']:.1f} GFLOP/s): {'; '.join(parts)}."
+    peak = r["matmul_peak"]["float32"]["gflops"]
+    return f"Training update, share of the fp32 matmul peak ({peak:.1f} GFLOP/s): {'; '.join(parts)}."
 
 
 def _cpu_notes(r: dict) -> list[str]:
     q = r["quoted_reference"]
+    train = ", ".join(f"{k} {v:,} tok/s" for k, v in q["train_tokens_per_s"].items())
+    beam5 = ", ".join(f"{k} {v} sent/s" for k, v in q["beam5_sentences_per_s"].items())
     lines = [
         peak_share_line(r),
-        "Plain ops: the same training with torch's F.dropout, autograd through ScaleNorm's formula, SDPA for every attention "
+        "Plain ops: the same training with torch's F.dropout, autograd through ScaleNorm's formula, "
+        "SDPA for every attention "
         "and the unfused logits + loss path (kernels.use_reference_ops), "
-        "the baseline of the CPU speed-ups. GFLOP/s: FLOPs per target token of the timed batches x tokens/s (the analytic count of "
+        "the baseline of the CPU speed-ups. GFLOP/s: FLOPs per target token of the timed batches x tokens/s "
+        "(the analytic count of "
         "every timed batch, checked against FlopCounterMode on batches spread over the window); % of peak: "
         "of the matmul peak of the same dtype (the faster of its timings at the start and at the end of the run) "
         "measured above. Peak RSS: each phase in its own process, the interpreter and torch included.",
-        f"Quoted reference figures are {q['source']}: training {', '.join(f'{k} {v:,} tok/s' for k, v in q['train_tokens_per_s'].items())}; "
-        f"beam 5 {', '.join(f'{k} {v} sent/s' for k, v in q['beam5_sentences_per_s'].items())} ({q['setting']}); "
-        f"matmul peak {q['matmul_peak_gflops']['float32']} GFLOP/s float32, {q['matmul_peak_gflops']['bfloat16']} bfloat16.",
+        f"Quoted reference figures are {q['source']}: training {train}; beam 5 {beam5} ({q['setting']}); "
+        f"matmul peak {q['matmul_peak_gflops']['float32']} GFLOP/s float32, "
+        f"{q['matmul_peak_gflops']['bfloat16']} bfloat16.",
     ]
     if r.get("ctranslate2"):
         passes = len(next(iter(r["ctranslate2"][0]["engines"].values())).get("passes", [None]))
         lines.append(
-            f"CTranslate2 {r['ctranslate2'][0]['ctranslate2_version']} rows, length penalty 0, in one process per search: CTranslate2 "
-            "called as its users call it (one translate_batch over all lines, tokens batches of decode.batch_tokens; the call "
-            "alone timed), the same through `tmt translate --engine ctranslate2`'s engine (tokenizing and detokenizing timed), "
+            f"CTranslate2 {r['ctranslate2'][0]['ctranslate2_version']} rows, length penalty 0, "
+            "in one process per search: CTranslate2 "
+            "called as its users call it (one translate_batch over all lines, tokens batches of decode.batch_tokens; "
+            "the call alone timed), the same through `tmt translate --engine ctranslate2`'s engine "
+            "(tokenizing and detokenizing timed), "
             "and tmt's own search, whose outputs the same-output shares compare with; one sentence p50: the median of "
             f"{r['ctranslate2'][0]['latency_sentences']} one-line calls; each row's best of {passes} "
             "passes, the rows in turn, each pass in a fresh process; peak RSS is the phase's (all engines)."
@@ -205,10 +215,12 @@ def render_markdown_cuda(r: dict) -> str:
     """The ``--device cuda`` report: MFU against the bf16 dense peak, peak GPU memory per training row."""
     m, s = r["machine"], r["settings"]
     lines = [
-        f"# transformer_mt benchmark on {r['gpu']}{' (quick mode: tiny models, not a measurement)' if r['quick'] else ''}",
+        f"# transformer_mt benchmark on {r['gpu']}"
+        f"{' (quick mode: tiny models, not a measurement)' if r['quick'] else ''}",
         "",
         f"{r['date']}; {r['gpu']}; host {m['cpu']}; torch {m['torch']}.",
-        f"Training: {s['warmup_updates']} untimed + {s['timed_updates']} timed updates; tokens/s = non-pad target tokens per second. "
+        f"Training: {s['warmup_updates']} untimed + {s['timed_updates']} timed updates; "
+        "tokens/s = non-pad target tokens per second. "
         f"MFU: model FLOPs (the analytic formula, padding included) per second over the bf16 dense peak, "
         f"{r['bf16_dense_peak_tflops']:.1f} TFLOP/s ({r['peak_source']}), for the float32 (TF32) rows too.",
         "",

@@ -2,7 +2,7 @@
 
 A training row's GFLOP/s is its measured FLOPs per target token x tokens/s, and its share of the peak is
 over the matmul peak of the same dtype; on ``--device cuda`` its MFU is over the GPU's bf16 dense peak.
-The reference model's rows are set beside the quoted figures of :data:`benchmarking.settings.QUOTED`.
+The reference model's rows are set beside the quoted figures of :data:`transformer_mt.benchmark.settings.QUOTED`.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import NamedTuple
 
 import torch
 
-from benchmarking import peer
-from benchmarking.settings import (
+from transformer_mt.benchmark import peer
+from transformer_mt.benchmark.settings import (
     BEAM5_QUOTED,
     BEAM5_TARGET,
     GPU_BATCH_TOKENS,
@@ -31,7 +31,8 @@ from benchmarking.settings import (
 
 
 class Where(NamedTuple):
-    """What the run measured on: the recipe config (and a note when it is the fallback), the tokenizer, the test input."""
+    """What the run measured on: the recipe config (and a note when it is the fallback), the tokenizer, the test
+    input."""
 
     config: Path
     note: str
@@ -40,7 +41,8 @@ class Where(NamedTuple):
 
 
 def describe(m: dict, params: int) -> str:
-    return f"{m['encoder_layers']}+{m['decoder_layers']} layers, d{m['d_model']}, ff{m['d_ff']}, {m['heads']} heads, {params / 1e6:.2f}M params"
+    layers = f"{m['encoder_layers']}+{m['decoder_layers']} layers"
+    return f"{layers}, d{m['d_model']}, ff{m['d_ff']}, {m['heads']} heads, {params / 1e6:.2f}M params"
 
 
 def machine_info() -> dict:

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from benchmarking.phases import read_input
+from transformer_mt.benchmark.phases import read_input
 from transformer_mt.decoding import max_output_length
 
 T = TypeVar("T")
@@ -65,14 +65,13 @@ def phase_ctranslate2(spec: dict) -> dict:
 
     lines, beam, threads = read_input(spec), spec["beam"], spec["threads"]
     n_latency = min(LATENCY_SENTENCES, len(lines))
-    engine = ctranslate2_translator(
-        [spec["checkpoint"]], device="cpu", threads=threads
-    )  # converted once, cached beside it
+    # converted once, cached beside it
+    engine = ctranslate2_translator([spec["checkpoint"]], device="cpu", threads=threads)
     d = engine.cfg.decode
     pieces = [p[: engine.max_src_tokens] for p in engine.src_tok.encode_pieces(lines)]  # tmt's truncation
     limits = [max_output_length(len(p) + 1, max_len_a=d.max_len_a, max_len_b=d.max_len_b) for p in pieces]
     options = dict(beam_size=beam, length_penalty=0.0, max_batch_size=d.batch_tokens, batch_type="tokens")
-    jobs = {
+    jobs: dict[str, tuple[Callable[..., tuple[dict, list]], tuple]] = {
         "tmt": (_tmt_row, (spec["checkpoint"], lines, beam, threads, n_latency)),
         **{
             f"CTranslate2 {ct}": (
@@ -92,7 +91,7 @@ def phase_ctranslate2(spec: dict) -> dict:
             row, out = result
             passes[name].append(row)
             texts.setdefault(name, out if name == "tmt" or name == ENGINE_ROW else engine.tgt_tok.decode_pieces(out))
-    rows = {name: _best(runs) for name, runs in passes.items()}
+    rows = {name: best_pass(runs) for name, runs in passes.items()}
     for name, row in rows.items():
         row["same_as_tmt"] = sum(a == b for a, b in zip(texts[name], texts["tmt"], strict=True)) / len(lines)
         row.update(sentences_per_s=len(lines) / row["seconds"], tokens_per_s=row["target_tokens"] / row["seconds"])
@@ -107,7 +106,7 @@ def phase_ctranslate2(spec: dict) -> dict:
     }
 
 
-def _best(runs: list[dict]) -> dict:
+def best_pass(runs: list[dict]) -> dict:
     """A row's best pass: the fastest whole call and the lowest one-line median (each pass's figures kept)."""
     best = dict(runs[0], seconds=min(r["seconds"] for r in runs), latency_p50_ms=min(r["latency_p50_ms"] for r in runs))
     best["passes"] = [{"seconds": r["seconds"], "latency_p50_ms": r["latency_p50_ms"]} for r in runs]
@@ -116,7 +115,7 @@ def _best(runs: list[dict]) -> dict:
 
 def _ctranslate2_row(
     model_dir: str, pieces: list, limits: list[int], options: dict, compute_type: str, threads: int, n_latency: int
-):
+) -> tuple[dict, list]:
     """CTranslate2 as its users call it: one translate_batch over all lines (timed alone); outputs as pieces."""
     import ctranslate2
 
@@ -132,7 +131,7 @@ def _ctranslate2_row(
     return _row(seconds, sum(len(h) + 1 for h in hyps), latency, dtype=compute_type), hyps  # + EOS, as tmt counts
 
 
-def _engine_row(checkpoint: str, lines: list[str], beam: int, threads: int, n_latency: int):
+def _engine_row(checkpoint: str, lines: list[str], beam: int, threads: int, n_latency: int) -> tuple[dict, list]:
     """tmt's engine as `tmt translate --engine ctranslate2` builds and calls it."""
     from transformer_mt.export import ctranslate2_translator
 
@@ -140,7 +139,7 @@ def _engine_row(checkpoint: str, lines: list[str], beam: int, threads: int, n_la
     return _translator_row(engine, lines, beam, n_latency)
 
 
-def _tmt_row(checkpoint: str, lines: list[str], beam: int, threads: int, n_latency: int):
+def _tmt_row(checkpoint: str, lines: list[str], beam: int, threads: int, n_latency: int) -> tuple[dict, list]:
     """tmt's own search, the reference of the same-output shares."""
     from transformer_mt.decoding import Translator
 
@@ -149,7 +148,7 @@ def _tmt_row(checkpoint: str, lines: list[str], beam: int, threads: int, n_laten
     )
 
 
-def _translator_row(tr, lines: list[str], beam: int, n_latency: int):
+def _translator_row(tr, lines: list[str], beam: int, n_latency: int) -> tuple[dict, list]:
     """As `tmt translate` calls it for one best per line: the text alone, no score asked for."""
     tr.translate_batch(lines[:8], beam=beam, lenpen=0.0, scores=False)  # warm-up
     seconds, result = _timed(lambda: tr.translate_batch(lines, beam=beam, lenpen=0.0, scores=False))

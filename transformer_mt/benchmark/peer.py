@@ -1,7 +1,7 @@
-"""fairseq beside tmt in one benchmark run: ``scripts/benchmark.py --peer fairseq [--only peer]``.
+"""fairseq beside tmt in one benchmark run: ``python -m transformer_mt.benchmark --peer fairseq [--only peer]``.
 
 A ratio between the two toolkits means something only from one machine and one run, so the benchmark
-trains both on the same config (:mod:`benchmarking.fairseq_side`) one after the other, each in its own
+trains both on the same config (:mod:`transformer_mt.benchmark.fairseq_side`) one after the other, each in its own
 process with the same threads:
 
   timing     target tokens (non-pad, EOS included) per second over updates FIRST+1 .. LAST (``--peer-updates``,
@@ -30,7 +30,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from benchmarking.fairseq_side import (
+from transformer_mt.benchmark.fairseq_side import (
     ENV_SCRIPT,
     PEER_CONFIG,
     PEER_OVERRIDES,
@@ -41,14 +41,14 @@ from benchmarking.fairseq_side import (
     require_env,
     train_command,
 )
-from benchmarking.settings import REPO, Sizes
-from benchmarking.specs import train_spec
+from transformer_mt.benchmark.settings import REPO, Sizes
+from transformer_mt.benchmark.specs import train_spec
 from transformer_mt.config import from_dict
 
 WINDOW, QUICK_WINDOW = (40, 160), (2, 6)  # (FIRST, LAST) of --peer-updates
 
 
-# ---------------------------------------------------------------- options (added to benchmark.py's parser)
+# ---------------------------------------------------------------- options (added to the benchmark's parser)
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--peer",
@@ -68,7 +68,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         nargs=2,
         metavar=("FIRST", "LAST"),
         default=None,
-        help=f"timed updates FIRST+1..LAST of both peer runs (default {WINDOW[0]} {WINDOW[1]}, quick {QUICK_WINDOW[0]} {QUICK_WINDOW[1]})",
+        help=f"timed updates FIRST+1..LAST of both peer runs "
+        f"(default {WINDOW[0]} {WINDOW[1]}, quick {QUICK_WINDOW[0]} {QUICK_WINDOW[1]})",
     )
     p.add_argument(
         "--only",
@@ -93,7 +94,8 @@ def check_arguments(p: argparse.ArgumentParser, args: argparse.Namespace) -> Non
         p.error("--peer fairseq is a CPU comparison (fairseq-train --cpu); leave out --device cuda")
     if args.only and (args.checkpoint or args.reference_checkpoint or args.ctranslate2):
         p.error(
-            "--only peer trains and times only the peer runs; leave out --checkpoint, --reference-checkpoint and --ctranslate2"
+            "--only peer trains and times only the peer runs; "
+            "leave out --checkpoint, --reference-checkpoint and --ctranslate2"
         )
     if args.peer:
         try:
@@ -126,7 +128,8 @@ def parse_train_log(lines: Iterable[tuple[float, str]], *, first: int, last: int
     window = [updates[u] for u in range(first + 1, last + 1)]
     if any(wps <= 0 for _, _, wps in window):
         raise PeerError(
-            f"fairseq's log gives wps 0 for an update in {first + 1}..{last}: its meters were not running; time later updates"
+            f"fairseq's log gives wps 0 for an update in {first + 1}..{last}: its meters were not running; "
+            "time later updates"
         )
     tokens = sum(wpb for _, wpb, _ in window)
     seconds = sum(wpb / wps for _, wpb, wps in window)
@@ -174,8 +177,8 @@ def phase_fairseq(spec: dict) -> dict:
         "log": str(log_path),
         "loadavg_start": list(load_start),
         "loadavg_end": list(os.getloadavg()),
-        "fairseq_peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        / 1024,  # the largest waited-for child's
+        # the largest waited-for child's
+        "fairseq_peak_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
     }
 
 
@@ -220,9 +223,8 @@ def report(phases: list[tuple[dict, dict]], matmul: dict) -> dict:
     """The peer section of benchmark.json: both rows, the ratio, the fp32 matmul peak they are measured against."""
     (tmt_spec, tmt), (fs_spec, fs) = sorted(phases, key=lambda p: p[0]["peer"] != "tmt")
     peak = matmul["float32"]["gflops"]
-    flops = tmt[
-        "flops_per_token"
-    ]  # measured on tmt's model and batches; the same model and batches up to padding on fairseq's side
+    # measured on tmt's model and batches; the same model and batches up to padding on fairseq's side
+    flops = tmt["flops_per_token"]
     rows = {
         "tmt": {
             k: tmt[k] for k in ("tokens_per_s", "seconds", "target_tokens", "vocab_size", "parameters", "peak_rss_mib")
@@ -254,7 +256,8 @@ def report(phases: list[tuple[dict, dict]], matmul: dict) -> dict:
         "rows": rows,
         "ratio": tmt["tokens_per_s"] / fs["tokens_per_s"],
         "loadavg_fairseq": [fs["loadavg_start"], fs["loadavg_end"]],
-        "fairseq_tokens_per_s_method": "sum of wpb / sum of (wpb / wps) over the train_inner lines of the timed updates",
+        "fairseq_tokens_per_s_method": "sum of wpb / sum of (wpb / wps) "
+        "over the train_inner lines of the timed updates",
     }
 
 
@@ -279,12 +282,16 @@ def render(r: dict) -> str:
         "",
         f"## Side by side: tmt and fairseq {rows['fairseq']['version']}, same config, same run",
         "",
-        f"{r['date']}; {mc['cpu']}, {mc['logical_cpus']} logical CPUs, {p['threads']} threads; torch {mc['torch']} ({mc['cpu_capability']}); "
+        f"{r['date']}; {mc['cpu']}, {mc['logical_cpus']} logical CPUs, {p['threads']} threads; "
+        f"torch {mc['torch']} ({mc['cpu_capability']}); "
         f"load average {r['loadavg_start'][0]:.2f} at start, {r['loadavg_end'][0]:.2f} at end; "
-        f"fp32 matmul peak {p['fp32_matmul_peak_gflops']:.1f} GFLOP/s (n={r['matmul_peak']['n']}, the faster of the run's first and last timing). "
-        f"Config: `{p['config']}` ({m['encoder_layers']}+{m['decoder_layers']} layers, d{m['d_model']}, ff{m['d_ff']}, {m['heads']} heads, "
+        f"fp32 matmul peak {p['fp32_matmul_peak_gflops']:.1f} GFLOP/s "
+        f"(n={r['matmul_peak']['n']}, the faster of the run's first and last timing). "
+        f"Config: `{p['config']}` ({m['encoder_layers']}+{m['decoder_layers']} layers, d{m['d_model']}, "
+        f"ff{m['d_ff']}, {m['heads']} heads, "
         f"{m['norm']}-norm, dropout {m['dropout']:g}, activation dropout {m['activation_dropout']:g}, "
-        f"{p['train_config']['max_tokens']:,}-token batches, float32). Target tokens/s over updates {first + 1}-{last}.",
+        f"{p['train_config']['max_tokens']:,}-token batches, float32). "
+        f"Target tokens/s over updates {first + 1}-{last}.",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -298,7 +305,8 @@ def render(r: dict) -> str:
         bold = "**" if name == "tmt" else ""
         lines.append(
             f"| {label} | {row['tokens_per_s']:,.0f} | {bold}{ratio:.2f}{bold} | "
-            f"{row['gflops']:.1f} | {100 * row['fraction_of_fp32_peak']:.1f} | {row['target_tokens'] / (last - first):,.0f} | "
+            f"{row['gflops']:.1f} | {100 * row['fraction_of_fp32_peak']:.1f} | "
+            f"{row['target_tokens'] / (last - first):,.0f} | "
             f"{row['vocab_size']:,} | {row['peak_rss_mib']:.0f} |"
         )
     wall = rows["fairseq"]["wall_tokens_per_s"]

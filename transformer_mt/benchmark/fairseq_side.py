@@ -12,7 +12,8 @@
              ``--required-batch-size-multiple 1`` makes fairseq's batches the greedy cut that tmt's are (sorted by
              length, a batch's size = its longest side x sentences <= max_tokens).
 
-The side environment is made by scripts/fairseq_env.sh; how the two runs are timed: :mod:`benchmarking.peer`.
+The side environment is made by scripts/fairseq_env.sh; how the two runs are timed:
+:mod:`transformer_mt.benchmark.peer`.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from benchmarking.settings import REPO
+from transformer_mt.benchmark.settings import REPO
 from transformer_mt.config import Config, load_config
 from transformer_mt.data import load_corpora
 from transformer_mt.errors import TmtError
@@ -110,12 +111,12 @@ def train_command(
     cfg: Config, *, env: Path, data_bin: Path, save_dir: Path, last_update: int, langs: tuple[str, str] = ("en", "de")
 ) -> list[str]:
     """The ``fairseq-train`` command that trains what ``cfg`` makes tmt train (model, optimiser, schedule, loss,
-    batches), on CPU in float32, for ``last_update`` updates, logging every update as JSON, never validating or saving."""
+    batches), on CPU in float32, for ``last_update`` updates, logging every update as JSON, never validating or
+    saving."""
     _check_mappable(cfg)
     m, t = cfg.model, cfg.train
-    pre = (
-        ["--encoder-normalize-before", "--decoder-normalize-before"] if m.norm == "pre" else []
-    )  # fairseq's default is post-norm
+    # fairseq's default is post-norm
+    pre = ["--encoder-normalize-before", "--decoder-normalize-before"] if m.norm == "pre" else []
     learned = ["--encoder-learned-pos", "--decoder-learned-pos"] if m.positions == "learned" else []
     task = [
         str(env / "bin" / "fairseq-train"),
@@ -193,9 +194,8 @@ def write_dictionary(tok: Tokenizer, path: Path) -> int:
         )
     with open(path, "w", encoding="utf-8") as handle:
         for i in range(FAIRSEQ_SPECIALS, tok.vocab_size):
-            handle.write(
-                f"{tok.sp.id_to_piece(i)} 1\n"
-            )  # the count is unused: a given --srcdict is neither sorted nor cut
+            # the count is unused: a given --srcdict is neither sorted nor cut
+            handle.write(f"{tok.sp.id_to_piece(i)} 1\n")
     return tok.vocab_size
 
 
@@ -215,9 +215,8 @@ def prepare(cfg: Config, *, env: Path, out: Path, langs: tuple[str, str] = ("en"
         with open(out / f"train.{lang}", "w", encoding="utf-8") as handle:
             for i in range(len(data)):
                 handle.write(" ".join(tok.sp.id_to_piece(int(x)) for x in data.pair(i)[side]) + "\n")
-        tokens[lang] = int((data.src_lengths if side == 0 else data.tgt_lengths).sum()) + len(
-            data
-        )  # + EOS per sentence
+        lengths = data.src_lengths if side == 0 else data.tgt_lengths
+        tokens[lang] = int(lengths.sum()) + len(data)  # + EOS per sentence
     size = write_dictionary(tok, out / "dict.txt")
     _binarize(env, out, bin_dir, langs=langs, expected={lang: (len(data), tokens[lang], 0) for lang in langs})
     prepared = {
@@ -254,9 +253,8 @@ def _binarize(
     if proc.returncode != 0:
         raise PeerError(f"fairseq-preprocess failed (exit {proc.returncode}); see {out / 'preprocess.log'}")
     counts = parse_preprocess_log(proc.stdout + proc.stderr)
-    for lang in (
-        langs
-    ):  # the pieces must reach fairseq whole: a piece split at a character it takes for a space would differ here
+    # the pieces must reach fairseq whole: a piece split at a character it takes for a space would differ here
+    for lang in langs:
         if counts.get(lang) != expected[lang]:
             raise PeerError(
                 f"fairseq-preprocess [{lang}] read {counts.get(lang)} (sentences, tokens, replaced by <unk>), "

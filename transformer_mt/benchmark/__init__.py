@@ -1,6 +1,7 @@
-"""The benchmark behind ``scripts/benchmark.py``: what it runs, how it times and counts, and how it reports.
+"""The benchmark: what it runs, how it times and counts, and how it reports. ``python -m transformer_mt.benchmark``
+(or ``scripts/benchmark.py``, the same command) writes <out>/benchmark.json and <out>/benchmark.md.
 
-Each phase runs in a fresh subprocess (:mod:`benchmarking.runner`), so the ``ru_maxrss`` it reports is
+Each phase runs in a fresh subprocess (:mod:`transformer_mt.benchmark.runner`), so the ``ru_maxrss`` it reports is
 that phase's own peak resident memory (the Python interpreter and torch included):
 
   matmul     an n x n matmul in float32 and bfloat16: after 3 warm-up runs, the best of ``reps`` timed
@@ -27,19 +28,21 @@ that phase's own peak resident memory (the Python interpreter and torch included
              model, greedy and beam 5, at batches of 8 and 32 test sentences. The budgets: one per
              training update, one per search step whatever the batch size and beam;
   ctranslate2  with ``--ctranslate2`` (the ``export`` extra), after the others: tmt and CTranslate2 on each
-             translated checkpoint (:mod:`benchmarking.ct2`);
+             translated checkpoint (:mod:`transformer_mt.benchmark.ct2`);
   peer       with ``--peer fairseq``: tmt's train phase and then ``fairseq-train --cpu`` (in the side environment
-             scripts/fairseq_env.sh makes) on one config and the same pairs, timed over the same updates; ``--only peer``
-             runs just these and the matmul peak (:mod:`benchmarking.peer`, :mod:`benchmarking.fairseq_side`).
+             scripts/fairseq_env.sh makes) on one config and the same pairs, timed over the same updates;
+             ``--only peer`` runs just these and the matmul peak (:mod:`transformer_mt.benchmark.peer`,
+             :mod:`transformer_mt.benchmark.fairseq_side`).
 
 FLOPs per target token (multiply-add = 2 FLOPs), counted two ways on the padded batches actually run:
   analytic   3 x forward (backward = 2 x forward) over every timed batch, by transformer_mt.runtime.forward_flops
              (the formula is in that module's docstring; the training cost report of `tmt train` uses it too);
   measured   torch.utils.flop_counter.FlopCounterMode over forward, loss and backward of a few timed batches
-             spread over the window (:mod:`benchmarking.flops`), which checks the formula: the two agree batch for
-             batch. The achieved GFLOP/s and the fraction of the matmul peak use the analytic count of every
-             timed batch times the measured / analytic ratio of the sampled ones (1.0 when they agree): a few
-             batches' own FLOPs per token move with their lengths and padding, and do not stand for the window.
+             spread over the window (:mod:`transformer_mt.benchmark.flops`), which checks the formula: the two
+             agree batch for batch. The achieved GFLOP/s and the fraction of the matmul peak use the analytic
+             count of every timed batch times the measured / analytic ratio of the sampled ones (1.0 when they
+             agree): a few batches' own FLOPs per token move with their lengths and padding, and do not stand for
+             the window.
 
 The quoted reference figures (fairseq, OpenNMT-py, a matmul peak) were measured elsewhere; this benchmark
 measures none of them (``--peer fairseq`` measures fairseq itself, in its own table). No number here is
@@ -50,9 +53,9 @@ data and one phase's spec); phases, ct2, fairseq_side, peer (the phases); plan (
 runner (one subprocess per phase); report (benchmark.json) and markdown (benchmark.md); cli.
 """
 
-from benchmarking.cli import dry_run, main, parse_args, run_all
-from benchmarking.ct2 import phase_ctranslate2
-from benchmarking.fairseq_side import (
+from transformer_mt.benchmark.cli import dry_run, main, parse_args, run_all
+from transformer_mt.benchmark.ct2 import best_pass, phase_ctranslate2
+from transformer_mt.benchmark.fairseq_side import (
     PeerError,
     parse_preprocess_log,
     peer_config,
@@ -61,14 +64,15 @@ from benchmarking.fairseq_side import (
     train_command,
     write_dictionary,
 )
-from benchmarking.flops import count_flops, train_step_flops
-from benchmarking.markdown import render_markdown
-from benchmarking.peer import parse_train_log, phase_fairseq
-from benchmarking.phases import phase_matmul, phase_syncs, phase_train, phase_translate
-from benchmarking.settings import gpu_bf16_peak
+from transformer_mt.benchmark.flops import count_flops, train_step_flops
+from transformer_mt.benchmark.markdown import render_markdown
+from transformer_mt.benchmark.peer import parse_train_log, phase_fairseq
+from transformer_mt.benchmark.phases import phase_matmul, phase_syncs, phase_train, phase_translate
+from transformer_mt.benchmark.settings import gpu_bf16_peak
 
 __all__ = [
     "PeerError",
+    "best_pass",
     "count_flops",
     "dry_run",
     "gpu_bf16_peak",

@@ -1,5 +1,5 @@
-"""Each phase in a fresh interpreter (``scripts/benchmark.py --phase SPEC.json``), so the ``ru_maxrss`` it
-reports is that phase's own peak resident memory (the Python interpreter and torch included).
+"""Each phase in a fresh interpreter (``python -m transformer_mt.benchmark --phase SPEC.json``), so the
+``ru_maxrss`` it reports is that phase's own peak resident memory (the Python interpreter and torch included).
 
 The parent writes <out>/phases/NAME.spec.json, runs the child and reads NAME.result.json; the child's
 output is kept in NAME.log, and a failed phase ends the run with the last lines of it.
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from benchmarking.ct2 import phase_ctranslate2
-from benchmarking.peer import phase_fairseq
-from benchmarking.phases import phase_matmul, phase_syncs, phase_train, phase_translate
-from benchmarking.settings import DTYPES, SCRIPT
+from transformer_mt.benchmark.ct2 import phase_ctranslate2
+from transformer_mt.benchmark.peer import phase_fairseq
+from transformer_mt.benchmark.phases import phase_matmul, phase_syncs, phase_train, phase_translate
+from transformer_mt.benchmark.settings import DTYPES
 
 PHASES = {
     "matmul": phase_matmul,
@@ -29,6 +29,7 @@ PHASES = {
     "ctranslate2": phase_ctranslate2,
     "fairseq": phase_fairseq,
 }
+ENTRY = "transformer_mt.benchmark"  # each phase runs as `python -m ENTRY --phase SPEC.json`
 
 
 def peak_rss_mib() -> float:
@@ -53,12 +54,11 @@ def run_phase(spec: dict, out: Path, *, step: str) -> dict:
     spec_path, spec["result"] = phases / f"{spec['name']}.spec.json", str(phases / f"{spec['name']}.result.json")
     spec_path.write_text(json.dumps(spec, indent=1), encoding="utf-8")
     print(f"benchmark: {step} {spec['name']} ...", file=sys.stderr, flush=True)
-    env = {
-        k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")
-    }  # one process, never torchrun's
+    # one process, never torchrun's
+    env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     env.update(OMP_NUM_THREADS=str(spec["threads"]), MKL_NUM_THREADS=str(spec["threads"]))
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--phase", str(spec_path)], env=env, capture_output=True, text=True
+        [sys.executable, "-m", ENTRY, "--phase", str(spec_path)], env=env, capture_output=True, text=True
     )
     (phases / f"{spec['name']}.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
     if proc.returncode != 0:

@@ -1,9 +1,9 @@
-"""scripts/benchmark.py: the quick mode runs end to end on real Multi30k and writes the documented JSON
-and markdown; the analytic FLOP formula agrees with torch's FlopCounterMode. No test asserts a time."""
+"""transformer_mt.benchmark and scripts/benchmark.py: the quick mode runs end to end on real Multi30k and writes the
+documented JSON and markdown; the module and the script are one command; the analytic FLOP formula agrees with
+torch's FlopCounterMode. No test asserts a time."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import subprocess
 import sys
@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from transformer_mt.benchmark import count_flops, train_step_flops
 from transformer_mt.config import ModelConfig
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import forward_flops
@@ -32,13 +33,6 @@ COLUMNS = [
     "peak RSS MiB",
     "vs quoted reference",
 ]
-
-
-def load_benchmarking():
-    """scripts/benchmarking, the package behind scripts/benchmark.py (found beside it, as the script finds it)."""
-    if str(SCRIPT.parent) not in sys.path:
-        sys.path.insert(0, str(SCRIPT.parent))
-    return importlib.import_module("benchmarking")
 
 
 @pytest.fixture(scope="module")
@@ -147,11 +141,36 @@ def test_quick_markdown_table(quick_run):
     assert "recipe " in share and "(target 65%)" in share and "reference " in share and "(target 75%)" in share
 
 
+@pytest.mark.slow
+def test_module_and_script_are_one_command(tmp_path):
+    """`python -m transformer_mt.benchmark` is the command scripts/benchmark.py runs: the same options (only the
+    program's name in the usage line differs) and the same plan of phases."""
+
+    def run(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, *argv], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+    def options(help_text: str) -> str:
+        return help_text.split("\noptions:\n", 1)[1]
+
+    module, script = ("-m", "transformer_mt.benchmark"), (str(SCRIPT),)
+    helps = [run(*cmd, "--help") for cmd in (module, script)]
+    assert [h.returncode for h in helps] == [0, 0], helps[0].stderr[-2000:] + helps[1].stderr[-2000:]
+    assert helps[0].stdout.startswith("usage: python -m transformer_mt.benchmark [-h] [--config CONFIG]")
+    assert helps[1].stdout.startswith("usage: benchmark.py [-h] [--config CONFIG]")
+    assert options(helps[0].stdout) == options(helps[1].stdout)
+    assert "--peer-updates FIRST LAST" in options(helps[0].stdout) and "--phase" not in helps[0].stdout
+    plan = ("--device", "cuda", "--dry-run", "--out", str(tmp_path / "out"))
+    plans = [run(*cmd, *plan) for cmd in (module, script)]
+    assert [p.returncode for p in plans] == [0, 0], plans[0].stderr[-2000:] + plans[1].stderr[-2000:]
+    phases = json.loads(plans[0].stdout)
+    assert plans[0].stdout == plans[1].stdout and phases[0]["kind"] == phases[-1]["kind"] == "matmul"
+    assert not (tmp_path / "out").exists()  # a dry run prepares nothing
+
+
 def test_analytic_flops_match_flop_counter():
     """The docstring's formula, from first principles, against torch's own count of the forward pass
     (general head sizes and padding); training = forward + backward lies between 3x and 3.5x of it
     (the flash-attention backward recomputes Q K^T)."""
-    bench = load_benchmarking()
     cfg = ModelConfig(
         encoder_layers=2, decoder_layers=3, d_model=24, heads=3, head_dim=6, value_dim=10, d_ff=40, dropout=0.0
     )
@@ -164,10 +183,10 @@ def test_analytic_flops_match_flop_counter():
     tgt_in, tgt_out = torch.cat([torch.full((3, 1), BOS_ID), tgt[:, :-1]], 1), tgt
     model.eval()
     with torch.no_grad():
-        forward = bench.count_flops(lambda: model(src, tgt_in))
+        forward = count_flops(lambda: model(src, tgt_in))
     assert forward == forward_flops(cfg, vocab=vocab, batch=3, src_len=7, tgt_len=6)
     model.train()
-    train = bench.train_step_flops(
+    train = train_step_flops(
         model, SimpleNamespace(src=src, tgt_in=tgt_in, tgt_out=tgt_out), dtype="float32", epsilon=0.1
     )
     assert 3 * forward <= train <= 3.5 * forward
@@ -180,7 +199,6 @@ def test_the_cpp_attention_is_counted_as_the_batched_matmuls_it_replaces(monkeyp
 
     if not native.available():
         pytest.skip("the C++ kernels could not be built here")
-    bench = load_benchmarking()
     cfg = ModelConfig(encoder_layers=1, decoder_layers=2, d_model=32, heads=2, d_ff=48, dropout=0.0)
     vocab = 50
     model = Transformer(cfg, src_vocab_size=vocab, tgt_vocab_size=vocab).train()
@@ -200,6 +218,6 @@ def test_the_cpp_attention_is_counted_as_the_batched_matmuls_it_replaces(monkeyp
     counts = []
     for loaded in (True, False):
         monkeypatch.setattr(native, "_loaded", [loaded])
-        counts.append(bench.train_step_flops(model, batch, dtype="float32", epsilon=0.1))
+        counts.append(train_step_flops(model, batch, dtype="float32", epsilon=0.1))
         assert len(calls) == 5  # 1 + 2 x 2 attentions through the kernel, and none more with it off
     assert counts[0] == counts[1] > 0

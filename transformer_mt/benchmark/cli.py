@@ -1,4 +1,5 @@
-"""``scripts/benchmark.py``'s command line: parse, prepare the data, run the plan, write the report."""
+"""The benchmark's command line (``python -m transformer_mt.benchmark``, ``scripts/benchmark.py``): parse, prepare
+the data, run the plan, write the report."""
 
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ from pathlib import Path
 
 import torch
 
-from benchmarking import peer
-from benchmarking.markdown import render_markdown
-from benchmarking.plan import cpu_plan, ctranslate2_specs, cuda_plan
-from benchmarking.report import Where, cpu_report, cuda_report
-from benchmarking.runner import run_each, run_phase_file, run_specs
-from benchmarking.settings import (
+from transformer_mt.benchmark import peer
+from transformer_mt.benchmark.markdown import render_markdown
+from transformer_mt.benchmark.plan import cpu_plan, ctranslate2_specs, cuda_plan
+from transformer_mt.benchmark.report import Where, cpu_report, cuda_report
+from transformer_mt.benchmark.runner import run_each, run_phase_file, run_specs
+from transformer_mt.benchmark.settings import (
     FALLBACK_CONFIG,
     FULL,
     QUICK,
@@ -25,14 +26,17 @@ from benchmarking.settings import (
     gpu_bf16_peak,
     sizes_for,
 )
-from benchmarking.specs import prepare_data
+from transformer_mt.benchmark.specs import prepare_data
 from transformer_mt.config import Config, load_config
 
 DESCRIPTION = "Benchmark transformer_mt on this machine; writes <out>/benchmark.json and <out>/benchmark.md."
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The options; ``prog`` names the command in the usage line (default: the script's file name)."""
+    p = argparse.ArgumentParser(
+        prog=prog, description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument(
         "--config",
         type=Path,
@@ -69,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--reference-checkpoint",
         type=Path,
         default=None,
-        help="a trained 3+3/d256 model, the size of the quoted fairseq beam-5 figure (else the benchmark's barely trained one)",
+        help="a trained 3+3/d256 model, the size of the quoted fairseq beam-5 figure "
+        "(else the benchmark's barely trained one)",
     )
     p.add_argument(
         "--ctranslate2",
@@ -83,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--device",
         choices=("cpu", "cuda"),
         default="cpu",
-        help="cuda: the GPU plan (base and big at 25k-token batches, bf16 and fp32+TF32, the recipe; MFU, peak GPU memory)",
+        help="cuda: the GPU plan (base and big at 25k-token batches, bf16 and fp32+TF32, the recipe; "
+        "MFU, peak GPU memory)",
     )
     p.add_argument(
         "--compile", action="store_true", help="--device cuda: also train base and big in bf16 with torch.compile"
@@ -104,9 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """The options with their defaults filled in (per --quick and --device); a bad combination exits with the usage line."""
-    p = build_parser()
+def parse_args(argv: list[str] | None, *, prog: str | None = None) -> argparse.Namespace:
+    """The options with their defaults filled in (per --quick and --device); a bad combination exits with the
+    usage line."""
+    p = build_parser(prog)
     args = p.parse_args(argv)
     sizes = sizes_for(device=args.device, quick=args.quick)
     args.warmup = sizes.warmup if args.warmup is None else args.warmup
@@ -144,12 +151,14 @@ def dry_run(args: argparse.Namespace) -> list[dict]:
     if args.device == "cuda":
         return cuda_plan(args, sizes, recipe, **paths)
     raise SystemExit(
-        "benchmark: --dry-run lists the --device cuda plan; the CPU plan is in the benchmarking package's docstring"
+        "benchmark: --dry-run lists the --device cuda plan; "
+        "the CPU plan is in the transformer_mt.benchmark package's docstring"
     )
 
 
 def recipe_config(args: argparse.Namespace) -> tuple[Path, str, Config]:
-    """(path, note, config) of the recipe model: --config, or multi30k_small.yaml when the default recipe is absent."""
+    """(path, note, config) of the recipe model: --config, or multi30k_small.yaml when the default recipe is
+    absent."""
     config, note = args.config, ""
     if not config.is_file() and config.resolve() == RECIPE_CONFIG:
         config, note = (
@@ -168,7 +177,8 @@ def run_all(args: argparse.Namespace) -> dict:
     for path in (args.data / "train.en", args.data / "train.de", test_src):
         if not path.is_file():
             raise SystemExit(
-                f"benchmark: {path} not found; pass --data DIR holding Multi30k (scripts/prepare_multi30k.sh downloads it)"
+                f"benchmark: {path} not found; pass --data DIR holding Multi30k "
+                "(scripts/prepare_multi30k.sh downloads it)"
             )
     load_start = os.getloadavg()
     spm, src, tgt = prepare_data(args, recipe, sizes, sizes.spm_vocab or recipe.tokenizer.vocab_size)
@@ -191,8 +201,9 @@ def run_all(args: argparse.Namespace) -> dict:
     return cpu_report(args, where, load_start=load_start, matmul=matmul, phases=phases, ct2_phases=ct2)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, *, prog: str | None = None) -> None:
+    """Run the benchmark (or, with the internal ``--phase SPEC.json``, one phase of it) and write its report."""
+    args = parse_args(argv, prog=prog)
     if args.phase is not None:
         run_phase_file(args.phase)
         return

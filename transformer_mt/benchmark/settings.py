@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "scripts" / "benchmark.py"  # the entry point; each phase runs as `SCRIPT --phase SPEC.json`
 SCHEMA = "transformer_mt.benchmark/1"
 RECIPE_CONFIG, FALLBACK_CONFIG = REPO / "configs" / "multi30k_en_de.yaml", REPO / "configs" / "multi30k_small.yaml"
 DTYPES = ("float32", "bfloat16")
 
-REFERENCE_MODEL = dict(
+REFERENCE_MODEL: dict[str, Any] = dict(
     encoder_layers=3,
     decoder_layers=3,
     d_model=256,
@@ -25,15 +25,17 @@ REFERENCE_MODEL = dict(
 # output layer (a large share of a small model's FLOPs) stays the same from one recipe to the next.
 REFERENCE_VOCAB = 8000
 # The reference model's optimiser: multi30k_small.yaml's schedule, so the few benchmark updates move the weights.
-REFERENCE_TRAIN = dict(
+REFERENCE_TRAIN: dict[str, Any] = dict(
     max_tokens=4096, update_freq=1, label_smoothing=0.1, lr_schedule="inverse_sqrt", lr=1e-3, warmup_updates=400
 )
 
 # Figures of other toolkits on the reference setting, measured on other machines and never by this script:
 # the speed targets were set against them. A ratio to them is no side-by-side measurement (--peer fairseq is).
 QUOTED = {
-    "source": "quoted, measured elsewhere (the figures the speed targets were set against); not measured by this script",
-    "setting": "3+3 layers, d_model 256, d_ff 1024, 4 heads, post-norm, shared embeddings, float32, 2 threads, 4096-token batches",
+    "source": "quoted, measured elsewhere (the figures the speed targets were set against); "
+    "not measured by this script",
+    "setting": "3+3 layers, d_model 256, d_ff 1024, 4 heads, post-norm, shared embeddings, float32, 2 threads, "
+    "4096-token batches",
     "train_tokens_per_s": {"fairseq 0.12.2": 1570, "OpenNMT-py 3.5.1": 1200},
     "beam5_sentences_per_s": {"fairseq-generate": 20, "OpenNMT-py": "30-39"},
     "matmul_peak_gflops": {"float32": 134, "bfloat16": 376},

@@ -8,7 +8,7 @@ import itertools
 import sys
 from pathlib import Path
 
-from benchmarking.settings import Sizes
+from transformer_mt.benchmark.settings import Sizes
 from transformer_mt.config import Config, DataConfig, to_dict
 from transformer_mt.data import load_parallel
 from transformer_mt.text import Tokenizer, train_sentencepiece
@@ -95,7 +95,7 @@ def train_spec(
         save_every=0,
         keep_last=1,
         update_freq=1,
-        **({"max_tokens": max_tokens} if max_tokens else {}),
+        max_tokens=max_tokens or base.train.max_tokens,
     )
     cfg = Config(
         data=data_config(base, src, tgt, args.out),

@@ -1,12 +1,12 @@
-"""scripts/benchmarking's fairseq peer (``benchmark.py --peer fairseq``): the fairseq command trains the side-by-side
-config, the JSON-log parser's tokens/s on a hand-written excerpt, the dictionary keeps sentencepiece's ids, a
-missing side environment is one line. Tests that need the side environment (scripts/fairseq_env.sh) skip without it."""
+"""The benchmark's fairseq peer (``python -m transformer_mt.benchmark --peer fairseq``): the fairseq command trains
+the side-by-side config, the JSON-log parser's tokens/s on a hand-written excerpt, the dictionary keeps
+sentencepiece's ids, a missing side environment is one line. Tests that need the side environment
+(scripts/fairseq_env.sh) skip without it."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
 import subprocess
 import sys
@@ -14,32 +14,32 @@ from pathlib import Path
 
 import pytest
 
+from transformer_mt.benchmark import (
+    PeerError,
+    parse_preprocess_log,
+    parse_train_log,
+    peer_config,
+    prepare,
+    require_env,
+    train_command,
+    write_dictionary,
+)
+from transformer_mt.config import Config
 from transformer_mt.text import Tokenizer
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def load_peer():
-    """scripts/benchmarking, the package behind scripts/benchmark.py (found beside it, as the script finds it)."""
-    scripts = REPO / "scripts"
-    if str(scripts) not in sys.path:
-        sys.path.insert(0, str(scripts))
-    return importlib.import_module("benchmarking")
-
-
-peer = load_peer()
-
-
 def side_env() -> Path:
     try:
-        return peer.require_env(None)
-    except peer.PeerError:
+        return require_env(None)
+    except PeerError:
         pytest.skip("no fairseq side environment (scripts/fairseq_env.sh makes one)")
 
 
-def command(cfg=None, last: int = 160) -> list[str]:
-    return peer.train_command(
-        cfg or peer.peer_config(), env=Path("/env"), data_bin=Path("/bin"), save_dir=Path("/save"), last_update=last
+def command(cfg: Config | None = None, last: int = 160) -> list[str]:
+    return train_command(
+        cfg or peer_config(), env=Path("/env"), data_bin=Path("/bin"), save_dir=Path("/save"), last_update=last
     )
 
 
@@ -115,8 +115,8 @@ def test_command_trains_the_side_by_side_config():
     argv = command()
     assert Path(argv[0]) == Path("/env/bin/fairseq-train")
     a = parse_flags(argv[1:])  # an unknown flag would fail here too
-    # the side-by-side config: 3+3 layers, d_model 256, d_ff 1024, 4 heads, post-norm, dropout 0.1, shared embeddings, 4,096-token
-    # batches, Adam (0.9, 0.98), inverse_sqrt warm-up 1,000 at 5e-4, label smoothing 0.1, fp32, CPU
+    # the side-by-side config: 3+3 layers, d_model 256, d_ff 1024, 4 heads, post-norm, dropout 0.1, shared embeddings,
+    # 4,096-token batches, Adam (0.9, 0.98), inverse_sqrt warm-up 1,000 at 5e-4, label smoothing 0.1, fp32, CPU
     assert (a.encoder_layers, a.decoder_layers, a.encoder_embed_dim, a.decoder_embed_dim) == (3, 3, 256, 256)
     assert (a.encoder_ffn_embed_dim, a.decoder_ffn_embed_dim, a.encoder_attention_heads, a.decoder_attention_heads) == (
         1024,
@@ -147,7 +147,7 @@ def test_command_trains_the_side_by_side_config():
 
 
 def test_command_follows_the_config_and_refuses_what_fairseq_lacks():
-    cfg = peer.peer_config()
+    cfg = peer_config()
     pre = parse_flags(
         command(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, norm="pre", d_model=128, heads=2)))[1:]
     )
@@ -162,7 +162,7 @@ def test_command_follows_the_config_and_refuses_what_fairseq_lacks():
         ("train", {"dtype": "bfloat16"}),
     ):
         bad = dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **change)})
-        with pytest.raises(peer.PeerError, match=f"{section}.{next(iter(change))}"):
+        with pytest.raises(PeerError, match=f"{section}.{next(iter(change))}"):
             command(bad)
 
 
@@ -194,7 +194,7 @@ def test_train_log_tokens_per_second():
         (13.1, log_line(4, 9999, 9999, tag="train")),  # the epoch summary: not an update
         (14.0, log_line(5, 1000, 1000)),
     ]
-    out = peer.parse_train_log(lines, first=2, last=4)
+    out = parse_train_log(lines, first=2, last=4)
     # updates 3 and 4: 5000 tokens in 2 + 0.5 s by fairseq's meters; 3 s between the lines of updates 2 and 4
     assert (
         out["target_tokens"] == 5000
@@ -203,24 +203,26 @@ def test_train_log_tokens_per_second():
     )
     assert out["wall_seconds"] == pytest.approx(3.0) and out["wall_tokens_per_s"] == pytest.approx(5000 / 3)
     assert out["updates"] == 2 and out["dictionary_size"] == 8000
-    with pytest.raises(peer.PeerError, match="update 6"):
-        peer.parse_train_log(lines, first=4, last=6)
-    with pytest.raises(peer.PeerError, match="wps 0"):
-        peer.parse_train_log([(0.0, log_line(1, 100, 50)), (1.0, log_line(2, 100, 0))], first=1, last=2)
+    with pytest.raises(PeerError, match="update 6"):
+        parse_train_log(lines, first=4, last=6)
+    with pytest.raises(PeerError, match="wps 0"):
+        parse_train_log([(0.0, log_line(1, 100, 50)), (1.0, log_line(2, 100, 0))], first=1, last=2)
 
 
 def test_preprocess_log_counts():
     text = (
         "2026-11-23 16:20:01 | INFO | fairseq_cli.preprocess | [en] Dictionary: 8000 types\n"
-        "2026-11-23 16:20:03 | INFO | fairseq_cli.preprocess | [en] /b/fairseq/train.en: 29000 sents, 415123 tokens, 0.0% replaced (by <unk>)\n"
-        "2026-11-23 16:20:05 | INFO | fairseq_cli.preprocess | [de] /b/fairseq/train.de: 29000 sents, 431000 tokens, 0.012% replaced (by <unk>)\n"
+        "2026-11-23 16:20:03 | INFO | fairseq_cli.preprocess | [en] /b/fairseq/train.en: "
+        "29000 sents, 415123 tokens, 0.0% replaced (by <unk>)\n"
+        "2026-11-23 16:20:05 | INFO | fairseq_cli.preprocess | [de] /b/fairseq/train.de: "
+        "29000 sents, 431000 tokens, 0.012% replaced (by <unk>)\n"
     )
-    assert peer.parse_preprocess_log(text) == {"en": (29000, 415123, 0.0), "de": (29000, 431000, 0.012)}
+    assert parse_preprocess_log(text) == {"en": (29000, 415123, 0.0), "de": (29000, 431000, 0.012)}
 
 
 def test_dictionary_keeps_sentencepiece_ids(spm_model, tmp_path):
     tok = Tokenizer(spm_model)
-    size = peer.write_dictionary(tok, tmp_path / "dict.txt")
+    size = write_dictionary(tok, tmp_path / "dict.txt")
     lines = (tmp_path / "dict.txt").read_text(encoding="utf-8").splitlines()
     assert size == tok.vocab_size == len(lines) + 4  # fairseq's <s> <pad> </s> <unk> come first, at ids 0-3
     fields = [line.split() for line in lines]
@@ -232,8 +234,8 @@ def test_dictionary_keeps_sentencepiece_ids(spm_model, tmp_path):
 
 @pytest.mark.slow
 def test_missing_env_is_one_line(tmp_path):
-    with pytest.raises(peer.PeerError, match="scripts/fairseq_env.sh"):
-        peer.require_env(tmp_path / "nowhere")
+    with pytest.raises(PeerError, match="scripts/fairseq_env.sh"):
+        require_env(tmp_path / "nowhere")
     proc = subprocess.run(
         [
             sys.executable,
@@ -261,9 +263,10 @@ def test_fairseqs_own_parser_reads_the_command():
     code = (
         "import json, sys\nfrom fairseq import options\n"
         "a = options.parse_args_and_arch(options.get_training_parser(), input_args=sys.argv[1:])\n"
-        "print(json.dumps({k: getattr(a, k) for k in ('encoder_layers', 'decoder_ffn_embed_dim', 'encoder_attention_heads', "
-        "'encoder_normalize_before', 'attention_dropout', 'activation_dropout', 'share_all_embeddings', 'max_tokens', 'adam_betas', "
-        "'warmup_updates', 'label_smoothing', 'cpu', 'fp16', 'no_save', 'disable_validation', 'required_batch_size_multiple')}))"
+        "print(json.dumps({k: getattr(a, k) for k in ('encoder_layers', 'decoder_ffn_embed_dim', "
+        "'encoder_attention_heads', 'encoder_normalize_before', 'attention_dropout', 'activation_dropout', "
+        "'share_all_embeddings', 'max_tokens', 'adam_betas', 'warmup_updates', 'label_smoothing', 'cpu', 'fp16', "
+        "'no_save', 'disable_validation', 'required_batch_size_multiple')}))"
     )
     proc = subprocess.run(
         [str(env / "bin" / "python"), "-c", code, *command()[1:]], capture_output=True, text=True, timeout=300
@@ -297,7 +300,7 @@ def test_binarized_pieces_are_tmts_ids(corpus_slice, spm_model, tmp_path):
 
     env = side_env()
     cfg = run_config(corpus_slice, spm_model, tmp_path / "run", "data.max_len=100")
-    prepared = peer.prepare(cfg, env=env, out=tmp_path / "fairseq")
+    prepared = prepare(cfg, env=env, out=tmp_path / "fairseq")
     data = load_corpora(cfg, Tokenizer(spm_model), Tokenizer(spm_model), quiet=True)[0]
     assert prepared["pairs"] == len(data) and prepared["dictionary_size"] == Tokenizer(spm_model).vocab_size
     code = (
