@@ -59,9 +59,8 @@ def token_table(tr: Translator, src_ids: list[int], tgt_ids: list[int], *, topk:
     its id, piece, log-prob and probability, loss (-log p, no label smoothing) and the ``topk`` most
     probable pieces there (``alternatives``, best first, the chosen one included)."""
     model, device = single_model(tr), tr.device
-    batch = collate(
-        [(src_ids, tgt_ids)], specials=model.specials
-    )  # src (1, S), tgt_in (1, T) = start + target, tgt_out (1, T) = target + EOS
+    # src (1, S), tgt_in (1, T) = start + target, tgt_out (1, T) = target + EOS
+    batch = collate([(src_ids, tgt_ids)], specials=model.specials)
     with torch.inference_mode():
         logits = model.decode(batch.tgt_in.to(device), model.encode(batch.src.to(device)))[0]  # (T, V)
         lprobs = torch.log_softmax(logits.float(), dim=-1)  # (T, V) float32, as the search computes them
@@ -123,8 +122,9 @@ def attention_view(
     if weights > max_weights:
         raise RequestError(
             413,
-            f"text: its attention maps hold {weights:,} weights (layers x heads x (S^2 + T^2 + T*S) for {maps.encoder_self.size(-1)} "
-            f"source and {maps.cross.size(-2)} target pieces), more than --max-attention {max_weights:,}; give a shorter sentence",
+            f"text: its attention maps hold {weights:,} weights (layers x heads x (S^2 + T^2 + T*S) for "
+            f"{maps.encoder_self.size(-1)} source and {maps.cross.size(-2)} target pieces), more than "
+            f"--max-attention {max_weights:,}; give a shorter sentence",
         )
     src_ids = tr.src_tok.encode([text])[0][: tr.max_src_tokens]
     if reference is not None:

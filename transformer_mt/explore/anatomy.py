@@ -44,15 +44,12 @@ def anatomy_view(tr: Translator, pairs: list[tuple[list[int], list[int]]], *, po
         "masks": {
             "src_pad": src_pad.tolist(),  # (B, S) True = padding
             "tgt_pad": tgt_pad.tolist(),  # (B, T) True = padding
-            "encoder_allowed": allowed_mask(src_pad)[
-                :, 0, 0
-            ].tolist(),  # (B, 1, 1, S) -> (B, S): the keys every query may see
-            "decoder_allowed": allowed_mask(tgt_pad, causal=True)[
-                :, 0
-            ].tolist(),  # (B, 1, T, T) -> (B, T, T): look-ahead + padding
-            "cross_allowed": allowed_mask(src_pad)[
-                :, 0, 0
-            ].tolist(),  # (B, S): the source keys every decoder query may see
+            # (B, 1, 1, S) -> (B, S): the keys every query may see
+            "encoder_allowed": allowed_mask(src_pad)[:, 0, 0].tolist(),
+            # (B, 1, T, T) -> (B, T, T): look-ahead + padding
+            "decoder_allowed": allowed_mask(tgt_pad, causal=True)[:, 0].tolist(),
+            # (B, S): the source keys every decoder query may see
+            "cross_allowed": allowed_mask(src_pad)[:, 0, 0].tolist(),
         },
         "heads": {
             "H": attention[0].heads,

@@ -74,7 +74,8 @@ class Alternative(BaseModel):
 
 
 class TokenRow(BaseModel):
-    """One decoder position: the piece it produced (the target's, then </s>), how probable it was, and the alternatives."""
+    """One decoder position: the piece it produced (the target's, then </s>), how probable it was, and the
+    alternatives."""
 
     id: int
     piece: str
@@ -86,7 +87,8 @@ class TokenRow(BaseModel):
     )
     in_output: bool | None = Field(
         None,
-        description="Whether the search generated this piece: False for the </s> row of an output cut at the longest length.",
+        description="Whether the search generated this piece: False for the </s> row of an output cut at the "
+        "longest length.",
     )
 
 
@@ -109,7 +111,8 @@ class BeamResponse(BaseModel):
     beam: int
     lenpen: float
     steps: list[dict[str, Any]] = Field(
-        description="Per step: open (tokens, logprob, from_beam, appended), finished (tokens, logprob, length, penalty, score, eos, new), done, reason."
+        description="Per step: open (tokens, logprob, from_beam, appended), finished (tokens, logprob, length, "
+        "penalty, score, eos, new), done, reason."
     )
     winner: dict[str, Any] = Field(
         description="tokens, logprob, score, why, and the n-best (tokens, logprob, score, length)."
@@ -132,13 +135,15 @@ def build_app(explorer: Explorer) -> FastAPI:
 
     @app.get("/api/checkpoints")
     def checkpoints() -> dict:
-        """The loaded checkpoints, by name (never their paths), with their architecture and decode defaults; the first is the default."""
+        """The loaded checkpoints, by name (never their paths), with their architecture and decode defaults; the
+        first is the default."""
         described = [describe_checkpoint(n, tr) for n, tr in explorer.translators.items()]
         return {"default": explorer.default, "checkpoints": described, "limits": vars(explorer.limits)}
 
     @app.get("/api/examples")
     def examples() -> dict:
-        """Example source sentences: the --examples file, else the first checkpoint's validation source if present, else none."""
+        """Example source sentences: the --examples file, else the first checkpoint's validation source if present,
+        else none."""
         return {"file": explorer.examples_name, "sentences": explorer.examples}
 
     _add_sentence_routes(app, explorer)
@@ -189,7 +194,8 @@ def _add_sentence_routes(app: FastAPI, explorer: Explorer) -> None:
 
     @app.post("/api/translate", response_model=TranslateResponse)
     def translate(req: SentenceRequest) -> dict:
-        """The translation of one sentence (tmt translate's, same beam and lenpen) with each piece's probability and top alternatives."""
+        """The translation of one sentence (tmt translate's, same beam and lenpen) with each piece's probability and
+        top alternatives."""
         tr = explorer.translator(req.checkpoint)
         beam, lenpen = explorer.settings(tr, req.beam, req.lenpen)
         src_ids = explorer.sentence(tr, req.text)
@@ -197,7 +203,8 @@ def _add_sentence_routes(app: FastAPI, explorer: Explorer) -> None:
 
     @app.post("/api/beam", response_model=BeamResponse)
     def beam_trace(req: SentenceRequest) -> dict:
-        """Beam search step by step: open and finished hypotheses with raw and length-penalised scores, why it stopped, the winner and why."""
+        """Beam search step by step: open and finished hypotheses with raw and length-penalised scores, why it
+        stopped, the winner and why."""
         tr = explorer.translator(req.checkpoint)
         beam, lenpen = explorer.settings(tr, req.beam, req.lenpen)
         src_ids = explorer.sentence(tr, req.text)
@@ -205,10 +212,11 @@ def _add_sentence_routes(app: FastAPI, explorer: Explorer) -> None:
 
     @app.post("/api/attention")
     def attention(req: AttentionRequest) -> dict:
-        """tmt attention's JSON for the sentence: encoder_self (L, H, S, S), decoder_self (L, H, T, T), cross (L, H, T, S) as
-        weights[layer][head][query][key] (rows sum to 1; decoder self 0 above the diagonal), the pieces of both sides, and
-        ``tokens``: per target position its probability and loss (-log p); ``mean_loss`` their mean. With ``reference``
-        the target is teacher-forced (tmt attention --ref), else it is the model's translation."""
+        """tmt attention's JSON for the sentence: encoder_self (L, H, S, S), decoder_self (L, H, T, T), cross
+        (L, H, T, S) as weights[layer][head][query][key] (rows sum to 1; decoder self 0 above the diagonal), the
+        pieces of both sides, and ``tokens``: per target position its probability and loss (-log p); ``mean_loss``
+        their mean. With ``reference`` the target is teacher-forced (tmt attention --ref), else it is the model's
+        translation."""
         tr = explorer.translator(req.checkpoint)
         beam, lenpen = explorer.settings(tr, req.beam, req.lenpen)
         explorer.sentence(tr, req.text)
@@ -230,9 +238,10 @@ def _add_sentence_routes(app: FastAPI, explorer: Explorer) -> None:
 
     @app.post("/api/anatomy")
     def anatomy(req: AnatomyRequest) -> dict:
-        """The batch of the sentence (and ``batch_with``, padded): src_pad / tgt_pad (True = padding), the attention masks the
-        model builds (True = may attend: encoder (B, S), decoder look-ahead + padding (B, T, T), cross (B, S)), Q/K/V and score
-        shapes per attention module as tmt inspect records them, and the positional encodings of its positions (n, d_model)."""
+        """The batch of the sentence (and ``batch_with``, padded): src_pad / tgt_pad (True = padding), the attention
+        masks the model builds (True = may attend: encoder (B, S), decoder look-ahead + padding (B, T, T), cross
+        (B, S)), Q/K/V and score shapes per attention module as tmt inspect records them, and the positional
+        encodings of its positions (n, d_model)."""
         tr = explorer.translator(req.checkpoint)
         beam, lenpen = explorer.settings(tr, req.beam, req.lenpen)
         srcs = [explorer.sentence(tr, req.text)]

@@ -44,7 +44,8 @@ class BodyCap:
             await _refuse(
                 send,
                 413,
-                f"body: more than {self.max_bytes:,} bytes, the most a request within --max-chars needs; send one sentence",
+                f"body: more than {self.max_bytes:,} bytes, the most a request within --max-chars needs; "
+                "send one sentence",
             )
             return
         try:
@@ -56,7 +57,8 @@ class BodyCap:
             await _refuse(
                 send,
                 413,
-                f"body: more than {self.max_bytes:,} bytes, the most a request within --max-chars needs; send one sentence",
+                f"body: more than {self.max_bytes:,} bytes, the most a request within --max-chars needs; "
+                "send one sentence",
             )
             return
         handed = False

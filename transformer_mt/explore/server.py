@@ -77,8 +77,9 @@ def explore(
     allowed = allowed_hosts(host, port, allowed_extra)  # a bad --allowed-host is one line before the loading too
     if not _is_loopback(host):
         print(
-            f"tmt: warning: --host {host} accepts connections from other machines: anyone who reaches it can run the models "
-            "and read the examples; tmt explore is meant for this machine (reach it from another through an SSH tunnel)",
+            f"tmt: warning: --host {host} accepts connections from other machines: anyone who reaches it can run "
+            "the models and read the examples; tmt explore is meant for this machine (reach it from another through "
+            "an SSH tunnel)",
             file=sys.stderr,
         )
     # torch's CPU threads are set per calling thread (OpenMP): requests run on server threads with `threads`, and
@@ -105,7 +106,8 @@ def _is_loopback(host: str) -> bool:
 
 
 class Background:
-    """An app served by uvicorn in a thread of this process (tests, notebooks, the screenshot script): ``url``, ``stop()``."""
+    """An app served by uvicorn in a thread of this process (tests, notebooks, the screenshot script): ``url``,
+    ``stop()``."""
 
     def __init__(self, app, *, host: str = "127.0.0.1", port: int = 0, timeout: float = 30.0):
         import threading

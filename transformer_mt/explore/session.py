@@ -62,7 +62,8 @@ class Explorer:
         if name not in self.translators:
             raise RequestError(
                 404,
-                f"checkpoint: {name!r} is not loaded; choose one of {', '.join(map(repr, self.translators))} (GET /api/checkpoints)",
+                f"checkpoint: {name!r} is not loaded; choose one of {', '.join(map(repr, self.translators))} "
+                "(GET /api/checkpoints)",
             )
         return self.translators[name]
 
@@ -70,9 +71,8 @@ class Explorer:
         """The request's beam and lenpen (the checkpoint's decode settings when None), checked by the rules
         `tmt translate` and `tmt serve` apply; 422 naming the field otherwise."""
         beam, lenpen = tr.decode_defaults(beam, lenpen)
-        problem = beam_problem(
-            beam, 1, tgt_vocab_size=tr.tgt_tok.vocab_size, limit=self.limits.max_beam
-        ) or lenpen_problem(lenpen)
+        vocab = tr.tgt_tok.vocab_size
+        problem = beam_problem(beam, 1, tgt_vocab_size=vocab, limit=self.limits.max_beam) or lenpen_problem(lenpen)
         if problem:
             raise RequestError(422, f"{problem.key}: {problem.value} {problem.reason}")
         return beam, lenpen
@@ -87,14 +87,16 @@ class Explorer:
         if len(text) > self.limits.max_chars:
             raise RequestError(
                 413,
-                f"{field_name}: {len(text)} characters, more than --max-chars {self.limits.max_chars}; give a shorter sentence",
+                f"{field_name}: {len(text)} characters, more than --max-chars {self.limits.max_chars}; "
+                "give a shorter sentence",
             )
         tok = tr.tgt_tok if field_name == "reference" else tr.src_tok
         ids = tok.encode([text])[0]
         if len(ids) > tr.max_src_tokens:
             raise RequestError(
                 413,
-                f"{field_name}: {len(ids)} pieces, more than this model's {tr.max_src_tokens} (model.max_positions - 1); give a shorter sentence",
+                f"{field_name}: {len(ids)} pieces, more than this model's {tr.max_src_tokens} "
+                "(model.max_positions - 1); give a shorter sentence",
             )
         return ids
 

@@ -8,7 +8,8 @@ step are its beams 0..k-1.
 
 Each step lists:
 
-- ``open``: the ``k`` hypotheses that go on, best log-prob first, each with the beam it extends and the piece it appends;
+- ``open``: the ``k`` hypotheses that go on, best log-prob first, each with the beam it extends and the piece it
+  appends;
 - ``finished``: the best ``k`` finished so far (new ones marked), with log-prob, length (EOS counted), the GNMT
   penalty lp(length) = ((5 + length) / 6) ** alpha and the score log-prob / lp the search ranks them by;
 - ``done`` and ``reason``: whether the search stopped after this step, and why.
@@ -82,12 +83,16 @@ class BeamTrace:
         if not step["done"]:
             return "goes on: fewer than beam finished hypotheses, or an open one may still beat the worst of them"
         if step["length"] >= limit:
-            return f"stopped: reached the longest output this source may get ({limit} tokens); the open beams finished as they were"
+            return (
+                f"stopped: reached the longest output this source may get ({limit} tokens); the open beams finished "
+                "as they were"
+            )
         most = max(length_penalty(float(step["length"] + 1), self.lenpen), length_penalty(float(limit), self.lenpen))
         worst = step["finished"][-1]["score"]
         return (
-            f"stopped: {len(step['finished'])} finished, and the best open beam can score at most {best_open:.4f} / {most:.4f} = "
-            f"{best_open / most:.4f} (its log-prob can only fall, divided by the largest penalty still possible), "
+            f"stopped: {len(step['finished'])} finished, and the best open beam can score at most "
+            f"{best_open:.4f} / {most:.4f} = {best_open / most:.4f} (its log-prob can only fall, divided by the "
+            "largest penalty still possible), "
             f"not above the worst finished score {worst:.4f}"
         )
 
@@ -96,21 +101,24 @@ def explain_winner(nbest: list[Hypothesis], *, lenpen: float, limit: int, piece:
     """The winner (the first of the search's n-best) and why it won, in words and numbers. ``limit``: the
     longest output the search allowed, where a hypothesis ends without EOS."""
     win = nbest[0]
-    lengths = [
-        len(h.tokens) + 1 if len(h.tokens) < limit else len(h.tokens) for h in nbest
-    ]  # EOS counted when it has one
+    # EOS counted when it has one
+    lengths = [len(h.tokens) + 1 if len(h.tokens) < limit else len(h.tokens) for h in nbest]
     pieces = [[piece(i) for i in h.tokens] for h in nbest]
     rows = [
         {"tokens": p, "logprob": h.logprob, "score": h.score, "length": n} for h, p, n in zip(nbest, pieces, lengths)
     ]
     lp = length_penalty(float(lengths[0]), lenpen)
-    why = f"highest score: log-prob / lp({lengths[0]}) = {win.logprob:.4f} / {lp:.4f} = {win.score:.4f} among {len(rows)} finished"
+    why = (
+        f"highest score: log-prob / lp({lengths[0]}) = {win.logprob:.4f} / {lp:.4f} = {win.score:.4f} "
+        f"among {len(rows)} finished"
+    )
     better_raw = [j for j, h in enumerate(nbest) if j > 0 and h.logprob > win.logprob]
     if better_raw:
         j = better_raw[0]
         why += (
-            f"; the length penalty (alpha {lenpen:g}) decided it: {' '.join(pieces[j]) or '(empty)'} ({lengths[j]} tokens) has the higher "
-            f"log-prob {nbest[j].logprob:.4f} but the lower score {nbest[j].score:.4f}"
+            f"; the length penalty (alpha {lenpen:g}) decided it: {' '.join(pieces[j]) or '(empty)'} "
+            f"({lengths[j]} tokens) has the higher log-prob {nbest[j].logprob:.4f} but the lower score "
+            f"{nbest[j].score:.4f}"
         )
     elif len(rows) > 1:
         why += f"; it also has the highest log-prob, so the length penalty (alpha {lenpen:g}) did not change the order"

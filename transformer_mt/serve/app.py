@@ -45,8 +45,8 @@ class ClientGone(Exception):
 
 
 def build_app(models: list[ServedModel], options: ServeOptions, *, hosts: frozenset[str] | None) -> FastAPI:
-    """The app serving ``models``; ``hosts``: the Host values it answers (:func:`~transformer_mt.serve.hosts.allowed_hosts`
-    of its address; None: any)."""
+    """The app serving ``models``; ``hosts``: the Host values it answers
+    (:func:`~transformer_mt.serve.hosts.allowed_hosts` of its address; None: any)."""
     by_name = {m.name: m for m in models}
     started = time.time()
     metrics = ServeMetrics()
@@ -87,7 +87,8 @@ def build_app(models: list[ServedModel], options: ServeOptions, *, hosts: frozen
     app.add_middleware(HostGuard, allowed=hosts)  # added last: the outermost, before any key or body is looked at
     _error_answers(app)
 
-    # The body is parsed by parse_request (bounded before it is parsed), not by FastAPI: the schema is stated here for /docs.
+    # The body is parsed by parse_request (bounded before it is parsed), not by FastAPI: the schema is stated here
+    # for /docs.
     body_schema = {"required": True, "content": {"application/json": {"schema": TranslateRequest.model_json_schema()}}}
 
     @app.post("/translate", openapi_extra={"requestBody": body_schema})

@@ -147,7 +147,10 @@ class Guard:
             if _declares_body(scope):
                 asked = f"{scope.get('method')} {scope.get('path', '')}"
                 asked = asked if len(asked) <= 60 else asked[:60] + "..."
-                message = f"{asked}: takes no request body; send it without one (only POST {', '.join(self.body_paths)} reads a body)"
+                message = (
+                    f"{asked}: takes no request body; send it without one "
+                    f"(only POST {', '.join(self.body_paths)} reads a body)"
+                )
                 await send_json(send, 413, {"error": message})
                 return
             await self.app(scope, receive, send)
@@ -229,7 +232,10 @@ class Guard:
                     continue
                 if not self.budget.take(len(data)):
                     budget_mb = self.budget.limit / (1 << 20)
-                    refusal = f"the server holds {self.budget.held} bytes of request bodies, all its --body-budget-mb {budget_mb:.4g} allows; retry shortly"
+                    refusal = (
+                        f"the server holds {self.budget.held} bytes of request bodies, all its --body-budget-mb "
+                        f"{budget_mb:.4g} allows; retry shortly"
+                    )
                     await send_json(send, 503, {"error": refusal}, {"Retry-After": "1"})
                     return False
                 chunks.append(data)
@@ -249,7 +255,10 @@ class Guard:
         return True
 
     async def _refuse_size(self, send: Send, size: int) -> None:
-        message = f"body: more than {self.max_body} bytes ({size} or more), more than this server's limits allow (--max-lines x --max-chars); split the request"
+        message = (
+            f"body: more than {self.max_body} bytes ({size} or more), more than this server's limits allow "
+            "(--max-lines x --max-chars); split the request"
+        )
         await send_json(send, 413, {"error": message})
 
     async def _listen(self, receive: Receive, scope: Scope, gone: asyncio.Event) -> None:

@@ -72,8 +72,9 @@ class HostGuard:
             else "given more than once"
         )
         message = (
-            f"Host {shown}: not a name this server answers (DNS rebinding is refused); send one of {', '.join(sorted(self.allowed))}, "
-            "or start the server with --allowed-host NAME (repeatable; '*' for any, behind a proxy that checks Host)"
+            f"Host {shown}: not a name this server answers (DNS rebinding is refused); send one of "
+            f"{', '.join(sorted(self.allowed))}, or start the server with --allowed-host NAME (repeatable; '*' for "
+            "any, behind a proxy that checks Host)"
         )
         body = json.dumps({"error": message}).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]

@@ -55,7 +55,8 @@ class Runner:
 
 @dataclass
 class ServedModel:
-    """One checkpoint being served: its name, where it came from (never shown to clients), translator and batch queue."""
+    """One checkpoint being served: its name, where it came from (never shown to clients), translator and batch
+    queue."""
 
     name: str
     path: str

@@ -49,7 +49,8 @@ class TranslateRequest(BaseModel):
 
 def decode_settings(tr: TextTranslator, req: TranslateRequest, options: ServeOptions) -> tuple[int, float]:
     """The request's beam and lenpen (the checkpoint's when absent), checked before the request is queued:
-    beam within --max-beam and the target vocabulary, 1 <= nbest <= beam, lenpen within config.lenpen_problem's bound."""
+    beam within --max-beam and the target vocabulary, 1 <= nbest <= beam, lenpen within config.lenpen_problem's
+    bound."""
     beam, lenpen = tr.decode_defaults(req.beam, req.lenpen)
     problem = beam_problem(
         beam, req.nbest, tgt_vocab_size=tr.tgt_tok.vocab_size, limit=options.max_beam
@@ -94,7 +95,8 @@ def parse_request(body: bytes, content_type: str | None, options: ServeOptions) 
     if more_tokens_than(body, limit):
         raise ApiError(
             413,
-            f"body: more than {limit} JSON values, more than a request of --max-lines {options.max_lines} lines holds; split the request",
+            f"body: more than {limit} JSON values, more than a request of --max-lines {options.max_lines} lines "
+            "holds; split the request",
         )
     try:  # UTF-8 only (RFC 8259), as the bound above reads the bytes: json.loads would also take UTF-16 and UTF-32
         data = json.loads(body.decode("utf-8"))
@@ -173,7 +175,8 @@ def check_lines(lines: list[str], options: ServeOptions) -> None:
             except UnicodeEncodeError as exc:  # JSON's "\ud800": a lone surrogate, which no tokenizer can encode
                 raise ApiError(
                     422,
-                    f"text[{i}]: is not valid Unicode (a lone surrogate \\u{ord(line[exc.start]):04x} at character {exc.start}); send whole characters",
+                    f"text[{i}]: is not valid Unicode (a lone surrogate \\u{ord(line[exc.start]):04x} at character "
+                    f"{exc.start}); send whole characters",
                 ) from None
 
 

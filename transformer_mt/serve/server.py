@@ -58,7 +58,10 @@ def guarded_h11(header_timeout: float) -> type[asyncio.Protocol]:
         def _head_too_slow(self) -> None:
             self._head_timer = None
             if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
-                head = f"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\ncontent-length: {len(HEAD_TIMEOUT_ANSWER)}\r\n"
+                head = (
+                    "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                    f"content-length: {len(HEAD_TIMEOUT_ANSWER)}\r\n"
+                )
                 self.transport.write(head.encode() + b"connection: close\r\n\r\n" + HEAD_TIMEOUT_ANSWER)
                 self.transport.close()
 

@@ -36,7 +36,8 @@ def draw_kind(maps: AttentionMaps, kind: str, out: Path, *, dpi: int = 80):
         for c in range(n_heads + 1):
             ax = axes[r, c]
             data = w[r, c] if c < n_heads else w[r].mean(0)  # (Q, K); the last column: mean over the heads
-            # Each panel scaled 0 .. its own largest weight (diffuse heads would be uniformly dark on 0 .. 1); the title gives it.
+            # Each panel scaled 0 .. its own largest weight (diffuse heads would be uniformly dark on 0 .. 1); the
+            # title gives it.
             ax.imshow(
                 data.numpy(),
                 cmap="viridis",

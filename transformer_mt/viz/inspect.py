@@ -22,6 +22,7 @@ from transformer_mt.config import Config, ModelConfig
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import flops
 from transformer_mt.text import DEFAULT, SpecialIds
+from transformer_mt.viz.figures import VizError
 
 # Table 3 of the paper (PAPER.md): sizes and parameter counts (37k shared BPE vocabulary);
 # Table 2: training cost, estimated there as GPU time x sustained GPU speed, not counted.
@@ -101,7 +102,8 @@ def render_tree(root: Node, *, full_layers: int = 1) -> list[str]:
 def example_batch(
     src_len: int, tgt_len: int, *, vocab: int, device: torch.device | str, specials: SpecialIds = DEFAULT
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Two sentences: the first fills (S, T), the second is shorter, so the masks hold padding. src (2, S), tgt_in (2, T)."""
+    """Two sentences: the first fills (S, T), the second is shorter, so the masks hold padding. src (2, S),
+    tgt_in (2, T)."""
     gen = torch.Generator().manual_seed(0)
     words = torch.tensor([i for i in range(max(vocab, 5)) if i not in specials.kept_ids])  # no special ids
     ids = lambda n: words[torch.randint(len(words), (n,), generator=gen)].tolist()  # noqa: E731
@@ -122,15 +124,9 @@ def _si(flop: float) -> str:
 def paper_size(m: ModelConfig) -> str | None:
     """'base' or 'big' when the config has that Table 3 size (layers, widths, heads, d_k)."""
     dk = m.head_dim or m.d_model // m.heads
+    ours = (m.encoder_layers, m.decoder_layers, m.d_model, m.d_ff, m.heads, dk)
     for name, p in PAPER.items():
-        if (m.encoder_layers, m.decoder_layers, m.d_model, m.d_ff, m.heads, dk) == (
-            p["n"],
-            p["n"],
-            p["d_model"],
-            p["d_ff"],
-            p["heads"],
-            p["dk"],
-        ):
+        if ours == (p["n"], p["n"], p["d_model"], p["d_ff"], p["heads"], p["dk"]):
             return name
     return None
 
@@ -164,8 +160,9 @@ def inspect_report(
     )
     lines = [
         f"tmt inspect {source}",
-        f"model: {m.norm}-norm, {m.encoder_layers} encoder + {m.decoder_layers} decoder layers, d_model {m.d_model}, {m.heads} heads "
-        f"(d_k {dk}, d_v {dv}), d_ff {m.d_ff} {m.activation}, {m.positions} positions; vocabulary {vocab[0]:,} source / {vocab[1]:,} target ({shared})",
+        f"model: {m.norm}-norm, {m.encoder_layers} encoder + {m.decoder_layers} decoder layers, d_model {m.d_model}, "
+        f"{m.heads} heads (d_k {dk}, d_v {dv}), d_ff {m.d_ff} {m.activation}, {m.positions} positions; "
+        f"vocabulary {vocab[0]:,} source / {vocab[1]:,} target ({shared})",
         f"parameters: {total:,} (sum of p.numel() over model.parameters(); a tied matrix counted once)",
     ]
     size = paper_size(m)
@@ -175,18 +172,21 @@ def inspect_report(
         p = PAPER[size]
         est = p["updates"] * PAPER_TOKENS_PER_UPDATE * per["train"]
         lines.append(
-            f"paper, Table 3 '{size}': {p['params'] / 1e6:.0f}M parameters with a 37k shared vocabulary; this model {total / 1e6:.1f}M with {vocab[1]:,} pieces"
+            f"paper, Table 3 '{size}': {p['params'] / 1e6:.0f}M parameters with a 37k shared vocabulary; "
+            f"this model {total / 1e6:.1f}M with {vocab[1]:,} pieces"
         )
         lines.append(
-            f"paper, Table 2 '{size}': training cost {p['cost']:.1e} FLOPs (GPU time x sustained speed); counted here: "
-            f"{p['updates']:,} updates x {PAPER_TOKENS_PER_UPDATE:,} target tokens x {_si(per['train'])} = {est:.1e} FLOPs"
+            f"paper, Table 2 '{size}': training cost {p['cost']:.1e} FLOPs (GPU time x sustained speed); "
+            f"counted here: {p['updates']:,} updates x {PAPER_TOKENS_PER_UPDATE:,} target tokens x "
+            f"{_si(per['train'])} = {est:.1e} FLOPs"
         )
     lines += [
-        f"FLOPs per target token (matmuls, multiply-add = 2) for one {src_len}-token source and {tgt_len}-token target: "
-        f"training {_si(per['train'])} (3 x forward), decoding {_si(per['decode'])} greedy / {_si(per4['decode'])} beam 4 (KV cache)",
+        f"FLOPs per target token (matmuls, multiply-add = 2) for one {src_len}-token source and {tgt_len}-token "
+        f"target: training {_si(per['train'])} (3 x forward), decoding {_si(per['decode'])} greedy / "
+        f"{_si(per4['decode'])} beam 4 (KV cache)",
         "",
-        f"example batch: B=2 sentences, source S={src_len} (2nd sentence {max(1, src_len - 3)} + padding), target T={tgt_len} "
-        f"(2nd {max(1, tgt_len - 2)} + padding); shapes are input -> output of each call"
+        f"example batch: B=2 sentences, source S={src_len} (2nd sentence {max(1, src_len - 3)} + padding), "
+        f"target T={tgt_len} (2nd {max(1, tgt_len - 2)} + padding); shapes are input -> output of each call"
         + ("; built on the meta device (no weights)" if device.type == "meta" else ""),
         f"{'module':<28} {'type':<44} {'parameters':>13}   shapes",
         *render_tree(root, full_layers=full_layers),
@@ -195,20 +195,17 @@ def inspect_report(
 
 
 def load_model(target: str | Path, overrides: list[str] | None = None) -> tuple[Transformer, Config, tuple[int, int]]:
-    """A checkpoint (the weights tmt translate decodes with: EMA when present; CPU) or a YAML config (built on the meta device); vocab from the
-    checkpoint's tokenizers or from ``tokenizer.vocab_size``."""
+    """A checkpoint (the weights tmt translate decodes with: EMA when present; CPU) or a YAML config (built on the
+    meta device); vocab from the checkpoint's tokenizers or from ``tokenizer.vocab_size``."""
     from transformer_mt.config import load_config
     from transformer_mt.decoding import model_from_checkpoint
 
     target = Path(target)
     if target.suffix == ".pt":
         if overrides:
-            from transformer_mt.viz.figures import VizError
-
             raise VizError(f"{target}: --set applies to a YAML config, not a checkpoint (its architecture is fixed)")
-        model, cfg, src_tok, tgt_tok, _ = model_from_checkpoint(
-            target
-        )  # the EMA weights when present, as tmt translate decodes
+        # the EMA weights when present, as tmt translate decodes
+        model, cfg, src_tok, tgt_tok, _ = model_from_checkpoint(target)
         return model, cfg, (src_tok.vocab_size, tgt_tok.vocab_size)
     cfg = load_config(target, overrides or [], check_files=False)
     vocab = (cfg.tokenizer.vocab_size, cfg.tokenizer.vocab_size)
