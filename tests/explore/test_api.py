@@ -186,6 +186,7 @@ def test_beam_steps_agree_with_the_final_nbest(random_client, random_ckpt, beam,
         for f in st["finished"]:
             assert math.isclose(f["score"], f["logprob"] / gnmt(f["length"], lenpen), rel_tol=1e-5)
     expected = tr.translate(text, beam=beam, lenpen=lenpen, nbest=beam)  # [(score, text)], an independent search
+    assert isinstance(expected, list)
     final = steps[-1]["finished"]
     assert [round(f["score"], 4) for f in final] == [round(sc, 4) for sc, _ in expected]
     assert tr.tgt_tok.decode([final[0]["ids"]])[0] == expected[0][1] == out["translation"]
@@ -269,13 +270,17 @@ def test_a_checkpoint_cannot_make_the_page_serve_a_file(random_ckpt, tmp_path, m
     secret = tmp_path / "environ"
     secret.write_text("AWS_SECRET_ACCESS_KEY=hunter2\n", encoding="utf-8")
     state = load_checkpoint(random_ckpt)
-    state["config"]["data"].update(
-        valid_src=str(secret), valid_tgt=str(secret)
-    )  # as a stranger could name /proc/self/environ
+    # as a stranger could name /proc/self/environ
+    state["config"]["data"].update(valid_src=str(secret), valid_tgt=str(secret))
     crafted = save_checkpoint(state, tmp_path / "crafted.pt")
-    opened = []
+    opened: list[str] = []
     real_open = open
-    monkeypatch.setattr("builtins.open", lambda file, *a, **k: opened.append(str(file)) or real_open(file, *a, **k))
+
+    def recording_open(file, *args, **kwargs):
+        opened.append(str(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", recording_open)
     app, _ = build([str(crafted)], threads=1)
     answer = TestClient(app).get("/api/examples")
     assert "hunter2" not in answer.text and answer.json() == {"file": "", "sentences": []}

@@ -81,11 +81,13 @@ def test_heatmap_is_drawn_and_its_hover_value_is_tmt_attentions(page, translated
     page.select_option("#att-head", "2")
     canvas = page.locator("#heatmap")
     geometry = canvas.evaluate(
-        "c => ({x0: +c.dataset.x0, y0: +c.dataset.y0, cell: +c.dataset.cell, rows: +c.dataset.rows, cols: +c.dataset.cols})"
+        "c => ({x0: +c.dataset.x0, y0: +c.dataset.y0, cell: +c.dataset.cell, "
+        "rows: +c.dataset.rows, cols: +c.dataset.cols})"
     )
     colours = canvas.evaluate(
         """(c, g) => { const d = c.getContext('2d').getImageData(g.x0, g.y0, g.cols * g.cell, g.rows * g.cell).data;
-                      const seen = new Set(); for (let i = 0; i < d.length; i += 4) seen.add(d[i] + ',' + d[i + 1] + ',' + d[i + 2]);
+                      const seen = new Set();
+                      for (let i = 0; i < d.length; i += 4) seen.add(d[i] + ',' + d[i + 1] + ',' + d[i + 2]);
                       return [...seen]; }""",
         geometry,
     )
@@ -113,7 +115,8 @@ def test_bad_requests_show_a_readable_message(page, translated):
         page.wait_for_function("!document.getElementById('error').hidden")
         assert words in page.text_content("#error")
     page.evaluate(
-        "() => { const s = document.getElementById('checkpoint'); s.add(new Option('gone', 'gone')); s.value = 'gone'; }"
+        "() => { const s = document.getElementById('checkpoint'); s.add(new Option('gone', 'gone')); "
+        "s.value = 'gone'; }"
     )
     page.fill("#source", SENTENCE)
     page.click("#go")

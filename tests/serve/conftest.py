@@ -9,10 +9,14 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from tests.conftest import make_checkpoint
+
+if TYPE_CHECKING:
+    from transformer_mt.serve.models import ServedModel
 
 pytest.importorskip("fastapi")
 pytest.importorskip("uvicorn")
@@ -61,8 +65,9 @@ def in_process(app, options, sock: socket.socket, *, timeout: float = 30.0) -> I
 
 
 @contextmanager
-def serving(translator, options, *, translate=None, name: str = "m") -> Iterator[tuple[str, object]]:
-    """One model served in process; ``translate`` replaces its Runner's (an instrumented fake). Yields (url, ServedModel)."""
+def serving(translator, options, *, translate=None, name: str = "m") -> Iterator[tuple[str, ServedModel]]:
+    """One model served in process; ``translate`` replaces its Runner's (an instrumented fake). Yields (url,
+    ServedModel)."""
     from transformer_mt.serve import allowed_hosts
     from transformer_mt.serve.app import build_app, serve_model
 

@@ -73,9 +73,8 @@ def test_a_small_request_after_a_huge_one_is_answered_before_the_huge_one_ends()
     assert fake.calls[0] == (tuple(f"h{i} x" for i in range(10)), 1)  # the whole budget when alone: 10 lines x 3 tokens
     assert fake.calls[1][0][0] == "s x"  # the next batch starts with the newcomer, then 5 huge lines (half the budget)
     assert fake.calls[1][0][1:] == tuple(f"h{i} x" for i in range(10, 15))
-    assert texts(huge_result) == [f"H{i} X|1" for i in range(40)] and texts(small_result) == [
-        "S X|1"
-    ]  # every line, in order
+    # every line, in order
+    assert texts(huge_result) == [f"H{i} X|1" for i in range(40)] and texts(small_result) == ["S X|1"]
 
 
 def test_a_batch_that_raises_is_retried_per_request_and_only_the_culprit_fails():

@@ -15,6 +15,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -22,7 +23,10 @@ from tests.conftest import run_cli
 from tests.serve.conftest import serving
 from transformer_mt.serve import ServeOptions
 
-httpx = pytest.importorskip("httpx")
+if TYPE_CHECKING:
+    import httpx
+else:
+    httpx = pytest.importorskip("httpx")
 
 MB = 1 << 20
 

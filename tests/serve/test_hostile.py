@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,7 @@ CLIENTS, REQUESTS_EACH, HALF_OPEN = 64, 3, 50
 OPTIONS = ServeOptions(max_lines=16, max_chars=300, max_queue=256, batch_wait_ms=2, header_timeout=120, timeout=120)
 
 
-def bad_request(k: int) -> tuple[dict, int, str]:
+def bad_request(k: int) -> tuple[dict[str, Any], int, str]:
     """The k-th kind of bad request: (httpx keyword arguments, status, words of the error)."""
     over_cap = b'{"text": "' + b"a" * (OPTIONS.max_body_bytes + 1000) + b'"}'
 
@@ -30,7 +31,7 @@ def bad_request(k: int) -> tuple[dict, int, str]:
         for start in range(0, len(over_cap), 4096):
             yield over_cap[start : start + 4096]
 
-    kinds = [
+    kinds: list[tuple[dict[str, Any], int, str]] = [
         ({"content": b'{"text": ["A man', "headers": {"Content-Type": "application/json"}}, 400, "malformed JSON"),
         ({"json": {"text": ["a"] * 17}}, 413, "17 lines, more than --max-lines 16"),
         ({"json": {"text": "b" * 301}}, 413, "text[0]: 301 characters"),
@@ -57,9 +58,8 @@ def lines(multi30k) -> list[str]:
 
 @pytest.mark.slow
 def test_hostile_mix_answers_every_good_request_exactly(translator, lines):
-    expected = dict(
-        zip(lines, translator.translate(lines))
-    )  # the checkpoint's decode settings, as the server's default
+    # the checkpoint's decode settings, as the server's default
+    expected = dict(zip(lines, translator.translate(lines)))
     huge = huge_lines(lines)
     expected_huge = translator.translate(huge)
 

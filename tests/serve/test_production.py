@@ -12,6 +12,7 @@ import asyncio
 import json
 import socket
 import threading
+from typing import Any
 
 import pytest
 
@@ -87,7 +88,7 @@ def test_timeout_answers_504_and_the_others_are_still_answered(translator):
         assert fake.holding.wait(30)
         slow.join(30)  # its deadline passes while its first chunk is held
         assert box["r"].status_code == 504 and "no answer within --timeout 0.5 s" in box["r"].json()["error"]
-        other = {}
+        other: dict[str, Any] = {}
         waiter = threading.Thread(
             target=lambda: other.update(r=httpx.post(f"{url}/translate", json={"text": "next"}, timeout=30))
         )
@@ -95,9 +96,8 @@ def test_timeout_answers_504_and_the_others_are_still_answered(translator):
         fake.release.set()
         waiter.join(30)
         assert other["r"].status_code == 200 and other["r"].json()["translations"] == ["next!"]
-    assert (
-        "rest one" not in fake.seen and served.batcher.dropped == 1
-    )  # the rest of the timed-out request was never decoded
+    # the rest of the timed-out request was never decoded
+    assert "rest one" not in fake.seen and served.batcher.dropped == 1
 
 
 def test_a_client_that_disconnects_has_its_job_dropped(translator):
@@ -200,9 +200,8 @@ def test_api_keys_and_no_paths_in_answers(translator, tmp_path):
             r = httpx.post(f"{url}/translate", json={"text": "A man."}, headers=headers)
             assert r.status_code == 401 and "API key" in r.json()["error"] and r.headers["WWW-Authenticate"] == "Bearer"
         assert httpx.get(f"{url}/models").status_code == 401 and httpx.get(f"{url}/metrics").status_code == 401
-        assert (
-            httpx.get(f"{url}/health").status_code == 200 and httpx.get(f"{url}/ready").status_code == 200
-        )  # probes stay open
+        # probes stay open
+        assert httpx.get(f"{url}/health").status_code == 200 and httpx.get(f"{url}/ready").status_code == 200
         ok = httpx.post(
             f"{url}/translate", json={"text": "A man."}, headers={"Authorization": "Bearer second-key-abcdefghijkl"}
         )
@@ -248,10 +247,11 @@ def test_the_output_cap_limits_long_outputs_only(translator):
 def test_options_out_of_range_and_the_exposed_host_warning(capsys):
     from transformer_mt.serve import ServeError, serve
 
-    for changes, words in (
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"timeout": -1.0}, "--timeout -1.0: must be >= 0"),
         ({"header_timeout": 0.0}, "--header-timeout 0.0: must be > 0"),
-    ):
+    ]
+    for changes, words in cases:
         with pytest.raises(ServeError, match=words):
             ServeOptions(**changes).check()
     assert "secret" not in repr(ServeOptions(api_keys=("secret-key-0123456789",)))

@@ -1,8 +1,8 @@
 """`tmt serve`: the real server process on a loopback port, spoken to over HTTP.
 
 Expectations come from `tmt translate` (a separate process on the same checkpoint and settings), from
-a list of bad requests with the answer each must get, and from counting: 32 concurrent clients must each get exactly their
-own lines back and the server must have needed fewer decode batches than requests.
+a list of bad requests with the answer each must get, and from counting: 32 concurrent clients must each get
+exactly their own lines back and the server must have needed fewer decode batches than requests.
 """
 
 from __future__ import annotations
@@ -59,7 +59,9 @@ def running_server(*args: str, timeout: float = 120.0):
         deadline = time.monotonic() + timeout
         while True:
             if proc.poll() is not None:
-                raise AssertionError(f"server exited with {proc.returncode}: {proc.stderr.read()}")
+                raise AssertionError(
+                    f"server exited with {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}"
+                )
             try:
                 if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
                     break
@@ -142,7 +144,8 @@ def test_translations_equal_tmt_translate(served, tiny_checkpoint, tiny_checkpoi
 def test_concurrent_clients_get_their_own_lines_in_order(served, tiny_checkpoint, test_lines, tmp_path):
     expected = tmt_translate(tiny_checkpoint, test_lines, tmp_path)  # 96 lines, the checkpoint's decode settings
     before = httpx.get(f"{served}/health").json()
-    n, barrier, answers = 32, threading.Barrier(32), [None] * 32
+    n, barrier = 32, threading.Barrier(32)
+    answers: list = [None] * n
 
     def client(i: int) -> None:
         mine = test_lines[3 * i : 3 * i + 3]  # every client its own three lines

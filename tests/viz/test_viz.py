@@ -30,9 +30,17 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
         main(list(args))
         code = 0
     except SystemExit as exc:
+        assert not isinstance(exc.code, str), exc.code  # tmt exits with a number
         code = exc.code or 0
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def matched(pattern: str, text: str) -> re.Match[str]:
+    """The first match of ``pattern`` in ``text``; it must be there."""
+    found = re.search(pattern, text)
+    assert found is not None, pattern
+    return found
 
 
 def decoded_png(path: Path):
@@ -79,13 +87,13 @@ def test_inspect_totals_equal_parameter_count(tmp_path, capsys, norm, positions,
     }
     assert rows["Transformer"] == expected
     top = [line for line in out.splitlines() if re.match(r"^  \S", line)]  # the model's direct children
-    assert sum(int(re.search(r"\s([\d,]+)(\s{3}|$)", line).group(1).replace(",", "")) for line in top) == expected
+    assert sum(int(matched(r"\s([\d,]+)(\s{3}|$)", line).group(1).replace(",", "")) for line in top) == expected
     # shapes from first principles: B=2, S=7, T=5, H=3, Dk=Dv=8
     assert (
         "Q (B, H, S, Dk) = (2, 3, 7, 8)" in out and "scores softmax(QK^T/sqrt(Dk)) (B, H, S, S) = (2, 3, 7, 7)" in out
     )
     assert "scores softmax(QK^T/sqrt(Dk)) (B, H, T, S) = (2, 3, 5, 7)" in out  # cross-attention
-    decoder_self = re.search(r"\(B, H, T, T\) = \(2, 3, 5, 5\)   mask (.*)", out).group(1)
+    decoder_self = matched(r"\(B, H, T, T\) = \(2, 3, 5, 5\)   mask (.*)", out).group(1)
     assert decoder_self in (
         "allowed (2, 1, 5, 5) bool, True = attend (causal + padding)",
         "causal (is_causal, no mask tensor)",
@@ -154,6 +162,7 @@ def test_plot_reads_records_with_and_without_kind(tmp_path, capsys):
         )
         + "\n"
     )
+    # the last record was being written when the file was read
     (old / "metrics.jsonl").write_text(
         "\n".join(
             json.dumps(r)
@@ -165,7 +174,7 @@ def test_plot_reads_records_with_and_without_kind(tmp_path, capsys):
         )
         + "\n"
         + '{"update": 30, "wa'
-    )  # a record being written when the file was read
+    )
     a, b = read_run(new), read_run(old)
     assert [r["update"] for r in a.train] == [10, 20] and [r["val_bleu"] for r in a.valid] == [1.0]
     assert [r["loss"] for r in b.train] == [7.5, 6.5] and [r["val_loss"] for r in b.valid] == [7.0]
@@ -222,7 +231,7 @@ def independent_weights(model, src_ids: list[int], tgt_in_ids: list[int]) -> dic
     def norm(ln, x):
         return torch.nn.functional.layer_norm(x, ln.normalized_shape, ln.weight.double(), ln.bias.double(), ln.eps)
 
-    out = {"encoder_self": [], "decoder_self": [], "cross": []}
+    out: dict[str, list[torch.Tensor]] = {"encoder_self": [], "decoder_self": [], "cross": []}
     for i, layer in enumerate(model.encoder):
         x = inputs[f"encoder{i}"].double()
         h = norm(layer.norm1, x) if pre else x
@@ -267,9 +276,8 @@ def test_attention_json_equals_independent_computation(tmp_path, capsys, tiny_ch
     sp = tiny_model.src_tok.sp
     src_ids = [sp.piece_to_id(p) for p in data["src_pieces"]]
     tgt_in_ids = [sp.piece_to_id(p) for p in data["tgt_in_pieces"]]
-    assert (
-        src_ids[:-1] == tiny_model.src_tok.encode([line])[0] and src_ids[-1] == 3 and tgt_in_ids[0] == 2
-    )  # pieces + EOS; BOS + output
+    # pieces + EOS; BOS + output
+    assert src_ids[:-1] == tiny_model.src_tok.encode([line])[0] and src_ids[-1] == 3 and tgt_in_ids[0] == 2
     expected = independent_weights(tiny_model.model, src_ids, tgt_in_ids)
     s, t = len(src_ids), len(tgt_in_ids)
     for kind, shape in (("encoder_self", (4, s, s)), ("decoder_self", (4, t, t)), ("cross", (4, t, s))):
@@ -279,9 +287,8 @@ def test_attention_json_equals_independent_computation(tmp_path, capsys, tiny_ch
         torch.testing.assert_close(got.sum(-1), torch.ones(got.shape[:-1], dtype=torch.float64), atol=1e-5, rtol=0)
     dec = torch.tensor(data["decoder_self"])
     below = torch.ones(t, t, dtype=torch.bool).tril()
-    assert bool((dec[..., ~below] == 0).all()) and bool(
-        (dec[..., below] > 0).all()
-    )  # causal: exactly zero above the diagonal only
+    # causal: exactly zero above the diagonal only
+    assert bool((dec[..., ~below] == 0).all()) and bool((dec[..., below] > 0).all())
     for name in ("encoder_self", "decoder_self", "cross"):
         assert_not_blank(decoded_png(tmp_path / "maps" / f"{name}.png"))
     # the drawn translation is what `tmt translate` prints for that line (same checkpoint, same beam)
