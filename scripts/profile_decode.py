@@ -37,8 +37,7 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from transformer_mt.decoding import Translator
-from transformer_mt.decoding.translator import translate_ids
+from transformer_mt.decoding import Translator, translate_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 LINES = ROOT.parent / "shared" / "data" / "multi30k" / "test_2016_flickr.en"

@@ -1,18 +1,18 @@
-"""A decoding step over many rows spells its attention out (``layers.STEP_SPELLED_OUT_ROWS``): self-attention
-over the cache's time-major buffers, cross-attention as batched matmuls. Expectations from the SDPA path of the
-same trained model on real Multi30k lines: the same logits step by step (after beam reorders, with source
-padding), and the same translations."""
+"""The cpu backend spells a decoding step's attention out over many rows (``CpuOps.step_spelled_out_rows``):
+self-attention over the cache's time-major buffers, cross-attention as batched matmuls. Expectations from the
+reference backend (SDPA) on the same trained model and real Multi30k lines: the same logits step by step (after beam
+reorders, with source padding), and the same translations."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+import transformer_mt.model.ops.cpu.backend as cpu_backend
 from tests.conftest import head
 from transformer_mt.data import source_tensor
-from transformer_mt.decoding import search
-from transformer_mt.decoding.translator import model_from_checkpoint
-from transformer_mt.model import layers
+from transformer_mt.decoding import model_from_checkpoint, search
+from transformer_mt.model import choose_ops
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 BEAM = 3
@@ -27,10 +27,15 @@ def trained(tiny_checkpoint, corpus_slice):
     return ck.model.eval(), src, refs
 
 
-def _spelled(monkeypatch, on: bool) -> list[str]:
-    """Spell every step's attention out (on) or never (SDPA); returns the list the spelled-out calls are noted in."""
+def _spelled(monkeypatch, model, on: bool) -> list[str]:
+    """The cpu backend spelling every step's attention out (on), or the reference backend's SDPA; returns the list the
+    spelled-out calls are noted in."""
     calls: list[str] = []
-    monkeypatch.setattr(layers, "STEP_SPELLED_OUT_ROWS", 1 if on else 10**9)
+    if not on:
+        model.use_ops(choose_ops("reference"))
+        return calls
+    ops = choose_ops("cpu")
+    monkeypatch.setattr(ops, "step_spelled_out_rows", 1)
 
     def noting(name: str, original):
         def noted(*args):
@@ -39,8 +44,9 @@ def _spelled(monkeypatch, on: bool) -> list[str]:
 
         return noted
 
-    for name in ("_step_self_attention", "_step_cross_attention"):
-        monkeypatch.setattr(layers, name, noting(name, getattr(layers, name)))
+    for name in ("step_self_attention", "step_cross_attention"):
+        monkeypatch.setattr(cpu_backend, name, noting(name, getattr(cpu_backend, name)))
+    model.use_ops(ops)
     return calls
 
 
@@ -68,11 +74,11 @@ def _steps(model, src: torch.Tensor, refs: list[list[int]]) -> list[torch.Tensor
 def test_spelled_out_step_attention_gives_the_sdpa_logits(trained, monkeypatch):
     model, src, refs = trained
     assert src.eq(model.specials.pad).any()  # some sources are padded: the cross-attention mask is in play
-    _spelled(monkeypatch, False)
+    _spelled(monkeypatch, model, False)
     want = _steps(model, src, refs)
-    calls = _spelled(monkeypatch, True)
+    calls = _spelled(monkeypatch, model, True)
     got = _steps(model, src, refs)
-    assert "_step_self_attention" in calls and "_step_cross_attention" in calls
+    assert "step_self_attention" in calls and "step_cross_attention" in calls
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-5)
 
@@ -80,9 +86,9 @@ def test_spelled_out_step_attention_gives_the_sdpa_logits(trained, monkeypatch):
 @pytest.mark.parametrize("beam", [1, 4])
 def test_spelled_out_step_attention_translates_as_sdpa_does(trained, monkeypatch, beam):
     model, src, _ = trained
-    _spelled(monkeypatch, False)
+    _spelled(monkeypatch, model, False)
     want = search(model, src, beam=beam, lenpen=0.6, nbest=beam, max_len_a=1.2, max_len_b=5)
-    calls = _spelled(monkeypatch, True)
+    calls = _spelled(monkeypatch, model, True)
     got = search(model, src, beam=beam, lenpen=0.6, nbest=beam, max_len_a=1.2, max_len_b=5)
     assert calls
     assert [[h.tokens for h in nb] for nb in got] == [[h.tokens for h in nb] for nb in want]

@@ -1,35 +1,37 @@
 """Search over a model and the Translator that turns text into translations.
 
-- ``search``: ``search`` and beam search over the ``SearchModel`` protocol, and the conventions both searches keep;
-  ``greedy``: greedy search over one batch or several; ``steps``: what the two share at a step;
-- ``protocol``: the model's and the cache's protocols, the hypotheses and steps the searches give back, and
-  ``TextTranslator``, what evaluation and serving call;
-- ``lengths``: the length penalty, the longest output and the positions a batch needs;
-- ``translator``: ``load``, ``Translator`` (text in, translations out), ``translate_ids`` and streams;
-- ``mbr``: minimum Bayes risk choice among pooled candidate files.
+The modules, bottom to top (each imports only those below it; an import-linter contract holds the order):
+
+- ``protocol``: what the searches need from a model and its cache, and the hypotheses and steps they give back;
+  ``lengths``: the length penalty, the longest output and the positions a batch needs;
+- ``steps``: what greedy and beam search share at a step, and ``check_settings``, the search rules' one check;
+- ``greedy``: greedy search over one batch or several; ``beam``: beam search over one batch;
+- ``search``: ``search`` and ``search_batches``, the one place that picks greedy or beam search;
+- ``results``: what a translator of text offers (``TextTranslator``) and returns, and the checks of a request;
+  ``rebuild``: a checkpoint's weights checked and rebuilt into a model;
+- ``loading``: a checkpoint's model, config and tokenizers; ``batching``: ``translate_ids`` and the text rules'
+  encoding; ``streams``: ``translate_stream``, chunks of lines translated and written in order;
+- ``translator``: ``Translator`` and ``load``; ``mbr``: minimum Bayes risk choice among pooled candidate files.
 """
 
-from transformer_mt.config import (
-    max_beam,
-)  # the rule lives with the config; kept importable beside the search it bounds
+from transformer_mt.decoding.batching import translate_ids
+from transformer_mt.decoding.beam import beam_search
 from transformer_mt.decoding.greedy import greedy_search, greedy_search_batches
 from transformer_mt.decoding.lengths import length_penalty, max_output_length, positions_needed
+from transformer_mt.decoding.loading import CheckpointModel, model_from_checkpoint
 from transformer_mt.decoding.mbr import Candidate, MbrError, mbr_choose, mbr_files, pool_weights, read_candidates
-from transformer_mt.decoding.protocol import BeamStep, Hypothesis, SearchCache, SearchError, SearchModel, TextTranslator
-from transformer_mt.decoding.search import beam_search, search
-from transformer_mt.decoding.translator import (
-    CheckpointModel,
+from transformer_mt.decoding.protocol import BeamStep, Hypothesis, SearchCache, SearchError, SearchModel
+from transformer_mt.decoding.results import (
+    TextTranslator,
     TranslateError,
     TranslateStats,
     Translation,
     TranslationResult,
-    Translator,
     checked_request,
-    load,
-    model_from_checkpoint,
-    translate_ids,
-    translate_stream,
 )
+from transformer_mt.decoding.search import search, search_batches
+from transformer_mt.decoding.streams import translate_stream
+from transformer_mt.decoding.translator import Translator, load
 
 __all__ = [
     "BeamStep",
@@ -52,15 +54,15 @@ __all__ = [
     "greedy_search_batches",
     "length_penalty",
     "load",
-    "max_beam",
     "max_output_length",
     "mbr_choose",
-    "model_from_checkpoint",
     "mbr_files",
+    "model_from_checkpoint",
     "pool_weights",
     "positions_needed",
     "read_candidates",
     "search",
+    "search_batches",
     "translate_ids",
     "translate_stream",
 ]

@@ -208,15 +208,13 @@ def _greedy_hypotheses(
     sent = torch.cat([s for s, *_ in done])  # (N,)
     cum = torch.cat([c for _, _, c, _ in done])  # (N,)
     lengths = torch.cat([torch.full_like(s, length) for s, _, _, length in done])  # (N,) tokens incl. EOS
-    tokens = torch.cat(
-        [torch.nn.functional.pad(t, (0, longest - length), value=pad) for _, t, _, length in done]
-    )  # (N, L)
+    # (N, L): every row padded to the longest
+    tokens = torch.cat([torch.nn.functional.pad(t, (0, longest - length), value=pad) for _, t, _, length in done])
     scores = cum / length_penalty(lengths.float(), lenpen)  # (N,) float32
     ids_read = torch.cat([sent.unsqueeze(1), lengths.unsqueeze(1), tokens], dim=1).tolist()  # (N, 2 + L): read once ...
     by_sentence: list[Hypothesis | None] = [None] * offsets[-1]
-    for (i, n, *row), (score, logprob) in zip(
-        ids_read, torch.stack([scores, cum], dim=1).tolist()
-    ):  # ... with the scores
+    floats_read = torch.stack([scores, cum], dim=1).tolist()  # ... with the scores
+    for (i, n, *row), (score, logprob) in zip(ids_read, floats_read):
         ids = row[:n]
         if ids and ids[-1] == eos:
             ids = ids[:-1]

@@ -79,8 +79,8 @@ def read_candidates(path: str | os.PathLike) -> list[list[Candidate]]:
             out.append([])
         elif index != len(out) - 1:
             raise MbrError(
-                f"{path}:{number}: input index {index} follows {len(out) - 1}; an n-best file lists inputs 0, 1, 2, ... "
-                "in order with none missing, as tmt translate --nbest writes it"
+                f"{path}:{number}: input index {index} follows {len(out) - 1}; an n-best file lists inputs "
+                "0, 1, 2, ... in order with none missing, as tmt translate --nbest writes it"
             )
         out[-1].append(Candidate(parts[2].rstrip(), score))
     return out
@@ -152,9 +152,8 @@ def mbr_choose(pool: dict[str, float], *, tokenizer: Tokenizer13a | None = None)
     weight = [pool[t] for t in texts]
     expected = [0.0] * len(texts)
     for i, gi in enumerate(grams):
-        expected[i] += weight[i] * sentence_bleu_from_stats(
-            [max(0, gi.length - n) for n in range(MAX_ORDER)], gi.length, gi.length
-        )  # itself
+        itself = sentence_bleu_from_stats([max(0, gi.length - n) for n in range(MAX_ORDER)], gi.length, gi.length)
+        expected[i] += weight[i] * itself
         for j in range(i + 1, len(texts)):
             gj = grams[j]
             # clipped matches are symmetric: sum over shared n-grams of the smaller count
@@ -176,7 +175,8 @@ def mbr_files(paths: Sequence[str | os.PathLike], *, weights: str = "uniform", t
     for path, cands in zip(paths, systems):
         if len(cands) != n:
             raise MbrError(
-                f"{path} has candidates for {len(cands)} inputs but {paths[0]} for {n}; every file must translate the same input lines"
+                f"{path} has candidates for {len(cands)} inputs but {paths[0]} for {n}; "
+                "every file must translate the same input lines"
             )
     tokenizer = Tokenizer13a()
     out = []

@@ -1,22 +1,19 @@
 """What the searches need from a model and what they give back: the :class:`SearchModel` and :class:`SearchCache`
 protocols (``Transformer`` and ``Ensemble`` satisfy them; the search imports neither), a finished
-:class:`Hypothesis`, the :class:`BeamStep` an observer of beam search sees, and :class:`SearchError`; and
-:class:`TextTranslator`, what `tmt evaluate`, `tmt serve` and ``translate_stream`` use of a translator (tmt's
-``Translator``, or an engine built outside the core that translates the same way)."""
+:class:`Hypothesis`, the :class:`BeamStep` an observer of beam search sees, and :class:`SearchError`.
+
+The bottom of the package: it imports no other module of ``decoding``. What a translator of text offers
+(``TextTranslator``) is one level up, in :mod:`transformer_mt.decoding.results`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, Protocol, TypeVar, runtime_checkable
+from typing import NamedTuple, Protocol, TypeVar, runtime_checkable
 
 from torch import Tensor
 
 from transformer_mt.errors import TmtError
-from transformer_mt.text import SpecialIds, Tokenizer
-
-if TYPE_CHECKING:  # translator.py imports this module
-    from transformer_mt.config import Config
-    from transformer_mt.decoding.translator import TranslationResult
+from transformer_mt.text import SpecialIds
 
 
 @runtime_checkable
@@ -104,46 +101,7 @@ class BeamStep(NamedTuple):
     rows: Tensor  # (b, k) the row (of this step) each next open beam extends
     tokens: Tensor  # (b, k) the token each appends
     logprob: Tensor  # (b, k) their log-probs, best first
-    finished: tuple[
-        Tensor, ...
-    ]  # (b, k) each: score, log-prob, step, row, token (-1 after EOS), valid: the best k finished so far
+    # (b, k) each: score, log-prob, step, row, token (-1 after EOS), valid: the best k finished so far
+    finished: tuple[Tensor, ...]
     limit: Tensor  # (b,) each sentence's longest output
     going_on: Tensor  # (b,) bool: the sentence is searched further
-
-
-class TextTranslator(Protocol):
-    """Text in, n-best translations out, by ``Translator``'s rules (one output per input line, an empty line gives
-    an empty translation, a source over ``max_src_tokens`` pieces is truncated): what `tmt evaluate`, `tmt serve` and
-    ``translate_stream`` call. ``Translator`` is one; the CTranslate2 engine (``transformer_mt.export``) another."""
-
-    cfg: Config  # the checkpoint's config: its decode section gives the defaults and the batch size
-    src_tok: Tokenizer
-    tgt_tok: Tokenizer
-    max_src_tokens: int  # longer sources are truncated to this many pieces (EOS is one more)
-
-    @property
-    def num_parameters(self) -> int:
-        """The model's parameters (an ensemble's: all members'), for reports."""
-        ...
-
-    def decode_defaults(self, beam: int | None = None, lenpen: float | None = None) -> tuple[int, float]:
-        """``beam`` and ``lenpen``, each the checkpoint's ``decode`` setting when None."""
-        ...
-
-    def translate_batch(
-        self,
-        lines: list[str],
-        *,
-        beam: int,
-        lenpen: float,
-        nbest: int = 1,
-        batch_tokens: int | None = None,
-        max_len_a: float | None = None,
-        max_len_b: int | None = None,
-        max_output_tokens: int | None = None,
-        scores: bool = True,
-    ) -> TranslationResult:
-        """n-best (score, text) lists, one per input line, in input order, and this call's stats. ``scores=False``: the
-        caller reads the text alone (one best, no score printed), and a translator that would spend time on the
-        scores alone may skip them and give NaN."""
-        ...

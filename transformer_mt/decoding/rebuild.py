@@ -45,7 +45,8 @@ def _shape(t: Tensor | torch.Size) -> str:
 
 def _unfit(source: str, what: str) -> CheckpointError:
     return CheckpointError(
-        f"{source}: the weights do not fit its config ({what}); the checkpoint was damaged or edited, use one written by `tmt train`"
+        f"{source}: the weights do not fit its config ({what}); the checkpoint was damaged or edited, "
+        "use one written by `tmt train`"
     )
 
 
@@ -86,7 +87,8 @@ def check_fit(
         more = f", and {len(unexpected) - 1} more" if len(unexpected) > 1 else ""
         raise _unfit(
             source,
-            f"tensor {quote_name(unexpected[0])} of shape {_shape(weights[unexpected[0]])} is not part of the model{more}",
+            f"tensor {quote_name(unexpected[0])} of shape {_shape(weights[unexpected[0]])} "
+            f"is not part of the model{more}",
         )
     for name, want in expected.items():
         got = weights[name]
@@ -111,8 +113,9 @@ def check_fit(
     computed = sum(b.numel() * b.element_size() for name, b in meta.named_buffers() if name not in expected)
     if computed > MAX_POSITION_TABLE_BYTES:
         raise CheckpointError(
-            f"{source}: model.max_positions={cfg.max_positions} x model.d_model={cfg.d_model} make a position table of "
-            f"{computed / 2**30:.1f} GiB, more than {MAX_POSITION_TABLE_BYTES >> 30} GiB; the checkpoint is damaged or crafted"
+            f"{source}: model.max_positions={cfg.max_positions} x model.d_model={cfg.d_model} make a position "
+            f"table of {computed / 2**30:.1f} GiB, more than {MAX_POSITION_TABLE_BYTES >> 30} GiB; "
+            "the checkpoint is damaged or crafted"
         )
 
 

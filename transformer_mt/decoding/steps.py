@@ -1,6 +1,7 @@
 """What greedy and beam search share at every step: what the columns of the model's logits stand for and their
 float32 log-softmax (:class:`Columns`), each sentence's longest output, the rows still running found on the device,
-and the checks of a search's input. The conventions they follow are in :mod:`transformer_mt.decoding.search`."""
+the checks of a search's input, and :func:`check_settings`, the one check of the search settings' rules that the
+searches and every translator call. The conventions they follow are in :mod:`transformer_mt.decoding.search`."""
 
 from __future__ import annotations
 
@@ -10,13 +11,20 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transformer_mt.config import Problem
+from transformer_mt.config import beam_problem, lenpen_problem
 from transformer_mt.decoding.lengths import max_output_length
 from transformer_mt.decoding.protocol import RestrictableCache, SearchCache, SearchError, SearchModel
 
 
-def refuse(problem: Problem | None) -> None:
-    """Raise a search-settings rule's problem (transformer_mt.config.rules) as a SearchError."""
+def check_settings(beam: int, nbest: int = 1, *, lenpen: float | None = None, outputs: int | None = None) -> None:
+    """Refuse, as a SearchError worded ``beam=0 is out of range; ...``, settings that break the search rules of
+    :mod:`transformer_mt.config.rules`: the beam and n-best bounds (``beam_problem``), the beam limit of ``outputs``
+    ids when that count is known, then the length penalty when ``lenpen`` is given (``lenpen_problem``).
+
+    Beam search calls it before anything is allocated and again at its first step, where the model's logits tell
+    the number of ids it scores; a translator calls it with its target vocabulary and the length penalty before
+    encoding a line (``checked_request``)."""
+    problem = beam_problem(beam, nbest, tgt_vocab_size=outputs) or (None if lenpen is None else lenpen_problem(lenpen))
     if problem:
         raise SearchError(str(problem))
 
@@ -24,7 +32,8 @@ def refuse(problem: Problem | None) -> None:
 def sentence_limits(
     model: SearchModel[Any, Any], src: Tensor, *, max_len_a: float, max_len_b: int, max_output: int | None = None
 ) -> Tensor:
-    """(B,) long: each sentence's longest output (its non-pad tokens), at most the model's own limit and ``max_output``."""
+    """(B,) long: each sentence's longest output (from its non-pad tokens), at most the model's own limit and
+    ``max_output``."""
     lens = max_output_length((src != model.specials.pad).sum(dim=1), max_len_a=max_len_a, max_len_b=max_len_b)
     limits = [cap for cap in (model.max_output_length(), max_output) if cap is not None]
     return lens.clamp(max=min(limits)) if limits else lens
