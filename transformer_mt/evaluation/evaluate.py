@@ -8,8 +8,9 @@ beam) translations of its first sentences against their raw references. Both are
 tokens (pieces + EOS, padding excluded) divided once by their count, so the result does not
 depend on how the set is batched.
 
-`evaluate_file` is `tmt evaluate`: a translator (a Translator of one checkpoint or an ensemble, or the CTranslate2 engine) translates a source
-file into a hypotheses file, written safely (never over an input), then BLEU and chrF of that file.
+`evaluate_file` is `tmt evaluate`: a translator (a Translator of one checkpoint or an ensemble, or the CTranslate2
+engine) translates a source file into a hypotheses file, written safely (never over an input), then BLEU and chrF
+of that file.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def checked_validation_set(data: ParallelData, *, max_positions: int, name: str)
         return data, None
     if kept == 0:
         raise ValidationError(
-            f"{name}: every validation pair is longer than {limit} pieces (model.max_positions={max_positions}); check the validation files"
+            f"{name}: every validation pair is longer than {limit} pieces (model.max_positions={max_positions}); "
+            "check the validation files"
         )
     return data.subset(keep), (
         f"validation: {data.num_pairs - kept} of {data.num_pairs} pairs longer than {limit} pieces "
@@ -98,9 +100,8 @@ def validation_loss(
 ) -> dict[str, float]:
     """val_loss (label-smoothed), val_nll and val_ppl per target token over all of `data`, teacher-forced."""
     model.eval()
-    if (
-        data.num_pairs
-    ):  # validation lines are not length-filtered: sinusoids extend past the training lengths (section 3.5)
+    # validation lines are not length-filtered: sinusoids extend past the training lengths (section 3.5)
+    if data.num_pairs:
         model.reserve_positions(int(max(data.src_lengths.max(), data.tgt_lengths.max())) + 1)  # + EOS / BOS
     loss_sum = nll_sum = 0.0
     ntokens = 0
@@ -178,8 +179,9 @@ class Evaluation:
         return [
             self.scores["bleu"]["text"],
             self.scores["chrf"]["text"],
-            f"{st.lines} sentences in {st.seconds:.1f} s: {rep['sentences_per_s']} sentences/s, {rep['tgt_tokens_per_s']} target tokens/s "
-            f"(beam {self.beam}, lenpen {self.lenpen}); hypotheses in {self.hypotheses}",
+            f"{st.lines} sentences in {st.seconds:.1f} s: {rep['sentences_per_s']} sentences/s, "
+            f"{rep['tgt_tokens_per_s']} target tokens/s (beam {self.beam}, lenpen {self.lenpen}); "
+            f"hypotheses in {self.hypotheses}",
         ]
 
 

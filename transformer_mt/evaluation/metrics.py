@@ -134,7 +134,8 @@ def _check_counts(
             hyp = f"{hyp_name} has" if hyp_name else "the hypotheses have"
             ref = f"{ref_names[k]} has" if ref_names and k < len(ref_names) else f"reference {k + 1} has"
             raise MetricsError(
-                f"{hyp} {len(hyps)} lines but {ref} {len(stream)}; line i of the hypotheses must translate line i of each reference (empty lines included)"
+                f"{hyp} {len(hyps)} lines but {ref} {len(stream)}; line i of the hypotheses must translate "
+                "line i of each reference (empty lines included)"
             )
 
 
