@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
+from typing import Any, TypeVar
 
 import pytest
 import torch
@@ -26,6 +27,7 @@ from transformer_mt.decoding import (
     greedy_search_batches,
     length_penalty,
     search,
+    search_batches,
 )
 from transformer_mt.model import Transformer
 from transformer_mt.text import BOS_ID, DEFAULT, EOS_ID, PAD_ID
@@ -33,7 +35,7 @@ from transformer_mt.text import BOS_ID, DEFAULT, EOS_ID, PAD_ID
 VOCAB = 16  # 4 specials + 12 symbols
 
 
-ONE_LAYER = {"encoder_layers": 1, "decoder_layers": 1}  # conftest's tiny model with one layer a side
+ONE_LAYER: dict[str, Any] = {"encoder_layers": 1, "decoder_layers": 1}  # conftest's tiny model with one layer a side
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
@@ -149,13 +151,17 @@ def reference_beam(
 class Recording(Transformer):
     """The real model, counting encode / init_cache calls and the rows of every decode_step."""
 
+    encodes: int
+    inits: int
+    rows: list[int]
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.encodes, self.inits, self.rows = 0, 0, []
 
-    def encode(self, src):
+    def encode(self, src, **kwargs):
         self.encodes += 1
-        return super().encode(src)
+        return super().encode(src, **kwargs)
 
     def init_cache(self, enc):
         self.inits += 1
@@ -173,8 +179,8 @@ class Recording(Transformer):
 class NeverEos(Transformer):
     """The real model with EOS made impossible, so every hypothesis runs to the length limit."""
 
-    def forward(self, src, tgt_in):
-        logits = super().forward(src, tgt_in)  # (B, T, V)
+    def forward(self, src, tgt_in, **kwargs):
+        logits = super().forward(src, tgt_in, **kwargs)  # (B, T, V)
         logits[..., EOS_ID] = float("-inf")
         return logits
 
@@ -199,8 +205,8 @@ class LengthBait(Transformer):
             bias[4], bias[EOS_ID] = 10.0, float("-inf")
         return 0.1 * logits.float() + bias
 
-    def forward(self, src, tgt_in):
-        logits = super().forward(src, tgt_in)  # (B, T, V)
+    def forward(self, src, tgt_in, **kwargs):
+        logits = super().forward(src, tgt_in, **kwargs)  # (B, T, V)
         return torch.cat([self._bait(logits[:, :1], first=True), self._bait(logits[:, 1:], first=False)], dim=1)
 
     def decode_step(self, tokens, cache):
@@ -211,14 +217,17 @@ class LengthBait(Transformer):
 class Rounded(Transformer):
     """The real model with logits rounded to integers: exact ties everywhere, often 3+ at the top."""
 
-    def forward(self, src, tgt_in):
-        return torch.round(super().forward(src, tgt_in))
+    def forward(self, src, tgt_in, **kwargs):
+        return torch.round(super().forward(src, tgt_in, **kwargs))
 
     def decode_step(self, tokens, cache):
         return torch.round(super().decode_step(tokens, cache))
 
 
-def clone_as(cls, model: Transformer, **cfg_changes) -> Transformer:
+ModelT = TypeVar("ModelT", bound=Transformer)
+
+
+def clone_as(cls: type[ModelT], model: Transformer, **cfg_changes) -> ModelT:
     other = cls(tiny_model_config(**ONE_LAYER, **cfg_changes), src_vocab_size=VOCAB, tgt_vocab_size=VOCAB)
     other.load_state_dict(model.state_dict(), strict=False)
     return other.eval()
@@ -267,7 +276,8 @@ def _counting_steps(monkeypatch) -> list[int]:
 
 
 def _assert_same_hypotheses(got: list[list], expected: list[list]) -> None:
-    """The same tokens; log-probs and scores equal up to float rounding (a vectorised pow may differ in the last bit)."""
+    """The same tokens; log-probs and scores equal up to float rounding (a vectorised pow may differ in the last
+    bit)."""
     assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in expected]
     for hyps_got, hyps_expected in zip(got, expected):
         assert [h.logprob for h in hyps_got] == pytest.approx([h.logprob for h in hyps_expected], abs=1e-5)
@@ -342,6 +352,27 @@ def test_greedy_over_batches_carries_last_rows_along_and_finds_what_each_batch_f
     rows.clear()
     _assert_same_hypotheses(greedy_search_batches(model, srcs, max_len_a=1.0, max_len_b=6, lenpen=0.6), alone)
     assert len(rows) == steps_alone
+
+
+def test_search_batches_is_greedy_for_one_best_of_beam_1_and_beam_search_otherwise(trained, monkeypatch):
+    """Several batches through ``search_batches`` (what ``translate_ids`` calls): beam 1 with one hypothesis is greedy
+    search over all of them, its last rows going on with the next batch; any other setting is beam search, batch by
+    batch, which is what refuses a beam of 1 with two hypotheses."""
+    gen = torch.Generator().manual_seed(3)
+    srcs = [reversal_batch(gen, n, lo, hi)[0] for n, lo, hi in ((6, 6, 7), (9, 5, 7), (5, 4, 6))]
+    settings = {"lenpen": 0.6, "max_len_a": 1.0, "max_len_b": 6}
+    rows = _counting_steps(monkeypatch)
+    greedy = greedy_search_batches(trained, srcs, batch_tokens=10**6, **settings)
+    greedy_rows = list(rows)
+    rows.clear()
+    found = search_batches(trained, srcs, beam=1, batch_tokens=10**6, **settings)
+    assert rows == greedy_rows  # the same steps: rows carried along with the next batch
+    assert [[nbest[0] for nbest in batch] for batch in found] == greedy
+    assert all(len(nbest) == 1 for batch in found for nbest in batch)
+    beam = search_batches(trained, srcs, beam=3, nbest=2, batch_tokens=10**6, **settings)
+    assert beam == [beam_search(trained, src, beam=3, nbest=2, **settings) for src in srcs]
+    with pytest.raises(SearchError, match="nbest=2 is out of range; use 1 to the beam size \\(1\\)"):
+        search_batches(trained, srcs, beam=1, nbest=2, **settings)
 
 
 def test_exact_ties_go_to_the_lowest_id_in_greedy_and_beam(untrained, sources):
@@ -566,7 +597,8 @@ def test_search_needs_only_the_protocol(sources):
 
     model = Transformer(tiny_model_config(**ONE_LAYER), src_vocab_size=VOCAB, tgt_vocab_size=VOCAB).eval()
     ensemble = Ensemble([model, model]).eval()
-    for m in (model, ensemble, CopyModel()):
+    models: list[SearchModel[Any, Any]] = [model, ensemble, CopyModel()]
+    for m in models:
         assert isinstance(m, SearchModel)
         assert isinstance(m.init_cache(m.encode(sources)), SearchCache)
     assert not isinstance(object(), SearchModel)

@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import head, run_cli
 from transformer_mt.evaluation import MetricsError, format_json, format_text, read_lines, score, score_files
 from transformer_mt.text import TextError
+
+VENV_BIN = Path(sys.executable).parent
 
 
 def corrupt(lines: list[str], *, drop_every: int = 7, swap_every: int = 3, lower_every: int = 4) -> list[str]:
@@ -128,7 +131,8 @@ def test_mismatched_counts_name_both(val, tmp_path):
     with pytest.raises(MetricsError) as err:
         score_files(short, [ref])
     assert str(err.value) == (
-        f"{short} has 1000 lines but {ref} has 1014; line i of the hypotheses must translate line i of each reference (empty lines included)"
+        f"{short} has 1000 lines but {ref} has 1014; line i of the hypotheses must translate line i of each reference "
+        "(empty lines included)"
     )
     with pytest.raises(MetricsError, match=r"^the hypotheses have 2 lines but reference 2 has 1; "):
         score(["a", "b"], [["a", "b"], ["a"]])
@@ -158,13 +162,12 @@ def test_read_lines_keeps_empty_lines_and_reports_bad_files(tmp_path):
 
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes("gut\nschön\n".encode("latin-1"))
-    with pytest.raises(
-        TextError
-    ) as err:  # the one text reader's error (transformer_mt.text.textio), as every reader gives
+    # the one text reader's error (transformer_mt.text.textio), as every reader gives
+    with pytest.raises(TextError) as bad_text:
         read_lines(latin1)
-    assert (
-        str(err.value)
-        == f"{latin1}:2: invalid UTF-8 (byte 0xf6 at column 4); convert the file to UTF-8, e.g. iconv -f latin1 -t utf-8 FILE > FILE.utf8"
+    assert str(bad_text.value) == (
+        f"{latin1}:2: invalid UTF-8 (byte 0xf6 at column 4); convert the file to UTF-8, "
+        "e.g. iconv -f latin1 -t utf-8 FILE > FILE.utf8"
     )
 
 
@@ -172,3 +175,45 @@ def _version() -> str:
     import sacrebleu
 
     return sacrebleu.__version__
+
+
+def _sacrebleu(*args: str) -> str:
+    return subprocess.run([str(VENV_BIN / "sacrebleu"), *args], capture_output=True, text=True, check=True).stdout
+
+
+def test_bleu_matches_sacrebleu_command_line(multi30k, tmp_path, capsys):
+    ref = multi30k / "test_2016_flickr.de"
+    # a deterministic imperfect hypothesis: every 5th word dropped, every 9th line reversed
+    hyp_lines = []
+    for i, line in enumerate(head(ref, 1000)):
+        words = [w for k, w in enumerate(line.split()) if k % 5 != 4]
+        hyp_lines.append(" ".join(reversed(words) if i % 9 == 0 else words))
+    hyp = tmp_path / "hyp.de"
+    hyp.write_text("\n".join(hyp_lines) + "\n", encoding="utf-8")
+    for extra in ([], ["-lc"]):
+        code, out, _ = run_cli(["bleu", "--ref", str(ref), str(hyp), "--json", "-w", "2", *extra], capsys)
+        ours = json.loads(out)
+        theirs = json.loads(
+            _sacrebleu(
+                str(ref),
+                "-i",
+                str(hyp),
+                "-m",
+                "bleu",
+                "chrf",
+                "-w",
+                "2",
+                "--format",
+                "json",
+                *(["-lc", "--chrf-lowercase"] if extra else []),
+            )
+        )
+        assert [(o["name"], o["score"], o["signature"]) for o in ours] == [
+            (t["name"], t["score"], t["signature"]) for t in theirs
+        ]
+    code, out, _ = run_cli(["bleu", "--ref", str(ref), str(hyp)], capsys)
+    assert out.strip() == _sacrebleu(str(ref), "-i", str(hyp), "-m", "bleu", "chrf", "--format", "text").strip()
+    short = tmp_path / "short.de"
+    short.write_text("\n".join(hyp_lines[:10]) + "\n")
+    code, _, err = run_cli(["bleu", "--ref", str(ref), str(short)], capsys)
+    assert code == 2 and "10" in err and "1000" in err and err.count("\n") == 1
