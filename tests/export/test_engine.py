@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -50,7 +51,7 @@ def _same(ours, theirs, *, scores: bool = True, stats: bool = True) -> None:
         assert getattr(theirs.stats, key) == getattr(ours.stats, key), key
 
 
-LIMITS = [
+LIMITS: list[dict[str, Any]] = [
     {},
     {"max_output_tokens": 4},
     {"max_len_a": 0.5, "max_len_b": 2},
@@ -141,7 +142,7 @@ def test_cache_is_reused_and_rebuilt_only_when_stale(random_ckpt, spm_model, lin
     # other weights in the same file: converted again, and decoded as tmt decodes the new checkpoint
     make_checkpoint(spm_model, ckpt, seed=1)
     engine = ctranslate2_translator([ckpt], device="cpu", threads=1)
-    assert len(calls) == 2 and engine.note.startswith("converted")
+    assert len(calls) == 2 and engine.note is not None and engine.note.startswith("converted")
     ours = Translator.from_checkpoint(ckpt, device="cpu", threads=1).translate_batch(lines, beam=1, lenpen=0.0)
     _same(ours, engine.translate_batch(lines, beam=1, lenpen=0.0), scores=False)  # scores: see the greedy test
     # written by another tmt version: rebuilt
@@ -274,8 +275,9 @@ def test_cli_engine_option(random_ckpt, lines, tmp_path, capsys, monkeypatch, mu
 
 def _parts_at_near_ties(tr, engine, lines: list[str], ours, theirs, *, beam: int, gap: float = 1e-3) -> list[int]:
     """The lines whose outputs differ, each checked first: the two engines' hypotheses (full length, lenpen 0; greedy
-    where ``beam`` is 1) part at a step where CTranslate2 itself gives the two next pieces log-probabilities within ``gap``: float rounding
-    decided a near-tie of the trained model, which both engines compute with sums in their own order."""
+    where ``beam`` is 1) part at a step where CTranslate2 itself gives the two next pieces log-probabilities within
+    ``gap``: float rounding decided a near-tie of the trained model, which both engines compute with sums in their own
+    order."""
     differing = [i for i, (a, b) in enumerate(zip(ours.hypotheses, theirs.hypotheses)) if a[0][1] != b[0][1]]
     d = tr.cfg.decode
     for i in differing:
@@ -306,6 +308,8 @@ def test_trained_model_equals_translator_on_real_sentences(tiny_checkpoint, mult
     tr = Translator.from_checkpoint(ckpt, device="cpu", threads=1)
     engine = ctranslate2_translator([ckpt], device="cpu", threads=1)
     parted: list[int] = []  # lines whose outputs part at a near-tie (checked), left out of the comparisons
+    ours: Any  # a TranslationResult, then its hypotheses without the parted lines, then n-best lists
+    theirs: Any
     for beam in (1, 4):
         for extra in LIMITS:
             ours, theirs = (

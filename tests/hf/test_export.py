@@ -64,7 +64,8 @@ def test_transformers_decodes_as_tmt_translate(beam, exported, multi30k):
     assert [h[0].tokens for h in ours] == theirs
     assert len({tuple(t) for t in theirs}) > 25  # a model that says varied things
     texts = [nb[0][1] for nb in tr.translate_batch(lines, beam=beam, lenpen=0.0).hypotheses]
-    # `tmt translate`'s text is MarianTokenizer's, up to the space a final lone "▁" piece leaves, which MarianTokenizer strips
+    # `tmt translate`'s text is MarianTokenizer's, up to the space a final lone "▁" piece leaves, which MarianTokenizer
+    # strips
     assert [t.rstrip() for t in texts] == [g.rstrip() for g in gen_texts]
 
 

@@ -134,7 +134,8 @@ def new_case(base: Pristine, tmp_path_factory) -> Case:
     return Case(path)
 
 
-# ---------------------------------------------------------------- mutations: each changes a case and says what a refusal may name
+# ---------------------------------------------------------------- mutations
+# Each changes a case and says what a refusal may name.
 CONFIG_KEYS_ABSENT = [
     "model_type",
     "normalize_before",

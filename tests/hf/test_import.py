@@ -58,7 +58,9 @@ def _cli(argv) -> int:
 
     with pytest.raises(SystemExit) as exit_:
         main([str(a) for a in argv])
-    return exit_.value.code or 0
+    code = exit_.value.code
+    assert code is None or isinstance(code, int), code
+    return code or 0
 
 
 @pytest.fixture(scope="module")

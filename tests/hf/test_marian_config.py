@@ -11,8 +11,9 @@ from transformer_mt.hf import HfError
 from transformer_mt.hf.marian_config import marian_config, marian_refusal, model_config_from_marian
 
 MARIAN = ModelConfig(
-    encoder_layers=3, decoder_layers=2, d_model=48, heads=6, d_ff=96, activation="swish", position_layout="halves", max_positions=512,
-    share_all_embeddings=False, output_bias=True, pad_id=99, unk_id=1, bos_id=-1, eos_id=0, decoder_start_id=99,
+    encoder_layers=3, decoder_layers=2, d_model=48, heads=6, d_ff=96, activation="swish", position_layout="halves",
+    max_positions=512, share_all_embeddings=False, output_bias=True, pad_id=99, unk_id=1, bos_id=-1, eos_id=0,
+    decoder_start_id=99,
 )  # fmt: skip
 
 
@@ -33,9 +34,10 @@ def test_opus_mt_config_fields():
     config = {
         "model_type": "marian", "d_model": 512, "encoder_layers": 6, "decoder_layers": 6, "encoder_attention_heads": 8,
         "decoder_attention_heads": 8, "encoder_ffn_dim": 2048, "decoder_ffn_dim": 2048, "activation_function": "swish",
-        "vocab_size": 58101, "pad_token_id": 58100, "decoder_start_token_id": 58100, "eos_token_id": 0, "bos_token_id": 0,
-        "max_position_embeddings": 512, "scale_embedding": True, "static_position_embeddings": True, "normalize_before": False,
-        "add_final_layer_norm": False, "normalize_embedding": False, "add_bias_logits": False, "dropout": 0.1,
+        "vocab_size": 58101, "pad_token_id": 58100, "decoder_start_token_id": 58100, "eos_token_id": 0,
+        "bos_token_id": 0, "max_position_embeddings": 512, "scale_embedding": True, "static_position_embeddings": True,
+        "normalize_before": False, "add_final_layer_norm": False, "normalize_embedding": False,
+        "add_bias_logits": False, "dropout": 0.1,
     }  # fmt: skip
     model = model_config_from_marian(config, unk_id=1).model
     assert (model.pad_id, model.eos_id, model.bos_id, model.start_id, model.unk_id) == (

@@ -1,8 +1,10 @@
 """Checkpoint files: the format, atomic save and safe load (io), the tokenizers and config a checkpoint holds
 (entries), the weights to decode with (weights), RNG state (rng), the numbered files of a run and their pruning
-(retention), averaging (averaging), and the directories `tmt export` writes (exports)."""
+(retention), averaging (averaging), the directories `tmt export` writes (exports), and the interface of a format's
+converter to and from a checkpoint (converter)."""
 
 from transformer_mt.checkpoint.averaging import average_checkpoints, check_average_output
+from transformer_mt.checkpoint.converter import Exporter, Importer
 from transformer_mt.checkpoint.entries import (
     config_from_checkpoint,
     pack_tokenizer_pair,
@@ -30,15 +32,17 @@ from transformer_mt.checkpoint.rng import rng_state, set_rng_state
 from transformer_mt.checkpoint.weights import model_weights
 
 __all__ = [
-    "file_sha256",
     "CheckpointError",
     "EXPORT_MARKER",
+    "Exporter",
     "FORMAT",
+    "Importer",
     "average_checkpoints",
     "check_average_output",
     "checkpoint_update",
     "config_from_checkpoint",
     "copy_checkpoint",
+    "file_sha256",
     "last_checkpoints",
     "load_checkpoint",
     "model_weights",

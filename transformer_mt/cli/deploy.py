@@ -1,7 +1,7 @@
 """`tmt export` and `tmt serve`: hand a trained model to an inference engine, or answer HTTP requests with it.
 
-Both live in leaves (transformer_mt.export, transformer_mt.serve) whose optional libraries are imported
-only when the command runs; without them the command says in one line which extra to install.
+Both live in leaves (the export formats' converters, listed in cli/formats.py; transformer_mt.serve) whose optional
+libraries are imported only when the command runs; without them the command says in one line which extra to install.
 """
 
 from __future__ import annotations
@@ -13,58 +13,49 @@ import typer
 
 from transformer_mt.cli.app import app
 from transformer_mt.cli.common import COMPUTE_TYPE_HELP, ENGINE_HELP, build_translator
+from transformer_mt.cli.formats import EXPORT_FORMATS, choices, exporter
 
 
-@app.command()
+@app.command(
+    help="Convert a checkpoint for an inference engine or toolkit (CTranslate2, MarianMT): weights, vocabularies, "
+    "sentencepiece models."
+)
 def export(
     checkpoint: Path = typer.Option(
         ..., "--checkpoint", "-c", help="A checkpoint written by `tmt train` or `tmt average`."
     ),
     output: Path = typer.Option(..., "--output", "-o", help="The model directory to write."),
-    format: str = typer.Option(
-        "ctranslate2",
-        "--format",
-        help="Target: ctranslate2 (CTranslate2) or marian-hf (Hugging Face MarianMT, transformers).",
-    ),
+    format: str = typer.Option(EXPORT_FORMATS[0].name, "--format", help=f"Target: {choices(EXPORT_FORMATS)}."),
     quantization: str | None = typer.Option(
         None,
         "--quantization",
         "-q",
-        help="Weight type: int8, int8_float32, int8_float16, int8_bfloat16, int16, float16, bfloat16 (default: float32).",
+        help="Weight type: int8, int8_float32, int8_float16, int8_bfloat16, int16, float16, bfloat16 "
+        "(default: float32).",
     ),
     force: bool = typer.Option(
         False,
         "--force",
-        help="Replace the output directory if an earlier tmt export wrote it and its files are unchanged (never anything else).",
+        help="Replace the output directory if an earlier tmt export wrote it and its files are unchanged "
+        "(never anything else).",
     ),
 ) -> None:
-    """Convert a checkpoint for an inference engine or toolkit (CTranslate2, MarianMT): weights, vocabularies, sentencepiece models."""
-    if format == "marian-hf":  # the Hugging Face leaf (transformer_mt.hf); the two leaves are independent
-        from transformer_mt.errors import TmtError
-        from transformer_mt.hf import export_marian
-
-        if quantization is not None:
-            raise TmtError("--quantization applies to --format ctranslate2 only; marian-hf writes float32 weights")
-        out = export_marian(checkpoint, output, force=force)
-        typer.echo(
-            f"wrote {out} (marian-hf); load it with MarianMTModel.from_pretrained and MarianTokenizer.from_pretrained"
-        )
-        return
-    from transformer_mt.export import export as export_model
-
-    out = export_model(checkpoint, output, format=format, quantization=quantization, force=force)
-    typer.echo(
-        f"wrote {out} ({format}, {quantization or 'float32'}); see {out / 'tmt_export.json'} for how to decode like tmt"
-    )
+    converter = exporter(format)  # the format's leaf is imported only now (cli/formats.py)
+    out = converter.convert(checkpoint, output, quantization=quantization, force=force)
+    typer.echo(converter.summary(out, quantization=quantization))
 
 
-@app.command()
+@app.command(
+    help="Serve translations over HTTP (FastAPI + uvicorn): POST /translate, GET /health, /ready, /models, /metrics, "
+    "/docs."
+)
 def serve(
     checkpoints: list[str] = typer.Option(
         ...,
         "--checkpoint",
         "-c",
-        help="A checkpoint to serve, as PATH or NAME=PATH; repeat -c to serve several models (the first is the default).",
+        help="A checkpoint to serve, as PATH or NAME=PATH; repeat -c to serve several models "
+        "(the first is the default).",
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on (0.0.0.0 = every interface)."),
     port: int = typer.Option(8000, "--port", help="TCP port."),
@@ -74,7 +65,8 @@ def serve(
     max_chars: int = typer.Option(
         10_000,
         "--max-chars",
-        help="Most characters in one line (more: 413). Lines over the model's token limit are truncated and reported in `warnings`.",
+        help="Most characters in one line (more: 413). Lines over the model's token limit are truncated and "
+        "reported in `warnings`.",
     ),
     max_beam: int = typer.Option(16, "--max-beam", help="Largest beam a request may ask for (more: 422)."),
     max_queue: int = typer.Option(
@@ -113,12 +105,14 @@ def serve(
     api_key_file: Path | None = typer.Option(
         None,
         "--api-key-file",
-        help="API keys, one a line: every path but /health and /ready then needs 'Authorization: Bearer KEY' or 'X-API-Key: KEY'.",
+        help="API keys, one a line: every path but /health and /ready then needs 'Authorization: Bearer KEY' or "
+        "'X-API-Key: KEY'.",
     ),
     body_budget_mb: int = typer.Option(
         0,
         "--body-budget-mb",
-        help="MiB of request bodies held at once, all connections together; more get 503 (0 = 8 bodies at the byte cap).",
+        help="MiB of request bodies held at once, all connections together; more get 503 "
+        "(0 = 8 bodies at the byte cap).",
     ),
     allowed_host: list[str] = typer.Option(
         [],
@@ -131,7 +125,6 @@ def serve(
     engine: str = typer.Option("tmt", "--engine", help=ENGINE_HELP),
     compute_type: str | None = typer.Option(None, "--compute-type", help=COMPUTE_TYPE_HELP),
 ) -> None:
-    """Serve translations over HTTP (FastAPI + uvicorn): POST /translate, GET /health, /ready, /models, /metrics, /docs."""
     from transformer_mt.serve import ServeOptions, load_api_keys
     from transformer_mt.serve import serve as run_server
 

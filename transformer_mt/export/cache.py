@@ -27,8 +27,8 @@ from typing import Any
 
 from transformer_mt import __version__
 from transformer_mt.checkpoint import EXPORT_MARKER, file_sha256, load_checkpoint, output_problem
-from transformer_mt.export import ExportError
 from transformer_mt.export.ctranslate2 import export_ctranslate2, require_ctranslate2
+from transformer_mt.export.errors import ExportError
 
 CACHE_KEY = "converted_from"  # the key of tmt_export.json that holds what a cache was converted from
 CACHE_FORMAT = (
@@ -108,7 +108,8 @@ def cached_model(checkpoint: str | os.PathLike, *, weights: str | None = None) -
         why = f"{beside} is not a conversion of --engine ctranslate2 as it wrote it (left as it is)"
     if not _ours_or_free(elsewhere):
         raise ExportError(
-            f"{elsewhere}: not a conversion of --engine ctranslate2 as it wrote it, and {why}; move one of them away to cache the conversion there"
+            f"{elsewhere}: not a conversion of --engine ctranslate2 as it wrote it, and {why}; move one of them away "
+            "to cache the conversion there"
         )
     return _convert(
         ckpt,
@@ -136,7 +137,8 @@ def _ours_or_free(place: Path) -> bool:
 def _fresh_notes(
     place: Path, ckpt: Path, stat: os.stat_result, versions: dict[str, str], digest: list[str]
 ) -> dict[str, Any] | None:
-    """``place``'s tmt_export.json when it is a cache of this checkpoint's present content by these versions, else None."""
+    """``place``'s tmt_export.json when it is a cache of this checkpoint's present content by these versions, else
+    None."""
     try:
         notes = json.loads((place / EXPORT_MARKER).read_text(encoding="utf-8"))
         key = notes[CACHE_KEY]

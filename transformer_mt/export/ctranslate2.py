@@ -45,10 +45,10 @@ import numpy as np
 import torch
 
 from transformer_mt import __version__
-from transformer_mt.checkpoint import EXPORT_MARKER, output_problem, staged_directory, write_export_marker
+from transformer_mt.checkpoint import EXPORT_MARKER, Exporter, output_problem, staged_directory, write_export_marker
 from transformer_mt.config import Config, to_dict
 from transformer_mt.decoding import model_from_checkpoint, positions_needed
-from transformer_mt.export import ExportError
+from transformer_mt.export.errors import ExportError
 from transformer_mt.model import MultiHeadAttention, ScaleNorm, Transformer, count_parameters, sinusoids
 from transformer_mt.text import NO_ID, Tokenizer
 
@@ -97,7 +97,8 @@ def export_ctranslate2(
     )  # None: the EMA weights when the checkpoint has them
     src_proto, tgt_proto = src_tok.proto, tgt_tok.proto
 
-    class _Converter(ct2.converters.Converter):  # type: ignore[name-defined] # ctranslate2 is imported at run time (an optional extra)
+    # ctranslate2 is imported at run time (an optional extra), so mypy does not know its classes
+    class _Converter(ct2.converters.Converter):  # type: ignore[name-defined]
         """CTranslate2's converter protocol: ``_load`` returns the filled spec; ``convert`` validates,
         quantizes and saves it (and refuses or replaces an existing directory)."""
 
@@ -129,10 +130,31 @@ def export_ctranslate2(
     return out
 
 
+class CTranslate2Exporter(Exporter):
+    """`tmt export --format ctranslate2`: :func:`export_ctranslate2` with the checkpoint's default weights."""
+
+    def convert(
+        self,
+        checkpoint: str | os.PathLike,
+        output: str | os.PathLike,
+        *,
+        quantization: str | None = None,
+        force: bool = False,
+    ) -> Path:
+        return export_ctranslate2(checkpoint, output, quantization=quantization, force=force)
+
+    def summary(self, output: Path, *, quantization: str | None) -> str:
+        return (
+            f"wrote {output} (ctranslate2, {quantization or 'float32'}); see {output / EXPORT_MARKER} for how to "
+            "decode like tmt"
+        )
+
+
 def decoding_config(cfg: Config) -> dict[str, Any]:
     """The part of the checkpoint's config that decoding the directory like tmt needs (``from_dict`` reads it back):
     the model section (special ids, positions, limits), the decode defaults, and data.max_len, which the config's
-    checks compare with model.max_positions. Not the rest: data, tokenizer and run paths of the machine that trained it."""
+    checks compare with model.max_positions. Not the rest: data, tokenizer and run paths of the machine that trained
+    it."""
     sections = to_dict(cfg)
     return {"model": sections["model"], "decode": sections["decode"], "data": {"max_len": cfg.data.max_len}}
 
@@ -158,7 +180,8 @@ def build_spec(
     attn: MultiHeadAttention = (encoder_layers or decoder_layers)[0].self_attn
     if attn.dk != attn.dv:
         raise ExportError(
-            f"model.head_dim={attn.dk} differs from model.value_dim={attn.dv}; CTranslate2 needs one size per head for queries, keys and values"
+            f"model.head_dim={attn.dk} differs from model.value_dim={attn.dv}; CTranslate2 needs one size per head for "
+            "queries, keys and values"
         )
     head_dim = None if attn.dk * cfg.heads == cfg.d_model else attn.dk  # only a non-default size is declared
     common = dict(
@@ -209,7 +232,8 @@ def build_spec(
     spec.config.decoder_start_token = piece(ids.start)  # tmt's decoder input is start + target (data.collate)
     spec.config.add_source_eos = True  # tmt's source is pieces + EOS (data.source_tensor)
     spec.config.add_source_bos = False
-    # torch.nn.LayerNorm's default, which tmt trains with; RMSNorm standing for ScaleNorm: next to nothing (module docstring)
+    # torch.nn.LayerNorm's default, which tmt trains with; RMSNorm standing for ScaleNorm: next to nothing (module
+    # docstring)
     spec.config.layer_norm_epsilon = 1e-12 if cfg.norm == "scale" else 1e-5
     if src_tok.id_to_piece(ids.eos) != piece(ids.eos):
         raise ExportError(
@@ -309,7 +333,8 @@ def describe(cfg: Config, *, checkpoint: str, quantization: str | None, joint: b
         "quantization": quantization or "float32",
         "sentencepiece": [JOINT_SPM] if joint else [SOURCE_SPM, TARGET_SPM],
         "source": "sentencepiece pieces of one line (no BOS/EOS: the model config appends EOS)",
-        # CTranslate2's max_input_length counts the EOS it appends: max_positions keeps max_positions - 1 pieces, as tmt does.
+        # CTranslate2's max_input_length counts the EOS it appends: max_positions keeps max_positions - 1 pieces, as
+        # tmt does.
         "max_input_length": cfg.model.max_positions,
         "tmt_decode": {"beam": d.beam, "lenpen": d.lenpen, "max_len_a": d.max_len_a, "max_len_b": d.max_len_b},
         "note": (

@@ -49,9 +49,9 @@ from transformer_mt.decoding import (
     max_output_length,
     positions_needed,
 )
-from transformer_mt.export import ExportError
 from transformer_mt.export.cache import CachedModel, cached_model
 from transformer_mt.export.ctranslate2 import JOINT_SPM, SOURCE_SPM, TARGET_SPM, require_ctranslate2
+from transformer_mt.export.errors import ExportError
 from transformer_mt.text import SpecialIds, Tokenizer
 
 ENGINES = ("tmt", "ctranslate2")
@@ -94,11 +94,13 @@ class CTranslate2Translator:
         ct2 = require_ctranslate2()
         if len(paths) != 1:
             raise ExportError(
-                f"--engine ctranslate2 decodes one checkpoint, not an ensemble of {len(paths)}; use --engine tmt for -c given several times"
+                f"--engine ctranslate2 decodes one checkpoint, not an ensemble of {len(paths)}; use --engine tmt for "
+                "-c given several times"
             )
         if dtype != "float32":
             raise ExportError(
-                f"--dtype {dtype} applies to --engine tmt; with --engine ctranslate2 choose the weight type with --compute-type (e.g. float16, int8)"
+                f"--dtype {dtype} applies to --engine tmt; with --engine ctranslate2 choose the weight type with "
+                "--compute-type (e.g. float16, int8)"
             )
         ct2_device = _device(ct2, device)
         supported = sorted(ct2.get_supported_compute_types(ct2_device))
@@ -268,6 +270,22 @@ class CTranslate2Translator:
         ]
 
 
+def ctranslate2_translator(
+    checkpoints: Sequence[str | os.PathLike],
+    *,
+    device: str = "auto",
+    dtype: str = "float32",
+    threads: int = 0,
+    weights: str | None = None,
+    compute_type: str = "float32",
+) -> CTranslate2Translator:
+    """``--engine ctranslate2``: the checkpoint converted once (cached beside it) and decoded by CTranslate2, behind
+    ``Translator``'s interface; ``compute_type`` is CTranslate2's (float32, int8, int8_float32, ...)."""
+    return CTranslate2Translator.from_checkpoints(
+        checkpoints, device=device, dtype=dtype, threads=threads, weights=weights, compute_type=compute_type
+    )
+
+
 def _text_pieces(tokens: list[str], eos: str) -> list[str]:
     return tokens[:-1] if tokens and tokens[-1] == eos else tokens
 
@@ -280,7 +298,8 @@ def _device(ct2, device: str) -> str:
     if device == "cpu" or (device.split(":")[0] == "cuda" and gpus):
         if ":" in device:
             raise ExportError(
-                f"--device {device}: --engine ctranslate2 takes cpu or cuda (the first GPU; CUDA_VISIBLE_DEVICES picks it)"
+                f"--device {device}: --engine ctranslate2 takes cpu or cuda (the first GPU; CUDA_VISIBLE_DEVICES picks "
+                "it)"
             )
         return device
     if device.split(":")[0] == "cuda":

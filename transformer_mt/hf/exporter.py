@@ -25,10 +25,10 @@ import os
 from pathlib import Path
 
 from transformer_mt import __version__
-from transformer_mt.checkpoint import output_problem, staged_directory, write_export_marker
+from transformer_mt.checkpoint import Exporter, output_problem, staged_directory, write_export_marker
 from transformer_mt.config import ModelConfig
 from transformer_mt.decoding import model_from_checkpoint
-from transformer_mt.hf import HfError, require_safetensors
+from transformer_mt.hf.errors import HfError, require_safetensors
 from transformer_mt.hf.marian_config import marian_config, marian_refusal
 from transformer_mt.hf.vocab import (
     SOURCE_SPM,
@@ -43,6 +43,28 @@ from transformer_mt.hf.weights import SAFETENSORS, marian_state
 from transformer_mt.text import NO_ID
 
 GENERATION_CONFIG = "generation_config.json"
+
+
+class MarianExporter(Exporter):
+    """`tmt export --format marian-hf`: :func:`export_marian`, float32 weights only."""
+
+    def convert(
+        self,
+        checkpoint: str | os.PathLike,
+        output: str | os.PathLike,
+        *,
+        quantization: str | None = None,
+        force: bool = False,
+    ) -> Path:
+        if quantization is not None:  # refused before anything is read
+            raise HfError("--quantization applies to --format ctranslate2 only; marian-hf writes float32 weights")
+        return export_marian(checkpoint, output, force=force)
+
+    def summary(self, output: Path, *, quantization: str | None) -> str:  # noqa: ARG002 - always float32
+        return (
+            f"wrote {output} (marian-hf); load it with MarianMTModel.from_pretrained and "
+            "MarianTokenizer.from_pretrained"
+        )
 
 
 def export_marian(checkpoint: str | os.PathLike, output: str | os.PathLike, *, force: bool = False) -> Path:
@@ -76,8 +98,9 @@ def export_marian(checkpoint: str | os.PathLike, output: str | os.PathLike, *, f
             "max_len_b": cfg.decode.max_len_b,
         },
         "note": (
-            "tmt's lenpen is GNMT ((5+len)/6)^alpha, transformers' length_penalty divides by len^alpha: the two agree only at 0; "
-            "tmt's longest output is floor(a * (pieces + 1) + b) per line, generate's max_new_tokens one number per call"
+            "tmt's lenpen is GNMT ((5+len)/6)^alpha, transformers' length_penalty divides by len^alpha: the two agree "
+            "only at 0; tmt's longest output is floor(a * (pieces + 1) + b) per line, generate's max_new_tokens one "
+            "number per call"
         ),
     }
     if separate:

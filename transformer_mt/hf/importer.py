@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from transformer_mt.checkpoint import pack_tokenizers, save_checkpoint
+from transformer_mt.checkpoint import Importer, pack_tokenizers, save_checkpoint
 from transformer_mt.config import (
     LIMITS,
     MAX_POSITION_TABLE_BYTES,
@@ -53,7 +53,7 @@ from transformer_mt.config import (
     to_dict,
     validate,
 )
-from transformer_mt.hf import HfError, brief
+from transformer_mt.hf.errors import HfError, brief
 from transformer_mt.hf.marian_config import MarianShape, model_config_from_marian
 from transformer_mt.hf.vocab import (
     MAX_VOCAB_BYTES,
@@ -88,13 +88,21 @@ class MarianFiles:
     beam: int  # generation_config.json num_beams (tmt's decode.beam), 4 without one
 
 
+class MarianImporter(Importer):
+    """`tmt import --from marian-hf`: :func:`import_marian`."""
+
+    def convert(self, directory: str | os.PathLike, output: str | os.PathLike, *, force: bool = False) -> Path:
+        return import_marian(directory, output, force=force)
+
+
 def import_marian(directory: str | os.PathLike, output: str | os.PathLike, *, force: bool = False) -> Path:
     """Write the MarianMT model in ``directory`` as the tmt checkpoint ``output``; returns its path.
     An existing ``output`` is replaced only with ``force`` (never a directory)."""
     src_dir, out = Path(directory), Path(output)
     if not src_dir.is_dir():
         raise HfError(
-            f"{src_dir}: not a directory; give the folder save_pretrained wrote (config.json, model.safetensors, vocab.json, *.spm)"
+            f"{src_dir}: not a directory; give the folder save_pretrained wrote (config.json, model.safetensors, "
+            "vocab.json, *.spm)"
         )
     if out.is_dir():
         raise HfError(f"{out}: is a directory; give the checkpoint file to write, e.g. -o {out / 'model.pt'}")
@@ -130,8 +138,9 @@ def _check_size(shape: MarianShape, *, source: Path) -> None:
     table = model.max_positions * model.d_model * 4
     if table > MAX_POSITION_TABLE_BYTES:
         raise HfError(
-            f"{source}: max_position_embeddings={model.max_positions} x d_model={model.d_model} make a sinusoid table of "
-            f"{table / 2**30:.1f} GiB, more than {MAX_POSITION_TABLE_BYTES >> 30} GiB; MarianMT models use 512 positions"
+            f"{source}: max_position_embeddings={model.max_positions} x d_model={model.d_model} make a sinusoid table "
+            f"of {table / 2**30:.1f} GiB, more than {MAX_POSITION_TABLE_BYTES >> 30} GiB; MarianMT models use 512 "
+            "positions"
         )
 
 
@@ -157,15 +166,17 @@ def read_marian_dir(directory: Path) -> MarianFiles:
     ids = {}
     for key, piece in pieces.items():  # MarianTokenizer looks its special pieces up in each side's vocabulary
         ids[key] = special_id(src_vocab, piece, key=key, path=directory / VOCAB)
-        # The target side pads and starts with config.json's pad_token_id whatever target_vocab.json's <pad> is (MarianMT
-        # appends <pad> to each vocabulary, so with separate vocabularies of two sizes the ids differ); EOS and UNK must agree.
+        # The target side pads and starts with config.json's pad_token_id whatever target_vocab.json's <pad> is
+        # (MarianMT appends <pad> to each vocabulary, so with separate vocabularies of two sizes the ids differ); EOS
+        # and UNK must agree.
         if (
             separate
             and key != "pad_token"
             and special_id(tgt_vocab, piece, key=key, path=directory / TARGET_VOCAB) != ids[key]
         ):
             raise HfError(
-                f"{directory / TARGET_VOCAB}: {key} {quote(piece)} has another id than in {VOCAB}; tmt has one id per special piece"
+                f"{directory / TARGET_VOCAB}: {key} {quote(piece)} has another id than in {VOCAB}; tmt has one id per "
+                "special piece"
             )
     shape = model_config_from_marian(config, unk_id=ids["unk_token"], source=str(directory / "config.json"))
     if shape.model.share_all_embeddings and separate:
@@ -179,8 +190,8 @@ def read_marian_dir(directory: Path) -> MarianFiles:
     ):
         if ids[key] != value:
             raise HfError(
-                f"{directory / 'config.json'}: {field}={value} but the tokenizer's {key} {quote(pieces[key])} has id {ids[key]}; "
-                "the model and its tokenizer must agree"
+                f"{directory / 'config.json'}: {field}={value} but the tokenizer's {key} {quote(pieces[key])} has id "
+                f"{ids[key]}; the model and its tokenizer must agree"
             )
     for path, vocab, field, size in (
         (directory / VOCAB, src_vocab, "vocab_size", shape.src_vocab_size),
@@ -188,7 +199,8 @@ def read_marian_dir(directory: Path) -> MarianFiles:
     ):
         if len(vocab) != size:
             raise HfError(
-                f"{path}: lists {len(vocab)} pieces but config.json {field}={size}; tmt needs one piece per embedding row"
+                f"{path}: lists {len(vocab)} pieces but config.json {field}={size}; tmt needs one piece per embedding "
+                "row"
             )
     beam = _num_beams(directory / GENERATION_CONFIG, tgt_vocab_size=shape.tgt_vocab_size)
     files = MarianFiles(
@@ -234,7 +246,8 @@ def _spm(path: Path) -> bytes:
     size = path.stat().st_size
     if size > MAX_VOCAB_BYTES:
         raise HfError(
-            f"{path}: {size:,} bytes, more than the {MAX_VOCAB_BYTES:,} a sentencepiece model may hold; download it again"
+            f"{path}: {size:,} bytes, more than the {MAX_VOCAB_BYTES:,} a sentencepiece model may hold; download it "
+            "again"
         )
     return path.read_bytes()
 

@@ -7,7 +7,8 @@ What maps (``transformers.MarianConfig`` field -> ``model.*`` key):
   -> ``heads``; ``encoder_ffn_dim`` = ``decoder_ffn_dim`` -> ``d_ff`` (tmt has one size for both stacks);
 - ``activation_function`` relu, gelu (torch's exact erf GELU in both), swish or silu (one function) -> ``activation``;
 - ``max_position_embeddings`` -> ``max_positions`` (MarianMT's sinusoid table; tmt's grows past it when decoding);
-- ``share_encoder_decoder_embeddings`` -> ``share_all_embeddings``; ``tie_word_embeddings`` -> ``share_decoder_embeddings``;
+- ``share_encoder_decoder_embeddings`` -> ``share_all_embeddings``; ``tie_word_embeddings`` ->
+  ``share_decoder_embeddings``;
 - ``vocab_size`` / ``decoder_vocab_size``: the source / target vocabulary sizes;
 - ``pad_token_id``, ``eos_token_id``, ``decoder_start_token_id``, ``bos_token_id`` -> ``pad_id``, ``eos_id``,
   ``decoder_start_id``, ``bos_id`` (``unk_id`` is the vocabulary's ``<unk>``, MarianTokenizer's rule);
@@ -23,7 +24,7 @@ import json
 from typing import Any, NamedTuple, NoReturn
 
 from transformer_mt.config import LIMITS, ModelConfig, quote, specials_problem
-from transformer_mt.hf import HfError
+from transformer_mt.hf.errors import HfError
 from transformer_mt.text import NO_ID
 
 ACTIVATIONS = {
@@ -208,16 +209,20 @@ def marian_refusal(cfg: ModelConfig) -> str | None:
     """Why ``cfg`` cannot be written as a MarianMT model (one clause naming the key and the fix), or None."""
     if cfg.norm != "post":
         return (
-            f"model.norm={cfg.norm}: MarianMT's layers are post-norm (LayerNorm after each residual add, no final norm per stack) "
+            f"model.norm={cfg.norm}: MarianMT's layers are post-norm (LayerNorm after each residual add, no final norm "
+            "per stack) "
             "and ScaleNorm / pre-norm have no MarianMT equivalent; only model.norm: post models export to marian-hf"
         )
     if cfg.positions != "sinusoidal":
-        return f"model.positions={cfg.positions}: MarianMT has fixed sinusoidal positions only; export a model trained with model.positions: sinusoidal"
+        return (
+            f"model.positions={cfg.positions}: MarianMT has fixed sinusoidal positions only; export a model trained "
+            "with model.positions: sinusoidal"
+        )
     size = cfg.d_model // cfg.heads
     if cfg.d_model % cfg.heads or (cfg.head_dim or size) != size or (cfg.value_dim or size) != size:
         return (
-            f"model.head_dim={cfg.head_dim} / model.value_dim={cfg.value_dim} with d_model={cfg.d_model} and heads={cfg.heads}: "
-            "MarianMT's heads are d_model / heads wide for queries, keys and values"
+            f"model.head_dim={cfg.head_dim} / model.value_dim={cfg.value_dim} with d_model={cfg.d_model} and "
+            f"heads={cfg.heads}: MarianMT's heads are d_model / heads wide for queries, keys and values"
         )
     return None
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer_mt.config import quote
-from transformer_mt.hf import HfError, brief
+from transformer_mt.hf.errors import HfError, brief
 from transformer_mt.text import Tokenizer
 
 VOCAB, TARGET_VOCAB, TOKENIZER_CONFIG = "vocab.json", "target_vocab.json", "tokenizer_config.json"
@@ -67,7 +67,8 @@ def read_vocab(path: Path) -> list[str]:
             or pieces[index] is not None
         ):
             raise HfError(
-                f"{path}: piece {quote(piece)} has id {quote(index)}; ids must be 0..{len(table) - 1}, each once (one embedding row per piece)"
+                f"{path}: piece {quote(piece)} has id {quote(index)}; ids must be 0..{len(table) - 1}, each once (one "
+                "embedding row per piece)"
             )
         pieces[index] = piece
     return [p for p in pieces if p is not None]
@@ -84,7 +85,8 @@ def special_pieces(tokenizer_config: dict[str, Any], *, path: Path) -> dict[str,
             piece = default
         if not isinstance(piece, str):
             raise HfError(
-                f"{path}: {key}={quote(value)} must be a piece (a string, or an object whose content is one); fix or re-save the tokenizer"
+                f"{path}: {key}={quote(value)} must be a piece (a string, or an object whose content is one); fix or "
+                "re-save the tokenizer"
             )
         out[key] = piece
     return out
@@ -118,8 +120,8 @@ def tokenizer_config(src_tok: Tokenizer, tgt_tok: Tokenizer, *, separate: bool, 
         piece = src_tok.id_to_piece(index)
         if key != "pad_token" and tgt_tok.id_to_piece(index) != piece:
             raise HfError(
-                f"{key}: the source piece {piece!r} and the target piece {tgt_tok.id_to_piece(index)!r} at id {index} differ; "
-                "MarianTokenizer has one of each for both sides"
+                f"{key}: the source piece {piece!r} and the target piece {tgt_tok.id_to_piece(index)!r} at id {index} "
+                "differ; MarianTokenizer has one of each for both sides"
             )
         out[key] = piece
     out["source_lang"], out["target_lang"] = None, None

@@ -35,7 +35,7 @@ import torch
 from torch import Tensor
 
 from transformer_mt.config import quote, quote_name
-from transformer_mt.hf import HfError, brief, require_safetensors
+from transformer_mt.hf.errors import HfError, brief, require_safetensors
 from transformer_mt.hf.vocab import MAX_CONFIG_BYTES, read_json
 from transformer_mt.model import Transformer, sinusoids
 
@@ -88,7 +88,8 @@ def open_weights(directory: Path) -> tuple[dict[str, Stored], str]:
     if (directory / PYTORCH_BIN).is_file():
         return _pytorch_bin(directory / PYTORCH_BIN), str(directory / PYTORCH_BIN)
     raise HfError(
-        f"{directory}: holds no {SAFETENSORS}, {SAFETENSORS_INDEX} or {PYTORCH_BIN}; give a directory written by save_pretrained"
+        f"{directory}: holds no {SAFETENSORS}, {SAFETENSORS_INDEX} or {PYTORCH_BIN}; give a directory written by "
+        "save_pretrained"
     )
 
 
@@ -98,7 +99,8 @@ def _safetensors_header(path: Path) -> dict[str, Stored]:
         length = int.from_bytes(handle.read(8), "little")
     if length > MAX_CONFIG_BYTES:
         raise HfError(
-            f"{path}: its header claims {length:,} bytes, more than the {MAX_CONFIG_BYTES:,} a model's tensor list needs; download it again"
+            f"{path}: its header claims {length:,} bytes, more than the {MAX_CONFIG_BYTES:,} a model's tensor list "
+            "needs; download it again"
         )
     try:
         handle = st.safe_open(
@@ -125,12 +127,14 @@ def _shards(directory: Path, index: Path) -> dict[str, Stored]:
     weight_map = read_json(index).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise HfError(
-            f"{index}: weight_map={quote(weight_map)} must be a non-empty object of tensor names and shard files; re-save the model with save_pretrained"
+            f"{index}: weight_map={quote(weight_map)} must be a non-empty object of tensor names and shard files; "
+            "re-save the model with save_pretrained"
         )
     for name, shard in weight_map.items():
         if not isinstance(shard, str):
             raise HfError(
-                f"{index}: weight_map gives tensor {quote_name(name)} the shard {quote(shard)}, not a file name; re-save the model"
+                f"{index}: weight_map gives tensor {quote_name(name)} the shard {quote(shard)}, not a file name; "
+                "re-save the model"
             )
     weights: dict[str, Stored] = {}
     for shard in sorted(set(weight_map.values())):
@@ -138,13 +142,15 @@ def _shards(directory: Path, index: Path) -> dict[str, Stored]:
             if weight_map.get(name) != shard:
                 where = "in no shard" if name not in weight_map else f"in {quote(weight_map[name])}"
                 raise HfError(
-                    f"{index}: shard {quote(shard)} holds tensor {quote_name(name)}, which weight_map puts {where}; re-save the model"
+                    f"{index}: shard {quote(shard)} holds tensor {quote_name(name)}, which weight_map puts {where}; "
+                    "re-save the model"
                 )
             weights[name] = tensor
     absent = sorted(set(weight_map) - set(weights))
     if absent:
         raise HfError(
-            f"{index}: tensor {quote_name(absent[0])} is not in its shard {quote(weight_map[absent[0]])} ({len(absent)} such); download every shard again"
+            f"{index}: tensor {quote_name(absent[0])} is not in its shard {quote(weight_map[absent[0]])} "
+            f"({len(absent)} such); download every shard again"
         )
     return weights
 
@@ -155,18 +161,21 @@ def _shard_path(directory: Path, shard: str, index: Path) -> Path:
     following its names could import any file of the machine)."""
     if shard in ("", ".", "..") or Path(shard).name != shard or "\\" in shard or "\0" in shard:
         raise HfError(
-            f"{index}: weight_map names the shard {quote(shard)}; a shard must be a file name in the model's directory, without a path"
+            f"{index}: weight_map names the shard {quote(shard)}; a shard must be a file name in the model's "
+            "directory, without a path"
         )
     path = directory / shard
     try:
         real, root = path.resolve(strict=True), directory.resolve(strict=True)
     except (OSError, RuntimeError):  # missing, or a loop of links
         raise HfError(
-            f"{index}: weight_map names the shard {quote(shard)}, which is not in the model's directory; download every shard"
+            f"{index}: weight_map names the shard {quote(shard)}, which is not in the model's directory; download "
+            "every shard"
         ) from None
     if real.parent != root:
         raise HfError(
-            f"{index}: weight_map names the shard {quote(shard)}, a link to a file outside the model's directory; copy the shard itself into it"
+            f"{index}: weight_map names the shard {quote(shard)}, a link to a file outside the model's directory; copy "
+            "the shard itself into it"
         )
     if not real.is_file():
         raise HfError(
@@ -178,7 +187,8 @@ def _shard_path(directory: Path, shard: str, index: Path) -> Path:
 def _pytorch_bin(path: Path) -> dict[str, Stored]:
     try:  # weights-only: no code in the pickle runs; mmap: the tensors' numbers stay in the file until read
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as exc:  # noqa: BLE001 - torch raises many types for a bad or unsafe pickle; all are one user error
+    except Exception as exc:  # noqa: BLE001
+        # torch raises many types for a bad or unsafe pickle; all are one user error
         raise HfError(
             f"{path}: cannot be loaded weights-only ({brief(exc)}); re-save it as model.safetensors"
         ) from None
@@ -251,7 +261,8 @@ def marian_layout(model: Transformer, stored: Collection[str]) -> Layout:
 
 def check_stored(stored: dict[str, Stored], layout: Layout, *, source: str) -> None:
     """Refuse, in one line naming the file and the tensor, a file whose tensors are not those of ``layout`` by
-    name, shape and dtype (a floating one); ``source``: the file that lists them (for a missing one). Reads no numbers."""
+    name, shape and dtype (a floating one); ``source``: the file that lists them (for a missing one). Reads no
+    numbers."""
     missing = sorted(layout.required - set(stored))
     if missing:
         raise HfError(
@@ -261,17 +272,20 @@ def check_stored(stored: dict[str, Stored], layout: Layout, *, source: str) -> N
     if surplus:
         first = stored[surplus[0]]
         raise HfError(
-            f"{first.file}: tensor {quote_name(surplus[0])} has no place in a MarianMT model of this config.json ({len(surplus)} such); tmt cannot import it"
+            f"{first.file}: tensor {quote_name(surplus[0])} has no place in a MarianMT model of this config.json "
+            f"({len(surplus)} such); tmt cannot import it"
         )
     for name in (n for n in layout.shapes if n in stored):  # the embeddings first, then layer by layer
         tensor, allowed = stored[name], layout.shapes[name]
         if tensor.shape not in allowed:
             raise HfError(
-                f"{tensor.file}: tensor {name} has shape {tensor.shape}, config.json implies {allowed[0]}; the file does not match it"
+                f"{tensor.file}: tensor {name} has shape {tensor.shape}, config.json implies {allowed[0]}; the file "
+                "does not match it"
             )
         if not tensor.floating:
             raise HfError(
-                f"{tensor.file}: tensor {name} is stored as {tensor.dtype}; MarianMT's weights are floating point (F32, F16 or BF16)"
+                f"{tensor.file}: tensor {name} is stored as {tensor.dtype}; MarianMT's weights are floating point "
+                "(F32, F16 or BF16)"
             )
 
 
@@ -295,7 +309,8 @@ def tmt_state(stored: dict[str, Stored], layout: Layout, model: Transformer) -> 
         for name in tables:
             if not torch.allclose(read(name), expected, atol=1e-4):
                 raise HfError(
-                    f"{stored[name].file}: {name} is not MarianMT's sinusoid table; tmt imports models with fixed sinusoidal positions only"
+                    f"{stored[name].file}: {name} is not MarianMT's sinusoid table; tmt imports models with fixed "
+                    "sinusoidal positions only"
                 )
     return out
 
@@ -373,7 +388,8 @@ def marian_state(model: Transformer) -> dict[str, Tensor]:
 
 def _output_bias(model: Transformer) -> Tensor:
     """(V,) MarianMT's final_logits_bias: tmt's output bias (zeros without model.output_bias); with
-    model.restrict_output, -1e9 on the pieces not kept, whose probability is then exactly 0 in float32, as tmt's -inf."""
+    model.restrict_output, -1e9 on the pieces not kept, whose probability is then exactly 0 in float32, as tmt's
+    -inf."""
     bias = model.output_proj.bias
     full = torch.zeros(model.tgt_vocab_size) if bias is None else bias.detach().float().cpu()
     if model.output_ids is None:
