@@ -9,7 +9,7 @@ import json
 import pytest
 
 from transformer_mt.runtime import forward_flops
-from transformer_mt.training import Trainer, update_schedule
+from transformer_mt.training import Trainer, set_up, update_schedule
 
 pytestmark = pytest.mark.slow
 
@@ -36,10 +36,10 @@ def test_summary_reports_flops_of_the_batches_trained_on(pairs64, spm_model, tmp
         "model.heads=2",
         "model.d_ff=32",
     )
-    trainer = Trainer(cfg, resume=False)
+    trainer = Trainer(set_up(cfg, resume=False))
     trainer.run()
     # Independently: replay the schedule, build every batch, count 3 x forward at its padded shape.
-    vocab = trainer.tgt_tok.vocab_size
+    vocab = trainer.parts.state.tokenizers[1].vocab_size
     expected_flops = expected_tokens = 0
     for u in itertools.islice(update_schedule(trainer.train_data, cfg.train, world_size=1), 6):
         for idx in u.batches:
@@ -84,7 +84,7 @@ def test_tensorboard_gets_the_same_scalars(pairs64, spm_model, tmp_path):
         "model.heads=2",
         "model.d_ff=32",
     )
-    Trainer(cfg, resume=False).run()
+    Trainer(set_up(cfg, resume=False)).run()
     events = EventAccumulator(str(tmp_path / "run" / "tensorboard"))
     events.Reload()
     train = [r for r in records(tmp_path / "run") if r["kind"] == "train"]

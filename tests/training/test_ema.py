@@ -4,6 +4,7 @@ tiny run whose validation, checkpoints, decoding, averaging and exact resume use
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import pytest
 import torch
@@ -83,12 +84,14 @@ def test_ema_equals_a_running_average_by_hand(dtype):
     # applied(): the average inside (rounded to the parameter dtype), the raw weights bit for bit after
     raw = [model.a.detach().clone(), model.c.detach().clone()]
     with ema.applied() as inside:
-        assert torch.equal(inside.a, got["a"].to(dtype)) and torch.equal(inside.c, got["c"].to(dtype))
+        assert torch.equal(cast(torch.Tensor, inside.a), got["a"].to(dtype))
+        assert torch.equal(cast(torch.Tensor, inside.c), got["c"].to(dtype))
     assert torch.equal(model.a, raw[0]) and torch.equal(model.c, raw[1])
 
 
 def test_ema_state_round_trip_continues_the_warm_up():
-    """4 updates, state_dict into a fresh EMA, 4 more == 8 updates in one EMA, bit for bit (the count drives the warm-up)."""
+    """4 updates, state_dict into a fresh EMA, 4 more == 8 updates in one EMA, bit for bit (the count drives the
+    warm-up)."""
     steps = [torch.randn(3, generator=torch.Generator().manual_seed(k)) for k in range(8)]
 
     def run(model: Tied, ema: EMA, values: list) -> None:
@@ -133,7 +136,8 @@ def load_model(state: dict, tok: Tokenizer, weights: dict) -> Transformer:
 
 
 def ema_weights(state: dict) -> dict:
-    """The raw state_dict with every parameter the EMA holds replaced by its average (built here, not by checkpoint.py)."""
+    """The raw state_dict with every parameter the EMA holds replaced by its average (built here, not by
+    checkpoint.py)."""
     return {name: state["ema"]["weights"].get(name, tensor) for name, tensor in state["model"].items()}
 
 
@@ -226,8 +230,8 @@ def test_ema_asked_of_a_checkpoint_without_it_is_one_line(spm_model, tmp_path, c
     code, out, err = run_cli(["translate", "-c", ckpt, src, "--weights", "ema", "--device", "cpu"], capsys)
     assert code == 2 and out == ""
     assert (
-        err
-        == f"tmt: error: {ckpt}: --weights ema, but the checkpoint holds no EMA weights (train.ema_decay was 0); use --weights raw\n"
+        err == f"tmt: error: {ckpt}: --weights ema, but the checkpoint holds no EMA weights (train.ema_decay was 0); "
+        "use --weights raw\n"
     )
     code, _, err = run_cli(["translate", "-c", ckpt, src, "--weights", "best", "--device", "cpu"], capsys)
     assert code == 2 and err == "tmt: error: --weights best: choose one of ema, raw\n"
@@ -272,8 +276,8 @@ def test_inspect_loads_the_ema_weights_that_translate_decodes_with(ema_run):
 
 @pytest.mark.slow
 def test_resume_with_ema_is_exact(pairs64, spm_model, tmp_path):
-    """4 + 4 updates == 8 updates, bit for bit: weights, optimizer moments and the EMA (weights and count), with dropout and
-    validations (which swap the EMA weights in and out) on the way."""
+    """4 + 4 updates == 8 updates, bit for bit: weights, optimizer moments and the EMA (weights and count), with
+    dropout and validations (which swap the EMA weights in and out) on the way."""
     common = [*TINY, "train.ema_decay=0.9", "model.dropout=0.1", "train.validate_every=2"]
     train(run_config(pairs64, spm_model, tmp_path / "a", *common, "train.max_updates=8"))
     train(run_config(pairs64, spm_model, tmp_path / "b", *common, "train.max_updates=4"))

@@ -12,8 +12,7 @@ import torch
 from tests.conftest import run_cli
 from transformer_mt.checkpoint import config_from_checkpoint, load_checkpoint, tokenizers_from_checkpoint
 from transformer_mt.config import ConfigError, to_dict
-from transformer_mt.training import Trainer, train
-from transformer_mt.training.setup import train_config_from_cli
+from transformer_mt.training import Trainer, set_up, train, train_config_from_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -21,7 +20,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 def _yaml(
     tmp_path: Path, corpus: dict[str, Path], out: Path, *, model: dict | None = None, train_extra: dict | None = None
 ) -> Path:
-    """A fine-tuning config as a user writes it: data and training only (the model and tokenizer come from the checkpoint)."""
+    """A fine-tuning config as a user writes it: data and training only (the model and tokenizer come from the
+    checkpoint)."""
     cfg = {
         "data": {
             "train_src": str(corpus["train.en"]),
@@ -71,12 +71,12 @@ def test_a_fine_tuning_run_starts_from_the_checkpoint_with_a_fresh_optimizer(
         **{**vars(saved.model), "dropout": 0.2}
     )  # its architecture, the config's dropout
     assert cfg.tokenizer == saved.tokenizer and cfg.train.init_from == str(tiny_checkpoint_postnorm)
-    trainer = Trainer(cfg, resume=False)
+    trainer = Trainer(set_up(cfg, resume=False))
     try:
         for name, tensor in trainer.model.state_dict().items():
             assert torch.equal(tensor, init["model"][name]), name
         assert trainer.progress.update == 0 and not trainer.state.optimizer.state
-        assert (trainer.src_tok, trainer.tgt_tok) == tokenizers_from_checkpoint(init, saved)
+        assert trainer.parts.state.tokenizers == tokenizers_from_checkpoint(init, saved)
     finally:
         trainer.close()
 

@@ -24,7 +24,17 @@ from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import ConfigError
 from transformer_mt.data import DataError
 from transformer_mt.evaluation import ValidationError
-from transformer_mt.training import MAX_NONFINITE_UPDATES, RunLock, RunLog, Trainer, TrainError, resumed_config, train
+from transformer_mt.training import (
+    MAX_NONFINITE_UPDATES,
+    RunLock,
+    RunLog,
+    Trainer,
+    TrainError,
+    UpdateStats,
+    resumed_config,
+    set_up,
+    train,
+)
 from transformer_mt.training import policy as policy_module
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
@@ -62,7 +72,7 @@ def write_config(path: Path, pairs64, spm_model, out: Path, *extra: str) -> Path
 def stop_at(update: int):
     """An on_update callback that kills the run after `update` updates (KeyboardInterrupt: no handler saves)."""
 
-    def callback(u: int, _stats: dict) -> None:
+    def callback(u: int, _stats: UpdateStats) -> None:
         if u == update:
             raise KeyboardInterrupt
 
@@ -103,11 +113,11 @@ def test_resume_takes_a_numbered_checkpoint_newer_than_last_and_skips_a_broken_o
     shutil.copyfile(
         run / "checkpoint_2.pt", run / "checkpoint_last.pt"
     )  # killed before last was renamed at updates 3 and 4
-    trainer = Trainer(resumed_config(run, []), resume=True)
-    assert trainer.progress.update == 4 and trainer.resumed_from == run / "checkpoint_4.pt"
+    trainer = Trainer(set_up(resumed_config(run, []), resume=True))
+    assert trainer.progress.update == 4 and trainer.parts.resumed_from == run / "checkpoint_4.pt"
     trainer.close()
     (run / "checkpoint_4.pt").write_bytes((run / "checkpoint_4.pt").read_bytes()[:1000])  # torn by a disk error
-    trainer = Trainer(resumed_config(run, []), resume=True)
+    trainer = Trainer(set_up(resumed_config(run, []), resume=True))
     assert trainer.progress.update == 3 and "skipping checkpoint_4.pt" in (run / "train.log").read_text()
     trainer.close()
 
@@ -216,7 +226,7 @@ def test_validation_pairs_longer_than_the_model_are_left_out_and_counted(pairs64
     assert result.progress.last_validated == 2 and "val_bleu" in result.last_validation
 
 
-# ---------------------------------------------------------------- best before last; signals in a validation and the final save
+# ------------------------------------------------------- best before last; signals in a validation and the final save
 def test_best_is_written_before_last(pairs64, spm_model, tmp_path, monkeypatch):
     run = tmp_path / "run"
     real_save, real_copy = policy_module.save_checkpoint, policy_module.copy_checkpoint
@@ -264,7 +274,7 @@ def _train_and_sigterm_in_final_validation(cfg_path: str) -> None:
             time.sleep(5)  # a long validation; the signal must cut it short
         return real_validate(self)
 
-    Trainer.validate = validate
+    Trainer.validate = validate  # type: ignore[method-assign]
     from transformer_mt.cli import main
 
     try:
@@ -294,7 +304,7 @@ def _sigint_in_validation(trainer: Trainer, monkeypatch, *, at_update: int, wher
     batch's decoder pass ("batch")."""
     armed = []
 
-    def on_update(update: int, _stats: dict) -> None:
+    def on_update(update: int, _stats: UpdateStats) -> None:
         if update == at_update:
             armed.append(True)
 
@@ -333,7 +343,7 @@ def test_a_stop_during_a_validation_leaves_checkpoint_last_resumable_exactly(
         "train.max_updates=6",
     ]
     train(config(pairs64, spm_model, tmp_path / "a", *common))
-    trainer = Trainer(config(pairs64, spm_model, tmp_path / "b", *common), resume=False)
+    trainer = Trainer(set_up(config(pairs64, spm_model, tmp_path / "b", *common), resume=False))
     _sigint_in_validation(trainer, monkeypatch, at_update=4, where=where)
     result = trainer.run()
     monkeypatch.undo()
@@ -376,10 +386,12 @@ def test_changed_optimizer_settings_are_applied_and_said(pairs64, spm_model, tmp
     train(config(pairs64, spm_model, run, "train.max_updates=3"))
     saved = load_checkpoint(run / "checkpoint_last.pt")["optimizer"]
     trainer = Trainer(
-        resumed_config(
-            run, ["train.weight_decay=0.01", "train.optimizer_betas=[0.9, 0.99]", "train.optimizer_eps=1e-6"]
-        ),
-        resume=True,
+        set_up(
+            resumed_config(
+                run, ["train.weight_decay=0.01", "train.optimizer_betas=[0.9, 0.99]", "train.optimizer_eps=1e-6"]
+            ),
+            resume=True,
+        )
     )
     try:
         opt = trainer.optimizer
@@ -411,14 +423,14 @@ def test_changed_batching_restarts_the_epoch_and_says_so(pairs64, spm_model, tmp
     assert (
         result.progress.epoch == 1 and result.progress.batch_in_epoch == 3
     )  # 64 pairs in 300-token batches: mid-epoch
-    trainer = Trainer(resumed_config(run, ["train.max_tokens=500"]), resume=True)
+    trainer = Trainer(set_up(resumed_config(run, ["train.max_tokens=500"]), resume=True))
     assert trainer.progress.batch_in_epoch == 0 and trainer.progress.epoch == 1
     trainer.close()
     assert (
         "the batching changed since the checkpoint (max_tokens 300 -> 500): epoch 1 starts again"
         in (run / "train.log").read_text()
     )
-    trainer = Trainer(resumed_config(run, []), resume=True)  # unchanged: the position holds
+    trainer = Trainer(set_up(resumed_config(run, []), resume=True))  # unchanged: the position holds
     assert trainer.progress.batch_in_epoch == 3
     trainer.close()
 
@@ -541,6 +553,7 @@ def test_sigkill_at_random_moments_leaves_a_resumable_run(pairs64, spm_model, tm
         ):
             time.sleep(0.01)  # until this process has saved a checkpoint of its own
         time.sleep(rng.uniform(0.0, 0.3))  # then a random moment: inside an update, a save, a validation, a prune
+        assert child.pid is not None
         os.kill(child.pid, signal.SIGKILL)
         child.join()
         assert child.exitcode == -signal.SIGKILL, f"kill {kill}: the child ended by itself ({child.exitcode})"

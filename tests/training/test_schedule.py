@@ -11,7 +11,15 @@ import torch
 
 from tests.conftest import run_config
 from transformer_mt.config import TrainConfig
-from transformer_mt.training import Trainer, budget_fraction, build_scheduler, resumed_config, wsd_lr
+from transformer_mt.training import (
+    Trainer,
+    UpdateStats,
+    budget_fraction,
+    build_scheduler,
+    resumed_config,
+    set_up,
+    wsd_lr,
+)
 from transformer_mt.training import trainer as train_module
 
 PEAK, WARMUP, COOLDOWN = 1e-3, 10, 0.2
@@ -20,7 +28,8 @@ PEAK, WARMUP, COOLDOWN = 1e-3, 10, 0.2
 def expected_wsd(
     update: int, fraction: float, *, peak: float = PEAK, warmup: int = WARMUP, cooldown: float = COOLDOWN
 ) -> float:
-    """The schedule written out piece by piece (warm-up, stable, cool-down, after the budget), apart from optim.py's min() form."""
+    """The schedule written out piece by piece (warm-up, stable, cool-down, after the budget), apart from optim.py's
+    min() form."""
     rate = peak * update / warmup if update < warmup else peak
     if fraction >= 1.0:
         return 0.0
@@ -154,7 +163,7 @@ def by_hand(update: int) -> float:
 def test_a_run_cools_to_zero_at_the_end_of_its_budget(pairs64, spm_model, tmp_path, fake_clock, budget):
     rates = []
     cfg = run_config(pairs64, spm_model, tmp_path / "run", *TINY, *WSD, *budget_options(budget))
-    trainer = fake_clock(Trainer(cfg, resume=False, on_update=lambda u, s: rates.append(s["lr"])))
+    trainer = fake_clock(Trainer(set_up(cfg, resume=False), on_update=lambda u, s: rates.append(s.lr)))
     result = trainer.run()
     assert result.progress.update == 20 and ("max_time" if budget == "time" else "max_updates") in result.stop_reason
     assert rates == pytest.approx([by_hand(u) for u in range(1, 21)], abs=1e-12)
@@ -176,27 +185,25 @@ def test_resume_keeps_the_schedule_continuous(pairs64, spm_model, tmp_path, fake
     straight, first, second = [], [], []
     fake_clock(
         Trainer(
-            run_config(pairs64, spm_model, tmp_path / "a", *TINY, *WSD, *budget_options(budget)),
-            resume=False,
-            on_update=lambda u, s: straight.append(s["lr"]),
+            set_up(run_config(pairs64, spm_model, tmp_path / "a", *TINY, *WSD, *budget_options(budget)), resume=False),
+            on_update=lambda u, s: straight.append(s.lr),
         )
     ).run()
 
-    def stop_after_14(update: int, stats: dict) -> None:  # inside the cool-down, which starts half-way
-        first.append(stats["lr"])
+    def stop_after_14(update: int, stats: UpdateStats) -> None:  # inside the cool-down, which starts half-way
+        first.append(stats.lr)
         if update == 14:
             interrupted.stopping.request()  # as a SIGINT would: save checkpoint_last.pt and stop
 
     interrupted = fake_clock(
         Trainer(
-            run_config(pairs64, spm_model, tmp_path / "b", *TINY, *WSD, *budget_options(budget)),
-            resume=False,
+            set_up(run_config(pairs64, spm_model, tmp_path / "b", *TINY, *WSD, *budget_options(budget)), resume=False),
             on_update=stop_after_14,
         )
     )
     assert interrupted.run().stop_reason == "interrupted"
     resumed = fake_clock(
-        Trainer(resumed_config(tmp_path / "b", []), resume=True, on_update=lambda u, s: second.append(s["lr"]))
+        Trainer(set_up(resumed_config(tmp_path / "b", []), resume=True), on_update=lambda u, s: second.append(s.lr))
     )
     assert resumed.scheduler.lr == pytest.approx(straight[14], abs=1e-15)  # the restored rate of update 15
     resumed.run()

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import cast
 
 import pytest
 import torch
@@ -45,7 +46,7 @@ def test_tiny_model_overfits_64_real_pairs(pairs64, spm_model, tmp_path):
         "train.log_every=50",
     )
     losses = []
-    result = train(cfg, on_update=lambda update, s: losses.append(s["loss"] / s["ntokens"]))
+    result = train(cfg, on_update=lambda update, s: losses.append(float(s.loss) / s.tokens))
     assert result.progress.update == 400
     assert losses[0] > 5.0, "an untrained model starts near log(vocab)"
     assert sum(losses[-10:]) / 10 < 0.15, f"training loss should fall near 0, got {losses[-10:]}"
@@ -150,7 +151,8 @@ def test_metrics_jsonl_follows_the_documented_schema(pairs64, spm_model, tmp_pat
     assert [r["best"] for r in by_kind["valid"]] == [all(x < y for y in losses[:i]) for i, x in enumerate(losses)]
     walls = [r["wall"] for r in records]
     assert walls == sorted(walls) and walls[0] >= 0
-    # the summary: two epochs of the 64 pairs, each target counted as its pieces + EOS (from the tokenizer, not the trainer)
+    # the summary: two epochs of the 64 pairs, each target counted as its pieces + EOS (from the tokenizer, not the
+    # trainer)
     summary = by_kind["summary"][0]
     tok = Tokenizer(spm_model)
     per_epoch = sum(len(ids) + 1 for ids in tok.encode(head(pairs64["train.de"], 64)))
@@ -203,17 +205,17 @@ def test_resume_gives_the_same_parameters_and_losses(pairs64, spm_model, tmp_pat
     straight, first, second = [], [], []
     train(
         tiny_config(pairs64, spm_model, tmp_path / "a", *common, "train.max_updates=20"),
-        on_update=lambda u, s: straight.append(s["loss"]),
+        on_update=lambda u, s: straight.append(float(s.loss)),
     )
     res = train(
         tiny_config(pairs64, spm_model, tmp_path / "b", *common, "train.max_updates=10"),
-        on_update=lambda u, s: first.append(s["loss"]),
+        on_update=lambda u, s: first.append(float(s.loss)),
     )
     assert res.progress.update == 10 and res.progress.epoch >= 1
     from transformer_mt.training import resumed_config
 
     cfg = resumed_config(tmp_path / "b", ["train.max_updates=20"])
-    train(cfg, resume=True, on_update=lambda u, s: second.append(s["loss"]))
+    train(cfg, resume=True, on_update=lambda u, s: second.append(float(s.loss)))
     assert len(straight) == 20 and len(first) + len(second) == 20
     assert first + second == pytest.approx(straight, rel=1e-6, abs=1e-6)
     a = load_checkpoint(tmp_path / "a" / "checkpoint_last.pt")["model"]
@@ -263,9 +265,8 @@ def test_failed_save_keeps_the_last_good_checkpoint(pairs64, spm_model, tmp_path
 
     def flaky_save(obj, f, *args, **kwargs):
         calls["n"] += 1
-        if (
-            calls["n"] > 1
-        ):  # the save of update 4 succeeds (one serialisation named best, numbered and last); the disk fills at update 8
+        # the save of update 4 succeeds (one serialisation named best, numbered and last); the disk fills at update 8
+        if calls["n"] > 1:
             f.write(b"partial bytes")
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_save(obj, f, *args, **kwargs)
@@ -400,7 +401,7 @@ def test_empty_lines_and_long_pairs_are_dropped_and_counted(tmp_path, pairs64, s
 def test_gradients_reach_adam_clipped_only_when_clip_norm_is_set(corpus_slice, spm_model, tmp_path, clip):
     """The norm Adam sees: with train.clip_norm the total norm is rescaled to it (torch's rule, computed here
     from the gradients themselves); without, the gradients are untouched."""
-    from transformer_mt.training import Trainer
+    from transformer_mt.training import Trainer, set_up
 
     cfg = tiny_config(
         corpus_slice,
@@ -411,17 +412,17 @@ def test_gradients_reach_adam_clipped_only_when_clip_norm_is_set(corpus_slice, s
         "train.validate_every=100",
         "train.valid_bleu_sentences=-1",
     )
-    trainer = Trainer(cfg, resume=False)
+    trainer = Trainer(set_up(cfg, resume=False))
     seen, step = [], trainer.optimizer.step
 
     def recording_step(*args, **kwargs):
         grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
-        seen.append(float(torch.sqrt(sum((g.double() ** 2).sum() for g in grads))))
+        seen.append(float(torch.sqrt(cast(torch.Tensor, sum((g.double() ** 2).sum() for g in grads)))))
         return step(*args, **kwargs)
 
-    trainer.optimizer.step = recording_step
+    trainer.optimizer.step = recording_step  # type: ignore[method-assign]
     norms = []
-    trainer.on_update = lambda update, stats: norms.append(stats["gnorm"])
+    trainer.on_update = lambda update, stats: norms.append(stats.gnorm)
     trainer.run()
     assert len(seen) == 3
     for before, after in zip(norms, seen):
@@ -447,17 +448,17 @@ def test_marian_options_train_and_resume(pairs64, spm_model, tmp_path):
     straight, first, second = [], [], []
     train(
         tiny_config(pairs64, spm_model, tmp_path / "a", *common, "train.max_updates=6"),
-        on_update=lambda u, s: straight.append(s["loss"]),
+        on_update=lambda u, s: straight.append(float(s.loss)),
     )
     train(
         tiny_config(pairs64, spm_model, tmp_path / "b", *common, "train.max_updates=3"),
-        on_update=lambda u, s: first.append(s["loss"]),
+        on_update=lambda u, s: first.append(float(s.loss)),
     )
     from transformer_mt.training import resumed_config
 
     cfg = resumed_config(tmp_path / "b", ["train.max_updates=6"])
     assert (cfg.model.activation, cfg.model.position_layout, cfg.model.output_bias) == ("swish", "halves", True)
-    train(cfg, resume=True, on_update=lambda u, s: second.append(s["loss"]))
+    train(cfg, resume=True, on_update=lambda u, s: second.append(float(s.loss)))
     assert first + second == pytest.approx(straight, rel=1e-6, abs=1e-6) and len(straight) == 6
     a = load_checkpoint(tmp_path / "a" / "checkpoint_last.pt")["model"]
     b = load_checkpoint(tmp_path / "b" / "checkpoint_last.pt")["model"]

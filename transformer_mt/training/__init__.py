@@ -13,11 +13,13 @@ from transformer_mt.training.optim import (
     wsd_lr,
 )
 from transformer_mt.training.policy import CheckpointPolicy, newest_checkpoint
+from transformer_mt.training.run import Run, TrainError
+from transformer_mt.training.run_config import resumed_config, train_config_from_cli
 from transformer_mt.training.rundir import RunDirError, RunLock
 from transformer_mt.training.runlog import RunLog
-from transformer_mt.training.setup import TrainError, resumed_config
+from transformer_mt.training.setup import set_up
 from transformer_mt.training.state import Batching, Progress, TrainResult, TrainState
-from transformer_mt.training.step import UpdateBatches, target_tokens, update_schedule
+from transformer_mt.training.step import UpdateBatches, UpdateStats, target_tokens, update_schedule
 from transformer_mt.training.stopping import MAX_NONFINITE_UPDATES, Stopping
 from transformer_mt.training.tensorboard import TensorBoardLog
 from transformer_mt.training.trainer import Trainer, train, train_from_cli
@@ -28,6 +30,7 @@ __all__ = [
     "Batching",
     "CheckpointPolicy",
     "Progress",
+    "Run",
     "RunDirError",
     "RunLock",
     "RunLog",
@@ -39,6 +42,7 @@ __all__ = [
     "TrainState",
     "Trainer",
     "UpdateBatches",
+    "UpdateStats",
     "budget_fraction",
     "build_optimizer",
     "build_scheduler",
@@ -48,8 +52,10 @@ __all__ = [
     "noam_lr",
     "param_groups",
     "resumed_config",
+    "set_up",
     "target_tokens",
     "train",
+    "train_config_from_cli",
     "train_from_cli",
     "update_schedule",
     "wsd_lr",

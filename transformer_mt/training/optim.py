@@ -138,7 +138,8 @@ class Scheduler:
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, train_cfg: TrainConfig, *, d_model: int) -> Scheduler:
-    """The schedule named by ``train_cfg.lr_schedule`` (noam, inverse_sqrt, linear or wsd), already applied for update 1."""
+    """The schedule named by ``train_cfg.lr_schedule`` (noam, inverse_sqrt, linear or wsd), already applied for
+    update 1."""
     if train_cfg.lr_schedule == "noam":
         fn = functools.partial(noam_lr, d_model=d_model, warmup=train_cfg.warmup_updates, scale=train_cfg.lr_scale)
     elif train_cfg.lr_schedule == "inverse_sqrt":

@@ -90,7 +90,8 @@ def newest_checkpoint(
     run_dir = Path(run_dir)
     if run_dir.is_file():
         raise RunDirError(
-            f"--resume {run_dir}: give the run directory (train.out_dir), not a checkpoint file; the newest checkpoint in it is found for you"
+            f"--resume {run_dir}: give the run directory (train.out_dir), not a checkpoint file; the newest checkpoint "
+            "in it is found for you"
         )
     if not run_dir.is_dir():
         raise RunDirError(f"--resume {run_dir}: no such run directory; give the train.out_dir of the run to continue")

@@ -20,6 +20,7 @@ import errno
 import os
 import re
 import stat
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformer_mt.checkpoint import numbered_checkpoints
@@ -65,7 +66,8 @@ class RunLock:
         if not _PID_LINE.fullmatch(content):  # never truncate what another program wrote under this name
             os.close(fd)
             raise RunDirError(
-                f"{self.path}: exists and is not a tmt lock file (a pid line); move it away, or set train.out_dir to another directory"
+                f"{self.path}: exists and is not a tmt lock file (a pid line); move it away, or set train.out_dir to "
+                "another directory"
             )
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -76,6 +78,36 @@ class RunLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+@dataclass
+class RunDir:
+    """The run directory as this process holds it: on rank 0 (`open`) its lock, and the previous run's checkpoints
+    that --overwrite removes once the new run has passed every check; on the other ranks neither."""
+
+    path: Path
+    lock: RunLock | None = None
+    old_run: list[Path] = field(default_factory=list)  # for remove_old_run
+
+    @classmethod
+    def open(cls, out: Path, *, resume: bool, overwrite: bool) -> RunDir:
+        """Create and lock the directory before anything is written there, remove the temporaries of killed writers,
+        and for a new run refuse a run already there unless `overwrite` (check_new_run)."""
+        out.mkdir(parents=True, exist_ok=True)
+        lock = RunLock(out)  # the holder's pid names a second process
+        try:
+            remove_stale_temporaries(out)
+            old_run = [] if resume else check_new_run(out, overwrite=overwrite)
+        except BaseException:
+            lock.release()
+            raise
+        return cls(out, lock, old_run)
+
+    def release(self) -> None:
+        """Release the lock: the directory is free for another `tmt train`."""
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
 
 def _open_lock_file(path: Path) -> int:
@@ -91,13 +123,15 @@ def _open_lock_file(path: Path) -> int:
         if fd >= 0:
             os.close(fd)
         raise RunDirError(
-            f"{path}: is not a regular file (a symlink, directory or device); remove it, or set train.out_dir to another directory"
+            f"{path}: is not a regular file (a symlink, directory or device); remove it, or set train.out_dir to "
+            "another directory"
         )
     return fd
 
 
 def run_checkpoints(out_dir: str | os.PathLike) -> list[Path]:
-    """The checkpoints a run wrote into ``out_dir``: last, best and numbered ones (other .pt files are not the run's)."""
+    """The checkpoints a run wrote into ``out_dir``: last, best and numbered ones (other .pt files are not the
+    run's)."""
     out_dir = Path(out_dir)
     return [out_dir / name for name in NAMED if (out_dir / name).is_file()] + numbered_checkpoints(out_dir)
 

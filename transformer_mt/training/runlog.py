@@ -62,9 +62,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from transformer_mt.runtime import flops
 from transformer_mt.text import name_write_errors
 from transformer_mt.training.state import Progress
+from transformer_mt.training.step import UpdateStats
 
 if TYPE_CHECKING:  # imported when a bar is shown: a terminal only
     from tqdm import tqdm
@@ -124,7 +127,8 @@ class RunLog:
             self.bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{rec['lr']:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}")
         else:
             self.log(
-                f"update {update} epoch {epoch}: loss {rec['loss']:.3f} ppl {rec['ppl']:.2f} lr {rec['lr']:.3e} {rec['tokens_per_s']:.0f} tgt tok/s"
+                f"update {update} epoch {epoch}: loss {rec['loss']:.3f} ppl {rec['ppl']:.2f} lr {rec['lr']:.3e} "
+                f"{rec['tokens_per_s']:.0f} tgt tok/s"
             )
 
     def valid(self, *, update: int, epoch: int, wall: float, val: dict[str, float], best: bool, seconds: float) -> None:
@@ -180,7 +184,8 @@ class RunLog:
         self.log(flops.format_cost(cost, tokens=p.tokens, wall_seconds=p.elapsed))
         if interrupted:
             self.log(
-                f"interrupted at update {p.update}: saved {out / 'checkpoint_last.pt'}; continue with `tmt train --resume {out}`"
+                f"interrupted at update {p.update}: saved {out / 'checkpoint_last.pt'}; "
+                f"continue with `tmt train --resume {out}`"
             )
         else:
             self.log(f"stopped at update {p.update} (epoch {p.epoch}): {reason}; checkpoints in {out}")
@@ -240,7 +245,9 @@ class Window:
         self.reset()
 
     def reset(self) -> None:
-        self.loss = self.nll = self.tokens = 0.0
+        self.loss: torch.Tensor | float = 0.0  # summed on the device when the updates' sums are device tensors
+        self.nll: torch.Tensor | float = 0.0
+        self.tokens = 0.0
         self.updates = 0
         self.lr = self.gnorm = 0.0
         self.tic = time.perf_counter()
@@ -255,14 +262,14 @@ class Window:
         finally:
             self.excluded += time.perf_counter() - tic
 
-    def add(self, s: dict[str, float]) -> None:
-        """Count one update's stats (`step.run_update`: loss and nll summed over its tokens, ntokens, lr, gnorm).
-        loss and nll may be device tensors: summed there, read once per window by flush()."""
-        self.loss += s["loss"]
-        self.nll += s["nll"]
-        self.tokens += s["ntokens"]
+    def add(self, stats: UpdateStats) -> None:
+        """Count one update's stats. Its loss and nll may be device tensors: summed there, read once per window by
+        flush()."""
+        self.loss += stats.loss
+        self.nll += stats.nll
+        self.tokens += stats.tokens
         self.updates += 1
-        self.lr, self.gnorm = s["lr"], s["gnorm"]
+        self.lr, self.gnorm = stats.lr, stats.gnorm
 
     def flush(self) -> dict[str, float]:
         """The window's fields of a "train" record (all but update, epoch and wall); starts a new window."""

@@ -36,7 +36,7 @@ class Batching:
     """What the epoch batch lists depend on besides the epoch. Saved as the text "data=D max_tokens=M seed=S
     subword=A/N" (`to_text`, read back by `parse`: the one place that reads it), the form every checkpoint has."""
 
-    data: str  # the encoded training corpus: its cache's name (the cache key covers the files, the tokenizer and the length filters)
+    data: str  # the encoded training corpus: its cache's name (its key covers the files, tokenizer, length filters)
     max_tokens: int  # train.max_tokens
     seed: int  # train.seed: the shuffle of every epoch
     subword_alpha: float  # data.subword_alpha, at the text's precision (%g), so that a saved one compares equal
@@ -74,7 +74,8 @@ class Batching:
             )
         except (KeyError, ValueError):
             raise CheckpointError(
-                f"progress.batching {text!r} is not 'data=... max_tokens=... seed=... subword=A/N'; the checkpoint is damaged, resume from another one"
+                f"progress.batching {text!r} is not 'data=... max_tokens=... seed=... subword=A/N'; the checkpoint is "
+                "damaged, resume from another one"
             ) from None
 
     def changes(self, now: Batching) -> list[str]:
@@ -190,7 +191,8 @@ class TrainState:
         elif self.ema is not None:
             self.ema.reset()
             log(
-                f"train.ema_decay={self.train_cfg.ema_decay:g}: {source} holds no EMA weights; the average starts from its weights"
+                f"train.ema_decay={self.train_cfg.ema_decay:g}: {source} holds no EMA weights; the average starts from "
+                "its weights"
             )
         self.progress = Progress.from_state_dict(state["progress"])
         if restore_rng:

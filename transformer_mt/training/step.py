@@ -46,6 +46,22 @@ Corpus = (
 
 
 @dataclass(frozen=True)
+class UpdateStats:
+    """What one update reports (`run_update`): the log's window sums it (runlog.Window), the NaN guard counts its
+    norm (stopping.Divergence), the progress adds its tokens and seconds, and an `on_update` hook receives it.
+
+    `loss` and `nll` are sums over the update's target tokens and all ranks: device scalars, which the log reads on
+    the host once per window, or floats when the update was asked for them on the host (`host_stats`)."""
+
+    loss: torch.Tensor | float  # label-smoothed cross-entropy (the optimised objective), summed
+    nll: torch.Tensor | float  # cross-entropy without smoothing, summed
+    tokens: int  # target tokens of the whole update (pieces + EOS, all ranks)
+    lr: float  # the learning rate the update ran with
+    gnorm: float  # the gradient norm before clipping; not finite: the update was skipped (the NaN guard)
+    seconds: float  # host seconds inside the update
+
+
+@dataclass(frozen=True)
 class UpdateBatches:
     """The global batches of one update: consecutive batches of its epoch's list."""
 
@@ -59,7 +75,8 @@ class UpdateBatches:
         return self.batches[rank::world_size]
 
     def rank_batches(self, data: Corpus, rank: int, world_size: int) -> tuple[list[Batch], Batch | None]:
-        """Rank r's Batches of this update (its share), and with none the filler it runs with weight 0: the update's first batch."""
+        """Rank r's Batches of this update (its share), and with none the filler it runs with weight 0: the update's
+        first batch."""
         mine = self.share(rank, world_size)
         return [data.get_batch(idx) for idx in mine], None if mine else data.get_batch(self.batches[0])
 
@@ -132,12 +149,11 @@ def run_update(
     device: torch.device,
     host_stats: bool,
     log: Callable[[str], None],
-) -> dict:
+) -> UpdateStats:
     """One optimizer update of `state` over this rank's `batches`, run through `module` (the loss module, DDP-wrapped
     in a data-parallel run). `filler`: what a rank without a batch runs, with weight 0; `ntokens`: the whole
-    update's target tokens (`target_tokens`), None: summed across ranks here; `host_stats`: "loss" and "nll" as
-    floats (for an `on_update` hook). Returns the update's stats: "loss" and "nll" summed over all ranks (device
-    tensors; floats with `host_stats`), "ntokens", "lr", "gnorm", "seconds"."""
+    update's target tokens (`target_tokens`), None: summed across ranks here; `host_stats`: the loss and nll as
+    floats (for an `on_update` hook)."""
     module.train()
     t, world = state.train_cfg, dist.world_size
     if ntokens is None:
@@ -161,17 +177,9 @@ def run_update(
             sums += torch.stack([loss.detach(), nll]).to(sums.dtype)
     runtime.all_reduce_sum_(sums)
     gnorm, lr = _apply_gradients(state, log=log)
-    stats = {
-        "loss": sums[0],
-        "nll": sums[1],
-        "ntokens": ntokens,
-        "lr": lr,
-        "gnorm": gnorm,
-        "seconds": time.perf_counter() - tic,
-    }
-    if host_stats:
-        stats["loss"], stats["nll"] = sums.tolist()
-    return stats
+    seconds = time.perf_counter() - tic
+    loss, nll = sums.tolist() if host_stats else (sums[0], sums[1])
+    return UpdateStats(loss=loss, nll=nll, tokens=ntokens, lr=lr, gnorm=gnorm, seconds=seconds)
 
 
 def _apply_gradients(state: TrainState, *, log: Callable[[str], None]) -> tuple[float, float]:

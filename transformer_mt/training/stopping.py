@@ -74,7 +74,8 @@ class Stopping:
             if verbose:  # a closed or full stderr must not turn the message into an exception here
                 with contextlib.suppress(OSError, ValueError):
                     echo(
-                        f"\n{signal.Signals(signum).name} received: finishing this update and saving a checkpoint (Ctrl-C again to abort)"
+                        f"\n{signal.Signals(signum).name} received: finishing this update and saving a checkpoint "
+                        "(Ctrl-C again to abort)"
                     )
 
         previous = {}
@@ -127,6 +128,7 @@ class Divergence:
         if not self.diverged:
             return ""
         return (
-            f"diverged: the last {self.in_a_row} updates all had a non-finite gradient norm and were skipped (NaN guard); "
+            f"diverged: the last {self.in_a_row} updates all had a non-finite gradient norm and were skipped "
+            "(NaN guard); "
             "the model is saved as it was before them; lower train.lr, raise train.warmup_updates or check the data"
         )

@@ -1,17 +1,19 @@
 """`tmt train`: the training loop. It reads top to bottom: update, log, validate or save when due, stop when asked.
 
-What it delegates: setting a run up (setup.py), one update and its batches (step.py), the train state a
-checkpoint holds (state.py), which files a save writes and which checkpoint a resume takes (policy.py),
-stopping on limits, signals and divergence (stopping.py), validation (validation.py), the logs (runlog.py).
+What it delegates: setting a run up (setup.py, which hands the loop one `Run`: run.py), one update and its batches
+(step.py), the train state a checkpoint holds (state.py), which files a save writes and which checkpoint a resume
+takes (policy.py), stopping on limits, signals and divergence (stopping.py), validation (validation.py), the logs
+(runlog.py).
 
 Data parallel (torchrun, WORLD_SIZE > 1): each process trains a DistributedDataParallel replica; rank 0 alone
-writes train.log, metrics.jsonl, config.yaml and checkpoints, and validates, and every rank gets the results
-and the patience count. What else each rank does: setup.py (set-up, RNG), step.py (batches, loss), stopping.py.
+writes train.log, metrics.jsonl, config.yaml and checkpoints, and validates (the `if run.is_main:` blocks and the
+`_on_main` methods), and every rank gets the results and the patience count. What else each rank does: setup.py
+(set-up, RNG), step.py (batches, loss), stopping.py.
 """
 
 from __future__ import annotations
 
-import sys
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,16 +21,20 @@ from pathlib import Path
 import torch
 
 from transformer_mt import runtime
-from transformer_mt.config import Config, save_config
+from transformer_mt.config import Config, TrainConfig
 from transformer_mt.data import Batch, SampledSegmentation
-from transformer_mt.model import count_parameters
-from transformer_mt.training import setup
-from transformer_mt.training.policy import CheckpointPolicy
-from transformer_mt.training.rundir import RunLock
-from transformer_mt.training.runlog import RunLog, Window
-from transformer_mt.training.state import TrainResult
+from transformer_mt.model import Transformer
+from transformer_mt.training.ema import EMA
+from transformer_mt.training.optim import Scheduler
+from transformer_mt.training.run import Run, TrainError, main_rank_work
+from transformer_mt.training.run_config import train_config_from_cli
+from transformer_mt.training.runlog import Window
+from transformer_mt.training.setup import set_up
+from transformer_mt.training.state import Progress, TrainResult, TrainState
 from transformer_mt.training.step import (
+    Corpus,
     UpdateBatches,
+    UpdateStats,
     run_cost,
     run_update,
     sampling_line,
@@ -37,16 +43,17 @@ from transformer_mt.training.step import (
     update_schedule,
 )
 from transformer_mt.training.stopping import INTERRUPTED, Divergence, Stopping, ValidationCutShort, stop_reason
-from transformer_mt.training.validation import Validator
+
+OnUpdate = Callable[[int, UpdateStats], None]  # after every update: its number and its stats
 
 
 def train(
-    cfg: Config, *, resume: bool = False, overwrite: bool = False, on_update: Callable[[int, dict], None] | None = None
+    cfg: Config, *, resume: bool = False, overwrite: bool = False, on_update: OnUpdate | None = None
 ) -> TrainResult:
     """Train according to `cfg`; with `resume`, continue from the newest complete checkpoint in cfg.train.out_dir.
     A new run refuses a directory holding one, unless `overwrite` (its checkpoints are removed; rundir.py).
     Under torchrun (WORLD_SIZE > 1) this process is one rank of a data-parallel run."""
-    return Trainer(cfg, resume=resume, overwrite=overwrite, on_update=on_update).run()
+    return Trainer(set_up(cfg, resume=resume, overwrite=overwrite), on_update=on_update).run()
 
 
 def train_from_cli(
@@ -60,153 +67,111 @@ def train_from_cli(
     """`tmt train`: the config from --config (fine-tuning: with --init-from's architecture and tokenizer) or from the
     run being resumed, then train. An interrupted run returns normally with stop_reason "interrupted" (the command
     line exits 130 on it)."""
-    cfg = setup.train_config_from_cli(
+    cfg = train_config_from_cli(
         config=config, overrides=overrides, resume=resume, overwrite=overwrite, init_from=init_from
     )
     return train(cfg, resume=resume is not None, overwrite=overwrite)
 
 
 class Trainer:
-    """One run: its train state, data and logs (set up by setup.py); `run()` is the loop."""
+    """The loop over one run's parts (a `Run`, from setup.set_up); `run()` trains, and closes the run however it
+    ends. `on_update` (it may be set after construction) hears of every update."""
 
-    def __init__(
-        self,
-        cfg: Config,
-        *,
-        resume: bool,
-        overwrite: bool = False,
-        on_update: Callable[[int, dict], None] | None = None,
-    ):
-        self.cfg, self.out, self.on_update = cfg, Path(cfg.train.out_dir), on_update
-        self.dist, self.runlog = (
-            runtime.dist_info(),
-            RunLog(None),
-        )  # the log is silent until rank 0 opens the run directory
-        self.lock: RunLock | None = None  # rank 0's, on the run directory
-        self._old_run: list[
-            Path
-        ] = []  # rank 0's: the checkpoints --overwrite removes once the new run passed its checks
-        self.stopping, self.policy = Stopping(), CheckpointPolicy(self.out, cfg.train)
-        self.t, self.device, self._owns_group = setup.process(
-            cfg, self.dist
-        )  # the train config with the dtype resolved
-        try:
-            self._setup(resume, overwrite)
-        except BaseException:
-            self.close()
-            raise
+    def __init__(self, run: Run, *, on_update: OnUpdate | None = None):
+        self.parts, self.on_update = run, on_update
+        self.stopping = Stopping()
+        self._started = time.monotonic()  # of this session's loop (run() starts it again): the clock counts from it
 
-    def _setup(self, resume: bool, overwrite: bool) -> None:
-        cfg, t, main = self.cfg, self.t, self.dist.is_main
-        runtime.on_main(lambda: self._open_run_dir(resume, overwrite))
-        runtime.seed_everything(t.seed)  # the same on every rank: identical initial parameters
-        saved, init = None, None
-        if resume:
-            self.resumed_from, saved = setup.resume_point(self.out, log=self.log)
-        else:
-            init = setup.init_point(cfg, log=self.log)
-        source = saved or (init[1] if init else None)
-        self.src_tok, self.tgt_tok = setup.tokenizers(
-            cfg, source, source=str(self.resumed_from if saved else cfg.train.init_from), log=self.log
-        )
-        self.state = setup.build_state(cfg, t, (self.src_tok, self.tgt_tok), device=self.device, keeps_ema=main)
-        if saved is not None:  # rank r > 0 reseeds below instead of restoring the generators
-            setup.restore(self.state, saved, source=self.resumed_from, restore_rng=main, runlog=self.runlog)
-        elif init is not None:
-            setup.initialize(self.state, init[1], source=init[0])
-        if self.dist.rank > 0:  # its own dropout masks; rank 0 keeps the single-process stream
-            runtime.seed_everything(runtime.seed_for_rank(t.seed, self.dist.rank, self.progress.update))
-        quiet = not sys.stderr.isatty() or not main
-        self.train_data, self.valid_data = setup.load_data(
-            cfg, self.state, self.src_tok, self.tgt_tok, resumed=saved is not None, quiet=quiet, log=self.log
-        )
-        setup.check_valid_beam(t, validates_bleu=self.valid_data is not None, tgt_vocab_size=self.tgt_tok.vocab_size)
-        self.validator = (
-            None
-            if self.valid_data is None
-            else Validator(cfg, self.valid_data, (self.src_tok, self.tgt_tok), device=self.device, log=self.log)
-        )
-        setup.check_batching(self.progress, setup.batching_of(cfg, self.train_data), log=self.log)
-        self.train_model, where = setup.training_module(self.model, t, dist=self.dist, device=self.device)
-        # every check has passed: only now is an old run removed (--overwrite) and its config replaced
-        runtime.on_main(lambda: setup.start_over(self.out, self._old_run, self.runlog, resume=resume))
-        runtime.on_main(lambda: save_config(cfg, self.out / "config.yaml"))
-        self.log(
-            f"model: {count_parameters(self.model):,} parameters; device {self.device}, dtype {t.dtype}, {torch.get_num_threads()} threads{where}"
-        )
+    # the run's parts, as the loop and its callers (scripts, tests) use them most
+    @property
+    def t(self) -> TrainConfig:
+        """The train config this process trains with (the dtype resolved)."""
+        return self.parts.t
 
-    def _open_run_dir(self, resume: bool, overwrite: bool) -> None:
-        self.lock, self.runlog, self._old_run = setup.open_run_dir(self.out, self.t, resume=resume, overwrite=overwrite)
+    @property
+    def device(self) -> torch.device:
+        return self.parts.device
 
-    def log(self, msg: str) -> None:
-        self.runlog.log(msg)
+    @property
+    def train_data(self) -> Corpus:
+        return self.parts.data.train
 
-    # the train state's parts, as the loop and its callers (scripts, tests) use them
-    model = property(lambda self: self.state.model)
-    optimizer = property(lambda self: self.state.optimizer)
-    scheduler = property(lambda self: self.state.scheduler)
-    scaler = property(lambda self: self.state.scaler)
-    ema = property(lambda self: self.state.ema)
-    progress = property(lambda self: self.state.progress)
+    @property
+    def state(self) -> TrainState:
+        return self.parts.state
+
+    @property
+    def progress(self) -> Progress:
+        return self.parts.state.progress
+
+    @property
+    def model(self) -> Transformer:
+        return self.parts.state.model
+
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        return self.parts.state.optimizer
+
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.parts.state.scheduler
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        return self.parts.state.scaler
+
+    @property
+    def ema(self) -> EMA | None:
+        return self.parts.state.ema
+
+    def clock(self) -> float:
+        """Training seconds of the whole run (earlier sessions' included), host time (no device sync)."""
+        return self.progress.elapsed + (time.monotonic() - self._started)
 
     def close(self) -> None:
-        """Close the run log and leave the process group this trainer created."""
-        self.runlog.close()
-        # Drop DDP first: were its reducer the last holder of the Gloo group, the group's destructor
-        # would wait for Gloo's threads while holding the GIL they may need (a deadlock at exit).
-        if hasattr(self, "train_model"):
-            self.train_model = self.state.model
-        if self._owns_group:
-            runtime.shutdown_distributed()
-            self._owns_group = False
-        if self.lock is not None:
-            self.lock.release()
-            self.lock = None
+        """Close the run (Run.close): its log, the process group it created, the run directory's lock."""
+        self.parts.close()
 
     # ------------------------------------------------------------ the loop
     def run(self) -> TrainResult:
         # The handlers stay until the final validation and save are done: a signal there (a scheduler's
         # SIGTERM before its SIGKILL) cuts the validation short and the checkpoint is still written.
         try:
-            with self.stopping.signals(verbose=self.dist.is_main):
+            with self.stopping.signals(verbose=self.parts.is_main):
                 return self._train()
         finally:
             self.close()
 
     def _train(self) -> TrainResult:
-        t, p = self.t, self.progress
-        start = time.monotonic()
-        self.clock = lambda: (
-            p.elapsed + (time.monotonic() - start)
-        )  # training seconds of the whole run, host time (no device sync)
+        run, t, p = self.parts, self.t, self.progress
+        self._started = time.monotonic()
         self.scheduler.clock = self.clock  # wsd cools down over the end of max_time on this clock
-        self.runlog.start_progress(total=t.max_updates or None, initial=p.update)
+        run.runlog.start_progress(total=t.max_updates or None, initial=p.update)
         window, divergence = Window(), Divergence()
         reason = self._stop_reason()  # a resumed run may already be at its limits: then it trains no further
+        world_size = run.dist.world_size
         try:
             for u in (
                 ()
                 if reason
-                else update_schedule(
-                    self.train_data, t, world_size=self.dist.world_size, epoch=p.epoch, start=p.batch_in_epoch
-                )
+                else update_schedule(self.train_data, t, world_size=world_size, epoch=p.epoch, start=p.batch_in_epoch)
             ):
                 stats = self._run_update(u)
-                divergence.add(stats["gnorm"], scaled=self.scaler is not None)
+                divergence.add(stats.gnorm, scaled=self.scaler is not None)
                 window.add(stats)
-                self.runlog.advance()
+                run.runlog.advance()
                 if self.on_update is not None:
                     self.on_update(p.update, stats)
                 if self._should_log():
-                    self.runlog.train(update=p.update, epoch=p.epoch, wall=self.clock(), **window.flush())
+                    run.runlog.train(update=p.update, epoch=p.epoch, wall=self.clock(), **window.flush())
                 if self._should_validate():
                     with window.paused():  # tokens/s in the log counts training time only
                         self._validate_everywhere()
                     if self._out_of_patience():
                         reason = f"no improvement in {t.patience} validations (patience)"
-                elif paths := self.policy.between_validations(p.update):  # a numbered checkpoint between validations
+                elif paths := run.policy.between_validations(p.update):  # a numbered checkpoint between validations
                     with window.paused():
-                        self._save_on_main(paths)
+                        self._save(paths)
                 reason = divergence.reason() or reason  # diverged: that is the reason, patience or not
                 reason = reason or self._stop_reason()
                 if u.last:
@@ -218,23 +183,23 @@ class Trainer:
                     p.epoch, p.batch_in_epoch = t.max_epochs + 1, 0
                     reason = f"max_epochs={t.max_epochs} reached"
         finally:
-            self.runlog.end_progress()
+            run.runlog.end_progress()
         return self._end(reason, diverged=divergence.diverged)
 
-    def _run_update(self, u: UpdateBatches) -> dict:
+    def _run_update(self, u: UpdateBatches) -> UpdateStats:
         """This rank's share of `u` trained as one update, and the progress counted."""
-        data, p = self.train_data, self.progress
+        run, data = self.parts, self.train_data
         if isinstance(data, SampledSegmentation) and u.start == 0:
-            self.log(sampling_line(data, u.epoch))
-        mine, filler = u.rank_batches(data, self.dist.rank, self.dist.world_size)
+            run.log(sampling_line(data, u.epoch))
+        mine, filler = u.rank_batches(data, run.dist.rank, run.dist.world_size)
         stats = self.update(mine, filler=filler, ntokens=target_tokens(data, u.batches))
-        flops = update_flops(data, u.batches, self.cfg.model, vocab=self.model.output_size)
-        p.count_update(
+        flops = update_flops(data, u.batches, run.cfg.model, vocab=self.model.output_size)
+        self.progress.count_update(
             epoch=u.epoch,
             batch_in_epoch=u.start + len(u.batches),
-            tokens=stats["ntokens"],
+            tokens=stats.tokens,
             flops=flops,
-            seconds=stats["seconds"],
+            seconds=stats.seconds,
         )
         return stats
 
@@ -242,96 +207,106 @@ class Trainer:
         return self.progress.update % self.t.log_every == 0
 
     def _should_validate(self) -> bool:
-        return self.valid_data is not None and self.progress.update % self.t.validate_every == 0
+        return self.parts.data.valid is not None and self.progress.update % self.t.validate_every == 0
 
     def _out_of_patience(self) -> bool:
-        return bool(self.t.patience) and self.progress.bad_validations >= self.t.patience
+        t = self.t
+        return bool(t.patience) and self.progress.bad_validations >= t.patience
 
     def _stop_reason(self) -> str:
+        run = self.parts
         return stop_reason(
             self.stopping,
-            self.t,
+            run.t,
             update=self.progress.update,
             elapsed=self.clock(),
-            distributed=self.dist.enabled,
-            device=self.device,
+            distributed=run.dist.enabled,
+            device=run.device,
         )
 
     def _end(self, reason: str, *, diverged: bool) -> TrainResult:
         """The final validation (unless interrupted or diverged, or just done), the last save, the summary."""
-        p = self.progress
-        if reason != INTERRUPTED and not diverged and self.valid_data is not None and p.last_validated != p.update:
-            if (
-                not self._validate_everywhere()
-            ):  # a signal cut the final validation short (on rank 0; the empty result reached every rank)
+        run, p = self.parts, self.progress
+        if reason != INTERRUPTED and not diverged and run.data.valid is not None and p.last_validated != p.update:
+            # an empty result: a signal cut the final validation short (on rank 0; the result reached every rank)
+            if not self._validate_everywhere():
                 reason = INTERRUPTED
         p.elapsed = self.clock()
-        runtime.on_main(lambda: self._finish(reason))  # the others wait for the checkpoint
+        with main_rank_work():  # the others wait for the checkpoint
+            if run.is_main:
+                self._finish(reason)
         if diverged:
-            raise setup.TrainError(f"{self.out}: {reason}")
-        return TrainResult(self.out, p, reason, self.state.metrics)
+            raise TrainError(f"{run.out}: {reason}")
+        return TrainResult(run.out, p, reason, self.state.metrics)
 
     def _finish(self, reason: str) -> None:
-        self.policy.save(self.state.state_dict(), self.policy.at_end())
-        cost = run_cost(self.progress, self.t, device=self.device, world_size=self.dist.world_size)
-        self.runlog.end(
+        """Rank 0: the last save, then the summary record and the lines that end the session's log."""
+        run = self.parts
+        run.policy.save(self.state.state_dict(), run.policy.at_end())
+        cost = run_cost(self.progress, run.t, device=run.device, world_size=run.dist.world_size)
+        run.runlog.end(
             self.progress,
             reason=reason,
             interrupted=reason == INTERRUPTED,
             last_valid=self.state.metrics,
             cost=cost,
-            out=self.out,
+            out=run.out,
         )
 
     # ------------------------------------------------------------ one update
-    def update(self, batches: list[Batch], *, filler: Batch | None = None, ntokens: int | None = None) -> dict:
-        """One optimizer update over this rank's `batches` (step.run_update says what the arguments mean); the stats summed over all ranks."""
-        host_stats = self.on_update is not None
+    def update(self, batches: list[Batch], *, filler: Batch | None = None, ntokens: int | None = None) -> UpdateStats:
+        """One optimizer update over this rank's `batches` (step.run_update says what the arguments mean); the stats
+        summed over all ranks, the loss and nll as floats when an `on_update` hook reads them."""
+        run = self.parts
         return run_update(
-            self.state,
-            self.train_model,
+            run.state,
+            run.train_model,
             batches,
             filler=filler,
             ntokens=ntokens,
-            dist=self.dist,
-            device=self.device,
-            host_stats=host_stats,
-            log=self.log,
+            dist=run.dist,
+            device=run.device,
+            host_stats=self.on_update is not None,
+            log=run.log,
         )
 
     # ------------------------------------------------------------ validation and saves
     def validate(self) -> dict[str, float]:
         """The model's validation results (validation.Validator); ValidationCutShort when a stop cuts it short."""
-        assert self.validator is not None
-        return self.validator(self.model, ema=self.ema, stopping=self.stopping, dtype=self.t.dtype)
+        validator = self.parts.data.validator
+        assert validator is not None
+        return validator(self.model, ema=self.ema, stopping=self.stopping, dtype=self.t.dtype)
 
     def _validate_everywhere(self) -> dict[str, float]:
         """Validate and save on rank 0; every rank gets the results and the patience bookkeeping."""
         p, wall = self.progress, self.clock()
-        # a tuple is built left to right: the bookkeeping is read after rank 0's validation and save updated it
-        shared = runtime.on_main(lambda: (self._validate_and_save(wall), p.best, p.bad_validations, p.last_validated))
+        shared = runtime.on_main(functools.partial(self._validate_and_save_on_main, wall))
         self.state.metrics, p.best, p.bad_validations, p.last_validated = shared
         return self.state.metrics
 
-    def _validate_and_save(self, wall: float) -> dict[str, float]:
-        """Validate, then save (policy.after_validation); {} when a stop cut the validation short (nothing saved
-        here: the run stops and saves checkpoint_last.pt)."""
-        p, tic = self.progress, time.perf_counter()
+    def _validate_and_save_on_main(self, wall: float) -> tuple[dict[str, float], float | None, int, int]:
+        """Rank 0: validate, then save (policy.after_validation). Returns the results ({} when a stop cut the
+        validation short: nothing is saved here, the run stops and saves checkpoint_last.pt) and the patience
+        bookkeeping after them, which every rank takes."""
+        run, p, tic = self.parts, self.progress, time.perf_counter()
         try:
             val = self.validate()
         except ValidationCutShort:
-            self.log(f"validation at update {p.update} cut short by the signal; saving without it")
-            return {}
-        improved = self.policy.improves(val, p.best)
-        p.validated(self.policy.score(val)[0], improved=improved)
-        self.runlog.valid(
+            run.log(f"validation at update {p.update} cut short by the signal; saving without it")
+            return {}, p.best, p.bad_validations, p.last_validated
+        improved = run.policy.improves(val, p.best)
+        p.validated(run.policy.score(val)[0], improved=improved)
+        run.runlog.valid(
             update=p.update, epoch=p.epoch, wall=wall, val=val, best=improved, seconds=time.perf_counter() - tic
         )
         self.state.metrics = val
-        self.policy.save(self.state.state_dict(elapsed=wall), self.policy.after_validation(p.update, improved=improved))
-        return val
+        run.policy.save(self.state.state_dict(elapsed=wall), run.policy.after_validation(p.update, improved=improved))
+        return val, p.best, p.bad_validations, p.last_validated
 
-    def _save_on_main(self, paths: list[Path]) -> None:
-        """Rank 0 saves the train state under `paths` (every save is resumable: --resume takes the newest)."""
-        wall = self.clock()
-        runtime.on_main(lambda: self.policy.save(self.state.state_dict(elapsed=wall), paths))
+    def _save(self, paths: list[Path]) -> None:
+        """Rank 0 saves the train state under `paths` (every save is resumable: --resume takes the newest); the
+        others wait for it."""
+        run, wall = self.parts, self.clock()
+        with main_rank_work():
+            if run.is_main:
+                run.policy.save(self.state.state_dict(elapsed=wall), paths)

@@ -1,6 +1,7 @@
 """Validation inside the training loop: the loss over the whole validation set and BLEU on its first sentences
 (evaluation/), of the EMA weights when train.ema_decay > 0, so that checkpoint_best.pt is chosen on the
-weights decoding uses. A stop asked for meanwhile cuts it short at the next batch (stopping.py)."""
+weights decoding uses. A stop asked for meanwhile cuts it short at the next batch (stopping.py). The validation
+beam is checked against the vocabulary when the run starts (`check_valid_beam`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from transformer_mt.config import Config
+from transformer_mt.config import Config, ConfigError, TrainConfig, beam_problem, max_beam
 from transformer_mt.data import ParallelData
 from transformer_mt.evaluation import BleuSet, bleu_set, validation_bleu, validation_loss
 from transformer_mt.model import Transformer
@@ -76,6 +77,19 @@ class Validator:
         )
         if pairs.truncated:
             self.log(
-                f"validation BLEU: {pairs.truncated} of {len(pairs.src_ids)} sources longer than {limit} pieces truncated"
+                f"validation BLEU: {pairs.truncated} of {len(pairs.src_ids)} sources longer than {limit} pieces "
+                "truncated"
             )
         return pairs
+
+
+def check_valid_beam(t: TrainConfig, *, validates_bleu: bool, tgt_vocab_size: int) -> None:
+    """The validation beam against the target vocabulary now, not at the first validation hours later (the
+    config's own checks refused a beam below 1, so a problem here is the vocabulary's bound)."""
+    if not validates_bleu or t.valid_bleu_sentences < 0:
+        return
+    if beam_problem(t.valid_beam, tgt_vocab_size=tgt_vocab_size) is not None:
+        raise ConfigError(
+            f"train.valid_beam={t.valid_beam}: the target vocabulary has {tgt_vocab_size} ids, enough for a beam "
+            f"of at most {max_beam(tgt_vocab_size)}; lower train.valid_beam (1 = greedy)"
+        )
