@@ -31,7 +31,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from transformer_mt.config import load_config
-from transformer_mt.training import Trainer
+from transformer_mt.training import Trainer, UpdateStats, set_up
 
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = [
@@ -176,17 +176,17 @@ def profile_updates(cfg, *, warmup: int, total: int) -> tuple[profile, float, in
     prof = profile(activities=[ProfilerActivity.CPU])
     marks, tokens = {}, []
 
-    def on_update(update: int, stats: dict) -> None:
+    def on_update(update: int, stats: UpdateStats) -> None:
         if update == warmup:
             marks["start"] = time.perf_counter()
             prof.start()
         elif update > warmup:
-            tokens.append(stats["ntokens"])
+            tokens.append(stats.tokens)
             if update == total:
                 prof.stop()
                 marks["stop"] = time.perf_counter()
 
-    Trainer(cfg, resume=False, on_update=on_update).run()
+    Trainer(set_up(cfg, resume=False), on_update=on_update).run()
     return prof, (marks["stop"] - marks["start"]) * 1e6, sum(tokens)
 
 

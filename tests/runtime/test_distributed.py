@@ -31,7 +31,7 @@ from transformer_mt.checkpoint import load_checkpoint
 from transformer_mt.config import load_config
 from transformer_mt.data import load_corpora
 from transformer_mt.text import Tokenizer
-from transformer_mt.training import Trainer, resumed_config, train, update_schedule
+from transformer_mt.training import Trainer, resumed_config, set_up, train, update_schedule
 
 TINY = [
     "model.encoder_layers=1",
@@ -93,7 +93,7 @@ def _rank_main(rank: int, world: int, ports: list[int], jobs: list[dict], root: 
         cfg = resumed_config(Path(job["resume"]), overrides) if job["resume"] else load_config(None, overrides)
         at = job.get("sigterm_rank1_at") if rank == 1 else None
         on_update = (lambda update, _, at=at: update == at and os.kill(os.getpid(), signal.SIGTERM)) if at else None
-        trainer = Trainer(cfg, resume=bool(job["resume"]), on_update=on_update)
+        trainer = Trainer(set_up(cfg, resume=bool(job["resume"])), on_update=on_update)
         result = trainer.run()
         torch.save(trainer.model.state_dict(), Path(job["params"]) / f"rank{rank}.pt")
         (Path(job["params"]) / f"rank{rank}.json").write_text(json.dumps([result.stop_reason, result.progress.update]))
