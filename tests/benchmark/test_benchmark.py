@@ -195,7 +195,8 @@ def test_analytic_flops_match_flop_counter():
 def test_the_cpp_attention_is_counted_as_the_batched_matmuls_it_replaces(monkeypatch):
     """A training step through tmt's C++ attention (head size 16) counts the FLOPs of the same step spelled out in
     batched matmuls, which FlopCounterMode knows by itself."""
-    from transformer_mt.model import native
+    import transformer_mt.model.ops.cpu.backend as cpu_backend
+    from transformer_mt.model.ops.cpu import native
 
     if not native.available():
         pytest.skip("the C++ kernels could not be built here")
@@ -208,13 +209,13 @@ def test_the_cpp_attention_is_counted_as_the_batched_matmuls_it_replaces(monkeyp
     tgt = torch.randint(4, vocab, (3, 7), generator=gen)
     batch = SimpleNamespace(src=src, tgt_in=torch.cat([torch.full((3, 1), BOS_ID), tgt[:, :-1]], 1), tgt_out=tgt)
     calls = []
-    real = native.short_attention
+    real = cpu_backend.short_attention
 
     def counted(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(native, "short_attention", counted)
+    monkeypatch.setattr(cpu_backend, "short_attention", counted)
     counts = []
     for loaded in (True, False):
         monkeypatch.setattr(native, "_loaded", [loaded])

@@ -1,4 +1,5 @@
-"""Label-smoothed loss against a per-token loop, padding invariance, the fused projection loss and the CPU kernels."""
+"""Label-smoothed loss against a per-token loop, padding invariance, the fused projection loss and the CPU kernels
+(the cpu backend against the reference backend)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from tests.conftest import head, tiny_model
 from transformer_mt.data import collate
 from transformer_mt.model import (
     TeacherForcedLoss,
-    fused_loss,
-    kernels,
     label_smoothed_nll_loss,
     perplexity,
     projected_label_smoothed_loss,
 )
+from transformer_mt.model.ops.cpu import CpuOps, fused_loss
+from transformer_mt.model.ops.reference import ReferenceOps
 from transformer_mt.text import PAD_ID, Tokenizer
 
 
@@ -95,7 +96,7 @@ def test_fused_projection_loss_equals_logits_then_loss_in_value_and_gradients(mo
     w = torch.randn(13, 6, generator=g).requires_grad_(True)
     target = torch.randint(4, 13, (7,), generator=g)
     target[[2, 5]] = PAD_ID
-    loss, nll, n = projected_label_smoothed_loss(h, w, target, epsilon=eps)
+    loss, nll, n = projected_label_smoothed_loss(h, w, target, epsilon=eps, ops=CpuOps())
     want_loss, want_nll, want_n = naive_smoothed_loss((h @ w.t()).detach(), target, eps)
     assert n == want_n == 5
     assert loss.item() == pytest.approx(want_loss, rel=1e-5) and nll.item() == pytest.approx(want_nll, rel=1e-5)
@@ -136,8 +137,7 @@ def test_teacher_forced_loss_module_equals_the_logits_path(spm_model, multi30k):
 
 
 def test_cpu_dropout_rate_scale_gradient_and_seed():
-    from transformer_mt.model import dropout
-
+    dropout = CpuOps().dropout
     x = torch.ones(1000, 1000, requires_grad=True)
     torch.manual_seed(0)
     y = dropout(x, 0.3, True)
@@ -154,35 +154,31 @@ def test_cpu_dropout_rate_scale_gradient_and_seed():
     assert all(abs(r.float().mean().item() - 0.5) < 0.05 for r in rows.view(4, -1, 4).unbind(-1))
 
 
-def test_reference_ops_switch_selects_the_plain_equivalents():
-    """use_reference_ops(True): dropout is F.dropout itself (the same mask for the same seed) and the
-    projected loss is logits then label_smoothed_nll_loss, bit for bit; the context form restores."""
+def test_the_reference_backend_is_the_plain_equivalents_and_leaves_no_switch_behind():
+    """The reference backend: dropout is F.dropout itself (the same mask for the same seed) and the projected loss
+    is logits then label_smoothed_nll_loss, bit for bit; the cpu backend used after it, and it after the cpu one,
+    each still compute their own (choosing one changes nothing for the other)."""
     x = torch.randn(64, 32)
     g = torch.Generator().manual_seed(2)
     h, w = torch.randn(9, 8, generator=g), torch.randn(11, 8, generator=g)
     target = torch.randint(4, 11, (9,), generator=g)
     target[3] = PAD_ID
-    assert not kernels.reference_ops()
-    with kernels.use_reference_ops(True):
-        assert kernels.reference_ops()
-        torch.manual_seed(5)
-        ours = kernels.dropout(x, 0.3, True)
-        torch.manual_seed(5)
-        assert torch.equal(ours, F.dropout(x, 0.3, True))
-        plain = projected_label_smoothed_loss(h, w, target, epsilon=0.1)
-        want = label_smoothed_nll_loss(h @ w.t(), target, epsilon=0.1)
-        assert torch.equal(plain[0], want[0]) and torch.equal(plain[1], want[1]) and plain[2] == want[2] == 8
-    assert not kernels.reference_ops()  # the block's setting is gone
+    reference, cpu = ReferenceOps(), CpuOps()
     torch.manual_seed(5)
-    assert not torch.equal(kernels.dropout(x, 0.3, True), ours)  # the 64-bit-word kernel draws another mask
-    fused = projected_label_smoothed_loss(h, w, target, epsilon=0.1)
+    ours = reference.dropout(x, 0.3, True)
+    torch.manual_seed(5)
+    assert torch.equal(ours, F.dropout(x, 0.3, True))
+    plain = projected_label_smoothed_loss(h, w, target, epsilon=0.1, ops=reference)
+    want = label_smoothed_nll_loss(h @ w.t(), target, epsilon=0.1)
+    assert torch.equal(plain[0], want[0]) and torch.equal(plain[1], want[1]) and plain[2] == want[2] == 8
+    torch.manual_seed(5)
+    assert not torch.equal(cpu.dropout(x, 0.3, True), ours)  # the 64-bit-word kernel draws another mask
+    fused = projected_label_smoothed_loss(h, w, target, epsilon=0.1, ops=cpu)
     assert fused[0].item() == pytest.approx(plain[0].item(), rel=1e-5) and fused[2] == 8
-    try:  # the plain call form switches until switched back
-        kernels.use_reference_ops(True)
-        assert kernels.reference_ops()
-    finally:
-        kernels.use_reference_ops(False)
-    assert not kernels.reference_ops()
+    torch.manual_seed(5)
+    assert torch.equal(reference.dropout(x, 0.3, True), ours)  # the reference backend again: F.dropout still
+    again = projected_label_smoothed_loss(h, w, target, epsilon=0.1, ops=reference)
+    assert torch.equal(again[0], want[0]) and torch.equal(again[1], want[1])
 
 
 def test_perplexity_is_exp_of_nll_per_token():
@@ -224,8 +220,9 @@ def test_fused_loss_under_bfloat16_autocast_matches_the_plain_path():
     out = {}
     for plain in (False, True):
         h.grad = w.grad = None
-        with kernels.use_reference_ops(plain), torch.autocast("cpu", dtype=torch.bfloat16):
-            loss, nll, n = projected_label_smoothed_loss(h, w, target, epsilon=0.1)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ops = ReferenceOps() if plain else CpuOps()
+            loss, nll, n = projected_label_smoothed_loss(h, w, target, epsilon=0.1, ops=ops)
         loss.backward()
         out[plain] = (loss.detach(), nll, n, h.grad.clone(), w.grad.clone())
     (loss, nll, n, gh, gw), (rloss, rnll, rn, rgh, rgw) = out[False], out[True]

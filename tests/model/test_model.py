@@ -9,7 +9,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import transformer_mt.model.attention as attention
 from tests.conftest import TINY_MODEL, TINY_VOCAB, tiny_model, tokens
 from transformer_mt.config import ModelConfig
 from transformer_mt.model import Transformer, count_parameters, sinusoids
@@ -343,9 +342,9 @@ def test_fast_path_uses_sdpa_and_attention_request_does_not(monkeypatch):
     calls = []
     sdpa = F.scaled_dot_product_attention
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k))
-    # SDPA's path as GPUs and long sentences take it (a CPU training step over few keys spells it out instead)
-    monkeypatch.setattr(attention, "_spelled_out_is_faster", lambda k: False)
     model = tiny_model()
+    # SDPA's path as GPUs and long sentences take it (a CPU training step over few keys spells it out instead)
+    monkeypatch.setattr(model.ops, "spelled_out_is_faster", lambda k: False)
     src, tgt = tokens([5, 3]), tokens([4, 2], bos=True)
     enc = model.encode(src)
     assert len(calls) == TINY_MODEL.encoder_layers
@@ -457,10 +456,9 @@ def test_decoder_self_attention_in_training_runs_sdpa_causal_without_a_mask(monk
         "scaled_dot_product_attention",
         lambda *a, **k: seen.append((k.get("attn_mask"), k.get("is_causal"))) or sdpa(*a, **k),
     )
-    monkeypatch.setattr(
-        attention, "_spelled_out_is_faster", lambda k: False
-    )  # SDPA's path, as GPUs and long sentences take it
     model = tiny_model()
+    # SDPA's path, as GPUs and long sentences take it
+    monkeypatch.setattr(model.ops, "spelled_out_is_faster", lambda k: False)
     src, tgt = tokens([5, 5]), tokens([4, 2], bos=True)  # the source has no padding
     model.decode(tgt, model.encode(src, padded=False))
     assert seen[: TINY_MODEL.encoder_layers] == [(None, False)] * TINY_MODEL.encoder_layers

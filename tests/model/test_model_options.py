@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from tests.conftest import TINY_VOCAB, tiny_model, tiny_model_config, tokens
 from transformer_mt.config import ConfigError
-from transformer_mt.model import TeacherForcedLoss, Transformer, label_smoothed_nll_loss, sinusoids, use_reference_ops
+from transformer_mt.model import TeacherForcedLoss, Transformer, choose_ops, label_smoothed_nll_loss, sinusoids
 from transformer_mt.model.layers import FeedForward
 from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 # ---------------------------------------------------------------- model.activation: swish
 def test_swish_ffn_is_x_sigmoid_x_between_the_two_linears():
     torch.manual_seed(0)
-    ffn = FeedForward(tiny_model_config(activation="swish"))
+    ffn = FeedForward(tiny_model_config(activation="swish"), ops=choose_ops())
     x = torch.randn(2, 5, 32)
     h = x @ ffn.fc1.weight.T + ffn.fc1.bias  # (B, T, d_ff)
     want = (h * torch.sigmoid(h)) @ ffn.fc2.weight.T + ffn.fc2.bias  # (B, T, D)
@@ -77,7 +77,8 @@ def test_interleaved_table_is_the_default_and_unchanged():
 
 
 def test_model_adds_the_halves_table_from_position_0():
-    # No encoder layer (post-norm: no final norm): the memory is scaled embedding + position, the first piece at position 0.
+    # No encoder layer (post-norm: no final norm): the memory is scaled embedding + position, the first piece at
+    # position 0.
     model = tiny_model(encoder_layers=0, position_layout="halves")
     src = tokens([9])
     memory = model.encode(src).memory[0]  # (S, D)
@@ -155,8 +156,9 @@ def test_fused_loss_includes_the_output_bias(reference_ops, restrict):
     tgt_out = _targets(tgt_in)
     if restrict:
         tgt_out[tgt_out.gt(EOS_ID)] = tgt_out[tgt_out.gt(EOS_ID)] // 2 * 2  # targets among the kept pieces
-    with use_reference_ops(reference_ops):
-        loss, nll, n = TeacherForcedLoss(biased, label_smoothing=0.1)(src, tgt_in, tgt_out)
+    biased.use_ops(choose_ops("reference" if reference_ops else "cpu"))
+    loss, nll, n = TeacherForcedLoss(biased, label_smoothing=0.1)(src, tgt_in, tgt_out)
+    biased.use_ops(choose_ops("cpu"))
     loss.backward()
     got = {name: p.grad.clone() for name, p in biased.named_parameters()}
     biased.zero_grad()

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from torch.utils import cpp_extension
 
-from transformer_mt.model import native
+from transformer_mt.model.ops.cpu import native
 
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="the build lock is an flock (POSIX)")
 
@@ -37,7 +37,9 @@ def fake_compiler(monkeypatch, tmp_path) -> tuple[Path, list[str]]:
     built: list[str] = []
     monkeypatch.setattr(cpp_extension, "_write_ninja_file_and_build_library", lambda *, name, **_: built.append(name))
     monkeypatch.setattr(cpp_extension, "_import_module_from_library", lambda *args: None)
-    return Path(cpp_extension._get_build_directory(NAME, verbose=False)), built
+    build_dir = native.build_directory(NAME)
+    build_dir.mkdir(parents=True)
+    return build_dir, built
 
 
 @contextmanager
@@ -123,3 +125,15 @@ def test_sigterm_ends_the_wait_and_still_reaches_the_runs_own_handler(fake_compi
         signal.signal(signal.SIGTERM, previous)
     assert received == [signal.SIGTERM] and built == []
     assert "SIGTERM" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("root", [None, "extensions"])
+def test_the_build_directory_is_torchs_own_default(root, monkeypatch, tmp_path):
+    """The directory handed to cpp_extension.load is the one torch picks by itself (its private helper, read here only
+    to compare), so that a cache built before stays in use; with TORCH_EXTENSIONS_DIR and without."""
+    if root is None:
+        monkeypatch.delenv("TORCH_EXTENSIONS_DIR", raising=False)
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # torch's default root, out of the real cache
+    else:
+        monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / root))
+    assert native.build_directory(NAME) == Path(cpp_extension._get_build_directory(NAME, verbose=False))

@@ -1,5 +1,5 @@
-"""The C++ kernels of a CPU training step (``transformer_mt.model.native``) compute what the torch ops they replace
-compute, values and gradients:
+"""The C++ kernels of a CPU training step (``transformer_mt.model.ops.cpu.native``) compute what the torch ops they
+replace compute, values and gradients:
 
 - the attention over few keys (``tmt::short_attention``) against the spelled-out product, in float64;
 - the residual dropout-and-add against ``x + dropout(y)``, bit for bit (the same random words);
@@ -7,7 +7,8 @@ compute, values and gradients:
 - the fused loss's softmax rows against the torch passes they replace, and the loss that takes its gradient in the
   forward against the one that keeps the softmax for the backward;
 - the dropout masks' random words against torch's ``random_``, bit for bit, with the generator left in the same state;
-- a whole training step on real Multi30k pairs with the kernels on and off: the loss and every parameter's gradient.
+- a whole training step on real Multi30k pairs with the kernels on and off: the loss and every parameter's gradient
+  (tests/model/test_ops.py compares the cpu backend with the reference backend).
 
 Where the kernels cannot be built, training falls back to the torch ops and says so in one line.
 """
@@ -22,12 +23,15 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import transformer_mt.model.fused_loss as fused_loss
-import transformer_mt.model.kernels as kernels
 from tests.conftest import head, tiny_model
 from transformer_mt.data import collate
-from transformer_mt.model import TeacherForcedLoss, fixnorm, native, use_reference_ops
+from transformer_mt.model import TeacherForcedLoss, fixnorm
+from transformer_mt.model.ops.cpu import CpuOps, fused_loss, native
+from transformer_mt.model.ops.cpu.attention import short_attention
+from transformer_mt.model.ops.reference import ReferenceOps
 from transformer_mt.text import Tokenizer
+
+kernels = CpuOps()  # the cpu backend, whose kernels these are
 
 pytestmark = [
     pytest.mark.usefixtures("one_thread"),
@@ -108,13 +112,13 @@ def test_short_attention_equals_the_spelled_out_product(queries, keys, dk, dv, c
         return q, k, v
 
     results = []
-    for fn, dtype in ((native.short_attention, torch.float32), (_attention_reference, torch.float64)):
+    for fn, dtype in ((short_attention, torch.float32), (_attention_reference, torch.float64)):
         fq = fused_q.to(dtype, copy=True).requires_grad_()
         fkv = fq if fused_kv is fused_q else fused_kv.to(dtype, copy=True).requires_grad_()
         q, k, v = views(fq, fkv)
         out = (
             fn(q, k, v, allowed, causal=causal, scale=scale)
-            if fn is native.short_attention
+            if fn is short_attention
             else fn(q, k, v, allowed, causal, scale)
         )
         out.backward(grad.to(dtype))
@@ -128,10 +132,10 @@ def test_short_attention_equals_the_spelled_out_product(queries, keys, dk, dv, c
 def test_short_attention_refuses_what_it_cannot_compute():
     q = torch.randn(2, 3, 2, 16)
     with pytest.raises(RuntimeError, match="multiples of 16"):
-        native.short_attention(q[..., :8], q[..., :8], q[..., :8], None, causal=False, scale=1.0)
+        short_attention(q[..., :8], q[..., :8], q[..., :8], None, causal=False, scale=1.0)
     long = torch.randn(2, 65, 2, 16)
     with pytest.raises(RuntimeError, match="1 to 64 keys"):
-        native.short_attention(q, long, long, None, causal=False, scale=1.0)
+        short_attention(q, long, long, None, causal=False, scale=1.0)
 
 
 def test_residual_dropout_gives_the_bits_of_x_plus_dropout():
@@ -156,8 +160,8 @@ def test_residual_dropout_is_the_plain_add_where_it_does_not_apply():
     x, y = torch.randn(2, 3, 16), torch.randn(2, 3, 16)
     assert torch.equal(kernels.residual_dropout(x, y, 0.3, False), x + y)  # eval: no dropout
     assert torch.equal(kernels.residual_dropout(x, y, 0.0, True), x + y)
-    with use_reference_ops(True), _CountTmtOps() as counter:  # the benchmark's plain-ops rows
-        kernels.residual_dropout(x, y, 0.3, True)
+    with _CountTmtOps() as counter:  # the reference backend: the benchmark's plain-ops rows
+        ReferenceOps().residual_dropout(x, y, 0.3, True)
     assert not counter.calls
 
 
@@ -195,7 +199,7 @@ def test_fixnorm_in_a_training_step_is_f_normalize():
     for fused in (True, False):
         xx = x.clone().requires_grad_()
         with _CountTmtOps() as counter:
-            y = fixnorm(xx) if fused else torch.nn.functional.normalize(xx, dim=-1)
+            y = fixnorm(xx, ops=kernels) if fused else torch.nn.functional.normalize(xx, dim=-1)
             y.backward(dy)
         assert ("scale_norm" in counter.calls) == fused
         results.append((y.detach(), xx.grad))
@@ -203,7 +207,7 @@ def test_fixnorm_in_a_training_step_is_f_normalize():
         torch.testing.assert_close(ours, plain, rtol=1e-5, atol=1e-6 * float(plain.abs().max()))
     assert not results[0][0][0, 0].any()
     with torch.no_grad():
-        assert torch.equal(fixnorm(x), torch.nn.functional.normalize(x, dim=-1))  # decoding: F.normalize itself
+        assert torch.equal(fixnorm(x, ops=kernels), torch.nn.functional.normalize(x, dim=-1))  # decoding: F.normalize
 
 
 @pytest.mark.parametrize("vocab", [6898, 37])  # the recipe's kept target pieces; a row shorter than a vector and a tail
@@ -349,7 +353,7 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_without_a_compiler_training_keeps_the_torch_ops_and_says_so_in_one_line(tmp_path):
-    code = "from transformer_mt.model import native; print(native.available())"
+    code = "from transformer_mt.model.ops.cpu import native; print(native.available())"
     failed = _python(code, CXX="false", TORCH_EXTENSIONS_DIR=str(tmp_path))
     assert failed.returncode == 0 and failed.stdout.strip() == "False"
     notes = [line for line in failed.stderr.splitlines() if line.startswith("tmt: note:")]

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _scale_model(**changes):
-    """A tiny norm=scale model whose ScaleNorm gains are set away from their initial sqrt(d) (so a test sees each one)."""
+    """A tiny norm=scale model whose ScaleNorm gains are set away from their initial sqrt(d) (so a test sees each
+    one)."""
     model = tiny_model(norm="scale", **changes)
     g = torch.Generator().manual_seed(9)
     with torch.no_grad():
@@ -156,7 +157,7 @@ def scale_run(corpus_slice, spm_model, tmp_path_factory):
         "data.max_len=60",
     )
     losses = []
-    result = train(cfg, on_update=lambda update, stats: losses.append(stats["loss"] / stats["ntokens"]))
+    result = train(cfg, on_update=lambda update, stats: losses.append(stats.loss / stats.tokens))
     assert result.progress.update == 40, result.stop_reason
     return out, losses
 
@@ -177,8 +178,8 @@ def test_scale_model_trains_and_decodes(scale_run, corpus_slice):
 
 
 def test_scale_model_exports_to_ctranslate2_as_rmsnorm(scale_run, corpus_slice, tmp_path):
-    """CTranslate2 has no ScaleNorm but has RMSNorm: g x / ||x|| = (g / sqrt(d)) x / rms(x), so the export writes RMSNorm
-    gains g / sqrt(d) and the FixNorm-normalised embedding rows; CTranslate2's log-probabilities of reference
+    """CTranslate2 has no ScaleNorm but has RMSNorm: g x / ||x|| = (g / sqrt(d)) x / rms(x), so the export writes
+    RMSNorm gains g / sqrt(d) and the FixNorm-normalised embedding rows; CTranslate2's log-probabilities of reference
     translations then equal tmt's teacher-forced ones."""
     ctranslate2 = pytest.importorskip("ctranslate2")
     from transformer_mt.data import source_tensor

@@ -59,7 +59,8 @@ def test_training_loss_is_label_smoothing_over_the_kept_pieces():
     tgt_out[tgt_out.gt(EOS_ID)] = KEPT[tgt_out[tgt_out.gt(EOS_ID)] % len(KEPT)]  # targets among the kept pieces
     eps, k = 0.1, kept.numel()
     loss, nll, n = TeacherForcedLoss(restricted, label_smoothing=eps)(src, tgt_in, tgt_out)
-    # by hand from the full model's logits: a softmax over the K kept pieces, 1 - eps on the reference, eps / (K - 1) on the others
+    # by hand from the full model's logits: a softmax over the K kept pieces, 1 - eps on the reference, eps / (K - 1)
+    # on the others
     logp = torch.log_softmax(full(src, tgt_in)[..., kept].double(), dim=-1)[tgt_out.ne(PAD_ID)]  # (N, K)
     ref = torch.searchsorted(kept, tgt_out[tgt_out.ne(PAD_ID)])  # (N,) kept index of each target
     want_nll = -logp[torch.arange(len(ref)), ref]
@@ -93,7 +94,7 @@ def restricted_run(corpus_slice, spm_model, tmp_path_factory):
     out = tmp_path_factory.mktemp("restricted_run") / "run"
     cfg = run_config(corpus_slice, spm_model, out, *_RUN)
     losses = []
-    result = train(cfg, on_update=lambda update, stats: losses.append(stats["loss"] / stats["ntokens"]))
+    result = train(cfg, on_update=lambda update, stats: losses.append(stats.loss / stats.tokens))
     assert result.progress.update == 40, result.stop_reason
     return out, losses, cfg
 

@@ -1,7 +1,8 @@
-"""The training step's fast paths compute what their plain forms compute, values and gradients:
+"""The cpu backend's training-step fast paths compute what the reference backend's plain forms compute, values and
+gradients:
 
 - attention spelled out as two batched matmuls and a softmax (a CPU training step over few keys) against SDPA;
-- ScaleNorm's written-out backward (``kernels.scale_norm``) against autograd through the formula;
+- ScaleNorm's written-out backward (``CpuOps.scale_norm``) against autograd through the formula;
 - the Linear layers and the fused loss's vocabulary products through oneDNN against F.linear and torch's mm.
 
 The model-level checks run real Multi30k pairs, tokenized by the session's sentencepiece model, through the
@@ -19,15 +20,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import transformer_mt.model.attention as attention
-import transformer_mt.model.kernels as kernels
+import transformer_mt.model.ops.cpu.onednn as onednn
 from tests.conftest import head, tiny_model
 from transformer_mt.data import collate
-from transformer_mt.model import TeacherForcedLoss, use_reference_ops
-from transformer_mt.model.kernels import scale_norm
+from transformer_mt.model import TeacherForcedLoss, choose_ops
+from transformer_mt.model.linear import Linear
+from transformer_mt.model.ops.cpu import CpuOps
+from transformer_mt.model.ops.cpu.attention import SHORT_KEYS
+from transformer_mt.model.ops.reference import ReferenceOps
 from transformer_mt.text import Tokenizer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+CPU, REFERENCE = CpuOps(), ReferenceOps()
+scale_norm = CPU.scale_norm
 
 
 def _plain_scale_norm(x: torch.Tensor, g: torch.Tensor, eps: float) -> torch.Tensor:
@@ -58,8 +63,8 @@ def test_scale_norm_kernel_keeps_the_input_shape_and_the_scalar_gain():
     g = torch.tensor(4.0, requires_grad=True)
     scale_norm(x, g, 1e-5).sum().backward()
     assert x.grad is not None and x.grad.shape == x.shape and g.grad is not None and g.grad.shape == ()
-    with use_reference_ops(True):  # the switch gives the plain form, same numbers
-        torch.testing.assert_close(scale_norm(x, g, 1e-5), _plain_scale_norm(x, g, 1e-5))
+    # the reference backend gives the plain form, same numbers
+    torch.testing.assert_close(REFERENCE.scale_norm(x, g, 1e-5), _plain_scale_norm(x, g, 1e-5))
 
 
 def _real_batch(corpus_slice, spm_model, n: int = 24):
@@ -80,51 +85,59 @@ def _loss_and_grads(model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]
 
 @pytest.mark.parametrize("norm", ["post", "pre", "scale"])
 def test_spelled_out_attention_trains_as_sdpa_does_on_real_pairs(norm, corpus_slice, spm_model, monkeypatch):
+    """The cpu backend's attention (spelled out, or the C++ kernel where built) against the reference backend's SDPA,
+    the rest of the step the same (both cpu, SDPA forced by the predicate), then the whole step on the reference
+    backend."""
     vocab, batch = _real_batch(corpus_slice, spm_model)
-    assert (
-        batch.src_padded and batch.src.size(1) <= attention.SHORT_KEYS
-    )  # key padding masks, short enough for the fast path
+    assert batch.src_padded and batch.src.size(1) <= SHORT_KEYS  # key padding masks, short enough for the fast path
     model = tiny_model(
         vocab, norm=norm, share_all_embeddings=True
     ).train()  # dropout 0: both paths see the same numbers
+    ops = model.ops
+    assert isinstance(ops, CpuOps)
     calls: list[bool] = []
-    real = attention._spelled_out_is_faster
+    real = ops.spelled_out_is_faster
 
     def recorded(k: torch.Tensor) -> bool:
         calls.append(real(k))
         return calls[-1]
 
-    monkeypatch.setattr(attention, "_spelled_out_is_faster", recorded)
+    monkeypatch.setattr(ops, "spelled_out_is_faster", recorded)
     spelled = _loss_and_grads(model, batch)
     assert calls and all(calls)  # every attention of the step took the spelled-out path
-    monkeypatch.setattr(attention, "_spelled_out_is_faster", lambda k: False)
+    monkeypatch.setattr(ops, "spelled_out_is_faster", lambda k: False)
     sdpa = _loss_and_grads(model, batch)
-    torch.testing.assert_close(spelled[0], sdpa[0], rtol=1e-5, atol=1e-5)
-    assert spelled[1].keys() == sdpa[1].keys()
-    for name, grad in spelled[1].items():
-        scale = float(grad.abs().max())  # float32 sums in another order: agreement relative to the gradient's size
-        torch.testing.assert_close(
-            grad, sdpa[1][name], rtol=1e-4, atol=1e-5 * scale, msg=f"{name}: the gradients differ"
-        )
+    reference = _loss_and_grads(model.use_ops(choose_ops("reference")), batch)
+    for plain in (sdpa, reference):
+        torch.testing.assert_close(spelled[0], plain[0], rtol=1e-5, atol=1e-5)
+        assert spelled[1].keys() == plain[1].keys()
+        for name, grad in spelled[1].items():
+            scale = float(grad.abs().max())  # float32 sums in another order: agreement relative to the gradient's size
+            torch.testing.assert_close(
+                grad, plain[1][name], rtol=1e-4, atol=1e-5 * scale, msg=f"{name}: the gradients differ"
+            )
 
 
-def test_the_fast_path_is_for_cpu_training_over_few_keys_only():
-    k = torch.zeros(2, 4, attention.SHORT_KEYS, 8)
-    assert attention._spelled_out_is_faster(k)
-    assert not attention._spelled_out_is_faster(torch.zeros(2, 4, attention.SHORT_KEYS + 1, 8))  # long: SDPA's kernel
+def test_the_fast_path_is_for_cpu_training_over_few_keys_only(monkeypatch):
+    k = torch.zeros(2, 4, SHORT_KEYS, 8)
+    assert CPU.spelled_out_is_faster(k)
+    assert not CPU.spelled_out_is_faster(torch.zeros(2, 4, SHORT_KEYS + 1, 8))  # long: SDPA's kernel
     with torch.no_grad():
-        assert not attention._spelled_out_is_faster(k)  # inference keeps SDPA (decoding is unchanged)
-    with use_reference_ops(True):
-        assert not attention._spelled_out_is_faster(k)  # the plain path of the benchmark's "plain ops" rows
+        assert not CPU.spelled_out_is_faster(k)  # inference keeps SDPA (decoding is unchanged)
+    # the reference backend (the benchmark's "plain ops" rows) never spells it out: SDPA for every attention
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or sdpa(*a, **kw))
+    q = torch.randn(2, 4, 5, 8, requires_grad=True)
+    REFERENCE.attention(q, q, q, None, causal=True, dropout_p=0.0, need_weights=False)
+    assert calls == [1]
 
 
 def test_scale_norm_model_gradients_equal_the_plain_formula_on_real_pairs(corpus_slice, spm_model, monkeypatch):
-    import transformer_mt.model.norms as norms
-
     vocab, batch = _real_batch(corpus_slice, spm_model)
     model = tiny_model(vocab, norm="scale", share_all_embeddings=True).train()
     ours = _loss_and_grads(model, batch)
-    monkeypatch.setattr(norms, "scale_norm", _plain_scale_norm)
+    monkeypatch.setattr(model.ops, "scale_norm", _plain_scale_norm)  # the ScaleNorm layers' formula only
     plain = _loss_and_grads(model, batch)
     torch.testing.assert_close(ours[0], plain[0], rtol=1e-6, atol=1e-6)
     for name, grad in ours[1].items():
@@ -135,7 +148,7 @@ def test_scale_norm_model_gradients_equal_the_plain_formula_on_real_pairs(corpus
 
 
 def _took_onednn(y: torch.Tensor) -> bool:
-    """Whether ``kernels.linear``'s output came from :class:`kernels._CpuLinear` (viewed to the input's leading shape)."""
+    """Whether ``CpuOps.linear``'s output came from :class:`onednn.CpuLinear` (viewed to the input's leading shape)."""
     node = y.grad_fn
     while node is not None and type(node).__name__ == "ViewBackward0":
         node = node.next_functions[0][0]
@@ -143,7 +156,7 @@ def _took_onednn(y: torch.Tensor) -> bool:
 
 
 needs_onednn = pytest.mark.skipif(
-    kernels._onednn_linear is None, reason="this torch build has no oneDNN (mkldnn) CPU kernels"
+    onednn.onednn_linear is None, reason="this torch build has no oneDNN (mkldnn) CPU kernels"
 )
 
 
@@ -157,18 +170,18 @@ def test_onednn_linear_equals_f_linear_in_value_and_gradients(bias):
     x = torch.randn(3, 7, 24, generator=gen)
     dy = torch.randn(3, 7, 32, generator=gen)
     results = []
-    for fn in (kernels.linear, F.linear):
+    for fn in (CPU.linear, F.linear):
         xx, w = x.clone().requires_grad_(), weight.clone().requires_grad_()
         bb = b.clone().requires_grad_() if b is not None else None
         y = fn(xx, w[8:], bb)
         y.backward(dy)
         results.append([y.detach(), xx.grad, w.grad] + ([bb.grad] if bb is not None else []))
-        if fn is kernels.linear:
+        if fn is not F.linear:
             assert _took_onednn(y)  # the oneDNN path was taken
     for ours, plain in zip(*results, strict=True):
         torch.testing.assert_close(ours, plain, rtol=1e-5, atol=1e-5)
     assert results[0][2][:8].abs().max() == 0  # rows outside the slice get no gradient
-    torch.testing.assert_close(kernels.linear(x, rows, b), F.linear(x, rows, b), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(CPU.linear(x, rows, b), F.linear(x, rows, b), rtol=1e-5, atol=1e-5)
 
 
 @needs_onednn
@@ -183,7 +196,7 @@ def test_onednn_linear_with_its_relu_fused_equals_relu_of_f_linear():
     results = []
     for fused in (True, False):
         xx, w, bb = (t.clone().requires_grad_() for t in (x, weight, b))
-        y = kernels.linear_relu(xx, w, bb) if fused else F.relu(F.linear(xx, w, bb))
+        y = CPU.linear_relu(xx, w, bb) if fused else F.relu(F.linear(xx, w, bb))
         y.backward(dy)
         results.append((y.detach(), xx.grad, w.grad, bb.grad))
         if fused:
@@ -192,7 +205,7 @@ def test_onednn_linear_with_its_relu_fused_equals_relu_of_f_linear():
     for ours, plain in zip(*results, strict=True):
         torch.testing.assert_close(ours, plain, rtol=1e-5, atol=1e-5)
     with torch.no_grad():
-        assert torch.equal(kernels.linear_relu(x, weight, b), F.relu(F.linear(x, weight, b)))  # decoding: the plain ops
+        assert torch.equal(CPU.linear_relu(x, weight, b), F.relu(F.linear(x, weight, b)))  # decoding: the plain ops
 
 
 @needs_onednn
@@ -200,18 +213,17 @@ def test_onednn_linear_is_for_a_float32_cpu_training_step_only():
     x, w = torch.randn(5, 8, requires_grad=True), torch.randn(6, 8, requires_grad=True)
 
     def took_onednn() -> bool:
-        y = kernels.linear(x, w)
+        y = CPU.linear(x, w)
         return _took_onednn(y)
 
     assert took_onednn()
     with torch.no_grad():
-        assert kernels.linear(x, w).grad_fn is None  # decoding: F.linear
-    with use_reference_ops(True):
-        assert not took_onednn()  # the benchmark's "plain ops" rows
+        assert CPU.linear(x, w).grad_fn is None  # decoding: F.linear
+    assert not _took_onednn(REFERENCE.linear(x, w))  # the reference backend: the benchmark's "plain ops" rows
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert kernels.linear(x, w).dtype == torch.bfloat16  # autocast's own cast and product
+        assert CPU.linear(x, w).dtype == torch.bfloat16  # autocast's own cast and product
     x64, w64 = x.detach().double().requires_grad_(), w.detach().double()
-    assert not _took_onednn(kernels.linear(x64, w64))
+    assert not _took_onednn(CPU.linear(x64, w64))
 
 
 @needs_onednn
@@ -222,25 +234,28 @@ def test_onednn_products_train_as_torch_mm_does_on_real_pairs(norm, corpus_slice
     vocab, batch = _real_batch(corpus_slice, spm_model)
     model = tiny_model(vocab, norm=norm, share_all_embeddings=True).train()
     calls = []
-    real = kernels._onednn_linear
+    real = onednn.onednn_linear
 
     def counted(*args):
         calls.append(args[0].shape)
         return real(*args)
 
-    monkeypatch.setattr(kernels, "_onednn_linear", counted)
+    monkeypatch.setattr(onednn, "onednn_linear", counted)
     ours = _loss_and_grads(model, batch)
-    n_linear = sum(isinstance(m, kernels.Linear) for m in model.modules())
+    n_linear = sum(isinstance(m, Linear) for m in model.modules())
     assert n_linear and len(calls) >= 2 * n_linear  # each Linear forward and backward, and the attention in-projections
-    monkeypatch.setattr(kernels, "_onednn_linear", None)
+    monkeypatch.setattr(onednn, "onednn_linear", None)
     plain = _loss_and_grads(model, batch)
-    torch.testing.assert_close(ours[0], plain[0], rtol=1e-5, atol=1e-5)
-    assert ours[1].keys() == plain[1].keys()
-    for name, grad in ours[1].items():
-        scale = float(grad.abs().max())
-        torch.testing.assert_close(
-            grad, plain[1][name], rtol=1e-4, atol=1e-5 * scale, msg=f"{name}: the gradients differ"
-        )
+    monkeypatch.undo()
+    reference = _loss_and_grads(model.use_ops(choose_ops("reference")), batch)  # F.linear, torch's mm, no fusion
+    for other in (plain, reference):
+        torch.testing.assert_close(ours[0], other[0], rtol=1e-5, atol=1e-5)
+        assert ours[1].keys() == other[1].keys()
+        for name, grad in ours[1].items():
+            scale = float(grad.abs().max())
+            torch.testing.assert_close(
+                grad, other[1][name], rtol=1e-4, atol=1e-5 * scale, msg=f"{name}: the gradients differ"
+            )
 
 
 @needs_onednn
@@ -248,24 +263,27 @@ def test_the_search_output_product_goes_through_onednn_without_gradients_only(mo
     gen = torch.Generator().manual_seed(6)
     x, w, b = torch.randn(5, 16, generator=gen), torch.randn(300, 16, generator=gen), torch.randn(300, generator=gen)
     calls = []
-    real = kernels._onednn_linear
-    monkeypatch.setattr(kernels, "_onednn_linear", lambda *a: calls.append(a[0].shape) or real(*a))
+    real = onednn.onednn_linear
+    monkeypatch.setattr(onednn, "onednn_linear", lambda *a: calls.append(a[0].shape) or real(*a))
     with torch.inference_mode():
-        torch.testing.assert_close(kernels.inference_linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(kernels.inference_linear(x[:1], w), F.linear(x[:1], w), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(CPU.output_linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(CPU.output_linear(x[:1], w), F.linear(x[:1], w), rtol=1e-5, atol=1e-5)
     assert calls == [(5, 16), (1, 16)]
     wg = w.clone().requires_grad_()
-    y = kernels.inference_linear(x, wg, b)  # a gradient to record: torch's own product, differentiable
+    y = CPU.output_linear(x, wg, b)  # a gradient to record: torch's own product, differentiable
     y.sum().backward()
     assert len(calls) == 2 and wg.grad is not None
-    with torch.no_grad(), use_reference_ops(True):
-        kernels.inference_linear(x, w, b)
+    with torch.no_grad():
+        REFERENCE.output_linear(x, w, b)
     assert len(calls) == 2
 
 
 _GROWTH = """
 import ctypes, ctypes.util, sys, torch
-import transformer_mt.model.kernels as kernels
+from transformer_mt import runtime
+runtime.set_environment_defaults()  # what tmt and load() run first: oneDNN's caches bounded
+from transformer_mt.model.ops.cpu import CpuOps
+CPU = CpuOps()
 torch.set_num_threads(1)
 libc = ctypes.CDLL(ctypes.util.find_library("c"))
 def rss():  # what the process holds: freed heap given back first (else the heap's high-water mark moves the figure)
@@ -273,10 +291,10 @@ def rss():  # what the process holds: freed heap given back first (else the heap
         libc.malloc_trim(0)
     return int(open('/proc/self/statm').read().split()[1]) * 4096 / 2**20
 w = torch.randn(256, 128, requires_grad=True)
-kernels.linear(torch.randn(8, 128), w).sum().backward()
+CPU.linear(torch.randn(8, 128), w).sum().backward()
 start = rss()
 for i, rows in enumerate(range(1500, 1700)):  # a new row count each call, as a training run's batches bring them
-    kernels.linear(torch.randn(rows, 128), w).sum().backward()
+    CPU.linear(torch.randn(rows, 128), w).sum().backward()
     if i == 99:
         half = rss() - start
 print(half, rss() - start)

@@ -34,7 +34,8 @@ CONFIGS = {
 
 
 def counted(fn) -> int:
-    """FLOPs torch's FlopCounterMode sees; CPU flash attention gets the CUDA kernel's formula (torch has none for it)."""
+    """FLOPs torch's FlopCounterMode sees; CPU flash attention gets the CUDA kernel's formula (torch has none for
+    it)."""
     aten = torch.ops.aten
     mapping = {}
     if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):

@@ -13,7 +13,7 @@ that phase's own peak resident memory (the Python interpreter and torch included
              embeddings, 4096-token batches), each in float32 and bfloat16 autocast: ``--warmup`` updates
              untimed, then ``--updates`` timed; tokens/s counts non-pad target tokens (pieces + EOS).
              Both models also train once more in float32 with "plain ops" (``F.dropout`` and the unfused
-             logits + ``label_smoothed_nll_loss`` path, switched on by ``use_reference_ops``), the
+             logits + ``label_smoothed_nll_loss`` path: the reference backend, ``train.ops: reference``), the
              baseline of the CPU speed-ups, same batches;
   translate  :class:`transformer_mt.decoding.Translator` on test_2016_flickr.en, greedy and beam 5, at the
              checkpoint's ``decode.batch_tokens`` and ``decode.lenpen``, after an untimed warm-up on 8

@@ -3,9 +3,9 @@
 - The CPU flash-attention kernels SDPA uses here are counted as it counts the CUDA ones (forward Q K^T
   and A V; backward recomputes Q K^T and does 4 more matmuls).
 - oneDNN's matmul (``mkldnn::_linear_pointwise``), which a float32 CPU training step runs its Linear
-  layers and the fused loss's products through (``transformer_mt.model.kernels``), is counted as the
+  layers and the fused loss's products through (``transformer_mt.model.ops.cpu``), is counted as the
   ``x @ w.T`` it computes.
-- tmt's C++ attention over few keys (``tmt::short_attention``, ``transformer_mt.model.native``) is counted
+- tmt's C++ attention over few keys (``tmt::short_attention``, ``transformer_mt.model.ops.cpu.native``) is counted
   as the batched matmuls it replaces: Q K^T and P V forward over every (query, key) pair (the causal
   half too, as SDPA's formula and the batched matmuls count it), four products of the same sizes backward.
 
@@ -20,7 +20,8 @@ from collections.abc import Callable
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from transformer_mt.model import label_smoothed_nll_loss, native
+from transformer_mt.model import label_smoothed_nll_loss
+from transformer_mt.model.ops.cpu import native
 from transformer_mt.runtime import autocast
 
 

@@ -182,7 +182,7 @@ def _cpu_notes(r: dict) -> list[str]:
         peak_share_line(r),
         "Plain ops: the same training with torch's F.dropout, autograd through ScaleNorm's formula, "
         "SDPA for every attention "
-        "and the unfused logits + loss path (kernels.use_reference_ops), "
+        "and the unfused logits + loss path (the reference backend, train.ops: reference), "
         "the baseline of the CPU speed-ups. GFLOP/s: FLOPs per target token of the timed batches x tokens/s "
         "(the analytic count of "
         "every timed batch, checked against FlopCounterMode on batches spread over the window); % of peak: "

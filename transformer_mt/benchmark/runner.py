@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from transformer_mt import runtime
 from transformer_mt.benchmark.ct2 import phase_ctranslate2
 from transformer_mt.benchmark.peer import phase_fairseq
 from transformer_mt.benchmark.phases import phase_matmul, phase_syncs, phase_train, phase_translate
@@ -40,6 +41,7 @@ def peak_rss_mib() -> float:
 def run_phase_file(spec_path: Path) -> None:
     """Child side: run one phase from its spec file and write its result file."""
     spec = json.loads(spec_path.read_text(encoding="utf-8"))
+    runtime.set_environment_defaults()  # as tmt sets them: oneDNN's caches bounded before its first product
     torch.set_num_threads(spec["threads"])
     baseline = peak_rss_mib()  # the interpreter with torch and transformer_mt imported
     result = PHASES[spec["kind"]](spec)

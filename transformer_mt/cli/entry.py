@@ -9,6 +9,7 @@ import sys
 import typer
 
 from transformer_mt.cli.app import app
+from transformer_mt.environment import set_environment_defaults
 from transformer_mt.errors import TmtError
 
 # The base of Click's usage errors, taken from typer's own Click (a copy inside typer from 0.25 on, the
@@ -18,6 +19,7 @@ _CLICK_ERROR: type[Exception] = next(c for c in typer.BadParameter.__mro__ if c.
 
 def main(argv: list[str] | None = None) -> None:
     """Console entry point: runs the app and turns user errors into one line on stderr (exit code 2)."""
+    set_environment_defaults()  # before any command's first oneDNN product (torch-free: --help stays instant)
     try:
         # not standalone: Click's usage errors come here, to be printed as one line rather than a box
         code = app(args=argv, prog_name="tmt", standalone_mode=False)

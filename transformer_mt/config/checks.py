@@ -30,6 +30,7 @@ CHOICES = {
     "model.positions": ("sinusoidal", "learned"),
     "model.position_layout": ("interleaved", "halves"),
     "train.dtype": ("float32", "bfloat16", "float16", "auto"),
+    "train.ops": ("auto", "reference", "cpu", "cuda"),  # transformer_mt.model.ops.OPS_CHOICES
     "train.lr_schedule": ("noam", "inverse_sqrt", "linear", "wsd"),
     "train.best_metric": ("bleu", "loss"),
 }

@@ -93,6 +93,10 @@ class TrainConfig:
     seed: int = 1  # seeds parameters, dropout and batch order
     device: str = "auto"  # auto (cuda, then mps, then cpu), cpu, cuda, cuda:N or mps
     threads: int = 0  # CPU threads for torch; 0 = torch's default
+    # who computes the operations with fast paths (transformer_mt.model.ops): auto (cpu on a CPU, cuda on a GPU),
+    # reference (plain torch: F.linear, F.dropout, SDPA, logits then the loss; the numbers the others are tested
+    # against), cpu or cuda
+    ops: str = "auto"
     # float32, bfloat16 (autocast, CPU or CUDA), float16 (autocast + loss scaling, CUDA) or auto (per machine:
     # runtime.auto_dtype)
     dtype: str = "float32"

@@ -1,11 +1,9 @@
-"""The Transformer: attention, layers, norms, positions, the output layer, the KV cache, kernels (and their C++ build,
-``native``), loss and ensembles."""
+"""The Transformer: attention, layers, norms, positions, the output layer, the KV cache, the loss and ensembles; and
+``ops``, the interface to the fast paths and the choice of the backend (reference, cpu, cuda) a model computes with."""
 
-from transformer_mt.model import native
 from transformer_mt.model.attention import MultiHeadAttention, allowed_mask
 from transformer_mt.model.cache import DecoderCache
 from transformer_mt.model.ensemble import Ensemble
-from transformer_mt.model.kernels import dropout, use_reference_ops
 from transformer_mt.model.loss import (
     TeacherForcedLoss,
     label_smoothed_nll_loss,
@@ -13,27 +11,28 @@ from transformer_mt.model.loss import (
     projected_label_smoothed_loss,
 )
 from transformer_mt.model.norms import LayerNorm, ScaleNorm, fixnorm
+from transformer_mt.model.ops import OPS_CHOICES, Ops, choose_ops
 from transformer_mt.model.positions import sinusoids
 from transformer_mt.model.transformer import AttentionWeights, EncoderOut, Transformer, count_parameters
 
 __all__ = [
+    "OPS_CHOICES",
     "AttentionWeights",
     "DecoderCache",
     "EncoderOut",
     "Ensemble",
     "LayerNorm",
     "MultiHeadAttention",
+    "Ops",
     "ScaleNorm",
     "TeacherForcedLoss",
     "Transformer",
     "allowed_mask",
+    "choose_ops",
     "count_parameters",
-    "dropout",
     "fixnorm",
     "label_smoothed_nll_loss",
-    "native",
     "perplexity",
     "projected_label_smoothed_loss",
     "sinusoids",
-    "use_reference_ops",
 ]

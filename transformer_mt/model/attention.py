@@ -22,13 +22,11 @@ Mask convention (one for the whole model):
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transformer_mt.config import ModelConfig
-from transformer_mt.model import native
-from transformer_mt.model.kernels import Linear, dropout, linear, reference_ops
+from transformer_mt.model.linear import Linear
+from transformer_mt.model.ops import Ops, choose_ops
 
 
 def allowed_mask(pad: Tensor, *, causal: bool = False) -> Tensor:
@@ -45,10 +43,12 @@ class MultiHeadAttention(nn.Module):
 
     Q, K and V projections live in one (H*(2*Dk + Dv), D) matrix: self-attention does one fused matmul,
     cross-attention slices the Q rows (decoder side) and the K/V rows (encoder side, once per sentence).
+    The products and the attention itself are computed by ``ops``, the model's backend (None: the CPU's ``auto``).
     """
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, *, ops: Ops | None = None):
         super().__init__()
+        self.ops = ops if ops is not None else choose_ops()
         d, h = cfg.d_model, cfg.heads
         self.heads = h
         self.dk = cfg.head_dim or d // h
@@ -56,7 +56,7 @@ class MultiHeadAttention(nn.Module):
         self.sizes = [h * self.dk, h * self.dk, h * self.dv]  # rows of W^Q, W^K, W^V in in_weight
         self.in_weight = nn.Parameter(torch.empty(sum(self.sizes), d))
         self.in_bias = nn.Parameter(torch.empty(sum(self.sizes)))
-        self.out = Linear(h * self.dv, d)
+        self.out = Linear(h * self.dv, d, ops=self.ops)
         self.dropout = cfg.attention_dropout
 
     def reset_parameters(self) -> None:
@@ -71,18 +71,18 @@ class MultiHeadAttention(nn.Module):
 
     def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Self-attention input (B, T, D) -> q, k (B, H, T, Dk), v (B, H, T, Dv) with one matmul."""
-        q, k, v = linear(x, self.in_weight, self.in_bias).split(self.sizes, dim=-1)
+        q, k, v = self.ops.linear(x, self.in_weight, self.in_bias).split(self.sizes, dim=-1)
         return self._split_heads(q), self._split_heads(k), self._split_heads(v)
 
     def project_q(self, x: Tensor) -> Tensor:
         """Decoder states (B, T, D) -> queries (B, H, T, Dk)."""
         n = self.sizes[0]
-        return self._split_heads(linear(x, self.in_weight[:n], self.in_bias[:n]))
+        return self._split_heads(self.ops.linear(x, self.in_weight[:n], self.in_bias[:n]))
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Encoder output (B, S, D) -> keys (B, H, S, Dk), values (B, H, S, Dv)."""
         n = self.sizes[0]
-        k, v = linear(memory, self.in_weight[n:], self.in_bias[n:]).split(self.sizes[1:], dim=-1)
+        k, v = self.ops.linear(memory, self.in_weight[n:], self.in_bias[n:]).split(self.sizes[1:], dim=-1)
         return self._split_heads(k), self._split_heads(v)
 
     def attend(
@@ -95,72 +95,28 @@ class MultiHeadAttention(nn.Module):
         causal: bool = False,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """softmax(q k^T / sqrt(Dk)) v over heads, then W^O: (B, H, T, Dk) x (B, H, K, Dk|Dv) -> (B, T, D).
+        """softmax(q k^T / sqrt(Dk)) v over heads (section 3.2.1), then W^O: (B, H, T, Dk) x (B, H, K, Dk|Dv)
+        -> (B, T, D).
 
         ``allowed``: bool, True = attend, broadcastable to (B, H, T, K); None = attend to all keys, or with
         ``causal`` (T == K) to keys at or before the query's position (no mask tensor: SDPA's ``is_causal``).
-        Fast path: SDPA (a fused kernel, e.g. flash attention on CPU when there is no attention dropout); a
-        training step on CPU over at most SHORT_KEYS keys spells the product out instead (faster there). With
-        ``need_weights`` the product is spelled out and the weights (B, H, T, K), taken before attention
-        dropout, come back too: masked keys get -inf before the softmax, so exactly 0 after it.
+        With ``need_weights`` the weights (B, H, T, K), taken before attention dropout, come back too (exactly 0 on
+        blocked keys); else None. Which kernel computes it is the backend's choice (``ops.attention``).
         """
-        p = self.dropout if self.training else 0.0
-        if not need_weights and p == 0.0 and _native_applies(q, k, v, allowed):
-            b, _, t, _ = q.shape
-            keys = None if allowed is None else allowed.reshape(b, -1)  # (B, 1, 1, K) -> (B, K)
-            out = native.short_attention(
-                q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), keys, causal=causal, scale=self.dk**-0.5
-            )
-            return self.out(out), None  # (B, T, H*Dv) already
-        if need_weights or _spelled_out_is_faster(k):
-            scores = q @ k.transpose(-2, -1) * self.dk**-0.5  # (B, H, T, K); section 3.2.1 scaling
-            if causal:
-                allowed = torch.ones(q.size(2), k.size(2), dtype=torch.bool, device=q.device).tril()
-            if allowed is not None:
-                scores = scores.masked_fill(~allowed, float("-inf"))
-            weights = scores.softmax(dim=-1)
-            out = dropout(weights, p, self.training) @ v  # (B, H, T, Dv)
-        else:
-            weights = None
-            if q.device.type == "cuda" and CUDA_SDPA_BACKENDS:
-                with sdpa_kernel(CUDA_SDPA_BACKENDS):
-                    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=p, is_causal=causal)
-            else:
-                out = F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=allowed, dropout_p=p, is_causal=causal
-                )  # scale 1/sqrt(Dk)
-        b, h, t, dv = out.shape
-        return self.out(
-            out.transpose(1, 2).reshape(b, t, h * dv)
-        ), weights if need_weights else None  # (B, H, T, Dv) -> (B, T, H*Dv)
+        out, weights = self.ops.attention(
+            q, k, v, allowed, causal=causal, dropout_p=self._dropout_p(), need_weights=need_weights
+        )
+        return self.out(out), weights  # (B, T, H*Dv) -> (B, T, D)
 
+    def attend_cache(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """:meth:`attend` for one decoding step over the decoder's cache, without a mask (every cached position is in
+        the query's past): q (R, H, 1, Dk), k (R, H, T, Dk), v (R, H, T, Dv) -> (R, 1, D)."""
+        return self.out(self.ops.self_attention_step(q, k, v, dropout_p=self._dropout_p()))  # (R, 1, H*Dv) -> D
 
-# The SDPA kernels allowed on a GPU: not cuDNN's, which torch prefers for bfloat16 / float16 on recent GPUs. cuDNN
-# builds an execution plan for every new (batch, query length, key length) shape; token-bucketed batches and a
-# search's growing prefix bring a new shape with nearly every batch and step, so the plans would cost more than the
-# attention. Flash and memory-efficient attention need no plan. An empty list lets torch choose.
-CUDA_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    def attend_source(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> Tensor:
+        """:meth:`attend` for one decoding step over the source, a sentence's beams as its query positions:
+        q (G, H, group, Dk), k (G, H, S, Dk), v (G, H, S, Dv), ``allowed`` (G, 1, 1, S) or None -> (G, group, D)."""
+        return self.out(self.ops.cross_attention_step(q, k, v, allowed, dropout_p=self._dropout_p()))
 
-# SDPA's CPU flash kernel works in blocks sized for long sequences; below this many keys, the product spelled out
-# as two batched matmuls and a softmax is faster forward and backward (docs/benchmarks.md, the attention row).
-SHORT_KEYS = 64
-
-
-def _native_applies(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> bool:
-    """Whether a training step's attention goes through the C++ kernel of :mod:`transformer_mt.model.native`: over few
-    keys on CPU in float32 (as :func:`_spelled_out_is_faster`), head sizes multiples of 16, a key-padding mask or none,
-    and the kernel built (the first call builds it)."""
-    return (
-        _spelled_out_is_faster(k)
-        and q.dtype == k.dtype == v.dtype == torch.float32
-        and q.size(-1) % 16 == 0
-        and v.size(-1) % 16 == 0
-        and (allowed is None or (allowed.dim() == 4 and allowed.size(1) == 1 and allowed.size(2) == 1))
-        and native.available()
-    )
-
-
-def _spelled_out_is_faster(k: Tensor) -> bool:
-    """Whether a training step on CPU attends over few enough keys (k: (B, H, K, Dk)) for the spelled-out product
-    (not under ``use_reference_ops(True)``, whose plain path is SDPA everywhere)."""
-    return k.device.type == "cpu" and k.size(2) <= SHORT_KEYS and torch.is_grad_enabled() and not reference_ops()
+    def _dropout_p(self) -> float:
+        return self.dropout if self.training else 0.0  # attention dropout, in training only

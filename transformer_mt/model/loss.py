@@ -21,11 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer_mt.model import kernels
-from transformer_mt.model.fused_loss import fused_projected_label_smoothed_loss
 from transformer_mt.text import PAD_ID
 
-if TYPE_CHECKING:  # the model is handed in; loss.py never builds one
+if TYPE_CHECKING:  # the model and its backend are handed in; loss.py never builds one
+    from transformer_mt.model.ops import Ops
     from transformer_mt.model.transformer import Transformer
 
 
@@ -51,11 +50,11 @@ def label_smoothed_nll_loss(
     Memory: one (N, V) float32 tensor (the log-probabilities) besides the logits; the smoothing
     term uses their row sums rather than an explicit smoothed target distribution.
     """
-    loss, nll = _label_smoothed_sums(logits, target, epsilon=epsilon, ignore_index=ignore_index)
+    loss, nll = label_smoothed_sums(logits, target, epsilon=epsilon, ignore_index=ignore_index)
     return loss, nll, int(target.ne(ignore_index).sum())
 
 
-def _label_smoothed_sums(logits: Tensor, target: Tensor, *, epsilon: float, ignore_index: int) -> tuple[Tensor, Tensor]:
+def label_smoothed_sums(logits: Tensor, target: Tensor, *, epsilon: float, ignore_index: int) -> tuple[Tensor, Tensor]:
     """:func:`label_smoothed_nll_loss` without the token count (no host sync): (loss_sum, nll_sum)."""
     vocab = logits.size(-1)
     _check_epsilon(epsilon, vocab)
@@ -87,35 +86,40 @@ def perplexity(nll_sum: float | torch.Tensor, ntokens: int) -> float:
 
 
 def projected_label_smoothed_loss(
-    h: Tensor, weight: Tensor, target: Tensor, *, epsilon: float, bias: Tensor | None = None, ignore_index: int = PAD_ID
+    h: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    *,
+    epsilon: float,
+    ops: Ops,
+    bias: Tensor | None = None,
+    ignore_index: int = PAD_ID,
 ) -> tuple[Tensor, Tensor, int]:
-    """``label_smoothed_nll_loss(h @ weight.T + bias, target)`` without materialising the (N, V) logits at once.
+    """``label_smoothed_nll_loss(h @ weight.T + bias, target)``, computed by ``ops.projected_loss`` (the CPU and CUDA
+    backends fuse the projection with the loss, so the (N, V) logits never exist in one piece).
 
     h: (N, D) decoder states at the label positions; weight: (V, D) output projection; bias: (V,) or None;
     target: (N,). Same returns and same numbers (float32 loss) as :func:`label_smoothed_nll_loss`.
-    Runs the fused kernel :func:`~transformer_mt.model.fused_loss.fused_projected_label_smoothed_loss`, or,
-    under :func:`~transformer_mt.model.kernels.use_reference_ops`, its plain equivalent: the logits, then
-    :func:`label_smoothed_nll_loss`.
     """
-    loss, nll = projected_label_smoothed_sums(h, weight, target, epsilon=epsilon, bias=bias, ignore_index=ignore_index)
+    loss, nll = projected_label_smoothed_sums(
+        h, weight, target, epsilon=epsilon, ops=ops, bias=bias, ignore_index=ignore_index
+    )
     return loss, nll, int(target.ne(ignore_index).sum())
 
 
 def projected_label_smoothed_sums(
-    h: Tensor, weight: Tensor, target: Tensor, *, epsilon: float, bias: Tensor | None = None, ignore_index: int = PAD_ID
+    h: Tensor,
+    weight: Tensor,
+    target: Tensor,
+    *,
+    epsilon: float,
+    ops: Ops,
+    bias: Tensor | None = None,
+    ignore_index: int = PAD_ID,
 ) -> tuple[Tensor, Tensor]:
     """:func:`projected_label_smoothed_loss` without the token count, so without a host sync: (loss_sum, nll_sum)."""
     _check_epsilon(epsilon, weight.size(0))
-    if kernels.reference_ops():
-        return _label_smoothed_sums(
-            F.linear(h, weight, bias), target, epsilon=epsilon, ignore_index=ignore_index
-        )  # (N, V) logits
-    if bias is not None:
-        # The bias as one more input feature: h @ W.T + b = [h, 1] @ [W, b].T, so the fused kernel needs no bias
-        # of its own, and autograd carries the bias's gradient back through the concatenation.
-        h = torch.cat([h, h.new_ones(h.size(0), 1)], dim=1)  # (N, D) -> (N, D + 1)
-        weight = torch.cat([weight, bias.to(weight.dtype)[:, None]], dim=1)  # (V, D) -> (V, D + 1)
-    return fused_projected_label_smoothed_loss(h, weight, target, epsilon=epsilon, ignore_index=ignore_index)
+    return ops.projected_loss(h, weight, target, epsilon=epsilon, bias=bias, ignore_index=ignore_index)
 
 
 class TeacherForcedLoss(nn.Module):
@@ -155,6 +159,12 @@ class TeacherForcedLoss(nn.Module):
         # ignore_index -1: the labels were selected above, so no target is padding (and an id such as MarianMT's EOS 0
         # must not be taken for it)
         loss, nll = projected_label_smoothed_sums(
-            h, model.output_weight(), target, epsilon=self.label_smoothing, bias=model.output_bias(), ignore_index=-1
+            h,
+            model.output_weight(),
+            target,
+            epsilon=self.label_smoothing,
+            ops=model.ops,
+            bias=model.output_bias(),
+            ignore_index=-1,
         )
         return loss, nll, labels.numel()

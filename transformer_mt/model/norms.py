@@ -27,8 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer_mt.config import ModelConfig
-from transformer_mt.model import kernels
-from transformer_mt.model.kernels import scale_norm
+from transformer_mt.model.ops import Ops, choose_ops
 
 
 class LayerNorm(nn.LayerNorm):
@@ -47,32 +46,31 @@ class LayerNorm(nn.LayerNorm):
 class ScaleNorm(nn.Module):
     """ScaleNorm (Nguyen & Salazar 2019, eq. 5): (..., D) -> g * x / max(||x||_2, eps) over the last dimension, one
     learned scalar ``g`` initialised to sqrt(D) (x / ||x|| * sqrt(D) has unit RMS, as LayerNorm's output has).
-    Like :class:`LayerNorm`, it normalises in g's dtype (float32) when the input has another."""
+    Like :class:`LayerNorm`, it normalises in g's dtype (float32) when the input has another. Computed by ``ops``, the
+    model's backend (None: the CPU's ``auto``)."""
 
-    def __init__(self, d_model: int, *, eps: float = 1e-5):
+    def __init__(self, d_model: int, *, eps: float = 1e-5, ops: Ops | None = None):
         super().__init__()
         self.g = nn.Parameter(torch.tensor(math.sqrt(d_model)))  # () scalar; the authors' initial value
         self.d_model, self.eps = d_model, eps
+        self.ops = ops if ops is not None else choose_ops()
 
     def forward(self, x: Tensor) -> Tensor:
-        return scale_norm(x.to(self.g.dtype), self.g, self.eps).to(x.dtype)
+        return self.ops.scale_norm(x.to(self.g.dtype), self.g, self.eps).to(x.dtype)
 
 
 _NORMALIZE_EPS = 1e-12  # F.normalize's
 
 
-def fixnorm(rows: Tensor) -> Tensor:
+def fixnorm(rows: Tensor, *, ops: Ops) -> Tensor:
     """FixNorm (Nguyen & Chiang 2018, as "Transformers without Tears" uses it): (..., D) rows l2-normalised
-    to length 1 over the last dimension (a zero row, PAD's, stays 0). ``F.normalize``; in a float32 training step
-    on CPU, ScaleNorm's one-pass C++ kernel with the gain fixed at 1 (the same formula, one pass each way)."""
-    if torch.is_grad_enabled() and rows.requires_grad and kernels.native_scale_norm_applies(rows):
-        return scale_norm(rows, rows.new_ones(()), _NORMALIZE_EPS)
-    return F.normalize(rows, dim=-1, eps=_NORMALIZE_EPS)
+    to length 1 over the last dimension (a zero row, PAD's, stays 0), ``F.normalize``'s formula, by ``ops``."""
+    return ops.normalize(rows, _NORMALIZE_EPS)
 
 
-def norm_layer(cfg: ModelConfig) -> nn.Module:
-    """The normalisation layer ``model.norm`` asks for: ScaleNorm for scale, else LayerNorm."""
-    return ScaleNorm(cfg.d_model) if cfg.norm == "scale" else LayerNorm(cfg.d_model)
+def norm_layer(cfg: ModelConfig, *, ops: Ops) -> nn.Module:
+    """The normalisation layer ``model.norm`` asks for: ScaleNorm (computed by ``ops``) for scale, else LayerNorm."""
+    return ScaleNorm(cfg.d_model, ops=ops) if cfg.norm == "scale" else LayerNorm(cfg.d_model)
 
 
 def is_pre_norm(cfg: ModelConfig) -> bool:

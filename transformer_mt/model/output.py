@@ -20,8 +20,8 @@ import torch
 from torch import Tensor, nn
 
 from transformer_mt.config import ModelConfig
-from transformer_mt.model.kernels import inference_linear
 from transformer_mt.model.norms import fixnorm
+from transformer_mt.model.ops import Ops
 from transformer_mt.text import SpecialIds
 
 
@@ -47,6 +47,7 @@ class OutputLayer(nn.Module):
     """
 
     output_proj: nn.Linear
+    ops: Ops  # the model's backend: the output product (ops.output_linear) and FixNorm
     specials: SpecialIds
     tgt_vocab_size: int
     output_ids: Tensor | None
@@ -99,7 +100,7 @@ class OutputLayer(nn.Module):
         w = self.output_proj.weight
         if self.output_ids is not None:
             w = w.index_select(0, self.output_ids)  # (V, D) -> (K, D); backward scatters into the (tied) matrix
-        return fixnorm(w) if self.fix_norm else w
+        return fixnorm(w, ops=self.ops) if self.fix_norm else w
 
     def output_bias(self) -> Tensor | None:
         """The bias added to the logits of :meth:`output_weight`'s rows, (K or V,): the kept entries of
@@ -125,7 +126,7 @@ class OutputLayer(nn.Module):
         with ``kept_only`` (the -inf of the V - K other ids left out; the caller maps columns back to ids)."""
         if self.output_ids is None and not self.fix_norm:
             return self.output_proj(x)  # the module call, as in logits(): forward hooks see the output layer
-        logits = inference_linear(x, out.weight, out.bias)  # (R, K)
+        logits = self.ops.output_linear(x, out.weight, out.bias)  # (R, K)
         if self.output_ids is None or kept_only:
             return logits
         full = logits.new_full((*logits.shape[:-1], self.tgt_vocab_size), float("-inf"))  # (R, V)
@@ -136,7 +137,7 @@ class OutputLayer(nn.Module):
         the pieces not kept get -inf (the matmul runs over the K kept rows, then one scatter)."""
         if self.output_ids is None and not self.fix_norm:
             return self.output_proj(x)  # the module call: forward hooks (tmt inspect) see the output layer
-        logits = inference_linear(x, self.output_weight(), self.output_bias())  # (..., K)
+        logits = self.ops.output_linear(x, self.output_weight(), self.output_bias())  # (..., K)
         if self.output_ids is None:
             return logits
         full = logits.new_full((*logits.shape[:-1], self.tgt_vocab_size), float("-inf"))  # (..., V)

@@ -29,9 +29,9 @@ from torch import Tensor, nn
 from transformer_mt.config import ConfigError, ModelConfig, specials_problem
 from transformer_mt.model.attention import MultiHeadAttention, allowed_mask
 from transformer_mt.model.cache import DecoderCache
-from transformer_mt.model.kernels import dropout
 from transformer_mt.model.layers import DecoderLayer, EncoderLayer, TypedModuleList
 from transformer_mt.model.norms import ScaleNorm, fixnorm, is_pre_norm, norm_layer
+from transformer_mt.model.ops import Ops, choose_ops
 from transformer_mt.model.output import OutputLayer
 from transformer_mt.model.positions import PositionTable
 from transformer_mt.text import SpecialIds
@@ -89,13 +89,18 @@ def _check(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
 
 class Transformer(PositionTable, OutputLayer):
     """Encoder-decoder Transformer (section 3). Token ids are padded with ``specials.pad`` (the ``model.*_id`` keys);
-    masks follow :mod:`~transformer_mt.model.attention` (padding masks True = pad; attention masks True = attend)."""
+    masks follow :mod:`~transformer_mt.model.attention` (padding masks True = pad; attention masks True = attend).
 
-    def __init__(self, cfg: ModelConfig, *, src_vocab_size: int, tgt_vocab_size: int):
+    ``ops``: the backend that computes the operations with fast paths (:mod:`transformer_mt.model.ops`), held by the
+    model and read by every submodule that uses one; None: ``choose_ops("auto")`` for the CPU, where a model is built.
+    A model moved to another device gets that device's backend with :meth:`use_ops`."""
+
+    def __init__(self, cfg: ModelConfig, *, src_vocab_size: int, tgt_vocab_size: int, ops: Ops | None = None):
         super().__init__()
         _check(cfg, src_vocab_size, tgt_vocab_size)
         d = cfg.d_model
         self.cfg = cfg
+        self.ops: Ops = ops if ops is not None else choose_ops()
         self.specials = SpecialIds.of(cfg)
         pad = self.specials.pad
         self.embed_scale = math.sqrt(d)  # section 3.4: embeddings multiplied by sqrt(d_model)
@@ -111,11 +116,11 @@ class Transformer(PositionTable, OutputLayer):
         if cfg.share_all_embeddings or cfg.share_decoder_embeddings:
             self.output_proj.weight = self.tgt_embed.weight
         self._init_positions(cfg)
-        self.encoder = TypedModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
-        self.decoder = TypedModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
+        self.encoder = TypedModuleList(EncoderLayer(cfg, ops=self.ops) for _ in range(cfg.encoder_layers))
+        self.decoder = TypedModuleList(DecoderLayer(cfg, ops=self.ops) for _ in range(cfg.decoder_layers))
         # Pre-norm leaves the residual stream unnormalised: one final norm per stack (ScaleNorm's too).
-        self.encoder_norm = norm_layer(cfg) if is_pre_norm(cfg) else None
-        self.decoder_norm = norm_layer(cfg) if is_pre_norm(cfg) else None
+        self.encoder_norm = norm_layer(cfg, ops=self.ops) if is_pre_norm(cfg) else None
+        self.decoder_norm = norm_layer(cfg, ops=self.ops) if is_pre_norm(cfg) else None
         self.fix_norm = cfg.norm == "scale"  # FixNorm: unit-length word embeddings and output rows (model.norms)
         self._init_output(cfg, tgt_vocab_size)  # the kept pieces of model.restrict_output
         self._init_weights()
@@ -141,6 +146,15 @@ class Transformer(PositionTable, OutputLayer):
         if self.output_proj.bias is not None:  # model.output_bias starts at zero: the logits start as without it
             nn.init.zeros_(self.output_proj.bias)
 
+    def use_ops(self, ops: Ops) -> Transformer:
+        """Compute with the backend ``ops`` from now on (e.g. ``choose_ops("auto", device)`` after moving the model to
+        ``device``), in this model and every submodule that holds one. Returns the model."""
+        for module in self.modules():
+            attributes = vars(module)
+            if "ops" in attributes:  # the modules that compute through a backend hold it as a plain attribute
+                attributes["ops"] = ops
+        return self
+
     def cast_weights(self, dtype: torch.dtype) -> Transformer:
         """Inference in reduced precision (``tmt translate --dtype bfloat16/float16``): every matmul weight
         and embedding table in ``dtype``, cast once (cheaper per step than autocast); LayerNorm and ScaleNorm parameters
@@ -158,9 +172,9 @@ class Transformer(PositionTable, OutputLayer):
         With weights cast to bf16 / fp16 the sum is taken with the float32 sinusoids, then rounded once."""
         e = embed(tokens)
         if self.fix_norm:  # FixNorm: each looked-up row to length 1 (in float32), then the sqrt(d) scale below
-            e = fixnorm(e.float()).to(e.dtype)
+            e = fixnorm(e.float(), ops=self.ops).to(e.dtype)
         x = (e * self.embed_scale + self._positions(start, tokens.size(1))).to(e.dtype)
-        return dropout(x, self.dropout, self.training)  # section 5.4: dropout on embeddings + positions
+        return self.ops.dropout(x, self.dropout, self.training)  # section 5.4: dropout on embeddings + positions
 
     def encode(self, src: Tensor, *, padded: bool = True) -> EncoderOut:
         """src (B, S) ids padded with the pad id -> EncoderOut(memory (B, S, D), src_pad (B, S) True = pad, allowed).
@@ -200,8 +214,7 @@ class Transformer(PositionTable, OutputLayer):
         weights: encoder self (B, H, S, S), decoder self (B, H, T, T), cross (B, H, T, S), and the logits.
 
         The same layers and masks as :meth:`encode` / :meth:`decode`, with the weights requested
-        (``need_weights``): the product is spelled out instead of SDPA's fused kernel, which every other
-        entry point keeps using. Call it in eval mode (no dropout) to see the weights decoding uses; to see
+        (``need_weights``): the product is spelled out instead of a fused kernel. Call it in eval mode (no dropout) to see the weights decoding uses; to see
         them for a translation, pass BOS + its tokens as ``tgt_in``.
         """
         enc, encoder = self._encode(src, need_weights=True)
@@ -268,16 +281,7 @@ class Transformer(PositionTable, OutputLayer):
         Only the new position is computed; its self-attention K/V are appended to ``cache``, which then advances by one."""
         x = self._embed(self.tgt_embed, tokens[:, None], start=cache.length)  # (B,) -> (B, 1, D)
         for i, layer in enumerate(self.decoder):
-            # A single query attends to every cached position, all of them in its past: no mask.
-            x, _ = layer(
-                x,
-                cache.cross_k[i],
-                cache.cross_v[i],
-                self_allowed=None,
-                cross_allowed=cache.cross_allowed,
-                cache=cache,
-                layer=i,
-            )
+            x = layer.step(x, cache, i)  # a single query per row, every cached position in its past: no mask
         cache.length += 1
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)

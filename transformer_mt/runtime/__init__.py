@@ -1,10 +1,12 @@
-"""The process: device, threads, seeding, dtype and autocast; the C allocator's reuse of freed memory; torchrun,
-DDP and collectives; FLOPs and the matmul peak; host-device sync counting.
+"""The process: device, threads, seeding, dtype and autocast; the C allocator's reuse of freed memory; the
+environment defaults a command sets when it starts (torch-free, in ``transformer_mt.environment``); torchrun, DDP
+and collectives; FLOPs and the matmul peak; host-device sync counting.
 
 Callers use the package: ``from transformer_mt import runtime`` then ``runtime.pick_device(...)``,
 ``runtime.on_main(...)``, or import the names they need.
 """
 
+from transformer_mt.environment import ONEDNN_CACHE_ENTRIES, put_pip_ninja_on_path, set_environment_defaults
 from transformer_mt.runtime.device import (
     DTYPES,
     RuntimeSetupError,
@@ -49,6 +51,7 @@ __all__ = [
     "DTYPES",
     "DistInfo",
     "DistributedError",
+    "ONEDNN_CACHE_ENTRIES",
     "RuntimeSetupError",
     "SyncCounter",
     "accumulator_dtype",
@@ -72,9 +75,11 @@ __all__ = [
     "per_call",
     "per_target_token",
     "pick_device",
+    "put_pip_ninja_on_path",
     "reuse_freed_memory",
     "seed_everything",
     "seed_for_rank",
+    "set_environment_defaults",
     "set_threads",
     "shutdown_distributed",
     "train_flops",

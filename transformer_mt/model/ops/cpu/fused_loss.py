@@ -1,12 +1,12 @@
 """The vocabulary projection fused with the label-smoothed loss, in row chunks, so that the (N, V) logits and their
-gradient never exist in one piece: :func:`fused_projected_label_smoothed_loss`, which
-:func:`transformer_mt.model.loss.projected_label_smoothed_sums` calls unless
-:func:`~transformer_mt.model.kernels.use_reference_ops` asked for the plain logits-then-loss path.
+gradient never exist in one piece: :func:`projected_sums`, the CPU backend's ``projected_loss`` (and, until the GPU
+work brings its own, the CUDA backend's).
 
 Two forms: :class:`_ProjectedLabelSmoothedLoss` keeps each chunk's softmax for the backward (any device and dtype,
 and validation); in a float32 training step on CPU with the C++ kernels built, :class:`_LossSumAndGradient` takes the
-gradient in the forward, chunk by chunk. The products go through oneDNN on CPU (:mod:`transformer_mt.model.kernels`),
-the softmax passes through C++ (:mod:`transformer_mt.model.native`).
+gradient in the forward, chunk by chunk. The products go through oneDNN on CPU
+(:mod:`~transformer_mt.model.ops.cpu.onednn`), the softmax passes through C++
+(:mod:`~transformer_mt.model.ops.cpu.native`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from transformer_mt.model import native
-from transformer_mt.model.kernels import onednn_applies, reference_ops, times_transposed
+from transformer_mt.model.ops.cpu import native
+from transformer_mt.model.ops.cpu.onednn import onednn_applies, times_transposed
 
 # Rows of the (N, V) logits handled at once by the fused loss. On CPU, chunks of at most 16 MiB of
 # float32 stay below glibc's largest mmap threshold (32 MiB), so after the first step their memory comes
@@ -215,17 +215,29 @@ def _gradient_in_forward(h: Tensor, weight: Tensor, compute_dtype: torch.dtype) 
 
 
 def _softmax_rows_in_cpp(h: Tensor, compute_dtype: torch.dtype) -> bool:
-    """Whether the fused loss's softmax passes run in C++ (:mod:`transformer_mt.model.native`): float32 on CPU."""
-    return h.device.type == "cpu" and compute_dtype == torch.float32 and not reference_ops() and native.available()
+    """Whether the fused loss's softmax passes run in C++ (:mod:`~transformer_mt.model.ops.cpu.native`): float32 on
+    CPU, the kernels built."""
+    return h.device.type == "cpu" and compute_dtype == torch.float32 and native.available()
+
+
+def projected_sums(
+    h: Tensor, weight: Tensor, target: Tensor, *, epsilon: float, bias: Tensor | None, ignore_index: int
+) -> tuple[Tensor, Tensor]:
+    """``Ops.projected_loss`` fused: the label-smoothed loss of ``h @ weight.T + bias`` (h (N, D), weight (V, D), bias
+    (V,) or None, target (N,)) -> (loss_sum, nll_sum), without a host sync; ``epsilon`` checked by the caller."""
+    if bias is not None:
+        # The bias as one more input feature: h @ W.T + b = [h, 1] @ [W, b].T, so the fused kernel needs no bias
+        # of its own, and autograd carries the bias's gradient back through the concatenation.
+        h = torch.cat([h, h.new_ones(h.size(0), 1)], dim=1)  # (N, D) -> (N, D + 1)
+        weight = torch.cat([weight, bias.to(weight.dtype)[:, None]], dim=1)  # (V, D) -> (V, D + 1)
+    return fused_projected_label_smoothed_loss(h, weight, target, epsilon=epsilon, ignore_index=ignore_index)
 
 
 def fused_projected_label_smoothed_loss(
     h: Tensor, weight: Tensor, target: Tensor, *, epsilon: float, ignore_index: int
 ) -> tuple[Tensor, Tensor]:
-    """The hand-written kernel of :func:`transformer_mt.model.loss.projected_label_smoothed_sums` (which checks
-    ``epsilon`` and picks this or the plain path): h (N, D), weight (V, D), target (N,) ->
-    (loss_sum, nll_sum), without a host sync. Under autocast the projection runs in the autocast dtype,
-    the softmax in float32."""
+    """The chunked loss without a bias: h (N, D), weight (V, D), target (N,) -> (loss_sum, nll_sum), without a host
+    sync. Under autocast the projection runs in the autocast dtype, the softmax in float32."""
     kind = h.device.type
     dtype = torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else h.dtype
     with torch.autocast(kind, enabled=False):
