@@ -136,7 +136,8 @@ class DecoderCache:
         then attends to exactly the keys it attended to before."""
         if self.length != other.length or self.group != 1 or other.group != 1 or self.kept_only != other.kept_only:
             raise ValueError(
-                f"only caches at the same step with one row per sentence join (lengths {self.length} and {other.length}, groups {self.group} and {other.group})"
+                "only caches at the same step with one row per sentence join "
+                f"(lengths {self.length} and {other.length}, groups {self.group} and {other.group})"
             )
         width = max(self.src_pad.size(1), other.src_pad.size(1))
 

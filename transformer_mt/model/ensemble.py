@@ -46,12 +46,14 @@ class Ensemble(nn.Module):
         sizes = {m.output_proj.weight.size(0) for m in models}
         if len(sizes) != 1:
             raise ValueError(
-                f"ensemble members have different target vocabularies ({sorted(sizes)} ids); ensemble only models trained with the same tokenizer"
+                f"ensemble members have different target vocabularies ({sorted(sizes)} ids); "
+                "ensemble only models trained with the same tokenizer"
             )
         specials = {m.specials for m in models}
         if len(specials) != 1:
             raise ValueError(
-                f"ensemble members have different special ids ({sorted(map(str, specials))}); ensemble only models trained with the same tokenizer"
+                f"ensemble members have different special ids ({sorted(map(str, specials))}); "
+                "ensemble only models trained with the same tokenizer"
             )
         self.specials = models[0].specials
         self.members = TypedModuleList(models)

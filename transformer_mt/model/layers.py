@@ -95,8 +95,8 @@ class EncoderLayer(_Block):
         self.norm1, self.norm2 = norm_layer(cfg, ops=ops), norm_layer(cfg, ops=ops)
 
     def forward(self, x: Tensor, allowed: Tensor | None, *, need_weights: bool = False) -> tuple[Tensor, Tensor | None]:
-        """``allowed``: (B, 1, 1, S) bool, True = attend (the source key-padding mask), None without padding. Returns the layer's
-        output (B, S, D) and, with ``need_weights``, its self-attention weights (B, H, S, S), else None."""
+        """``allowed``: (B, 1, 1, S) bool, True = attend (the source key-padding mask), None without padding. Returns
+        the layer's output (B, S, D) and, with ``need_weights``, its self-attention weights (B, H, S, S), else None."""
         h = self.norm1(x) if self.pre else x
         h, weights = self.self_attn.attend(*self.self_attn.project_qkv(h), allowed, need_weights=need_weights)
         x = self._add(x, h, self.norm1)

@@ -153,7 +153,8 @@ class TeacherForcedLoss(nn.Module):
         if labels is None:
             labels = tgt_out.reshape(-1).ne(self.model.specials.pad).nonzero().squeeze(1)  # (N,)
         h = h.reshape(-1, h.size(-1)).index_select(0, labels)  # (B*T, D) -> (N, D): only positions with a label
-        # output_weight(): (V, D), or (K, D) with model.restrict_output (targets then remapped, smoothing over the K kept pieces)
+        # output_weight(): (V, D), or (K, D) with model.restrict_output (targets then remapped, smoothing over the K
+        # kept pieces)
         target = self.model.output_targets(tgt_out.reshape(-1).index_select(0, labels))  # (N,)
         model = self.model
         # ignore_index -1: the labels were selected above, so no target is padding (and an id such as MarianMT's EOS 0

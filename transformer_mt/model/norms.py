@@ -15,7 +15,8 @@
   PAD row stays 0.
 
 Both norm layers normalise in their parameters' dtype (float32) when the input has another, so that weights
-cast to bfloat16 / float16 for inference (:meth:`Transformer.cast_weights`) keep the norms exact.
+cast to bfloat16 / float16 for inference (:meth:`Transformer.cast_weights`) keep the norms exact. ScaleNorm and
+FixNorm are computed by the model's backend (``ops.scale_norm``, ``ops.normalize``); LayerNorm is torch's own.
 """
 
 from __future__ import annotations

@@ -2,14 +2,14 @@
 with unit-length rows, and optionally restricted to the pieces the training data can produce.
 
 Restriction (``model.restrict_output``): the logits of the pieces in the ``output_ids`` buffer only (the
-target side of the training data plus the special ids, ascending; set by :meth:`OutputLayer.restrict_output_to`, saved in the state dict). The training loss
-(``TeacherForcedLoss``) works in the K kept pieces (:meth:`OutputLayer.output_weight`,
-:meth:`OutputLayer.output_targets`); every entry point that returns logits (``decode``, ``decode_step``,
-``attention``) returns them over the full vocabulary with -inf at the pieces that are not kept, so
-ensembles, export and callers see full-vocabulary ids. One exception, asked for explicitly: a search may
-ask a decoder cache for the K kept logits only (``DecoderCache.restrict_logits``) and map the columns it
-picks back to ids itself, which spares every step the scatter into (rows, V) and a log-softmax and top-k
-over V - K columns that are -inf anyway.
+target side of the training data plus the special ids, ascending; set by :meth:`OutputLayer.restrict_output_to`,
+saved in the state dict). The training loss (``TeacherForcedLoss``) works in the K kept pieces
+(:meth:`OutputLayer.output_weight`, :meth:`OutputLayer.output_targets`); every entry point that returns logits
+(``decode``, ``decode_step``, ``attention``) returns them over the full vocabulary with -inf at the pieces that are
+not kept, so ensembles, export and callers see full-vocabulary ids. One exception, asked for explicitly: a search
+may ask a decoder cache for the K kept logits only (``DecoderCache.restrict_logits``) and map the columns it picks
+back to ids itself, which spares every step the scatter into (rows, V) and a log-softmax and top-k over V - K
+columns that are -inf anyway. The output product is the model's ``ops.output_linear``.
 """
 
 from __future__ import annotations

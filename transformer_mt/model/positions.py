@@ -70,14 +70,16 @@ class PositionTable(nn.Module):
         if self.learned_positions:
             if end > self.cfg.max_positions:
                 raise ValueError(
-                    f"sequence needs {end} positions but model.max_positions={self.cfg.max_positions} (learned positions); "
-                    "shorten the input (data.max_len, decode max length) or train with a larger model.max_positions"
+                    f"sequence needs {end} positions but model.max_positions={self.cfg.max_positions} "
+                    "(learned positions); shorten the input (data.max_len, decode max length) "
+                    "or train with a larger model.max_positions"
                 )
             return self.pos_embed.weight[start:end]
         if end > self.pe.size(0):  # never grown here: decoding must not change the module (threads share it)
             raise ValueError(
                 f"sequence needs {end} positions but the sinusoid table holds {self.pe.size(0)}; call "
-                f"model.reserve_positions({end}) before encoding or decoding (Translator and translate_ids do it for you)"
+                f"model.reserve_positions({end}) before encoding or decoding "
+                "(Translator and translate_ids do it for you)"
             )
         return self.pe[start:end]
 

@@ -38,7 +38,8 @@ from transformer_mt.text import SpecialIds
 
 
 class EncoderOut(NamedTuple):
-    """What :meth:`Transformer.encode` returns, and what :meth:`Transformer.decode` and :meth:`Transformer.init_cache` take."""
+    """What :meth:`Transformer.encode` returns, and what :meth:`Transformer.decode` and
+    :meth:`Transformer.init_cache` take."""
 
     memory: Tensor  # (B, S, D) encoder output
     src_pad: Tensor  # (B, S) bool, True at padding positions
@@ -70,7 +71,8 @@ def _check(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
             raise ConfigError(f"model.{key}={getattr(cfg, key)!r} is not one of {', '.join(allowed)}")
     if cfg.positions == "learned" and cfg.position_layout != "interleaved":
         raise ConfigError(
-            f"model.position_layout={cfg.position_layout!r} orders sinusoids only; remove it or set model.positions: sinusoidal"
+            f"model.position_layout={cfg.position_layout!r} orders sinusoids only; "
+            "remove it or set model.positions: sinusoidal"
         )
     if (not cfg.head_dim or not cfg.value_dim) and cfg.d_model % cfg.heads:
         raise ConfigError(
@@ -82,7 +84,8 @@ def _check(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
         raise ConfigError(str(problem))
     if cfg.share_all_embeddings and src_vocab_size != tgt_vocab_size:
         raise ConfigError(
-            f"model.share_all_embeddings needs one vocabulary, but src_vocab_size={src_vocab_size} != tgt_vocab_size={tgt_vocab_size}; "
+            "model.share_all_embeddings needs one vocabulary, but "
+            f"src_vocab_size={src_vocab_size} != tgt_vocab_size={tgt_vocab_size}; "
             "use a joint tokenizer (tokenizer.joint: true) or set model.share_all_embeddings: false"
         )
 
@@ -111,7 +114,8 @@ class Transformer(PositionTable, OutputLayer):
         self.tgt_embed = (
             self.src_embed if cfg.share_all_embeddings else nn.Embedding(tgt_vocab_size, d, padding_idx=pad)
         )
-        # model.output_bias: a (V,) bias on the logits (MarianMT's final_logits_bias), its own even when the weight is tied
+        # model.output_bias: a (V,) bias on the logits (MarianMT's final_logits_bias), its own even when the weight is
+        # tied
         self.output_proj = nn.Linear(d, tgt_vocab_size, bias=cfg.output_bias)
         if cfg.share_all_embeddings or cfg.share_decoder_embeddings:
             self.output_proj.weight = self.tgt_embed.weight
@@ -214,8 +218,8 @@ class Transformer(PositionTable, OutputLayer):
         weights: encoder self (B, H, S, S), decoder self (B, H, T, T), cross (B, H, T, S), and the logits.
 
         The same layers and masks as :meth:`encode` / :meth:`decode`, with the weights requested
-        (``need_weights``): the product is spelled out instead of a fused kernel. Call it in eval mode (no dropout) to see the weights decoding uses; to see
-        them for a translation, pass BOS + its tokens as ``tgt_in``.
+        (``need_weights``): the product is spelled out instead of a fused kernel. Call it in eval mode (no dropout) to
+        see the weights decoding uses; to see them for a translation, pass BOS + its tokens as ``tgt_in``.
         """
         enc, encoder = self._encode(src, need_weights=True)
         x, decoder = self._decoder_states(tgt_in, enc, need_weights=True)
@@ -226,8 +230,8 @@ class Transformer(PositionTable, OutputLayer):
     def _decoder_states(self, tgt_in: Tensor, enc: EncoderOut, *, need_weights: bool = False) -> tuple[Tensor, list]:
         """tgt_in (B, T) -> the top decoder states (B, T, D) (after the final norm), and attention weights if asked.
 
-        Self-attention is causal only (SDPA's ``is_causal``, no mask tensor; see :mod:`~transformer_mt.model.attention`) unless the
-        weights are asked for: those are exactly 0 on padding keys too, so they get the full mask."""
+        Self-attention is causal only (SDPA's ``is_causal``, no mask tensor; see :mod:`~transformer_mt.model.attention`)
+        unless the weights are asked for: those are exactly 0 on padding keys too, so they get the full mask."""
         self_allowed = allowed_mask(self._target_padding(tgt_in), causal=True) if need_weights else None  # (B, 1, T, T)
         x = self._embed(self.tgt_embed, tgt_in)
         weights = []
@@ -256,8 +260,9 @@ class Transformer(PositionTable, OutputLayer):
 
     def decoder_output(self, tgt_in: Tensor, enc: EncoderOut) -> Tensor:
         """Teacher forcing up to the vocabulary projection: tgt_in (B, T) -> the top decoder states (B, T, D)
-        (after the final norm). :class:`~transformer_mt.model.loss.TeacherForcedLoss` fuses the projection
-        (:meth:`output_weight`, :meth:`output_bias`) with the loss, so the (N, V) logits are never built in one piece."""
+        (after the final norm). :class:`~transformer_mt.model.loss.TeacherForcedLoss` computes the projection
+        (:meth:`output_weight`, :meth:`output_bias`) with the loss (``ops.projected_loss``, fused by the cpu and cuda
+        backends, so that the (N, V) logits are never built in one piece)."""
         return self._decoder_states(tgt_in, enc)[0]
 
     def forward(self, src: Tensor, tgt_in: Tensor, *, keep: Tensor | None = None) -> Tensor:
@@ -278,7 +283,8 @@ class Transformer(PositionTable, OutputLayer):
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
         """tokens (B,): the newest token of each row (the start id first), at position ``cache.length``
         -> logits (B, V_tgt) for the next token, or (B, K) over the kept ids after ``cache.restrict_logits()``.
-        Only the new position is computed; its self-attention K/V are appended to ``cache``, which then advances by one."""
+        Only the new position is computed; its self-attention K/V are appended to ``cache``, which then advances by
+        one."""
         x = self._embed(self.tgt_embed, tokens[:, None], start=cache.length)  # (B,) -> (B, 1, D)
         for i, layer in enumerate(self.decoder):
             x = layer.step(x, cache, i)  # a single query per row, every cached position in its past: no mask

@@ -36,7 +36,8 @@ def pick_device(name: str = "auto") -> torch.device:
         raise RuntimeSetupError(f"device '{name}' is not a device name; use auto, cpu, cuda, cuda:N or mps") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeSetupError(
-            f"device '{name}' requested but this torch build sees no CUDA GPU; use --device cpu or install a CUDA build of torch (see README)"
+            f"device '{name}' requested but this torch build sees no CUDA GPU; "
+            "use --device cpu or install a CUDA build of torch (see README)"
         )
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         raise RuntimeSetupError(f"device '{name}' requested but only {torch.cuda.device_count()} GPU(s) are visible")

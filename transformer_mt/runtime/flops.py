@@ -214,7 +214,8 @@ def peak_for(dtype: str, *, device: torch.device | str, peak_tflops: float = 0.0
 def format_cost(s: dict, *, tokens: int, wall_seconds: float) -> str:
     """One log line for the end of training from :func:`cost_summary`'s fields."""
     return (
-        f"training cost: {tokens:,} target tokens, {s['train_flops']:.3g} FLOPs ({s['flops_per_token']:.3g} per token), "
-        f"{wall_seconds:.0f} s wall ({s['update_seconds']:.0f} s in updates), {s['achieved_tflops'] * 1e3:.1f} GFLOP/s = "
-        f"MFU {100 * s['mfu']:.1f}% of a {s['peak_tflops'] * 1e3:.1f} GFLOP/s peak [{s['peak_source']}]"
+        f"training cost: {tokens:,} target tokens, {s['train_flops']:.3g} FLOPs "
+        f"({s['flops_per_token']:.3g} per token), {wall_seconds:.0f} s wall ({s['update_seconds']:.0f} s in updates), "
+        f"{s['achieved_tflops'] * 1e3:.1f} GFLOP/s = MFU {100 * s['mfu']:.1f}% "
+        f"of a {s['peak_tflops'] * 1e3:.1f} GFLOP/s peak [{s['peak_source']}]"
     )

@@ -11,7 +11,8 @@ blocks below 32 MiB come from the heap and freed memory stays in the process for
 then keeps its peak heap: memory a run held once stays held, as a caching allocator's would.
 
 Nothing is done when the C library is not glibc (no ``mallopt``), when the user chose the allocator's settings
-(``GLIBC_TUNABLES`` naming malloc, or glibc's ``MALLOC_MMAP_THRESHOLD_``-style variables), or when ``TMT_MALLOC=default`` asks for none.
+(``GLIBC_TUNABLES`` naming malloc, or glibc's ``MALLOC_MMAP_THRESHOLD_``-style variables), or when
+``TMT_MALLOC=default`` asks for none.
 """
 
 from __future__ import annotations

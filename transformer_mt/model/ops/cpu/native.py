@@ -196,8 +196,8 @@ def _build_lock(build_dir: Path, *, wait: float) -> Iterator[bool]:
             if stopped is not None or not _try_flock(fcntl, fd):
                 why = f"{stopped} ended the wait" if stopped else f"{holder} still holds {path} after {wait:g} s"
                 print(
-                    f"tmt: note: the C++ kernels were not loaded ({why}); training uses torch ops instead, slower on CPU "
-                    f"(if that build hangs, end it and run again; {ENV_SWITCH}=0 skips the build)",
+                    f"tmt: note: the C++ kernels were not loaded ({why}); training uses torch ops instead, "
+                    f"slower on CPU (if that build hangs, end it and run again; {ENV_SWITCH}=0 skips the build)",
                     file=sys.stderr,
                 )
                 yield False
