@@ -57,9 +57,12 @@ def test_an_ensembles_batches_join_as_the_models_do(monkeypatch):
     alone = [greedy_search(model, src, max_len_b=6) for src in srcs]
     steps: list[int] = []
     plain = Ensemble.decode_step
-    monkeypatch.setattr(
-        Ensemble, "decode_step", lambda self, tok, cache: steps.append(tok.size(0)) or plain(self, tok, cache)
-    )
+
+    def noted(self, tok, cache):
+        steps.append(tok.size(0))
+        return plain(self, tok, cache)
+
+    monkeypatch.setattr(Ensemble, "decode_step", noted)
     together = greedy_search_batches(ens, srcs, max_len_b=6, batch_tokens=10**6)  # every batch joins the next
     assert max(steps) > max(src.size(0) for src in srcs)  # rows of two batches in one step
     assert [[h.tokens for h in hyps] for hyps in together] == [[h.tokens for h in hyps] for hyps in alone]

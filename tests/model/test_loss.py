@@ -105,7 +105,7 @@ def test_fused_projection_loss_equals_logits_then_loss_in_value_and_gradients(mo
     (label_smoothed_nll_loss(h2 @ w2.t(), target, epsilon=eps)[0] * 0.5).backward()
     torch.testing.assert_close(h.grad, h2.grad, atol=1e-5, rtol=1e-4)
     torch.testing.assert_close(w.grad, w2.grad, atol=1e-5, rtol=1e-4)
-    assert h.grad[[2, 5]].abs().max() == 0  # padding rows get no gradient
+    assert h.grad is not None and h.grad[[2, 5]].abs().max() == 0  # padding rows get no gradient
 
 
 def test_teacher_forced_loss_module_equals_the_logits_path(spm_model, multi30k):
@@ -217,13 +217,14 @@ def test_fused_loss_under_bfloat16_autocast_matches_the_plain_path():
     w = (0.3 * torch.randn(50, 16, generator=g)).requires_grad_()
     target = torch.randint(0, 50, (37,), generator=g)
     target[::7] = PAD_ID
-    out = {}
+    out: dict[bool, tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor]] = {}
     for plain in (False, True):
         h.grad = w.grad = None
         with torch.autocast("cpu", dtype=torch.bfloat16):
             ops = ReferenceOps() if plain else CpuOps()
             loss, nll, n = projected_label_smoothed_loss(h, w, target, epsilon=0.1, ops=ops)
         loss.backward()
+        assert h.grad is not None and w.grad is not None
         out[plain] = (loss.detach(), nll, n, h.grad.clone(), w.grad.clone())
     (loss, nll, n, gh, gw), (rloss, rnll, rn, rgh, rgw) = out[False], out[True]
     assert loss.dtype == torch.float32 and n == rn == int((target != PAD_ID).sum())

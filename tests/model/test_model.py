@@ -277,22 +277,22 @@ def reference_pass(
         x = sublayer(sublayer(x, attend, layer.norm1), lambda h, layer=layer: ffn(layer.ffn, h), layer.norm2)
     memory = norm(model.encoder_norm, x) if cfg.norm == "pre" else x
     y = embed(model.tgt_embed, tgt_in)
-    for layer in model.decoder:
+    for dec in model.decoder:
 
-        def self_attend(h, layer=layer):
-            out, w = mha(layer.self_attn, h, h, dec_allowed)
+        def self_attend(h, dec=dec):
+            out, w = mha(dec.self_attn, h, h, dec_allowed)
             self_w.append(w)
             return out
 
-        def cross_attend(h, layer=layer):
-            out, w = mha(layer.cross_attn, h, memory, enc_allowed)
+        def cross_attend(h, dec=dec):
+            out, w = mha(dec.cross_attn, h, memory, enc_allowed)
             cross_w.append(w)
             return out
 
         y = sublayer(
-            sublayer(sublayer(y, self_attend, layer.norm1), cross_attend, layer.norm2),
-            lambda h, layer=layer: ffn(layer.ffn, h),
-            layer.norm3,
+            sublayer(sublayer(y, self_attend, dec.norm1), cross_attend, dec.norm2),
+            lambda h, dec=dec: ffn(dec.ffn, h),
+            dec.norm3,
         )
     if cfg.norm == "pre":
         y = norm(model.decoder_norm, y)
@@ -341,7 +341,12 @@ def test_translation_is_the_same_with_and_without_weight_capture():
 def test_fast_path_uses_sdpa_and_attention_request_does_not(monkeypatch):
     calls = []
     sdpa = F.scaled_dot_product_attention
-    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", counted)
     model = tiny_model()
     # SDPA's path as GPUs and long sentences take it (a CPU training step over few keys spells it out instead)
     monkeypatch.setattr(model.ops, "spelled_out_is_faster", lambda k: False)
@@ -451,11 +456,12 @@ def test_unmasked_attention_paths_equal_the_masked_ones(norm):
 def test_decoder_self_attention_in_training_runs_sdpa_causal_without_a_mask(monkeypatch):
     seen = []
     sdpa = F.scaled_dot_product_attention
-    monkeypatch.setattr(
-        F,
-        "scaled_dot_product_attention",
-        lambda *a, **k: seen.append((k.get("attn_mask"), k.get("is_causal"))) or sdpa(*a, **k),
-    )
+
+    def noted(*args, **kwargs):
+        seen.append((kwargs.get("attn_mask"), kwargs.get("is_causal")))
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", noted)
     model = tiny_model()
     # SDPA's path, as GPUs and long sentences take it
     monkeypatch.setattr(model.ops, "spelled_out_is_faster", lambda k: False)

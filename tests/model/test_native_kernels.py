@@ -112,20 +112,21 @@ def test_short_attention_equals_the_spelled_out_product(queries, keys, dk, dv, c
         return q, k, v
 
     results = []
-    for fn, dtype in ((short_attention, torch.float32), (_attention_reference, torch.float64)):
+    for dtype in (torch.float32, torch.float64):  # the kernel in float32, the reference in float64
         fq = fused_q.to(dtype, copy=True).requires_grad_()
         fkv = fq if fused_kv is fused_q else fused_kv.to(dtype, copy=True).requires_grad_()
         q, k, v = views(fq, fkv)
         out = (
-            fn(q, k, v, allowed, causal=causal, scale=scale)
-            if fn is short_attention
-            else fn(q, k, v, allowed, causal, scale)
+            short_attention(q, k, v, allowed, causal=causal, scale=scale)
+            if dtype == torch.float32
+            else _attention_reference(q, k, v, allowed, causal, scale)
         )
         out.backward(grad.to(dtype))
         results.append((out.detach(), fq.grad, None if fkv is fq else fkv.grad))
     for ours, exact in zip(results[0], results[1], strict=True):
         if fused_kv is fused_q and exact is None:  # self-attention: q, k and v share one tensor and its gradient
             continue
+        assert ours is not None and exact is not None
         torch.testing.assert_close(ours, exact.float(), rtol=1e-5, atol=2e-6 * float(exact.abs().max()))
 
 
@@ -151,8 +152,10 @@ def test_residual_dropout_gives_the_bits_of_x_plus_dropout():
         assert ("dropout_add" in counter.calls) == fused
         results.append((out.detach(), xx.grad, yy.grad))
     for ours, plain in zip(results[0], results[1], strict=True):
-        assert torch.equal(ours, plain)
-    dropped = (results[0][2] == 0).float().mean().item()
+        assert ours is not None and plain is not None and torch.equal(ours, plain)
+    y_grad = results[0][2]
+    assert y_grad is not None
+    dropped = (y_grad == 0).float().mean().item()
     assert 0.25 < dropped < 0.35  # the mask drops about p of the elements
 
 
@@ -185,6 +188,7 @@ def test_native_scale_norm_equals_the_formula_in_float64():
         assert ("scale_norm" in counter.calls) == (dtype == torch.float32)
         results.append((y.detach(), xx.grad, g.grad))
     for ours, exact in zip(results[0], results[1], strict=True):
+        assert ours is not None and exact is not None
         torch.testing.assert_close(ours, exact.float(), rtol=1e-5, atol=1e-5 * float(exact.abs().max()))
 
 
@@ -273,6 +277,7 @@ def test_the_loss_with_its_gradient_in_the_forward_equals_the_one_that_keeps_the
         results.append((loss.detach(), nll, h.grad, weight.grad))
     (loss, nll, gh, gw), (plain_loss, plain_nll, plain_gh, plain_gw) = results
     assert torch.equal(loss, plain_loss) and torch.equal(nll, plain_nll)
+    assert gh is not None and gw is not None and plain_gh is not None and plain_gw is not None
     assert not gh[[0, 64, 149]].any()
     torch.testing.assert_close(gh, plain_gh, rtol=1e-5, atol=1e-6 * float(plain_gh.abs().max()))
     torch.testing.assert_close(gw, plain_gw, rtol=1e-5, atol=1e-6 * float(plain_gw.abs().max()))

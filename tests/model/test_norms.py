@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.conftest import TINY_MODEL, TINY_VOCAB, head, run_config, tiny_model, tokens
-from transformer_mt.model import LayerNorm, ScaleNorm, allowed_mask, count_parameters, sinusoids
+from transformer_mt.model import LayerNorm, ScaleNorm, Transformer, allowed_mask, count_parameters, sinusoids
 from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID
 
 V, D = TINY_VOCAB, TINY_MODEL.d_model
@@ -197,8 +197,8 @@ def test_scale_model_exports_to_ctranslate2_as_rmsnorm(scale_run, corpus_slice, 
         tgt = tr.tgt_tok.sp.piece_to_id(tp)
         src = source_tensor([tr.src_tok.sp.piece_to_id(sp)])
         with torch.inference_mode():
-            lprobs = torch.log_softmax(tr.model.decode(torch.tensor([[BOS_ID] + tgt]), tr.model.encode(src)), dim=-1)[
-                0
-            ]  # (T, V)
+            model = tr.model
+            assert isinstance(model, Transformer)
+            lprobs = torch.log_softmax(model.decode(torch.tensor([[BOS_ID] + tgt]), model.encode(src)), dim=-1)[0]
         ours = lprobs[torch.arange(len(tgt) + 1), torch.tensor(tgt + [EOS_ID])]
         assert torch.tensor(res.log_probs) == pytest.approx(ours, abs=1e-4)

@@ -146,7 +146,7 @@ def test_greedy_equals_the_full_model_masked_to_the_kept_pieces(restricted_run, 
     v = state["src_embed.weight"].size(0)
     restricted = Transformer(cfg.model, src_vocab_size=v, tgt_vocab_size=v).eval()
     restricted.load_state_dict(state)  # the kept set comes from the checkpoint, at its size
-    assert torch.equal(restricted.output_ids, state["output_ids"])
+    assert restricted.output_ids is not None and torch.equal(restricted.output_ids, state["output_ids"])
     full = Transformer(dataclasses.replace(cfg.model, restrict_output=False), src_vocab_size=v, tgt_vocab_size=v).eval()
     full.load_state_dict({k: t for k, t in state.items() if k != "output_ids"})
     masked = torch.full((v,), float("-inf")).index_fill_(0, state["output_ids"], 0.0)  # 0 on kept pieces
@@ -291,4 +291,5 @@ def test_search_over_the_kept_columns_equals_the_search_over_the_full_vocabulary
         for g, w in zip(got, want):
             torch.testing.assert_close([h.score for h in g], [h.score for h in w], rtol=0, atol=1e-5)
             torch.testing.assert_close([h.logprob for h in g], [h.logprob for h in w], rtol=0, atol=1e-5)
+        assert model.output_ids is not None
         assert all(set(h.tokens) <= set(model.output_ids.tolist()) for nb in got for h in nb)

@@ -78,7 +78,7 @@ def test_collate_uses_the_models_ids():
     assert batch.src.tolist() == [[4, 5, 0], [4, 0, 9]]
     assert batch.tgt_in.tolist() == [[8, 6, 9], [8, 6, 7]]
     assert batch.tgt_out.tolist() == [[6, 0, 9], [6, 7, 0]]
-    assert batch.labels.tolist() == [0, 1, 3, 4, 5] and batch.ntokens == 5
+    assert batch.labels is not None and batch.labels.tolist() == [0, 1, 3, 4, 5] and batch.ntokens == 5
 
 
 @pytest.mark.parametrize("restrict", [False, True])
@@ -133,7 +133,7 @@ def test_search_is_the_same_under_the_permuted_vocabulary(beam):
 
 def test_a_decoder_starting_from_the_pad_id_attends_to_its_first_position():
     """MarianMT's decoder starts from the pad id: position 0 of the decoder input is not padding."""
-    model = tiny_model(**{**MOVED, "decoder_start_id": V - 1})
+    model = tiny_model(config=tiny_model_config(**{**MOVED, "decoder_start_id": V - 1}))
     batch = collate([([5, 6, 7], [8, 9]), ([5], [8])], specials=model.specials)
     assert batch.tgt_in[:, 0].tolist() == [V - 1, V - 1]
     weights = model.attention(batch.src, batch.tgt_in)
