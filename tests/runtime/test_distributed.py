@@ -22,6 +22,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -92,8 +93,12 @@ def _rank_main(rank: int, world: int, ports: list[int], jobs: list[dict], root: 
         overrides = job["overrides"][rank] if isinstance(job["overrides"][0], list) else job["overrides"]
         cfg = resumed_config(Path(job["resume"]), overrides) if job["resume"] else load_config(None, overrides)
         at = job.get("sigterm_rank1_at") if rank == 1 else None
-        on_update = (lambda update, _, at=at: update == at and os.kill(os.getpid(), signal.SIGTERM)) if at else None
-        trainer = Trainer(set_up(cfg, resume=bool(job["resume"])), on_update=on_update)
+
+        def on_update(update: int, _stats: object, at: int | None = at) -> None:
+            if update == at:  # a signal mid-run, as a scheduler's
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        trainer = Trainer(set_up(cfg, resume=bool(job["resume"])), on_update=on_update if at else None)
         result = trainer.run()
         torch.save(trainer.model.state_dict(), Path(job["params"]) / f"rank{rank}.pt")
         (Path(job["params"]) / f"rank{rank}.json").write_text(json.dumps([result.stop_reason, result.progress.update]))
@@ -103,7 +108,11 @@ def _rank_main(rank: int, world: int, ports: list[int], jobs: list[dict], root: 
 def assert_params_close(a: dict, b: dict, atol: float) -> None:
     assert a.keys() == b.keys()
     for key in a:
-        torch.testing.assert_close(a[key], b[key], rtol=0, atol=atol, msg=lambda m, key=key: f"{key}: {m}")
+
+        def message(detail: str, key: str = key) -> str:
+            return f"{key}: {detail}"
+
+        torch.testing.assert_close(a[key], b[key], rtol=0, atol=atol, msg=message)
 
 
 def losses(run: Path) -> list[float]:
@@ -155,7 +164,7 @@ def test_two_gloo_ranks_match_one_process_and_resume_across_world_sizes(setup, t
     ]
     # Then a long run in which SIGTERM reaches rank 1 only, after update 3.
     stopped = tmp_path / "stopped"
-    jobs = [
+    jobs: list[dict[str, Any]] = [
         {"overrides": per_rank, "resume": None, "params": str(tmp_path / "p1")},
         {
             "overrides": ["train.max_updates=8", f"train.update_freq={DDP_FREQ}"],

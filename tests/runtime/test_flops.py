@@ -124,7 +124,12 @@ def test_peak_measured_once_then_read_from_cache(tmp_path, monkeypatch):
     monkeypatch.setitem(flops.PEAK_N, "cpu", 128)
     calls = []
     real = flops.measure_peak
-    monkeypatch.setattr(flops, "measure_peak", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(flops, "measure_peak", counted)
     first = flops.cached_peak("float32", device="cpu")
     assert first > 0 and len(calls) == 1
     table = json.loads((tmp_path / "peak.json").read_text())
