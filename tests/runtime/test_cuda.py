@@ -22,7 +22,7 @@ from transformer_mt.config import load_config
 from transformer_mt.decoding import beam_search, greedy_search
 from transformer_mt.runtime import SyncCounter, per_call
 from transformer_mt.text import BOS_ID, EOS_ID, PAD_ID
-from transformer_mt.training import Trainer, resumed_config, target_tokens, train, update_schedule
+from transformer_mt.training import Trainer, resumed_config, set_up, target_tokens, train, update_schedule
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = [
@@ -48,6 +48,7 @@ def gpu_config(files, spm_model, out, *extra: str):
 
 def load_benchmark():
     spec = importlib.util.spec_from_file_location("benchmark_script_cuda", REPO / "scripts" / "benchmark.py")
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
@@ -125,7 +126,7 @@ def test_auto_dtype_rule(monkeypatch):
 
 def test_train_dtype_auto_is_resolved_per_machine_and_saved_as_auto(pairs64, spm_model, tmp_path):
     cfg = run_config(pairs64, spm_model, tmp_path / "run", *TINY, "train.dtype=auto", "train.max_updates=2")
-    trainer = Trainer(cfg, resume=False)
+    trainer = Trainer(set_up(cfg, resume=False))
     try:
         want = runtime.auto_dtype(trainer.device, d_model=64)  # 64 wide: float32 on any CPU, bf16 on a bf16 GPU
         assert trainer.t.dtype == want and cfg.train.dtype == "auto"
@@ -172,7 +173,7 @@ def test_bfloat16_training_loss_falls(pairs64, spm_model, tmp_path):
     losses = []
     train(
         gpu_config(pairs64, spm_model, tmp_path / "run", "train.dtype=bfloat16", "train.max_updates=40"),
-        on_update=lambda _u, s: losses.append(s["loss"] / s["ntokens"]),
+        on_update=lambda _u, s: losses.append(float(s.loss) / s.tokens),
     )
     assert all(math.isfinite(x) for x in losses)
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:5]) / 5
@@ -185,17 +186,17 @@ def test_resume_on_cuda_is_exact(pairs64, spm_model, tmp_path):
     straight = []
     train(
         gpu_config(pairs64, spm_model, tmp_path / "a", *extra, "train.max_updates=8"),
-        on_update=lambda _u, s: straight.append(s["loss"]),
+        on_update=lambda _u, s: straight.append(float(s.loss)),
     )
     first, second = [], []
     train(
         gpu_config(pairs64, spm_model, tmp_path / "b", *extra, "train.max_updates=4"),
-        on_update=lambda _u, s: first.append(s["loss"]),
+        on_update=lambda _u, s: first.append(float(s.loss)),
     )
     train(
         resumed_config(tmp_path / "b", ["train.max_updates=8"]),
         resume=True,
-        on_update=lambda _u, s: second.append(s["loss"]),
+        on_update=lambda _u, s: second.append(float(s.loss)),
     )
     assert first + second == straight
     a, b = (load_checkpoint(tmp_path / d / "checkpoint_last.pt")["model"] for d in ("a", "b"))
@@ -205,7 +206,7 @@ def test_resume_on_cuda_is_exact(pairs64, spm_model, tmp_path):
 @pytest.mark.cuda
 def test_float16_with_loss_scaling_trains_and_an_overflow_skips_the_schedule(pairs64, spm_model, tmp_path):
     cfg = gpu_config(pairs64, spm_model, tmp_path / "run", "train.dtype=float16", "train.max_updates=30")
-    trainer = Trainer(cfg, resume=False)
+    trainer = Trainer(set_up(cfg, resume=False))
     try:
         assert trainer.scaler is not None
         schedule = iter(update_schedule(trainer.train_data, trainer.t))
@@ -216,7 +217,7 @@ def test_float16_with_loss_scaling_trains_and_an_overflow_skips_the_schedule(pai
             [trainer.train_data.get_batch(i) for i in u.batches], ntokens=target_tokens(trainer.train_data, u.batches)
         )
         assert (
-            not math.isfinite(stats["gnorm"])
+            not math.isfinite(stats.gnorm)
             and trainer.scheduler.num_updates == 0
             and trainer.scaler.get_scale() < 2.0**40
         )
@@ -225,7 +226,7 @@ def test_float16_with_loss_scaling_trains_and_an_overflow_skips_the_schedule(pai
         for u in schedule:
             batches = [trainer.train_data.get_batch(i) for i in u.batches]
             stats = trainer.update(batches, ntokens=target_tokens(trainer.train_data, u.batches))
-            losses.append(float(stats["loss"]) / stats["ntokens"])
+            losses.append(float(stats.loss) / stats.tokens)
             if len(losses) == 30:
                 break
         assert trainer.scheduler.num_updates >= 20  # a few early overflows at most
@@ -263,7 +264,7 @@ def test_batched_decoding_equals_one_sentence_at_a_time_on_cuda(beam, monkeypatc
 @pytest.mark.cuda
 def test_sync_budgets_hold_on_a_gpu(pairs64, spm_model, tmp_path):
     """On a real GPU the copies count too: batches move from pinned memory without a stream sync."""
-    trainer = Trainer(gpu_config(pairs64, spm_model, tmp_path / "run"), resume=False)
+    trainer = Trainer(set_up(gpu_config(pairs64, spm_model, tmp_path / "run"), resume=False))
     try:
         for u in itertools.islice(
             update_schedule(trainer.train_data, trainer.t), 3

@@ -19,7 +19,7 @@ from transformer_mt.decoding import beam_search, greedy_search
 from transformer_mt.model import DecoderCache, Ensemble, TeacherForcedLoss
 from transformer_mt.runtime import SyncCounter, per_call
 from transformer_mt.text import EOS_ID, PAD_ID
-from transformer_mt.training import Trainer, target_tokens, update_schedule
+from transformer_mt.training import Trainer, UpdateStats, set_up, target_tokens, update_schedule
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VOCAB = 40
@@ -91,7 +91,7 @@ def _trainer(files: dict, spm_model, out, *extra: str) -> Trainer:
         "data.valid_tgt=",
         *extra,
     )
-    return Trainer(cfg, resume=False)
+    return Trainer(set_up(cfg, resume=False))
 
 
 @pytest.mark.parametrize("update_freq", [1, 3])
@@ -105,8 +105,8 @@ def test_a_training_update_syncs_once(pairs64, spm_model, tmp_path, update_freq)
                 stats = trainer.update(batches, ntokens=target_tokens(trainer.train_data, u.batches))
             assert syncs.total == 1 and syncs.counts["item"] == 1, syncs.summary()  # the gradient norm
             assert not syncs.collectives  # one process: no all-reduce at all
-            assert stats["ntokens"] == sum(b.ntokens for b in batches)
-            assert isinstance(stats["loss"], torch.Tensor) and isinstance(stats["gnorm"], float)  # read at log time
+            assert stats.tokens == sum(b.ntokens for b in batches)
+            assert isinstance(stats.loss, torch.Tensor) and isinstance(stats.gnorm, float)  # read at log time
     finally:
         trainer.close()
 
@@ -124,14 +124,14 @@ def test_a_skipped_update_leaves_the_weights_adam_and_the_schedule_where_they_we
             [trainer.train_data.get_batch(i) for i in u.batches], ntokens=target_tokens(trainer.train_data, u.batches)
         )
         handle.remove()
-        assert math.isnan(stats["gnorm"]) and trainer.scheduler.num_updates == 0 and not trainer.optimizer.state
+        assert math.isnan(stats.gnorm) and trainer.scheduler.num_updates == 0 and not trainer.optimizer.state
         assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
         u = next(schedule)
         stats = trainer.update(
             [trainer.train_data.get_batch(i) for i in u.batches], ntokens=target_tokens(trainer.train_data, u.batches)
         )
-        assert math.isfinite(stats["gnorm"]) and trainer.scheduler.num_updates == 1
-        assert stats["lr"] == trainer.scheduler.lr_fn(1)
+        assert math.isfinite(stats.gnorm) and trainer.scheduler.num_updates == 1
+        assert stats.lr == trainer.scheduler.lr_fn(1)
         assert not all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters()))
     finally:
         trainer.close()
@@ -162,6 +162,7 @@ def test_label_positions_make_the_loss_sync_free_and_equal_the_mask():
     pairs = [([5, 6, 7], [8, 9]), ([5], [8, 9, 10, 11]), ([9, 9, 9, 9, 4], [7])]
     batch = collate(pairs)
     flat_mask = batch.tgt_out.reshape(-1).ne(PAD_ID).nonzero().squeeze(1)
+    assert batch.labels is not None
     assert torch.equal(batch.labels, flat_mask) and batch.ntokens == batch.labels.numel() == 2 + 4 + 1 + 3
     assert (
         batch.src_padded and not collate([([5, 6], [7]), ([8, 9], [4, 4])]).src_padded
@@ -199,10 +200,12 @@ def _sources(n: int, seed: int = 3) -> torch.Tensor:
 def test_search_syncs_once_per_step_whatever_the_batch_and_beam(batch, beam):
     model = tiny_model(VOCAB, seed=2)
     src = _sources(batch)
-    if beam == 1:
-        run = lambda: greedy_search(model, src, max_len_a=1.0, max_len_b=6)  # noqa: E731
-    else:
-        run = lambda: beam_search(model, src, beam=beam, lenpen=0.6, max_len_a=1.0, max_len_b=6, nbest=beam)  # noqa: E731
+
+    def run() -> list:
+        if beam == 1:
+            return greedy_search(model, src, max_len_a=1.0, max_len_b=6)
+        return beam_search(model, src, beam=beam, lenpen=0.6, max_len_a=1.0, max_len_b=6, nbest=beam)
+
     result, syncs, per_step = per_call(model, "decode_step", run)
     assert len(per_step) > 3 and len(result) == batch
     assert per_step[:-1] == [1] * (len(per_step) - 1), syncs.summary()  # the rows still running: one read
@@ -260,13 +263,14 @@ def test_the_log_reads_the_device_sums_once_per_window_and_counts_training_time_
     window = runlog.Window()
     for _ in range(2):  # two updates of 10 tokens, loss and nll left on the device as the trainer leaves them
         window.add(
-            {
-                "loss": torch.tensor(30.0, dtype=torch.float64),
-                "nll": torch.tensor(20.0, dtype=torch.float64),
-                "ntokens": 10,
-                "lr": 1e-3,
-                "gnorm": 1.5,
-            }
+            UpdateStats(
+                loss=torch.tensor(30.0, dtype=torch.float64),
+                nll=torch.tensor(20.0, dtype=torch.float64),
+                tokens=10,
+                lr=1e-3,
+                gnorm=1.5,
+                seconds=0.0,
+            )
         )
     Clock.now = 4.0
     with window.paused():  # a validation and its checkpoint: 6 s
