@@ -1,11 +1,7 @@
 """Label-smoothed cross-entropy over non-pad target tokens (section 5.4 of the paper, eps_ls = 0.1).
 
-Smoothing convention (fairseq's ``label_smoothed_cross_entropy``): the smoothed target
-distribution puts 1 - eps on the reference token and eps / (V - 1) on each of the other V - 1
-tokens (PAD, BOS and UNK included), so the reference keeps exactly 1 - eps. Szegedy et al. and
-``F.cross_entropy(label_smoothing=eps)`` spread eps / V over all V tokens instead (the reference
-gets 1 - eps + eps / V); for V in the thousands the two differ by less than eps / V per token.
-With eps = 0 both are plain cross-entropy.
+The formula and its smoothing convention (fairseq's: 1 - eps on the reference, eps / (V - 1) on each other token)
+are in :mod:`transformer_mt.model.label_smoothing`, which the reference backend computes too.
 
 Everything is summed, not averaged: the training loop divides by the number of target tokens
 of the whole (possibly accumulated) update, and reports loss per token = loss_sum / ntokens and
@@ -18,21 +14,14 @@ import math
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transformer_mt.model.label_smoothing import check_epsilon, label_smoothed_sums
 from transformer_mt.text import PAD_ID
 
 if TYPE_CHECKING:  # the model and its backend are handed in; loss.py never builds one
     from transformer_mt.model.ops import Ops
     from transformer_mt.model.transformer import Transformer
-
-
-def _check_epsilon(epsilon: float, vocab: int) -> None:
-    if not 0.0 <= epsilon < 1.0:
-        raise ValueError(f"epsilon={epsilon} is outside [0, 1); the paper uses 0.1")
-    if vocab < 2 and epsilon > 0:
-        raise ValueError("label smoothing needs a vocabulary of at least 2 tokens")
 
 
 def label_smoothed_nll_loss(
@@ -52,27 +41,6 @@ def label_smoothed_nll_loss(
     """
     loss, nll = label_smoothed_sums(logits, target, epsilon=epsilon, ignore_index=ignore_index)
     return loss, nll, int(target.ne(ignore_index).sum())
-
-
-def label_smoothed_sums(logits: Tensor, target: Tensor, *, epsilon: float, ignore_index: int) -> tuple[Tensor, Tensor]:
-    """:func:`label_smoothed_nll_loss` without the token count (no host sync): (loss_sum, nll_sum)."""
-    vocab = logits.size(-1)
-    _check_epsilon(epsilon, vocab)
-    dtype = torch.promote_types(logits.dtype, torch.float32)  # bf16 / fp16 logits: the loss in float32
-    lprobs = F.log_softmax(logits.reshape(-1, vocab), dim=-1, dtype=dtype)  # (N, V)
-    target = target.reshape(-1)  # (N,)
-    pad = target == ignore_index
-    safe_target = target.masked_fill(pad, 0)  # any valid index; the row is masked out below
-    nll = -lprobs.gather(-1, safe_target.unsqueeze(-1)).squeeze(-1).masked_fill(pad, 0.0)  # (N,)
-    if epsilon > 0:
-        # -sum_v q(v) log p(v) with q = 1 - eps on the reference and eps / (V - 1) elsewhere:
-        # (1 - eps) * nll + eps / (V - 1) * (sum over all v of -log p(v) - nll)
-        smooth = (-lprobs.sum(-1)).masked_fill(pad, 0.0)  # (N,)
-        eps_i = epsilon / (vocab - 1)
-        loss = (1.0 - epsilon - eps_i) * nll + eps_i * smooth
-    else:
-        loss = nll
-    return loss.sum(), nll.detach().sum()
 
 
 def perplexity(nll_sum: float | torch.Tensor, ntokens: int) -> float:
@@ -118,7 +86,7 @@ def projected_label_smoothed_sums(
     ignore_index: int = PAD_ID,
 ) -> tuple[Tensor, Tensor]:
     """:func:`projected_label_smoothed_loss` without the token count, so without a host sync: (loss_sum, nll_sum)."""
-    _check_epsilon(epsilon, weight.size(0))
+    check_epsilon(epsilon, weight.size(0))
     return ops.projected_loss(h, weight, target, epsilon=epsilon, bias=bias, ignore_index=ignore_index)
 
 

@@ -3,7 +3,7 @@
 These are the numbers every other backend is tested against (tests/model/test_ops.py), and what ``train.ops:
 reference`` trains with: ``F.linear``, ``F.dropout``, ScaleNorm's formula under autograd, ``F.normalize``, SDPA (or,
 when the weights are asked for, softmax(q k^T / sqrt(Dk)) v spelled out), and the logits followed by
-:func:`~transformer_mt.model.loss.label_smoothed_nll_loss`. A faster backend subclasses :class:`ReferenceOps` and
+:func:`~transformer_mt.model.label_smoothing.label_smoothed_sums`. A faster backend subclasses :class:`ReferenceOps` and
 falls back to it wherever its own kernels do not apply.
 
 Where one operation is made of others (``residual_dropout`` is ``x + self.dropout(y)``, ``linear_relu`` is the ReLU
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from transformer_mt.model.loss import label_smoothed_sums
+from transformer_mt.model.label_smoothing import label_smoothed_sums
 
 
 def join_heads(out: Tensor) -> Tensor:
