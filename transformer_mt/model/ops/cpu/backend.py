@@ -3,22 +3,22 @@
 Every method falls back to :class:`~transformer_mt.model.ops.reference.ReferenceOps` (the plain form) where its kernel
 does not apply: another dtype, no gradient to record, a shape the kernel does not take, the C++ kernels not built.
 
-==================  =========================================================================================
-operation           fast path (and where it applies)
-==================  =========================================================================================
-``linear``          oneDNN forward and input gradient (a float32 training step, not under autocast)
-``linear_relu``     the same with the ReLU as oneDNN's post-op
-``output_linear``   oneDNN (float32, no gradient to record: a search's output layer, validation)
-``dropout``         keep masks from 16-bit lanes of 64-bit random words (drawn in C++ when built)
-``residual_...``    x + dropout(y) in one C++ pass forward and one backward (float32, same shapes, contiguous)
-``scale_norm``      the backward written out, in C++ for contiguous float32 (training); the formula otherwise
-``normalize``       ScaleNorm's C++ kernel with the gain 1 (training); ``F.normalize`` otherwise
-``attention``       a training step over at most :data:`~.attention.SHORT_KEYS` keys: the C++ kernel (float32,
-                    head sizes multiples of 16, a key-padding mask or none, no attention dropout), else the
-                    product spelled out; SDPA otherwise
-``*_attention_step`` at least :data:`~.attention.STEP_SPELLED_OUT_ROWS` rows: spelled out for the cache's layout
-``projected_loss``  the vocabulary projection fused with the loss in row chunks (:mod:`.fused_loss`)
-==================  =========================================================================================
+======================  =====================================================================================
+operation               fast path (and where it applies)
+======================  =====================================================================================
+``linear``              oneDNN forward and input gradient (a float32 training step, not under autocast)
+``linear_relu``         the same with the ReLU as oneDNN's post-op
+``output_linear``       oneDNN (float32, no gradient to record: a search's output layer, validation)
+``dropout``             keep masks from 16-bit lanes of 64-bit random words (drawn in C++ when built)
+``residual_dropout``    x + dropout(y) in one C++ pass forward and one backward (float32, same shapes)
+``scale_norm``          the backward written out, in C++ for contiguous float32 (training); the formula otherwise
+``normalize``           ScaleNorm's C++ kernel with the gain 1 (training); ``F.normalize`` otherwise
+``attention``           a training step over at most :data:`~.attention.SHORT_KEYS` keys: the C++ kernel
+                        (float32, head sizes multiples of 16, a key-padding mask or none, no attention dropout),
+                        else the product spelled out; SDPA otherwise
+``*_attention_step``    at least :data:`~.attention.STEP_SPELLED_OUT_ROWS` rows: spelled out for the cache's layout
+``projected_loss``      the vocabulary projection fused with the loss in row chunks (:mod:`.fused_loss`)
+======================  =====================================================================================
 """
 
 from __future__ import annotations
