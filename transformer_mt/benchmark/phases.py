@@ -19,11 +19,11 @@ from transformer_mt.benchmark.settings import DTYPES
 from transformer_mt.config import from_dict
 from transformer_mt.data import source_tensor
 from transformer_mt.decoding import Translator, beam_search, greedy_search, positions_needed
-from transformer_mt.model import count_parameters, use_reference_ops
+from transformer_mt.model import count_parameters
 from transformer_mt.runtime import DTYPES as TORCH_DTYPES
 from transformer_mt.runtime import SyncCounter, forward_flops, per_call, pick_device
 from transformer_mt.text import PAD_ID
-from transformer_mt.training import Trainer, target_tokens, update_schedule
+from transformer_mt.training import Trainer, UpdateStats, set_up, target_tokens, update_schedule
 
 
 def phase_matmul(spec: dict) -> dict:
@@ -65,10 +65,11 @@ class _Timing:
     tokens: list = dataclasses.field(default_factory=list)
     step_seconds: list = dataclasses.field(default_factory=list)
 
-    def on_update(self, update: int, stats: dict) -> None:  # the hook reads the loss: every update ends synchronised
+    # the hook reads the loss: every update ends synchronised
+    def on_update(self, update: int, stats: UpdateStats) -> None:
         if update > self.warmup:
-            self.tokens.append(stats["ntokens"])
-            self.step_seconds.append(stats["seconds"])
+            self.tokens.append(stats.tokens)
+            self.step_seconds.append(stats.seconds)
         if update in (self.warmup, self.warmup + self.updates):  # the window: end of update `warmup` to end of the last
             self.marks[update] = time.perf_counter()
             if self.cuda and update == self.warmup:
@@ -78,17 +79,16 @@ class _Timing:
 def phase_train(spec: dict) -> dict:
     """``tmt train``'s own loop for warmup + updates updates, the last ``updates`` timed; FLOPs counted on the
     batches it trained on (measured on the first ``flop_batches``, analytic on all)."""
-    # The baseline of the CPU speed-ups: torch's own dropout and the unfused logits-then-loss path
-    # (the (N, V) logits under autograd), for this phase's process only.
-    use_reference_ops(bool(spec.get("plain_ops")))
     cfg = from_dict(spec["config"], source=f"benchmark {spec['name']}")
+    if spec.get("plain_ops"):  # the baseline of the CPU speed-ups: the reference backend (torch's own dropout,
+        cfg.train.ops = "reference"  # F.linear, SDPA, the unfused logits-then-loss path with the (N, V) logits)
     warmup, updates = spec["warmup"], spec["updates"]
     shutil.rmtree(cfg.train.out_dir, ignore_errors=True)  # ours (<out>/runs/NAME); Trainer refuses an old run
     timing = _Timing(warmup, updates, cuda=cfg.train.device.startswith("cuda"))
-    trainer = Trainer(cfg, resume=False, on_update=timing.on_update)
+    trainer = Trainer(set_up(cfg, resume=False), on_update=timing.on_update)
     if spec.get("compile"):  # the training step (model and fused loss) compiled; shapes vary from batch to batch
         # compiling a Module gives an OptimizedModule, a Module too (torch.compile's annotation says Callable)
-        trainer.train_model = cast(torch.nn.Module, torch.compile(trainer.train_model, dynamic=True))
+        trainer.parts.train_model = cast(torch.nn.Module, torch.compile(trainer.parts.train_model, dynamic=True))
     result = trainer.run()
     gpu_peak_mib = torch.cuda.max_memory_allocated() / 2**20 if timing.cuda else None
     if len(timing.marks) < 2:
@@ -174,7 +174,7 @@ def phase_syncs(spec: dict) -> dict:
     """Host syncs per training update and per search step (the budget: one each, whatever the batch and beam)."""
     cfg = from_dict(spec["config"], source=f"benchmark {spec['name']}")
     shutil.rmtree(cfg.train.out_dir, ignore_errors=True)
-    trainer = Trainer(cfg, resume=False)
+    trainer = Trainer(set_up(cfg, resume=False))
     try:
         updates = _update_syncs(trainer, cfg)
         search = _search_syncs(trainer, cfg, spec["input"])
@@ -211,7 +211,7 @@ def _search_syncs(trainer: Trainer, cfg, input_path: str) -> list[dict]:
     """Syncs per search step of the (untrained) model, greedy and beam 5, at batches of 8 and 32 test sentences."""
     model, d = trainer.model.eval(), cfg.decode
     with open(input_path, encoding="utf-8") as handle:
-        ids = trainer.src_tok.encode([line.rstrip("\n") for line in itertools.islice(handle, 32)])
+        ids = trainer.parts.state.tokenizers[0].encode([line.rstrip("\n") for line in itertools.islice(handle, 32)])
     model.reserve_positions(positions_needed(max(map(len, ids)) + 1, max_len_a=d.max_len_a, max_len_b=d.max_len_b))
     search = []
     for batch in (8, 32):
