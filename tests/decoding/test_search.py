@@ -360,7 +360,7 @@ def test_search_batches_is_greedy_for_one_best_of_beam_1_and_beam_search_otherwi
     batch, which is what refuses a beam of 1 with two hypotheses."""
     gen = torch.Generator().manual_seed(3)
     srcs = [reversal_batch(gen, n, lo, hi)[0] for n, lo, hi in ((6, 6, 7), (9, 5, 7), (5, 4, 6))]
-    settings = {"lenpen": 0.6, "max_len_a": 1.0, "max_len_b": 6}
+    settings: dict[str, Any] = {"lenpen": 0.6, "max_len_a": 1.0, "max_len_b": 6}
     rows = _counting_steps(monkeypatch)
     greedy = greedy_search_batches(trained, srcs, batch_tokens=10**6, **settings)
     greedy_rows = list(rows)

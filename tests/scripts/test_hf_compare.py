@@ -18,6 +18,7 @@ def test_report_on_a_tiny_marian_model(multi30k, tmp_path, one_thread):
 
     marian = build_marian_dir(tmp_path / "m", multi30k, shared=True, activation="swish")
     spec = importlib.util.spec_from_file_location("hf_compare", REPO / "scripts" / "hf_compare.py")
+    assert spec is not None and spec.loader is not None
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
     argv = [

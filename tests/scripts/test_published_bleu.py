@@ -16,7 +16,8 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "published_bleu.py"
 def run_script(*args: str, block_sacremoses: bool = False) -> subprocess.CompletedProcess:
     # sys.modules[name] = None makes "import name" raise ImportError: the machine without the package
     block = "sys.modules['sacremoses'] = None; " if block_sacremoses else ""
-    code = f"import runpy, sys; {block}sys.argv = {[str(SCRIPT), *args]!r}; runpy.run_path({str(SCRIPT)!r}, run_name='__main__')"
+    argv = [str(SCRIPT), *args]
+    code = f"import runpy, sys; {block}sys.argv = {argv!r}; runpy.run_path({str(SCRIPT)!r}, run_name='__main__')"
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
 
 
@@ -24,9 +25,8 @@ def test_missing_sacremoses_is_one_line_with_the_fix(tmp_path):
     (tmp_path / "ref.de").write_text("Ein Hund.\n", encoding="utf-8")
     result = run_script("--ref", str(tmp_path / "ref.de"), str(tmp_path / "ref.de"), block_sacremoses=True)
     assert result.returncode == 1
-    assert (
-        result.stderr.strip()
-        == "published_bleu.py: needs the sacremoses package (the Moses tokenizer in Python); run: pip install sacremoses"
+    assert result.stderr.strip() == (
+        "published_bleu.py: needs the sacremoses package (the Moses tokenizer in Python); run: pip install sacremoses"
     )
 
 

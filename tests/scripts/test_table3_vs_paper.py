@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,6 +14,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "table3_vs_paper.py"
 
 def load_script():
     spec = importlib.util.spec_from_file_location("table3_vs_paper", SCRIPT)
+    assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -32,7 +34,7 @@ def row(name: str, label: str, sets: list[str], bleu: float, *, status: str = "d
     }
 
 
-SWEEP = {
+SWEEP: dict[str, Any] = {
     "command": "tmt sweep ...",
     "budget": {"updates": 400, "minutes": 0.0},
     "bleu": {"metric": "sacreBLEU cased 13a", "beam": 1, "lenpen": 1.0},
