@@ -3,12 +3,13 @@
 
     python scripts/bench_attention.py [--threads 2] [--reps 30] [--batch-tokens 4096]
 
-Runs :meth:`transformer_mt.model.MultiHeadAttention.attend` itself, once through each path (the choice that
-``model/attention.py`` makes by the number of keys, forced either way), on random q, k, v with the masks a training
-step uses: the encoder's key-padding mask, the decoder's causal self-attention, cross-attention with key padding.
-First the recipe's shapes (about 15-piece sentences, 4 heads, d_k 32), then key lengths from 16 to 128 at d_k 32
-and 64 with as many sentences as fill ``--batch-tokens``. Prints milliseconds per call (best of 3 rounds) and the
-ratio; the crossover is where ``attention.SHORT_KEYS`` belongs. Time it with nothing else running.
+Runs :meth:`transformer_mt.model.MultiHeadAttention.attend` itself, once through each path (the choice that the cpu
+backend, ``CpuOps.spelled_out_is_faster``, makes by the number of keys, forced either way; the spelled-out path is the
+C++ kernel where it is built), on random q, k, v with the masks a training step uses: the encoder's key-padding mask,
+the decoder's causal self-attention, cross-attention with key padding. First the recipe's shapes (about 15-piece
+sentences, 4 heads, d_k 32), then key lengths from 16 to 128 at d_k 32 and 64 with as many sentences as fill
+``--batch-tokens``. Prints milliseconds per call (best of 3 rounds) and the ratio; the crossover is where
+``SHORT_KEYS`` (``transformer_mt/model/ops/cpu/attention.py``) belongs. Time it with nothing else running.
 """
 
 from __future__ import annotations
@@ -18,9 +19,19 @@ import time
 
 import torch
 
-import transformer_mt.model.attention as attention
 from transformer_mt.config import ModelConfig
 from transformer_mt.model import MultiHeadAttention, allowed_mask
+from transformer_mt.model.ops.cpu import CpuOps
+
+
+class ForcedPath(CpuOps):
+    """The cpu backend with its attention path forced: spelled out (True) or SDPA (False), whatever the keys."""
+
+    def __init__(self, spelled: bool):
+        self.spelled = spelled
+
+    def spelled_out_is_faster(self, k: torch.Tensor) -> bool:  # noqa: ARG002 - the key count is what it overrides
+        return self.spelled
 
 
 def time_call(fn, *, reps: int) -> float:
@@ -51,13 +62,14 @@ def case(
         allowed = allowed_mask(torch.arange(keys)[None] >= lengths[:, None])
 
     def step(spelled: bool):
+        forced = ForcedPath(spelled)
+
         def run() -> torch.Tensor:
-            attention_kernel = attention._spelled_out_is_faster
-            attention._spelled_out_is_faster = lambda _k: spelled
+            ops, attn.ops = attn.ops, forced  # the attention's path only; W^O keeps the module's backend
             try:
                 out, _ = attn.attend(q, k, v, allowed, causal=causal)
             finally:
-                attention._spelled_out_is_faster = attention_kernel
+                attn.ops = ops
             out.backward(torch.ones_like(out))
             return out
 
