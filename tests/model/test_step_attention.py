@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import transformer_mt.model.ops.cpu.backend as cpu_backend
+import transformer_mt.model.ops.cpu.generic as cpu_generic
 from tests.conftest import head
 from transformer_mt.data import source_tensor
 from transformer_mt.decoding import model_from_checkpoint, search
@@ -45,7 +45,7 @@ def _spelled(monkeypatch, model, on: bool) -> list[str]:
         return noted
 
     for name in ("step_self_attention", "step_cross_attention"):
-        monkeypatch.setattr(cpu_backend, name, noting(name, getattr(cpu_backend, name)))
+        monkeypatch.setattr(cpu_generic, name, noting(name, getattr(cpu_generic, name)))
     model.use_ops(ops)
     return calls
 

@@ -14,10 +14,8 @@ import torch
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from transformer_mt.model.ops.cpu.attention import STEP_SPELLED_OUT_ROWS, step_cross_attention, step_self_attention
-from transformer_mt.model.ops.cpu.fused_loss import projected_sums
+from transformer_mt.model.ops.cpu.generic import GenericFastPaths
 from transformer_mt.model.ops.cpu.scale_norm import WrittenOutScaleNorm
-from transformer_mt.model.ops.reference import ReferenceOps
 
 # The SDPA kernels allowed on a GPU: not cuDNN's, which torch prefers for bfloat16 / float16 on recent GPUs. cuDNN
 # builds an execution plan for every new (batch, query length, key length) shape; token-bucketed batches and a
@@ -26,11 +24,10 @@ from transformer_mt.model.ops.reference import ReferenceOps
 CUDA_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
-class CudaOps(ReferenceOps):
+class CudaOps(GenericFastPaths):
     """A GPU's paths (the module's docstring)."""
 
     name = "cuda"
-    step_spelled_out_rows = STEP_SPELLED_OUT_ROWS  # the fewest rows a decoding step's attention spells out
 
     def scale_norm(self, x: Tensor, g: Tensor, eps: float) -> Tensor:
         if not torch.is_grad_enabled():  # inference: the formula, without an autograd Function's call cost
@@ -44,20 +41,3 @@ class CudaOps(ReferenceOps):
             return super().sdpa(q, k, v, allowed, causal=causal, dropout_p=dropout_p)
         with sdpa_kernel(CUDA_SDPA_BACKENDS):
             return super().sdpa(q, k, v, allowed, causal=causal, dropout_p=dropout_p)
-
-    def self_attention_step(self, q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float) -> Tensor:
-        if q.size(0) < self.step_spelled_out_rows:
-            return super().self_attention_step(q, k, v, dropout_p=dropout_p)
-        return step_self_attention(q, k, v)
-
-    def cross_attention_step(
-        self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, *, dropout_p: float
-    ) -> Tensor:
-        if q.size(0) * q.size(2) < self.step_spelled_out_rows:  # G groups of `group` rows
-            return super().cross_attention_step(q, k, v, allowed, dropout_p=dropout_p)
-        return step_cross_attention(q, k, v, allowed)
-
-    def projected_loss(
-        self, h: Tensor, weight: Tensor, target: Tensor, *, epsilon: float, bias: Tensor | None, ignore_index: int
-    ) -> tuple[Tensor, Tensor]:
-        return projected_sums(h, weight, target, epsilon=epsilon, bias=bias, ignore_index=ignore_index)

@@ -30,25 +30,21 @@ from torch import Tensor
 from transformer_mt.model.ops.cpu import native
 from transformer_mt.model.ops.cpu.attention import (
     SHORT_KEYS,
-    STEP_SPELLED_OUT_ROWS,
     kernel_takes,
     short_attention,
-    step_cross_attention,
-    step_self_attention,
 )
 from transformer_mt.model.ops.cpu.dropout import CpuDropout, CpuDropoutAdd, lanes_do_not_apply
-from transformer_mt.model.ops.cpu.fused_loss import projected_sums
+from transformer_mt.model.ops.cpu.generic import GenericFastPaths
 from transformer_mt.model.ops.cpu.onednn import CpuLinear, CpuLinearRelu, onednn_step, times_transposed
 from transformer_mt.model.ops.cpu.scale_norm import NativeScaleNorm, WrittenOutScaleNorm, native_scale_norm_applies
-from transformer_mt.model.ops.reference import ReferenceOps, join_heads
+from transformer_mt.model.ops.reference import join_heads
 
 
-class CpuOps(ReferenceOps):
+class CpuOps(GenericFastPaths):
     """The CPU's fast paths (the module's docstring), each falling back to the reference form."""
 
     name = "cpu"
     short_keys = SHORT_KEYS  # the most keys a training step's attention spells out (or gives the C++ kernel)
-    step_spelled_out_rows = STEP_SPELLED_OUT_ROWS  # the fewest rows a decoding step's attention spells out
 
     # ---------------------------------------------------------------- products
     def linear(self, x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
@@ -133,21 +129,3 @@ class CpuOps(ReferenceOps):
         """Whether a training step on CPU attends over few enough keys (k: (B, H, K, Dk)) for the spelled-out product
         or the C++ kernel rather than SDPA's flash kernel."""
         return k.device.type == "cpu" and k.size(2) <= self.short_keys and torch.is_grad_enabled()
-
-    def self_attention_step(self, q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float) -> Tensor:
-        if q.size(0) < self.step_spelled_out_rows:
-            return super().self_attention_step(q, k, v, dropout_p=dropout_p)
-        return step_self_attention(q, k, v)
-
-    def cross_attention_step(
-        self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, *, dropout_p: float
-    ) -> Tensor:
-        if q.size(0) * q.size(2) < self.step_spelled_out_rows:  # G groups of `group` rows
-            return super().cross_attention_step(q, k, v, allowed, dropout_p=dropout_p)
-        return step_cross_attention(q, k, v, allowed)
-
-    # ---------------------------------------------------------------- the loss
-    def projected_loss(
-        self, h: Tensor, weight: Tensor, target: Tensor, *, epsilon: float, bias: Tensor | None, ignore_index: int
-    ) -> tuple[Tensor, Tensor]:
-        return projected_sums(h, weight, target, epsilon=epsilon, bias=bias, ignore_index=ignore_index)
