@@ -36,7 +36,17 @@ from transformer_mt.config.rules import (
     max_beam,
     specials_problem,
 )
-from transformer_mt.config.sections import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig
+from transformer_mt.config.sections import (
+    Config,
+    CorpusConfig,
+    DataConfig,
+    DecodeConfig,
+    FiltersConfig,
+    ModelConfig,
+    TokenizerConfig,
+    TrainConfig,
+    ValidSetConfig,
+)
 
 __all__ = [
     "CHOICES",
@@ -46,12 +56,15 @@ __all__ = [
     "PATH_KEYS",
     "Config",
     "ConfigError",
+    "CorpusConfig",
     "DataConfig",
     "DecodeConfig",
+    "FiltersConfig",
     "ModelConfig",
     "Problem",
     "TokenizerConfig",
     "TrainConfig",
+    "ValidSetConfig",
     "beam_problem",
     "from_dict",
     "length_problem",

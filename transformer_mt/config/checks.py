@@ -33,6 +33,9 @@ CHOICES = {
     "train.ops": ("auto", "reference", "cpu", "cuda"),  # transformer_mt.model.ops.OPS_CHOICES
     "train.lr_schedule": ("noam", "inverse_sqrt", "linear", "wsd"),
     "train.best_metric": ("bleu", "loss"),
+    "train.compile": ("auto", "on", "aot_eager", "off"),
+    "train.packed": ("auto", "on", "off"),
+    "data.filters.duplicates": ("off", "exact", "normalized"),
 }
 PATH_KEYS = (
     "data.train_src",
@@ -91,8 +94,9 @@ def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -
         raise ConfigError(f"{source}: {key}: {msg}")
 
     for dotted, allowed in CHOICES.items():
-        section, key = dotted.split(".")
-        value = getattr(getattr(cfg, section), key)
+        value: Any = cfg
+        for name in dotted.split("."):
+            value = getattr(value, name)
         if value not in allowed:
             fail(dotted, f"{quote(value)} is not one of {', '.join(allowed)}")
     _check_model(cfg.model, fail)
@@ -241,6 +245,8 @@ def _check_data(data: DataConfig, m: ModelConfig, fail: Fail) -> None:
             f"{data.max_len} + 1 (EOS or BOS) exceeds model.max_positions={m.max_positions}; "
             "lower data.max_len or raise model.max_positions",
         )
+    if data.sampling_temperature < 0:
+        fail("data.sampling_temperature", f"{data.sampling_temperature:g} is negative; use 0 (by weight) or T > 0")
     if bool(data.valid_src) != bool(data.valid_tgt):
         given, missing = ("valid_src", "valid_tgt") if data.valid_src else ("valid_tgt", "valid_src")
         fail(

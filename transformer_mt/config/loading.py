@@ -16,7 +16,7 @@ from typing import Any, get_type_hints
 
 import yaml
 
-from transformer_mt.config.checks import ConfigError, quote, validate
+from transformer_mt.config.checks import CHOICES, ConfigError, quote, validate
 from transformer_mt.config.sections import Config
 
 _SECTION_TYPES = get_type_hints(Config)
@@ -166,8 +166,21 @@ _SCALARS = {bool: _coerce_bool, int: _coerce_int, float: _coerce_float, str: _co
 
 def _coerce(value: Any, typ: Any, where: str) -> Any:
     """Convert a YAML (or override) value to the field's type or raise ConfigError."""
+    if typ is str and isinstance(value, bool) and "off" in CHOICES.get(_dotted(where), ()):
+        return ("on" if value else "off") if value is False or "on" in CHOICES[_dotted(where)] else str(value)
     if typ in _SCALARS:
         return _SCALARS[typ](value, where)
+    if dataclasses.is_dataclass(typ):
+        return _coerce_record(value, typ, where)
+    if getattr(typ, "__origin__", None) is list:
+        (item,) = typ.__args__
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list of {_record_keys(item)} entries, got {quote(value)}")
+        if len(value) > MAX_RECORDS:
+            raise ConfigError(f"{where}: {len(value):,} entries; give at most {MAX_RECORDS}")
+        return [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
     if getattr(typ, "__origin__", None) is tuple:
         args = typ.__args__
         if isinstance(value, str):  # "0.9,0.98" or "[0.9, 0.98]", as --set takes it; split, never parsed as YAML
@@ -178,14 +191,48 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
     raise ConfigError(f"{where}: unsupported type {typ}")  # pragma: no cover - a programming error
 
 
+def _dotted(where: str) -> str:
+    """The key a message prefix names: "x.yaml: train.compile" -> "train.compile"."""
+    return where.rsplit(": ", 1)[-1]
+
+
+MAX_RECORDS = 10_000  # entries of a list key such as data.corpora: far past any real run, short of a list bomb
+
+
+def _record_keys(typ: Any) -> str:
+    return "{" + ", ".join(f.name for f in dataclasses.fields(typ)) + "}"
+
+
+def _coerce_record(value: Any, typ: Any, where: str) -> Any:
+    """A nested mapping (data.filters, one entry of data.corpora) as its dataclass, each key typed and named."""
+    if isinstance(value, typ):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a mapping {_record_keys(typ)}, got {quote(value)}")
+    record = typ()
+    hints = get_type_hints(typ)
+    for key, item in value.items():
+        name = _name(key)
+        if name not in hints:
+            raise ConfigError(f"{where}: unknown key {quote(name)}; {_suggest(name, list(hints))}")
+        setattr(record, name, _coerce(item, hints[name], f"{where}.{name}"))
+    return record
+
+
 def _apply(cfg: Config, section: str, key: str, value: Any, source: str) -> None:
     if section not in _SECTION_TYPES:
         raise ConfigError(f"{source}: unknown section {quote(section)}; {_suggest(section, list(_SECTION_TYPES))}")
     sub = getattr(cfg, section)
+    key, _, rest = key.partition(".")  # --set data.filters.langid=true reaches into a nested mapping
     hints = get_type_hints(type(sub))
     if key not in hints:
         raise ConfigError(f"{source}: unknown key {quote(f'{section}.{key}')}; {_suggest(key, list(hints))}")
-    setattr(sub, key, _coerce(value, hints[key], f"{source}: {section}.{key}"))
+    where = f"{source}: {section}.{key}"
+    if rest:
+        if not dataclasses.is_dataclass(hints[key]):
+            raise ConfigError(f"{where}: has no keys inside it; drop {quote('.' + rest)}")
+        value = {**dataclasses.asdict(getattr(sub, key)), rest: value}
+    setattr(sub, key, _coerce(value, hints[key], where))
 
 
 def _name(key: Any) -> str:

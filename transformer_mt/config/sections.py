@@ -10,13 +10,62 @@ from dataclasses import dataclass, field
 
 
 @dataclass
-class DataConfig:
-    """Where the parallel corpus lives and how it is filtered."""
+class CorpusConfig:
+    """One training corpus of ``data.corpora``: a pair of aligned files, its weight and its languages."""
 
-    train_src: str = ""  # training source text, one sentence per line
+    name: str = ""  # a short unique name, used in the log, metrics and cache file names
+    src: str = ""  # source text, one sentence per line
+    tgt: str = ""  # target text, line i translates line i of src
+    weight: float = 1.0  # how strongly the corpus is sampled (data.sampling_temperature says how weights act)
+    src_lang: str = ""  # source language code (e.g. en); empty = not stated
+    tgt_lang: str = ""  # target language code; with several target languages each source starts with <2xx>
+    tag: str = ""  # a piece put at the start of every source of this corpus, e.g. <BT> for back-translations
+
+
+@dataclass
+class ValidSetConfig:
+    """One validation pair of ``data.valid``: loss and BLEU are reported per set, and their mean."""
+
+    name: str = ""  # a short unique name, used in the log and metrics; empty = src_lang-tgt_lang
+    src: str = ""  # validation source text
+    tgt: str = ""  # validation target text
+    src_lang: str = ""  # source language code
+    tgt_lang: str = ""  # target language code (the tag its sources start with in a multilingual model)
+
+
+@dataclass
+class FiltersConfig:
+    """Cleaning rules over raw text pairs, applied by `tmt clean` and, as ``data.filters``, when corpora are encoded;
+    every rule is off by default."""
+
+    duplicates: str = "off"  # off, exact (the same pair twice) or normalized (equal after case, digits, spaces)
+    identical: bool = False  # drop pairs whose source equals their target (untranslated copies)
+    min_words: int = 0  # drop pairs with fewer words than this on either side; 0 = off
+    max_words: int = 0  # drop pairs with more words than this on either side; 0 = off
+    max_ratio: float = 0.0  # drop pairs whose longer side has more than this times the words of the shorter; 0 = off
+    max_nonletter: float = 0.0  # drop a side whose share of non-letter characters (spaces aside) exceeds this; 0 = off
+    script: bool = False  # drop pairs whose letters are mostly outside the script of their corpus's language
+    langid: bool = False  # drop pairs whose language identification disagrees (pip install -e ".[langid]")
+    langid_min_prob: float = 0.0  # with langid: also drop pairs identified right but with less than this probability
+
+
+@dataclass
+class DataConfig:
+    """Where the parallel corpora live, how they are mixed and how they are filtered."""
+
+    train_src: str = ""  # training source text, one sentence per line (one corpus; data.corpora for several)
     train_tgt: str = ""  # training target text, line i translates line i of train_src
     valid_src: str = ""  # validation source text (loss, perplexity and BLEU during training)
     valid_tgt: str = ""  # validation target text
+    # several training corpora, each {name, src, tgt, weight, src_lang, tgt_lang, tag}; replaces train_src/train_tgt
+    corpora: list[CorpusConfig] = field(default_factory=list)
+    # how corpora are mixed in an epoch: 0 = each corpus's pairs taken weight times (2 = twice, 0.5 = a different half
+    # each epoch); T > 0 = shares proportional to (weight x pairs) ** (1 / T) (1: by size, 5: the multilingual papers'
+    # flattening, large: uniform), over an epoch of as many pairs as the corpora hold
+    sampling_temperature: float = 0.0
+    # several validation pairs, each {name, src, tgt, src_lang, tgt_lang}; replaces valid_src/valid_tgt
+    valid: list[ValidSetConfig] = field(default_factory=list)
+    filters: FiltersConfig = field(default_factory=FiltersConfig)  # cleaning rules applied when corpora are encoded
     max_len: int = 256  # training pairs with more tokens than this on either side are dropped
     max_len_ratio: float = 3.0  # pairs whose longer side has more than this times the tokens of the shorter are dropped
     min_len_for_ratio: int = 5  # the ratio filter applies only when the longer side has at least this many tokens
@@ -138,6 +187,11 @@ class TrainConfig:
     # the device's matmul peak, for the MFU of the end-of-training cost report; 0 = measure once, cached in
     # ~/.cache/tmt/peak.json
     peak_tflops: float = 0.0
+    # torch.compile of the layer stacks and the loss: auto (on with the cuda backend on a CUDA device, else off), on
+    # (inductor), aot_eager (tracing without code generation: tests) or off
+    compile: str = "auto"
+    pad_to_multiple: int = 0  # sequence lengths padded up to a multiple of this (fewer shapes to compile); 0 = auto
+    packed: str = "auto"  # variable-length packed batches, no compute on padding: auto (with the cuda backend), on, off
 
     @property
     def numbered_spacing(self) -> int:
