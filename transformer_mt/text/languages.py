@@ -1,0 +1,74 @@
+"""Languages of a run and the tags that name them.
+
+A multilingual model (its corpora name more than one target language) learns which language to produce from a tag
+put at the start of every source: ``<2fr>`` asks for French (Johnson et al., 2017, "Google's Multilingual Neural
+Machine Translation System"; OPUS-MT's ``>>fra<<``). The tag goes on the source, not the decoder's first input as in
+NLLB, so the encoder already knows the target language and the search starts every sentence from the same token:
+greedy, beam, sampling, ensembles and CTranslate2 need nothing new. A corpus may add a tag of its own (``<BT>`` on
+back-translated sources, Caswell et al., 2019, "Tagged Back-Translation"). Every tag is a user-defined symbol of the
+sentencepiece model: always one piece, never split, and decoded back to its text.
+
+A model with one target language takes no tag; ``--tgt-lang`` then only checks that it names that language.
+"""
+
+from __future__ import annotations
+
+import re
+
+from transformer_mt.config import ConfigError, CorpusConfig, DataConfig
+
+# ISO 639-1 / 639-3 codes, optionally with a script or region as NLLB writes them (fra_Latn, zh_Hant, pt-BR)
+LANGUAGE_CODE = re.compile(r"[a-z]{2,3}(?:[_-][A-Za-z]{2,4})?")
+TAG = re.compile(r"<[^<>\s]{1,40}>")  # a corpus tag: one word in angle brackets, e.g. <BT>
+
+
+def language_tag(code: str) -> str:
+    """The source tag that asks a multilingual model for language ``code``: ``<2fr>``."""
+    return f"<2{code}>"
+
+
+def check_language_code(code: str, where: str) -> None:
+    """Refuse a language code that is not one (``where`` names the key or option)."""
+    if not LANGUAGE_CODE.fullmatch(code):
+        shown = code if len(code) <= 40 else code[:37] + "..."
+        raise ConfigError(
+            f"{where}: {shown!r} is not a language code; use an ISO 639 code such as en, de, fra or fra_Latn"
+        )
+
+
+def check_tag(tag: str, where: str) -> None:
+    """Refuse a corpus tag that sentencepiece could not keep as one symbol."""
+    if not TAG.fullmatch(tag):
+        shown = tag if len(tag) <= 40 else tag[:37] + "..."
+        raise ConfigError(f"{where}: {shown!r} is not a tag; use one word in angle brackets without spaces, e.g. <BT>")
+
+
+def training_corpora(data: DataConfig) -> list[CorpusConfig]:
+    """The run's training corpora: ``data.corpora``, or the one-corpus shorthand ``train_src`` / ``train_tgt``."""
+    if data.corpora:
+        return list(data.corpora)
+    if data.train_src or data.train_tgt:
+        return [CorpusConfig(name="train", src=data.train_src, tgt=data.train_tgt)]
+    return []
+
+
+def target_languages(data: DataConfig) -> list[str]:
+    """The distinct target languages the corpora name, in the order they first appear."""
+    return list(dict.fromkeys(c.tgt_lang for c in training_corpora(data) if c.tgt_lang))
+
+
+def is_multilingual(data: DataConfig) -> bool:
+    """Whether sources carry a target-language tag: the corpora name more than one target language."""
+    return len(target_languages(data)) > 1
+
+
+def source_tags(corpus: CorpusConfig, *, multilingual: bool) -> list[str]:
+    """The tags every source of ``corpus`` starts with, in order: the target language's, then the corpus's own."""
+    tags = [language_tag(corpus.tgt_lang)] if multilingual and corpus.tgt_lang else []
+    return tags + ([corpus.tag] if corpus.tag else [])
+
+
+def tag_symbols(data: DataConfig) -> list[str]:
+    """Every tag a run's sentencepiece model must hold as a user-defined symbol, each once."""
+    multilingual = is_multilingual(data)
+    return list(dict.fromkeys(t for c in training_corpora(data) for t in source_tags(c, multilingual=multilingual)))
