@@ -108,10 +108,12 @@ class MultiHeadAttention(nn.Module):
         )
         return self.out(out), weights  # (B, T, H*Dv) -> (B, T, D)
 
-    def attend_cache(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """:meth:`attend` for one decoding step over the decoder's cache, without a mask (every cached position is in
-        the query's past): q (R, H, 1, Dk), k (R, H, T, Dk), v (R, H, T, Dv) -> (R, 1, D)."""
-        return self.out(self.ops.self_attention_step(q, k, v, dropout_p=self._dropout_p()))  # (R, 1, H*Dv) -> D
+    def attend_cache(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None) -> Tensor:
+        """:meth:`attend` for one decoding step over the decoder's cache: q (R, H, 1, Dk), k (R, H, T, Dk), v (R, H, T,
+        Dv) -> (R, 1, D). ``allowed`` None: no mask (every position of a growing cache is in the query's past); a
+        static cache's (1, 1, 1, T) True = attend marks its filled prefix."""
+        step = self.ops.self_attention_step(q, k, v, dropout_p=self._dropout_p(), allowed=allowed)  # (R, 1, H*Dv)
+        return self.out(step)  # (R, 1, H*Dv) -> (R, 1, D)
 
     def attend_source(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> Tensor:
         """:meth:`attend` for one decoding step over the source, a sentence's beams as its query positions:

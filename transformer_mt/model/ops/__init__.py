@@ -93,10 +93,14 @@ class Ops(Protocol):
         keys at or before the query's position. ``dropout_p``: dropout on the weights (0 outside training)."""
         ...
 
-    def self_attention_step(self, q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float) -> Tensor:
-        """A decoding step's self-attention over the cache, no mask (every cached position is in the query's past):
-        q (R, H, 1, Dk), k (R, H, T, Dk), v (R, H, T, Dv), views of the cache's time-major (T, R, H, D) buffers
-        -> (R, 1, H * Dv)."""
+    def self_attention_step(
+        self, q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, allowed: Tensor | None = None
+    ) -> Tensor:
+        """A decoding step's self-attention over the cache: q (R, H, 1, Dk), k (R, H, T, Dk), v (R, H, T, Dv), views
+        of the growing cache's time-major (T, R, H, D) buffers or the static cache's (R, H, T, D) ones
+        -> (R, 1, H * Dv). ``allowed`` None: no mask (every cached position is in the query's past, the growing
+        cache); else (1 or R, 1, 1, T) True = attend, the filled prefix of a static cache (its other positions hold
+        finite stale values)."""
         ...
 
     def cross_attention_step(

@@ -97,8 +97,10 @@ class ReferenceOps:
         """``F.scaled_dot_product_attention`` (scale 1/sqrt(Dk)) -> (B, H, T, Dv)."""
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, is_causal=causal)
 
-    def self_attention_step(self, q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float) -> Tensor:
-        return self.attention(q, k, v, None, causal=False, dropout_p=dropout_p, need_weights=False)[0]
+    def self_attention_step(
+        self, q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, allowed: Tensor | None = None
+    ) -> Tensor:
+        return self.attention(q, k, v, allowed, causal=False, dropout_p=dropout_p, need_weights=False)[0]
 
     def cross_attention_step(
         self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, *, dropout_p: float

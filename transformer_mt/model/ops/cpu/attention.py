@@ -26,12 +26,15 @@ SHORT_KEYS = 64
 STEP_SPELLED_OUT_ROWS = 32
 
 
-def step_self_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """Self-attention of a decoding step, softmax(q k^T / sqrt(Dk)) v, over the cache's time-major buffers as they
-    are: q (R, H, 1, Dk), k (R, H, T, Dk), v (R, H, T, Dv) (views of (T, R, H, D) buffers) -> (R, 1, H*Dv). Every
-    cached position is in the query's past: no mask."""
+def step_self_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None) -> Tensor:
+    """Self-attention of a decoding step, softmax(q k^T / sqrt(Dk)) v, over the cache's buffers as they are: q (R, H,
+    1, Dk), k (R, H, T, Dk), v (R, H, T, Dv) (views of the growing cache's (T, R, H, D) buffers, or a static cache's
+    (R, H, T, D)) -> (R, 1, H*Dv). ``allowed`` None: every cached position is in the query's past, no mask; else
+    (1 or R, 1, 1, T) True = attend (a static cache's filled prefix)."""
     keys, values = k.permute(2, 0, 1, 3), v.permute(2, 0, 1, 3)  # (R, H, T, D) -> (T, R, H, D), contiguous
     scores = (keys * (q[:, :, 0] * q.size(-1) ** -0.5)).sum(-1)  # (T, R, H); section 3.2.1 scaling
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed[:, :, 0].permute(2, 0, 1), float("-inf"))  # (1|R, 1, T) -> (T, 1|R, 1)
     out = (scores.softmax(dim=0).unsqueeze(-1) * values).sum(0)  # (T, R, H, 1) * (T, R, H, Dv) -> (R, H, Dv)
     return out.reshape(out.size(0), 1, -1)  # (R, H, Dv) -> (R, 1, H*Dv)
 

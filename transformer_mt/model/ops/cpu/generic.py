@@ -16,10 +16,12 @@ class GenericFastPaths(ReferenceOps):
 
     step_spelled_out_rows = STEP_SPELLED_OUT_ROWS  # the fewest rows a decoding step's attention spells out
 
-    def self_attention_step(self, q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float) -> Tensor:
+    def self_attention_step(
+        self, q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, allowed: Tensor | None = None
+    ) -> Tensor:
         if q.size(0) < self.step_spelled_out_rows:
-            return super().self_attention_step(q, k, v, dropout_p=dropout_p)
-        return step_self_attention(q, k, v)
+            return super().self_attention_step(q, k, v, dropout_p=dropout_p, allowed=allowed)
+        return step_self_attention(q, k, v, allowed)
 
     def cross_attention_step(
         self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, *, dropout_p: float
