@@ -37,6 +37,8 @@ class DecoderCache:
     a bare ``reorder(indices)`` works the layout out from the indices, which reads them back (a few syncs).
     """
 
+    self_allowed: Tensor | None = None  # a step's self-attention mask: none, every cached position is in its past
+
     def __init__(
         self,
         cross_k: Tensor,
@@ -180,18 +182,32 @@ class DecoderCache:
         return cache
 
     def _layout(self, row_source: Tensor) -> tuple[int, Tensor | None]:
-        """(group, kept) of new rows whose sentences are ``row_source`` (R',), read from the device: runs of
-        equal sentences of one length, else one row per group; kept None when the groups stay as they are."""
-        group = _run_length(row_source)
-        if row_source.size(0) % group or not bool((row_source.view(-1, group) == row_source[::group, None]).all()):
-            group = 1  # rows are not in equal runs of one sentence: one source copy per row
-        group_source = row_source[::group]  # (G',)
-        if torch.equal(group_source, self._group_source):
-            return group, None
-        # Where each sentence sits among the current groups (any copy will do: they are equal).
-        where = torch.empty(int(self._group_source.max()) + 1, dtype=torch.long, device=row_source.device)
-        where[self._group_source] = torch.arange(self._group_source.size(0), device=row_source.device)
-        return group, where.index_select(0, group_source)
+        return row_layout(row_source, self._group_source)
+
+    @property
+    def position(self) -> int:
+        """The position the next step decodes (its K/V go there): ``length``."""
+        return self.length
+
+    def advance(self) -> None:
+        """A step is done: every layer has written its position."""
+        self.length += 1
+
+
+def row_layout(row_source: Tensor, group_source: Tensor) -> tuple[int, Tensor | None]:
+    """(group, kept) of new rows whose sentences are ``row_source`` (R',), over current groups that translate
+    ``group_source`` (G,), read from the device: runs of equal sentences of one length, else one row per group;
+    kept None when the groups stay as they are."""
+    group = _run_length(row_source)
+    if row_source.size(0) % group or not bool((row_source.view(-1, group) == row_source[::group, None]).all()):
+        group = 1  # rows are not in equal runs of one sentence: one source copy per row
+    new_group_source = row_source[::group]  # (G',)
+    if torch.equal(new_group_source, group_source):
+        return group, None
+    # Where each sentence sits among the current groups (any copy will do: they are equal).
+    where = torch.empty(int(group_source.max()) + 1, dtype=torch.long, device=row_source.device)
+    where[group_source] = torch.arange(group_source.size(0), device=row_source.device)
+    return group, where.index_select(0, new_group_source)
 
 
 def _run_length(ids: Tensor) -> int:

@@ -10,20 +10,23 @@ vocabulary (the same sentencepiece model), which the caller checks with the toke
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
 
 from transformer_mt.model.cache import DecoderCache
 from transformer_mt.model.layers import TypedModuleList
+from transformer_mt.model.static_cache import StaticDecoderCache
 from transformer_mt.model.transformer import EncoderOut, Transformer
 
 
 class EnsembleCache:
-    """One decoder cache per member, reordered together."""
+    """One decoder cache per member, reordered together: all growing (``DecoderCache``) or all static
+    (``StaticDecoderCache``)."""
 
-    def __init__(self, caches: list[DecoderCache]):
-        self.caches = caches
+    def __init__(self, caches: Sequence[DecoderCache | StaticDecoderCache]):
+        self.caches = list(caches)
 
     def reorder(self, indices: Tensor, *, group: int | None = None, kept: Tensor | None = None) -> None:
         """Row i becomes old row ``indices[i]`` in every member's cache (see DecoderCache.reorder, also for
@@ -32,8 +35,14 @@ class EnsembleCache:
             cache.reorder(indices, group=group, kept=kept)
 
     def joined(self, other: EnsembleCache) -> EnsembleCache:
-        """This batch's rows, then ``other``'s, in every member's cache (see DecoderCache.joined)."""
-        return EnsembleCache([mine.joined(theirs) for mine, theirs in zip(self.caches, other.caches)])
+        """This batch's rows, then ``other``'s, in every member's cache (see DecoderCache.joined; growing caches
+        only)."""
+        joined = []
+        for mine, theirs in zip(self.caches, other.caches):
+            if not isinstance(mine, DecoderCache) or not isinstance(theirs, DecoderCache):
+                raise ValueError("only growing caches join (a static cache's buffers are sized for one batch)")
+            joined.append(mine.joined(theirs))
+        return EnsembleCache(joined)
 
 
 class Ensemble(nn.Module):
@@ -74,6 +83,10 @@ class Ensemble(nn.Module):
 
     def init_cache(self, encs: list[EncoderOut]) -> EnsembleCache:
         return EnsembleCache([m.init_cache(enc) for m, enc in zip(self.members, encs)])
+
+    def init_static_cache(self, encs: list[EncoderOut], *, max_len: int) -> EnsembleCache:
+        """Every member's :meth:`Transformer.init_static_cache`: K/V preallocated to ``max_len`` positions."""
+        return EnsembleCache([m.init_static_cache(enc, max_len=max_len) for m, enc in zip(self.members, encs)])
 
     def decode_step(self, tokens: Tensor, cache: EnsembleCache) -> Tensor:
         """tokens (B,) -> (B, V) float32 log of the members' mean next-token probabilities (normalised

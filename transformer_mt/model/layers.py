@@ -21,6 +21,7 @@ from transformer_mt.model.cache import DecoderCache
 from transformer_mt.model.linear import Linear
 from transformer_mt.model.norms import is_pre_norm, norm_layer
 from transformer_mt.model.ops import Ops
+from transformer_mt.model.static_cache import StaticDecoderCache
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -144,14 +145,15 @@ class DecoderLayer(_Block):
         assert self_w is not None and cross_w is not None  # attend returns the weights it was asked for
         return x, LayerAttention(self_w, cross_w)
 
-    def step(self, x: Tensor, cache: DecoderCache, layer: int) -> Tensor:
+    def step(self, x: Tensor, cache: DecoderCache | StaticDecoderCache, layer: int) -> Tensor:
         """One position of incremental decoding: x (R, 1, D), the newest position of each row -> (R, 1, D). Its
-        self-attention K/V are appended to ``cache`` (layer ``layer``) and the query sees every cached position, all
-        of them in its past (no mask); a sentence's beams query its one copy of the encoder output together."""
+        self-attention K/V are written to ``cache`` (layer ``layer``) and the query sees every cached position in its
+        past: a growing cache holds only those (no mask), a static one all T, masked by ``cache.self_allowed``; a
+        sentence's beams query its one copy of the encoder output together."""
         h = self.norm1(x) if self.pre else x
         q, k, v = self.self_attn.project_qkv(h)
-        k, v = cache.update(layer, k, v)  # (R, H, length + 1, Dk|Dv)
-        x = self._add(x, self.self_attn.attend_cache(q, k, v), self.norm1)
+        k, v = cache.update(layer, k, v)  # (R, H, length + 1, Dk|Dv), or (R, H, T, Dk|Dv) static
+        x = self._add(x, self.self_attn.attend_cache(q, k, v, cache.self_allowed), self.norm1)
         h = self.norm2(x) if self.pre else x
         q = self.cross_attn.project_q(h.reshape(-1, cache.group, h.size(-1)))  # (R, 1, D) -> (G, H, group, Dk)
         h = self.cross_attn.attend_source(q, cache.cross_k[layer], cache.cross_v[layer], cache.cross_allowed)

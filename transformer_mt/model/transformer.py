@@ -34,6 +34,7 @@ from transformer_mt.model.norms import ScaleNorm, fixnorm, is_pre_norm, norm_lay
 from transformer_mt.model.ops import Ops, choose_ops
 from transformer_mt.model.output import OutputLayer
 from transformer_mt.model.positions import PositionTable
+from transformer_mt.model.static_cache import StaticBuffers, StaticDecoderCache
 from transformer_mt.text import SpecialIds
 
 
@@ -171,13 +172,19 @@ class Transformer(PositionTable, OutputLayer):
                 module._apply(lambda t: t.to(dtype) if t.is_floating_point() else t, recurse=False)
         return self
 
-    def _embed(self, embed: nn.Embedding, tokens: Tensor, *, start: int = 0) -> Tensor:
+    def _embed(self, embed: nn.Embedding, tokens: Tensor, *, start: int | Tensor = 0) -> Tensor:
         """(B, T) ids at positions [start, start + T) -> (B, T, D): scaled embedding + position, dropout.
-        With weights cast to bf16 / fp16 the sum is taken with the float32 sinusoids, then rounded once."""
+        With weights cast to bf16 / fp16 the sum is taken with the float32 sinusoids, then rounded once.
+        ``start`` a (1,) long tensor (a static cache's position, T = 1): the position is looked up on the device."""
         e = embed(tokens)
         if self.fix_norm:  # FixNorm: each looked-up row to length 1 (in float32), then the sqrt(d) scale below
             e = fixnorm(e.float(), ops=self.ops).to(e.dtype)
-        x = (e * self.embed_scale + self._positions(start, tokens.size(1))).to(e.dtype)
+        if isinstance(start, Tensor):  # no host sync: the static cache sized its positions against the table
+            table = self.pos_embed.weight if self.learned_positions else self.pe
+            positions = table.index_select(0, start)  # (1, D)
+        else:
+            positions = self._positions(start, tokens.size(1))  # (T, D)
+        x = (e * self.embed_scale + positions).to(e.dtype)
         return self.ops.dropout(x, self.dropout, self.training)  # section 5.4: dropout on embeddings + positions
 
     def encode(self, src: Tensor, *, padded: bool = True) -> EncoderOut:
@@ -280,15 +287,27 @@ class Transformer(PositionTable, OutputLayer):
             torch.stack(ks), torch.stack(vs), enc.src_pad, enc.allowed, output=self.step_output()
         )  # (L, B, H, S, Dk|Dv)
 
-    def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
-        """tokens (B,): the newest token of each row (the start id first), at position ``cache.length``
+    def init_static_cache(self, enc: EncoderOut, *, max_len: int) -> StaticDecoderCache:
+        """:meth:`init_cache` with a :class:`StaticDecoderCache`: self-attention K/V preallocated to ``max_len``
+        positions (the batch's longest output) and written in place, the shapes and addresses a step captured as a
+        CUDA graph needs (:mod:`transformer_mt.model.static_cache`). Its steps give the growing cache's logits up to
+        float rounding."""
+        self._positions(0, max_len)  # refuses more positions than the table holds, here rather than mid-search
+        ks, vs = zip(*(layer.cross_attn.project_kv(enc.memory) for layer in self.decoder))
+        cross_k, cross_v = torch.stack(ks), torch.stack(vs)  # (L, B, H, S, Dk|Dv)
+        b, s = cross_k.size(1), cross_k.size(3)
+        buffers = StaticBuffers.around(cross_k, cross_v, enc.allowed, max_len=max_len)
+        return StaticDecoderCache(buffers, rows=b, groups=b, src_len=s, output=self.step_output())
+
+    def decode_step(self, tokens: Tensor, cache: DecoderCache | StaticDecoderCache) -> Tensor:
+        """tokens (B,): the newest token of each row (the start id first), at position ``cache.position``
         -> logits (B, V_tgt) for the next token, or (B, K) over the kept ids after ``cache.restrict_logits()``.
-        Only the new position is computed; its self-attention K/V are appended to ``cache``, which then advances by
-        one."""
-        x = self._embed(self.tgt_embed, tokens[:, None], start=cache.length)  # (B,) -> (B, 1, D)
+        Only the new position is computed; its self-attention K/V are written to ``cache``, which then advances by
+        one. With a static cache nothing is read back from the device (the step can be captured as a CUDA graph)."""
+        x = self._embed(self.tgt_embed, tokens[:, None], start=cache.position)  # (B,) -> (B, 1, D)
         for i, layer in enumerate(self.decoder):
-            x = layer.step(x, cache, i)  # a single query per row, every cached position in its past: no mask
-        cache.length += 1
+            x = layer.step(x, cache, i)  # a single query per row over the cache (masked to its past if static)
+        cache.advance()
         if self.decoder_norm is not None:
             x = self.decoder_norm(x)
         if cache.output is None:  # a cache built by hand, without the output layer's matrix
