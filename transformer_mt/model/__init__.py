@@ -1,9 +1,9 @@
-"""The Transformer: attention, layers, norms, positions, the output layer, the KV cache, the loss and ensembles; and
-``ops``, the interface to the fast paths and the choice of the backend (reference, cpu, cuda) a model computes with."""
+"""The Transformer: attention, layers, norms, positions, the output layer, the KV caches (growing and static), the loss
+and ensembles; and ``ops``, the interface to the fast paths and the choice of the backend (reference, cpu, cuda) a model computes with."""
 
 from transformer_mt.model.attention import MultiHeadAttention, allowed_mask
 from transformer_mt.model.cache import DecoderCache
-from transformer_mt.model.ensemble import Ensemble
+from transformer_mt.model.ensemble import Ensemble, EnsembleCache
 from transformer_mt.model.loss import (
     TeacherForcedLoss,
     label_smoothed_nll_loss,
@@ -13,6 +13,7 @@ from transformer_mt.model.loss import (
 from transformer_mt.model.norms import LayerNorm, ScaleNorm, fixnorm
 from transformer_mt.model.ops import OPS_CHOICES, Ops, choose_ops
 from transformer_mt.model.positions import sinusoids
+from transformer_mt.model.static_cache import StaticBuffers, StaticDecoderCache
 from transformer_mt.model.transformer import AttentionWeights, EncoderOut, Transformer, count_parameters
 
 __all__ = [
@@ -21,10 +22,13 @@ __all__ = [
     "DecoderCache",
     "EncoderOut",
     "Ensemble",
+    "EnsembleCache",
     "LayerNorm",
     "MultiHeadAttention",
     "Ops",
     "ScaleNorm",
+    "StaticBuffers",
+    "StaticDecoderCache",
     "TeacherForcedLoss",
     "Transformer",
     "allowed_mask",
