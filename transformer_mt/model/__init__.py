@@ -1,5 +1,6 @@
 """The Transformer: attention, layers, norms, positions, the output layer, the KV caches (growing and static), the loss
-and ensembles; and ``ops``, the interface to the fast paths and the choice of the backend (reference, cpu, cuda) a model computes with."""
+and ensembles; and ``ops``, the interface to the fast paths and the choice of the backend (reference, cpu, cuda) a
+model computes with."""
 
 from transformer_mt.model.attention import MultiHeadAttention, allowed_mask
 from transformer_mt.model.cache import DecoderCache
