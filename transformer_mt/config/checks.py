@@ -34,6 +34,7 @@ CHOICES = {
     "train.lr_schedule": ("noam", "inverse_sqrt", "linear", "wsd"),
     "train.best_metric": ("bleu", "loss"),
     "train.compile": ("auto", "on", "aot_eager", "off"),
+    "train.compile_mode": ("default", "max-autotune-no-cudagraphs", "max-autotune", "reduce-overhead"),
     "train.packed": ("auto", "on", "off"),
     "data.filters.duplicates": ("off", "exact", "normalized"),
 }
@@ -171,6 +172,7 @@ def _check_train(t: TrainConfig, fail: Fail) -> None:
         "patience",
         "warmup_updates",
         "weight_decay",
+        "pad_to_multiple",
     )
     for key in (*never_negative, "clip_norm", "threads"):
         if getattr(t, key) < 0:

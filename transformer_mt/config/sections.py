@@ -190,6 +190,9 @@ class TrainConfig:
     # torch.compile of the layer stacks and the loss: auto (on with the cuda backend on a CUDA device, else off), on
     # (inductor), aot_eager (tracing without code generation: tests) or off
     compile: str = "auto"
+    # inductor's mode when compiling: default, max-autotune-no-cudagraphs (searched kernels), max-autotune (and CUDA
+    # graphs), reduce-overhead (CUDA graphs)
+    compile_mode: str = "default"
     pad_to_multiple: int = 0  # sequence lengths padded up to a multiple of this (fewer shapes to compile); 0 = auto
     packed: str = "auto"  # variable-length packed batches, no compute on padding: auto (with the cuda backend), on, off
 
