@@ -7,15 +7,18 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
 
 from transformer_mt.benchmark import peer
+from transformer_mt.benchmark.gpu_check import PHASE_TIMEOUT, TIME_BUDGET, gpu_check_plan, render_table, table_rows
+from transformer_mt.benchmark.gpu_check import header as gpu_check_header
 from transformer_mt.benchmark.markdown import render_markdown
 from transformer_mt.benchmark.plan import cpu_plan, ctranslate2_specs, cuda_plan
 from transformer_mt.benchmark.report import Where, cpu_report, cuda_report
-from transformer_mt.benchmark.runner import run_each, run_phase_file, run_specs
+from transformer_mt.benchmark.runner import run_each, run_phase, run_phase_file, run_specs
 from transformer_mt.benchmark.settings import (
     FALLBACK_CONFIG,
     FULL,
@@ -23,6 +26,7 @@ from transformer_mt.benchmark.settings import (
     RECIPE_CONFIG,
     REFERENCE_VOCAB,
     REPO,
+    Sizes,
     gpu_bf16_peak,
     sizes_for,
 )
@@ -101,6 +105,21 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
         help="--device cuda: the bf16 dense peak for MFU (default: datasheet table)",
     )
     p.add_argument(
+        "--gpu-check",
+        action="store_true",
+        help="scripts/gpu_check.sh's plan: eager against the cuda backend, loss agreement, graphed decoding and "
+        "CTranslate2, one table (with --device cpu --quick: the plan proved on a CPU)",
+    )
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=TIME_BUDGET,
+        help="--gpu-check: seconds of phases; those that would start later are listed as not run",
+    )
+    p.add_argument(
+        "--cuda-tests", type=Path, default=None, help="--gpu-check: a file whose last line sums up the cuda tests"
+    )
+    p.add_argument(
         "--dry-run",
         action="store_true",
         help="print the phases as JSON and exit: nothing is trained, measured or put on a GPU",
@@ -122,6 +141,8 @@ def parse_args(argv: list[str] | None, *, prog: str | None = None) -> argparse.N
     if args.data is None:
         shared = REPO.parent / "shared" / "data" / "multi30k"
         args.data = shared if shared.is_dir() else REPO / "data" / "multi30k"
+    if args.gpu_check and (args.compile or args.ctranslate2 or args.peer or args.reference_checkpoint):
+        p.error("--gpu-check runs its own plan; leave out --compile, --ctranslate2, --peer and --reference-checkpoint")
     if args.device == "cpu" and (args.compile or args.peak_tflops):
         p.error("--compile and --peak-tflops go with --device cuda")
     if args.device == "cuda" and (args.ctranslate2 or args.reference_checkpoint):
@@ -183,6 +204,8 @@ def run_all(args: argparse.Namespace) -> dict:
     load_start = os.getloadavg()
     spm, src, tgt = prepare_data(args, recipe, sizes, sizes.spm_vocab or recipe.tokenizer.vocab_size)
     where = Where(config=config, note=note, spm=spm, test_src=test_src)
+    if args.gpu_check:
+        return run_gpu_check(args, sizes, recipe, spm=spm, src=src, tgt=tgt, test_src=test_src)
     if args.device == "cuda":
         matmul, phases = run_specs(
             cuda_plan(args, sizes, recipe, spm=spm, src=src, tgt=tgt, test_src=test_src), args.out
@@ -201,6 +224,40 @@ def run_all(args: argparse.Namespace) -> dict:
     return cpu_report(args, where, load_start=load_start, matmul=matmul, phases=phases, ct2_phases=ct2)
 
 
+def run_gpu_check(
+    args: argparse.Namespace, sizes: Sizes, recipe: Config, *, spm: Path, src: Path, tgt: Path, test_src: Path
+) -> dict:
+    """scripts/gpu_check.sh's run (transformer_mt.benchmark.gpu_check): every phase, none ending the run."""
+    specs = gpu_check_plan(
+        args, sizes, recipe, spm=spm, src=src, tgt=tgt, test_src=test_src, checkpoint=args.checkpoint
+    )
+    deadline = time.monotonic() + args.time_budget
+    results: list[dict] = []
+    for i, spec in enumerate(specs, 1):
+        left = deadline - time.monotonic()
+        if left < 5 and i < len(specs):  # the last phase, the matmul peak again, takes seconds and always runs
+            results.append({"failed": "not run: the time budget (--time-budget) was spent"})
+            continue
+        step = f"[{i}/{len(specs)}]"
+        results.append(run_phase(spec, args.out, step=step, timeout=min(PHASE_TIMEOUT, max(left, 30)), tolerant=True))
+    peaks = [float(r["bfloat16"]["gflops"]) for r in (results[0], results[-1]) if "bfloat16" in r]
+    measured = max(peaks, default=0.0)
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else ""
+    datasheet = gpu_bf16_peak(gpu, measured, args.peak_tflops)
+    phases = list(zip(specs[1:-1], results[1:-1], strict=True))
+    cuda_tests = ""
+    if args.cuda_tests is not None and args.cuda_tests.is_file():
+        cuda_tests = (args.cuda_tests.read_text(encoding="utf-8").strip().splitlines() or [""])[-1]
+    return {
+        "schema": "transformer_mt.benchmark.gpu_check/1",
+        "header": gpu_check_header(args, sizes, measured_gflops=measured, datasheet=datasheet),
+        "rows": table_rows(phases, measured_peak=measured * 1e9, datasheet_peak=datasheet[0]),
+        "phases": [{"spec": spec, "result": res} for spec, res in phases],
+        "matmul": results[0],
+        "cuda_tests": cuda_tests,
+    }
+
+
 def main(argv: list[str] | None = None, *, prog: str | None = None) -> None:
     """Run the benchmark (or, with the internal ``--phase SPEC.json``, one phase of it) and write its report."""
     args = parse_args(argv, prog=prog)
@@ -216,7 +273,12 @@ def main(argv: list[str] | None = None, *, prog: str | None = None) -> None:
     args.reference_checkpoint = args.reference_checkpoint.resolve() if args.reference_checkpoint else None
     report = run_all(args)
     (args.out / "benchmark.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    markdown = peer.render(report).lstrip() if args.only == "peer" else render_markdown(report) + peer.render(report)
+    if args.gpu_check:
+        markdown = render_table(report)
+    elif args.only == "peer":
+        markdown = peer.render(report).lstrip()
+    else:
+        markdown = render_markdown(report) + peer.render(report)
     (args.out / "benchmark.md").write_text(markdown, encoding="utf-8")
     print(markdown)
     print(f"benchmark: wrote {args.out / 'benchmark.json'} and {args.out / 'benchmark.md'}", file=sys.stderr)

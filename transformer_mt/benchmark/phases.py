@@ -115,6 +115,7 @@ def phase_train(spec: dict) -> dict:
         **_flops_per_token(trainer, cfg, batches, flop_batches=spec["flop_batches"]),
         "device": cfg.train.device,
         "compiled": bool(spec.get("compile")),
+        **compile_counts(),
     }
     if timing.cuda:
         out.update(gpu_peak_memory_mib=gpu_peak_mib, gpu=torch.cuda.get_device_name())
@@ -242,6 +243,16 @@ def _search_syncs(trainer: Trainer, cfg, input_path: str) -> list[dict]:
 
 
 # ---------------------------------------------------------------- translate
+def compile_counts() -> dict:
+    """Dynamo's unique graphs and graph breaks in this process (0 and 0 when nothing was compiled)."""
+    from torch._dynamo.utils import counters
+
+    return {
+        "compiled_graphs": int(counters["stats"].get("unique_graphs", 0)),
+        "graph_breaks": int(sum(counters["graph_break"].values())),
+    }
+
+
 def read_input(spec: dict) -> list[str]:
     """The phase's test lines: the first ``sentences`` of ``input`` (0: all)."""
     with open(spec["input"], encoding="utf-8") as handle:
@@ -255,6 +266,7 @@ def phase_translate(spec: dict) -> dict:
         device=spec.get("device", "cpu"),
         dtype=spec.get("dtype", "float32"),
         threads=spec["threads"],
+        ops=spec.get("ops", "auto"),
     )
     lines = read_input(spec)
     d, beam = translator.cfg.decode, spec["beam"]

@@ -18,6 +18,7 @@ import torch
 
 from transformer_mt import runtime
 from transformer_mt.benchmark.ct2 import phase_ctranslate2
+from transformer_mt.benchmark.gpu_check import phase_agreement, phase_ct2_gpu
 from transformer_mt.benchmark.peer import phase_fairseq
 from transformer_mt.benchmark.phases import phase_matmul, phase_syncs, phase_train, phase_translate
 from transformer_mt.benchmark.settings import DTYPES
@@ -29,6 +30,8 @@ PHASES = {
     "syncs": phase_syncs,
     "ctranslate2": phase_ctranslate2,
     "fairseq": phase_fairseq,
+    "agreement": phase_agreement,
+    "ct2-gpu": phase_ct2_gpu,
 }
 ENTRY = "transformer_mt.benchmark"  # each phase runs as `python -m ENTRY --phase SPEC.json`
 
@@ -49,8 +52,10 @@ def run_phase_file(spec_path: Path) -> None:
     Path(spec["result"]).write_text(json.dumps(result, indent=1), encoding="utf-8")
 
 
-def run_phase(spec: dict, out: Path, *, step: str) -> dict:
-    """Parent side: run ``spec`` in a fresh interpreter and return its result."""
+def run_phase(spec: dict, out: Path, *, step: str, timeout: float | None = None, tolerant: bool = False) -> dict:
+    """Parent side: run ``spec`` in a fresh interpreter and return its result. ``tolerant`` (a GPU check, one shot
+    on a lent machine): a phase that fails or outlasts ``timeout`` seconds gives ``{"failed": its last line}`` and
+    the run goes on."""
     phases = out / "phases"
     phases.mkdir(parents=True, exist_ok=True)
     spec_path, spec["result"] = phases / f"{spec['name']}.spec.json", str(phases / f"{spec['name']}.result.json")
@@ -59,10 +64,25 @@ def run_phase(spec: dict, out: Path, *, step: str) -> dict:
     # one process, never torchrun's
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     env.update(OMP_NUM_THREADS=str(spec["threads"]), MKL_NUM_THREADS=str(spec["threads"]))
-    proc = subprocess.run(
-        [sys.executable, "-m", ENTRY, "--phase", str(spec_path)], env=env, capture_output=True, text=True
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", ENTRY, "--phase", str(spec_path)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+    except subprocess.TimeoutExpired as exc:
+        text = (exc.stdout or b"").decode(errors="replace") + (exc.stderr or b"").decode(errors="replace")
+        (phases / f"{spec['name']}.log").write_text(text, encoding="utf-8")
+        if not tolerant:
+            raise
+        return {"failed": f"stopped after {timeout:g} s"}
     (phases / f"{spec['name']}.log").write_text(proc.stdout + proc.stderr, encoding="utf-8")
+    if proc.returncode != 0 and tolerant:
+        last = ((proc.stdout + proc.stderr).strip().splitlines() or ["no output"])[-1]
+        print(f"benchmark: phase {spec['name']} failed: {last}", file=sys.stderr, flush=True)
+        return {"failed": f"exit {proc.returncode}: {last[:200]}"}
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
         raise SystemExit(
