@@ -71,11 +71,15 @@ class Batch:
         )
 
 
-def _pad(seqs: Sequence[Ids], *, pad: int, prefix: int | None = None, suffix: int | None = None) -> torch.Tensor:
-    """(B, max len + extras) int64 rows of prefix + seq + suffix, right-padded with ``pad``."""
+def _pad(
+    seqs: Sequence[Ids], *, pad: int, prefix: int | None = None, suffix: int | None = None, multiple: int = 1
+) -> torch.Tensor:
+    """(B, max len + extras) int64 rows of prefix + seq + suffix, right-padded with ``pad``; the width rounded up to a
+    multiple of ``multiple``."""
     lengths = [len(s) for s in seqs]
     start = int(prefix is not None)
-    out = np.full((len(seqs), max(lengths, default=0) + start + int(suffix is not None)), pad, dtype=np.int64)
+    width = max(lengths, default=0) + start + int(suffix is not None)
+    out = np.full((len(seqs), -(-width // multiple) * multiple), pad, dtype=np.int64)
     for row, (seq, n) in enumerate(zip(seqs, lengths)):
         if prefix is not None:
             out[row, 0] = prefix
@@ -90,18 +94,27 @@ def source_tensor(seqs: Sequence[Ids], *, specials: SpecialIds = DEFAULT) -> tor
     return _pad(seqs, pad=specials.pad, suffix=specials.eos)
 
 
-def collate(pairs: Sequence[tuple[Ids, Ids]], *, indices: Ids | None = None, specials: SpecialIds = DEFAULT) -> Batch:
+def collate(
+    pairs: Sequence[tuple[Ids, Ids]],
+    *,
+    indices: Ids | None = None,
+    specials: SpecialIds = DEFAULT,
+    pad_to_multiple: int = 0,
+) -> Batch:
     """Build a :class:`Batch` from (source ids, target ids) pairs given without start/EOS,
-    with the model's ``specials``."""
+    with the model's ``specials``. ``pad_to_multiple``: S and T padded up to a multiple of it (0 or 1: to the longest
+    row), so that a compiled model sees fewer shapes; the padding is masked like any other."""
+    multiple = max(pad_to_multiple, 1)
     srcs = [p[0] for p in pairs]
     tgts = [p[1] for p in pairs]
     src_lengths = np.fromiter(map(len, srcs), np.int64, count=len(srcs))
     labels_per_row = np.fromiter(map(len, tgts), np.int64, count=len(tgts)) + 1  # pieces + EOS
-    tgt_out = _pad(tgts, pad=specials.pad, suffix=specials.eos)  # (B, T)
+    src = _pad(srcs, pad=specials.pad, suffix=specials.eos, multiple=multiple)  # (B, S)
+    tgt_out = _pad(tgts, pad=specials.pad, suffix=specials.eos, multiple=multiple)  # (B, T)
     return Batch(
-        src=source_tensor(srcs, specials=specials),
+        src=src,
         tgt_in=_pad(
-            tgts, pad=specials.pad, prefix=specials.start
+            tgts, pad=specials.pad, prefix=specials.start, multiple=multiple
         ),  # section 5: the decoder input is the target shifted right
         tgt_out=tgt_out,
         ntokens=int(labels_per_row.sum()),
@@ -110,7 +123,7 @@ def collate(pairs: Sequence[tuple[Ids, Ids]], *, indices: Ids | None = None, spe
         labels=torch.from_numpy(
             np.flatnonzero(np.arange(tgt_out.size(1)) < labels_per_row[:, None])
         ),  # (B, T) -> (ntokens,)
-        src_padded=bool(src_lengths.size and src_lengths.min() < src_lengths.max()),
+        src_padded=bool(src_lengths.size and src_lengths.min() + 1 < src.size(1)),  # + 1: the EOS
     )
 
 
@@ -123,9 +136,11 @@ class PairSource(Protocol):
     def pair(self, i: int) -> tuple[np.ndarray, np.ndarray]: ...
 
 
-def collate_pairs(data: PairSource, indices: Ids) -> Batch:
-    """The :class:`Batch` of the pairs ``indices`` of ``data``, in that order."""
-    return collate([data.pair(int(i)) for i in indices], indices=indices, specials=data.specials)
+def collate_pairs(data: PairSource, indices: Ids, *, pad_to_multiple: int = 0) -> Batch:
+    """The :class:`Batch` of the pairs ``indices`` of ``data``, in that order (``pad_to_multiple``: :func:`collate`)."""
+    return collate(
+        [data.pair(int(i)) for i in indices], indices=indices, specials=data.specials, pad_to_multiple=pad_to_multiple
+    )
 
 
 # --------------------------------------------------------------------------- batching

@@ -20,6 +20,7 @@ from transformer_mt import runtime
 from transformer_mt.config import Config, TrainConfig
 from transformer_mt.data import ParallelData
 from transformer_mt.errors import TmtError
+from transformer_mt.model.ops.compiling import Compiler
 from transformer_mt.training.policy import CheckpointPolicy
 from transformer_mt.training.rundir import RunDir
 from transformer_mt.training.runlog import RunLog
@@ -58,6 +59,7 @@ class Run:
     train_model: torch.nn.Module  # the loss module around the model, DDP-wrapped in a data-parallel run
     policy: CheckpointPolicy  # which files a save writes, which validation is the best, what pruning keeps
     resumed_from: Path | None = None  # the checkpoint a resumed run continues from
+    compiler: Compiler | None = None  # what train.compile compiled (its graphs, for the log's last lines); None: off
 
     @property
     def is_main(self) -> bool:

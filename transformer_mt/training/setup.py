@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from transformer_mt import runtime
 from transformer_mt.checkpoint import model_weights
 from transformer_mt.config import Config, TrainConfig, save_config
 from transformer_mt.model import TeacherForcedLoss, Transformer, choose_ops, count_parameters
+from transformer_mt.model.ops.compiling import Compiler, CompileSettings, compile_model, compile_setting, pad_multiple
 from transformer_mt.text import Tokenizer
 from transformer_mt.training.corpora import batching_of, check_batching, load_data
 from transformer_mt.training.ema import EMA
@@ -55,7 +57,8 @@ def set_up(cfg: Config, *, resume: bool, overwrite: bool = False) -> Run:
        checkpoint's); ranks other than 0 reseed after that, for dropout masks of their own;
     6. the data, and the checks that must fail now rather than hours into training;
     7. only once every check has passed, rank 0 removes an old run (--overwrite) and writes config.yaml;
-    8. last, the module the training forward runs (DDP-wrapped in a data-parallel run).
+    8. last, the module the training forward runs (DDP-wrapped in a data-parallel run), its layers and loss
+       compiled first when train.compile says so.
     """
     dist = runtime.dist_info()
     with contextlib.ExitStack() as on_failure:  # what the steps so far opened, closed when a later one fails
@@ -113,6 +116,7 @@ def set_up(cfg: Config, *, resume: bool, overwrite: bool = False) -> Run:
 
         # 8. the module the training forward runs, built last and straight into the Run: a failure before it leaves
         # no DDP wrapper alive to outlive the process group (Run.close says why that matters)
+        compiler = compile_for_training(state.model, t, log=log)
         run = Run(
             cfg=cfg,
             t=t,
@@ -126,6 +130,7 @@ def set_up(cfg: Config, *, resume: bool, overwrite: bool = False) -> Run:
             train_model=training_module(state.model, t, dist=dist, device=device),
             policy=CheckpointPolicy(out, cfg.train),
             resumed_from=resumed[0] if resumed else None,
+            compiler=compiler,
         )
         on_failure.pop_all()  # set up: from here Run.close() releases it all
     return run
@@ -134,11 +139,21 @@ def set_up(cfg: Config, *, resume: bool, overwrite: bool = False) -> Run:
 # ---------------------------------------------------------------- the process
 def process(cfg: Config, dist: runtime.DistInfo) -> tuple[TrainConfig, torch.device, bool]:
     """This process's device, dtype and threads, and its place in a data-parallel job. Returns the train config
-    it trains with (train.dtype "auto" resolved; the saved config keeps "auto"), the device, and whether it
-    created the process group (and must leave it)."""
+    it trains with (train.dtype, train.compile and train.pad_to_multiple resolved; the saved config keeps "auto" and
+    0), the device, and whether it created the process group (and must leave it)."""
     t, device = cfg.train, runtime.pick_device(cfg.train.device)
     if t.dtype == "auto":  # chosen per machine and model (runtime.auto_dtype)
         t = replace(t, dtype=runtime.auto_dtype(device, d_model=cfg.model.d_model))
+    compiling = compile_setting(
+        t.compile, ops_name=choose_ops(t.ops, device, setting="train.ops").name, device_type=device.type
+    )
+    multiple = pad_multiple(
+        t.pad_to_multiple,
+        compiling=compiling != "off",
+        longest=cfg.data.max_len + 1,
+        max_positions=cfg.model.max_positions,
+    )
+    t = replace(t, compile=compiling, pad_to_multiple=multiple)
     runtime.check_dtype(t.dtype, device)
     runtime.set_threads(t.threads)
     runtime.reuse_freed_memory()  # every update allocates the same activations again
@@ -220,6 +235,22 @@ def training_module(
     model itself is what is saved and validated)."""
     module: torch.nn.Module = TeacherForcedLoss(model, label_smoothing=t.label_smoothing)
     return runtime.wrap_ddp(module, device) if dist.enabled else module
+
+
+def compile_for_training(model: Transformer, t: TrainConfig, *, log: Callable[[str], None]) -> Compiler | None:
+    """train.compile (resolved: on, aot_eager or off): the model's layers and loss compiled in place
+    (model.ops.compiling), and one log line saying so; None when off. The trainer logs the graph counts at the end."""
+    if t.compile == "off":
+        return None
+    backend = "inductor" if t.compile == "on" else t.compile
+    compiler = Compiler(CompileSettings(backend=backend, mode=t.compile_mode), log=log)
+    compiled = compile_model(model, compiler)
+    log(
+        f"torch.compile ({backend}{'' if t.compile_mode == 'default' else ' ' + t.compile_mode}): "
+        f"{len(compiled.layers)} layers and the {compiled.ops.name} backend's loss passes, compiled on first use; "
+        f"sequences padded to a multiple of {t.pad_to_multiple}"
+    )
+    return compiler
 
 
 def processes(dist: runtime.DistInfo, t: TrainConfig) -> str:
