@@ -3,6 +3,7 @@ and a run's data preparation."""
 
 from transformer_mt.data.batching import Batch, collate, make_batches, shard, source_tensor
 from transformer_mt.data.corpus import CorpusSummary, DataError, ParallelData, load_parallel
+from transformer_mt.data.packing import PackedBatch, pack
 from transformer_mt.data.prepare import load_corpora, prepare_tokenizers, preprocess
 from transformer_mt.data.sampling import SampledSegmentation
 
@@ -10,12 +11,14 @@ __all__ = [
     "Batch",
     "CorpusSummary",
     "DataError",
+    "PackedBatch",
     "ParallelData",
     "SampledSegmentation",
     "collate",
     "load_corpora",
     "load_parallel",
     "make_batches",
+    "pack",
     "prepare_tokenizers",
     "preprocess",
     "shard",

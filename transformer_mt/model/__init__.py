@@ -2,10 +2,11 @@
 and ensembles; and ``ops``, the interface to the fast paths and the choice of the backend (reference, cpu, cuda) a
 model computes with."""
 
-from transformer_mt.model.attention import MultiHeadAttention, allowed_mask
+from transformer_mt.model.attention import BlockDiagonal, MultiHeadAttention, Segments, allowed_mask
 from transformer_mt.model.cache import DecoderCache
 from transformer_mt.model.ensemble import Ensemble, EnsembleCache
 from transformer_mt.model.loss import (
+    Packing,
     TeacherForcedLoss,
     label_smoothed_nll_loss,
     perplexity,
@@ -15,11 +16,18 @@ from transformer_mt.model.norms import LayerNorm, ScaleNorm, fixnorm
 from transformer_mt.model.ops import OPS_CHOICES, Ops, choose_ops
 from transformer_mt.model.positions import sinusoids
 from transformer_mt.model.static_cache import StaticBuffers, StaticDecoderCache
-from transformer_mt.model.transformer import AttentionWeights, EncoderOut, Transformer, count_parameters
+from transformer_mt.model.transformer import (
+    AttentionWeights,
+    EncoderOut,
+    PackedEncoderOut,
+    Transformer,
+    count_parameters,
+)
 
 __all__ = [
     "OPS_CHOICES",
     "AttentionWeights",
+    "BlockDiagonal",
     "DecoderCache",
     "EncoderOut",
     "Ensemble",
@@ -27,7 +35,10 @@ __all__ = [
     "LayerNorm",
     "MultiHeadAttention",
     "Ops",
+    "PackedEncoderOut",
+    "Packing",
     "ScaleNorm",
+    "Segments",
     "StaticBuffers",
     "StaticDecoderCache",
     "TeacherForcedLoss",

@@ -17,9 +17,15 @@ Mask convention (one for the whole model):
     position's past holds no padding, and padded positions, whose outputs nothing reads, may see padding;
     a source without padding (``encode(src, padded=False)``, stated by a caller that knows it from the
     collated lengths) gets no key mask. Both give the masked path's numbers bit for bit on CPU (tests).
+  * packed sentences (training without padding: the sentences of a batch end to end in one (1, N, D) row, their
+    lengths in :class:`Segments`) take a :class:`BlockDiagonal` in place of the mask tensor: True = the query's
+    sentence's keys (and with ``causal`` those at or before its position), computed by ``ops.varlen_attention``
+    without building the (N, N) mask.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -27,6 +33,25 @@ from torch import Tensor, nn
 from transformer_mt.config import ModelConfig
 from transformer_mt.model.linear import Linear
 from transformer_mt.model.ops import Ops, choose_ops
+
+
+class Segments(NamedTuple):
+    """Sentences packed end to end in one row of N tokens (flash attention's varlen layout)."""
+
+    cu_seqlens: Tensor  # (B + 1,) int32, from 0: sentence b holds tokens [cu_seqlens[b], cu_seqlens[b + 1])
+    max_len: int  # the longest sentence's length (a host int: kernels size their grids by it)
+    positions: Tensor  # (N,) long, each token's position in its sentence (0 at each sentence's first)
+
+
+class BlockDiagonal(NamedTuple):
+    """The attention mask of packed sentences: query sentence b may attend to key sentence b only (True = attend
+    within a diagonal block), with ``causal`` only to keys at or before its position. Never built as a tensor."""
+
+    q: Segments  # the queries' sentences
+    k: Segments  # the keys': the same sentences in the same order (the source's, in cross-attention)
+
+
+AttentionMask = Tensor | BlockDiagonal | None  # what a layer hands its attention: a bool mask, packed segments, none
 
 
 def allowed_mask(pad: Tensor, *, causal: bool = False) -> Tensor:
@@ -90,7 +115,7 @@ class MultiHeadAttention(nn.Module):
         q: Tensor,
         k: Tensor,
         v: Tensor,
-        allowed: Tensor | None,
+        allowed: AttentionMask,
         *,
         causal: bool = False,
         need_weights: bool = False,
@@ -102,11 +127,33 @@ class MultiHeadAttention(nn.Module):
         ``causal`` (T == K) to keys at or before the query's position (no mask tensor: SDPA's ``is_causal``).
         With ``need_weights`` the weights (B, H, T, K), taken before attention dropout, come back too (exactly 0 on
         blocked keys); else None. Which kernel computes it is the backend's choice (``ops.attention``).
+        A :class:`BlockDiagonal`: q, k, v are packed sentences, B = 1, T and K their token counts
+        (``ops.varlen_attention``); no weights.
         """
+        if isinstance(allowed, BlockDiagonal):
+            if need_weights:
+                raise ValueError("packed sentences give no attention weights; ask with a padded batch")
+            return self.out(self._attend_packed(q, k, v, allowed, causal=causal)), None
         out, weights = self.ops.attention(
             q, k, v, allowed, causal=causal, dropout_p=self._dropout_p(), need_weights=need_weights
         )
         return self.out(out), weights  # (B, T, H*Dv) -> (B, T, D)
+
+    def _attend_packed(self, q: Tensor, k: Tensor, v: Tensor, blocks: BlockDiagonal, *, causal: bool) -> Tensor:
+        """Packed sentences: q (1, H, Nq, Dk), k (1, H, Nk, Dk), v (1, H, Nk, Dv) -> (1, Nq, H*Dv)."""
+        q, k, v = (x[0].transpose(0, 1) for x in (q, k, v))  # (1, H, N, d) -> (N, H, d), views
+        out = self.ops.varlen_attention(
+            q,
+            k,
+            v,
+            blocks.q.cu_seqlens,
+            blocks.k.cu_seqlens,
+            blocks.q.max_len,
+            blocks.k.max_len,
+            causal=causal,
+            dropout_p=self._dropout_p(),
+        )  # (Nq, H, Dv)
+        return out.reshape(1, out.size(0), -1)  # (Nq, H, Dv) -> (1, Nq, H*Dv)
 
     def attend_cache(self, q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None = None) -> Tensor:
         """:meth:`attend` for one decoding step over the decoder's cache: q (R, H, 1, Dk), k (R, H, T, Dk), v (R, H, T,

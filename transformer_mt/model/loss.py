@@ -11,11 +11,12 @@ perplexity = exp(nll_sum / ntokens), base e, from the *unsmoothed* NLL.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
+from transformer_mt.model.attention import Segments
 from transformer_mt.model.label_smoothing import check_epsilon, label_smoothed_sums
 from transformer_mt.text import PAD_ID
 
@@ -90,6 +91,13 @@ def projected_label_smoothed_sums(
     return ops.projected_loss(h, weight, target, epsilon=epsilon, bias=bias, ignore_index=ignore_index)
 
 
+class Packing(NamedTuple):
+    """A batch's sentences packed end to end, without padding: where each source and each target sentence lies."""
+
+    src: Segments  # the sources (pieces + EOS)
+    tgt: Segments  # the decoder inputs (start + pieces), whose labels (pieces + EOS) have the same lengths
+
+
 class TeacherForcedLoss(nn.Module):
     """The training objective as a module: ``forward(src, tgt_in, tgt_out, labels)`` -> (loss_sum, nll_sum, ntokens).
 
@@ -102,6 +110,10 @@ class TeacherForcedLoss(nn.Module):
     No host sync when the batch brings its label positions (``Batch.labels``, found on the host at
     collation) and says whether the source is padded (``Batch.src_padded``): the labels are gathered by
     index, and ntokens is their number, a shape.
+
+    Packed sentences (``packing``, from ``data.pack``): the same sums without computing on padding; every packed
+    target position is a label. Dropout masks are drawn over the packed layout, so in training with dropout the two
+    layouts give different (equally distributed) numbers; without dropout the same up to float rounding.
     """
 
     def __init__(self, model: Transformer, *, label_smoothing: float):
@@ -110,20 +122,27 @@ class TeacherForcedLoss(nn.Module):
         self.label_smoothing = label_smoothing
 
     def forward(
-        self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, labels: Tensor | None = None, *, src_padded: bool = True
+        self,
+        src: Tensor,
+        tgt_in: Tensor,
+        tgt_out: Tensor,
+        labels: Tensor | None = None,
+        *,
+        src_padded: bool = True,
+        packing: Packing | None = None,
     ) -> tuple[Tensor, Tensor, int]:
         """src (B, S), tgt_in (B, T) = start + y, tgt_out (B, T) = y + EOS, all right-padded -> the sums of
         :func:`label_smoothed_nll_loss` over the non-pad labels: loss_sum, nll_sum (float32 scalars), ntokens.
         ``labels`` (N,): flat positions of the non-pad labels in (B, T) (``Batch.labels``; None: found here,
-        a host sync); ``src_padded`` False: no source row has padding (``Batch.src_padded``)."""
-        enc = self.model.encode(src, padded=src_padded)
-        h = self.model.decoder_output(tgt_in, enc)  # (B, T, D)
-        if labels is None:
-            labels = tgt_out.reshape(-1).ne(self.model.specials.pad).nonzero().squeeze(1)  # (N,)
-        h = h.reshape(-1, h.size(-1)).index_select(0, labels)  # (B*T, D) -> (N, D): only positions with a label
-        # output_weight(): (V, D), or (K, D) with model.restrict_output (targets then remapped, smoothing over the K
-        # kept pieces)
-        target = self.model.output_targets(tgt_out.reshape(-1).index_select(0, labels))  # (N,)
+        a host sync); ``src_padded`` False: no source row has padding (``Batch.src_padded``).
+        With ``packing``: src (Ns,), tgt_in and tgt_out (N,) packed end to end (``data.PackedBatch``), every position
+        a label; ``labels`` and ``src_padded`` are not used."""
+        if packing is not None:
+            enc = self.model.encode_packed(src, packing.src)
+            h = self.model.decoder_output_packed(tgt_in, packing.tgt, enc)  # (N, D)
+            target = self.model.output_targets(tgt_out)  # (N,)
+        else:
+            h, target = self._padded_labels(src, tgt_in, tgt_out, labels, src_padded=src_padded)
         model = self.model
         # ignore_index -1: the labels were selected above, so no target is padding (and an id such as MarianMT's EOS 0
         # must not be taken for it)
@@ -136,4 +155,17 @@ class TeacherForcedLoss(nn.Module):
             bias=model.output_bias(),
             ignore_index=-1,
         )
-        return loss, nll, labels.numel()
+        return loss, nll, target.numel()
+
+    def _padded_labels(
+        self, src: Tensor, tgt_in: Tensor, tgt_out: Tensor, labels: Tensor | None, *, src_padded: bool
+    ) -> tuple[Tensor, Tensor]:
+        """A padded batch's top decoder states (N, D) and targets (N,) at its N non-pad labels (:meth:`forward`)."""
+        enc = self.model.encode(src, padded=src_padded)
+        h = self.model.decoder_output(tgt_in, enc)  # (B, T, D)
+        if labels is None:
+            labels = tgt_out.reshape(-1).ne(self.model.specials.pad).nonzero().squeeze(1)  # (N,)
+        h = h.reshape(-1, h.size(-1)).index_select(0, labels)  # (B*T, D) -> (N, D): only positions with a label
+        # output_weight(): (V, D), or (K, D) with model.restrict_output (targets then remapped, smoothing over the K
+        # kept pieces)
+        return h, self.model.output_targets(tgt_out.reshape(-1).index_select(0, labels))  # (N,)

@@ -3,8 +3,10 @@
 Entry points, each with one return type: :meth:`Transformer.encode` -> EncoderOut,
 :meth:`Transformer.decode` (teacher forcing) -> logits, :meth:`Transformer.init_cache` +
 :meth:`Transformer.decode_step` (incremental decoding, what search uses) -> logits,
-:meth:`Transformer.attention` -> AttentionWeights (every layer's weights, for inspection). The training
-loss is a module around the model: :class:`transformer_mt.model.loss.TeacherForcedLoss`.
+:meth:`Transformer.attention` -> AttentionWeights (every layer's weights, for inspection); and for sentences packed
+end to end without padding (training), :meth:`Transformer.encode_packed` -> PackedEncoderOut and
+:meth:`Transformer.decode_packed` -> logits. The training loss is a module around the model:
+:class:`transformer_mt.model.loss.TeacherForcedLoss`.
 
 Its parts, one idea per module: attention and the mask convention (:mod:`~transformer_mt.model.attention`),
 the layers (:mod:`~transformer_mt.model.layers`), the norms, ``model.norm`` and FixNorm
@@ -27,7 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer_mt.config import ConfigError, ModelConfig, specials_problem
-from transformer_mt.model.attention import MultiHeadAttention, allowed_mask
+from transformer_mt.model.attention import AttentionMask, BlockDiagonal, MultiHeadAttention, Segments, allowed_mask
 from transformer_mt.model.cache import DecoderCache
 from transformer_mt.model.layers import DecoderLayer, EncoderLayer, TypedModuleList
 from transformer_mt.model.norms import ScaleNorm, fixnorm, is_pre_norm, norm_layer
@@ -45,6 +47,13 @@ class EncoderOut(NamedTuple):
     memory: Tensor  # (B, S, D) encoder output
     src_pad: Tensor  # (B, S) bool, True at padding positions
     allowed: Tensor | None  # (B, 1, 1, S) bool attention mask over the source (True = attend); None: no row has padding
+
+
+class PackedEncoderOut(NamedTuple):
+    """What :meth:`Transformer.encode_packed` returns, and what :meth:`Transformer.decode_packed` takes."""
+
+    memory: Tensor  # (Ns, D) encoder output of the packed sources
+    segments: Segments  # the sources' lengths (cu_seqlens, max_len) and each token's position
 
 
 class AttentionWeights(NamedTuple):
@@ -198,14 +207,21 @@ class Transformer(PositionTable, OutputLayer):
         """:meth:`encode`, plus each encoder layer's self-attention weights (B, H, S, S) if asked (else Nones)."""
         src_pad = src.eq(self.specials.pad)
         allowed = allowed_mask(src_pad) if padded else None  # (B, 1, 1, S)
-        x = self._embed(self.src_embed, src)
+        x, weights = self._encoder_stack(self._embed(self.src_embed, src), allowed, need_weights=need_weights)
+        return EncoderOut(x, src_pad, allowed), weights
+
+    def _encoder_stack(
+        self, x: Tensor, allowed: AttentionMask, *, need_weights: bool = False
+    ) -> tuple[Tensor, list[Tensor | None]]:
+        """Embedded sources (B, S, D) through every encoder layer and the final norm -> (B, S, D), and each layer's
+        self-attention weights if asked (else Nones)."""
         weights = []
         for layer in self.encoder:
             x, w = layer(x, allowed, need_weights=need_weights)
             weights.append(w)
         if self.encoder_norm is not None:
             x = self.encoder_norm(x)
-        return EncoderOut(x, src_pad, allowed), weights
+        return x, weights
 
     def decode(self, tgt_in: Tensor, enc: EncoderOut, *, keep: Tensor | None = None) -> Tensor:
         """Teacher forcing: tgt_in (B, T) = start + target, right-padded with the pad id -> logits (B, T, V_tgt).
@@ -241,16 +257,37 @@ class Transformer(PositionTable, OutputLayer):
         unless the weights are asked for: those are exactly 0 on padding keys too, so they get the full mask."""
         self_allowed = allowed_mask(self._target_padding(tgt_in), causal=True) if need_weights else None  # (B, 1, T, T)
         x = self._embed(self.tgt_embed, tgt_in)
+        return self._decoder_stack(
+            x,
+            enc.memory,
+            self_allowed,
+            causal=self_allowed is None,
+            cross_allowed=enc.allowed,
+            need_weights=need_weights,
+        )
+
+    def _decoder_stack(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        self_allowed: AttentionMask,
+        *,
+        causal: bool,
+        cross_allowed: AttentionMask,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, list]:
+        """Embedded decoder inputs (B, T, D) over the encoder output ``memory`` (B, S, D) through every decoder layer
+        and the final norm -> (B, T, D), and each layer's attention weights if asked (else Nones)."""
         weights = []
         for layer in self.decoder:
-            k, v = layer.cross_attn.project_kv(enc.memory)
+            k, v = layer.cross_attn.project_kv(memory)
             x, w = layer(
                 x,
                 k,
                 v,
                 self_allowed=self_allowed,
-                causal=self_allowed is None,
-                cross_allowed=enc.allowed,
+                causal=causal,
+                cross_allowed=cross_allowed,
                 need_weights=need_weights,
             )
             weights.append(w)
@@ -271,6 +308,42 @@ class Transformer(PositionTable, OutputLayer):
         (:meth:`output_weight`, :meth:`output_bias`) with the loss (``ops.projected_loss``, fused by the cpu and cuda
         backends, so that the (N, V) logits are never built in one piece)."""
         return self._decoder_states(tgt_in, enc)[0]
+
+    # ---------------------------------------------------------------- packed sentences, no padding
+    def _embed_packed(self, embed: nn.Embedding, tokens: Tensor, segments: Segments) -> Tensor:
+        """(N,) ids of sentences packed end to end -> (1, N, D): :meth:`_embed`, each token at its position in its
+        sentence (``segments.positions``)."""
+        e = embed(tokens)[None]  # (N,) -> (1, N, D)
+        if self.fix_norm:
+            e = fixnorm(e.float(), ops=self.ops).to(e.dtype)
+        table = self._positions(0, segments.max_len)  # (max_len, D): refuses a sentence longer than the table
+        x = (e * self.embed_scale + table.index_select(0, segments.positions)).to(e.dtype)  # (1, N, D)
+        return self.ops.dropout(x, self.dropout, self.training)
+
+    def encode_packed(self, src: Tensor, segments: Segments) -> PackedEncoderOut:
+        """Sources packed end to end, src (Ns,) = each sentence's pieces + EOS, their lengths and positions in
+        ``segments`` -> PackedEncoderOut(memory (Ns, D)). Each sentence attends to itself alone (a
+        :class:`~transformer_mt.model.attention.BlockDiagonal` mask), so its rows are :meth:`encode`'s at its real
+        positions, up to float rounding (dropout masks aside); nothing is computed on padding."""
+        x, _ = self._encoder_stack(self._embed_packed(self.src_embed, src, segments), BlockDiagonal(segments, segments))
+        return PackedEncoderOut(x[0], segments)  # (1, Ns, D) -> (Ns, D)
+
+    def decoder_output_packed(self, tgt_in: Tensor, segments: Segments, enc: PackedEncoderOut) -> Tensor:
+        """Teacher forcing on packed sentences up to the vocabulary projection: tgt_in (Nt,) = each sentence's start
+        + target pieces end to end, in the order of ``enc``'s sources -> the top decoder states (Nt, D). A token sees
+        its sentence's positions up to its own and its own source's: :meth:`decoder_output`'s rows at the labels."""
+        x, _ = self._decoder_stack(
+            self._embed_packed(self.tgt_embed, tgt_in, segments),
+            enc.memory[None],  # (Ns, D) -> (1, Ns, D)
+            BlockDiagonal(segments, segments),
+            causal=True,  # section 3.2.3, within each sentence
+            cross_allowed=BlockDiagonal(segments, enc.segments),
+        )
+        return x[0]  # (1, Nt, D) -> (Nt, D)
+
+    def decode_packed(self, tgt_in: Tensor, segments: Segments, enc: PackedEncoderOut) -> Tensor:
+        """:meth:`decoder_output_packed` through the output layer: tgt_in (Nt,) -> logits (Nt, V_tgt)."""
+        return self.logits(self.decoder_output_packed(tgt_in, segments, enc))
 
     def forward(self, src: Tensor, tgt_in: Tensor, *, keep: Tensor | None = None) -> Tensor:
         """src (B, S), tgt_in (B, T) -> logits (B, T, V_tgt), or (N, V_tgt) for the positions where ``keep`` is True.

@@ -20,6 +20,11 @@ Data parallel (torchrun, WORLD_SIZE > 1):
 - Loss. The update's target tokens are summed over ranks (`target_tokens` counts them on the host) and each
   rank's loss is divided by that sum, times world_size because DDP averages gradients: the gradient is that
   of one process on the whole global batch. Only the last micro-batch of an update all-reduces.
+
+Packed batches (`train.packed`; `auto`: with the cuda backend on a CUDA device): each collated batch is packed on the
+host (`data.pack`), its sentences end to end, and the model computes nothing on padding (`Transformer.encode_packed`).
+The labels, their order and the normaliser are the padded batch's, so the loss and gradients are the same up to float
+rounding; the dropout masks are drawn over the other layout, so with dropout the numbers differ (not their law).
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from transformer_mt import runtime
 from transformer_mt.config import ModelConfig, TrainConfig
-from transformer_mt.data import Batch, ParallelData, SampledSegmentation
+from transformer_mt.data import Batch, ParallelData, SampledSegmentation, pack
+from transformer_mt.model import Packing, Segments
 from transformer_mt.runtime import flops
 from transformer_mt.training.state import Progress, TrainState
 
@@ -138,6 +144,28 @@ def run_cost(p: Progress, t: TrainConfig, *, device: torch.device, world_size: i
     )
 
 
+def packs_batches(setting: str, *, ops: str, device: torch.device) -> bool:
+    """`train.packed` resolved: `on`, `off`, or `auto`: packed with the cuda backend on a CUDA device (the backend
+    with a kernel that skips padding; elsewhere the packed attention is computed padded, so packing gains nothing)."""
+    if setting == "auto":
+        return ops == "cuda" and device.type == "cuda"
+    return setting == "on"
+
+
+def loss_inputs(batch: Batch, device: torch.device, *, packed_pad: int | None) -> tuple[tuple, dict]:
+    """The loss module's arguments for `batch`, moved to `device` (from pinned memory on CUDA: no wait): the padded
+    batch, or with `packed_pad` (the model's pad id) the batch packed (`data.pack`) and its `Packing`."""
+    if packed_pad is None:
+        b = batch.to(device, non_blocking=True)
+        return (b.src, b.tgt_in, b.tgt_out, b.labels), {"src_padded": b.src_padded}
+    p = pack(batch, pad=packed_pad).to(device, non_blocking=True)
+    packing = Packing(
+        Segments(p.src_cu_seqlens, p.src_max_len, p.src_positions),
+        Segments(p.tgt_cu_seqlens, p.tgt_max_len, p.tgt_positions),
+    )
+    return (p.src, p.tgt_in, p.tgt_out), {"packing": packing}
+
+
 def run_update(
     state: TrainState,
     module: torch.nn.Module,
@@ -162,14 +190,15 @@ def run_update(
         raise ValueError("an update needs this rank's batches, or a filler batch to run with weight 0")
     work = [(b, 1.0) for b in batches] if batches else [(cast(Batch, filler), 0.0)]
     sums = torch.zeros(2, dtype=runtime.accumulator_dtype(device), device=device)  # loss, nll of this rank
+    packed_pad = state.model.specials.pad if packs_batches(t.packed, ops=state.model.ops.name, device=device) else None
     tic = time.perf_counter()
     for i, (batch, weight) in enumerate(work):
-        batch = batch.to(device, non_blocking=True)  # from pinned memory on CUDA: no wait
+        args, kwargs = loss_inputs(batch, device, packed_pad=packed_pad)
         # DDP all-reduces gradients in the backward of the update's last micro-batch only
         sync = i == len(work) - 1 or not dist.enabled
         with contextlib.nullcontext() if sync else cast(DistributedDataParallel, module).no_sync():
             with runtime.autocast(device, t.dtype):  # projection and loss fused, only at label positions
-                loss, nll, _ = module(batch.src, batch.tgt_in, batch.tgt_out, batch.labels, src_padded=batch.src_padded)
+                loss, nll, _ = module(*args, **kwargs)
             # per-token mean over the whole update; x world: DDP averages the ranks' gradients
             scaled = loss / ntokens * (weight * world)
             (state.scaler.scale(scaled) if state.scaler is not None else scaled).backward()

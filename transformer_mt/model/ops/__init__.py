@@ -93,6 +93,27 @@ class Ops(Protocol):
         keys at or before the query's position. ``dropout_p``: dropout on the weights (0 outside training)."""
         ...
 
+    def varlen_attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        cu_q: Tensor,
+        cu_k: Tensor,
+        max_q: int,
+        max_k: int,
+        *,
+        causal: bool,
+        dropout_p: float,
+    ) -> Tensor:
+        """Attention over sentences packed end to end (flash attention's varlen layout): q (Nq, H, Dk), k (Nk, H, Dk),
+        v (Nk, H, Dv) -> (Nq, H, Dv). ``cu_q`` / ``cu_k`` (B + 1,) int32 cumulative lengths: query sentence b holds
+        rows [cu_q[b], cu_q[b + 1]) and sees exactly the keys [cu_k[b], cu_k[b + 1]) (a block-diagonal mask), with
+        ``causal`` (the same lengths) only those at or before its position; ``max_q`` / ``max_k`` the longest
+        sentences (host ints); every sentence holds at least one key. ``dropout_p``: on the weights (0 outside
+        training)."""
+        ...
+
     def self_attention_step(
         self, q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, allowed: Tensor | None = None
     ) -> Tensor:

@@ -27,6 +27,17 @@ def join_heads(out: Tensor) -> Tensor:
     return out.transpose(1, 2).reshape(b, t, h * dv)  # (B, H, T, Dv) -> (B, T, H, Dv) -> (B, T, H*Dv)
 
 
+def grid_rows(cu_seqlens: Tensor, total: int, max_len: int) -> Tensor:
+    """The row of each packed token in a (B * max_len) grid of its sentences right-padded to ``max_len``: sentence b's
+    token j at b * max_len + j. ``cu_seqlens`` (B + 1,) cumulative lengths, ``total`` their sum (a shape: no host
+    sync) -> (total,) long."""
+    starts = cu_seqlens.long()  # (B + 1,)
+    sentence = torch.repeat_interleave(
+        torch.arange(starts.numel() - 1, device=starts.device), starts[1:] - starts[:-1], output_size=total
+    )  # (total,): the sentence of each token
+    return sentence * max_len + torch.arange(total, device=starts.device) - starts[sentence]
+
+
 class ReferenceOps:
     """Plain torch for every operation (the module's docstring)."""
 
@@ -96,6 +107,45 @@ class ReferenceOps:
     ) -> Tensor:
         """``F.scaled_dot_product_attention`` (scale 1/sqrt(Dk)) -> (B, H, T, Dv)."""
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, is_causal=causal)
+
+    def varlen_attention(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        cu_q: Tensor,
+        cu_k: Tensor,
+        max_q: int,
+        max_k: int,
+        *,
+        causal: bool,
+        dropout_p: float,
+    ) -> Tensor:
+        """The packed sentences padded into a (B, max, H, D) grid, attended by :meth:`attention` (the backend's own)
+        with a key-padding mask, and gathered back: the numbers of attending each sentence alone, at the cost of the
+        padded batch. Causal needs no mask: a real query's past holds no padding (padding is at each row's end)."""
+        b = cu_q.numel() - 1
+        at_q, at_k = grid_rows(cu_q, q.size(0), max_q), grid_rows(cu_k, k.size(0), max_k)  # (Nq,), (Nk,)
+        h = q.size(1)
+
+        def padded(x: Tensor, rows: Tensor, length: int) -> Tensor:  # (N, H, D) -> (B, H, length, D), zeros between
+            grid = x.new_zeros(b * length, h, x.size(-1)).index_copy(0, rows, x)
+            return grid.view(b, length, h, -1).transpose(1, 2)  # (B*L, H, D) -> (B, L, H, D) -> (B, H, L, D)
+
+        allowed = None
+        if not causal:  # (B, 1, 1, max_k), True on each sentence's keys
+            lengths = (cu_k[1:] - cu_k[:-1]).long()  # (B,)
+            allowed = (torch.arange(max_k, device=k.device) < lengths[:, None])[:, None, None, :]
+        out, _ = self.attention(
+            padded(q, at_q, max_q),
+            padded(k, at_k, max_k),
+            padded(v, at_k, max_k),
+            allowed,
+            causal=causal,
+            dropout_p=dropout_p,
+            need_weights=False,
+        )  # (B, max_q, H * Dv)
+        return out.reshape(b * max_q, h, -1).index_select(0, at_q)  # (B*max_q, H, Dv) -> (Nq, H, Dv)
 
     def self_attention_step(
         self, q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float, allowed: Tensor | None = None
