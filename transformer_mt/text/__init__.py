@@ -1,12 +1,15 @@
 """Reading and writing text, the tokenizers and the special ids."""
 
 from transformer_mt.text.languages import (
+    LanguageError,
     check_language_code,
     check_tag,
     is_multilingual,
+    language_prefix,
     language_tag,
     source_tags,
     tag_symbols,
+    target_language_tags,
     target_languages,
     training_corpora,
 )
@@ -29,6 +32,7 @@ __all__ = [
     "BOS_ID",
     "DEFAULT",
     "EOS_ID",
+    "LanguageError",
     "MAX_LINE_BYTES",
     "NO_ID",
     "PAD_ID",
@@ -47,12 +51,14 @@ __all__ = [
     "iter_file",
     "is_multilingual",
     "iter_stream",
+    "language_prefix",
     "language_tag",
     "name_write_errors",
     "safe_output",
     "source_tags",
     "stdin_chunks",
     "tag_symbols",
+    "target_language_tags",
     "target_languages",
     "train_sentencepiece",
     "training_corpora",

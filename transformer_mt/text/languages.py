@@ -9,17 +9,33 @@ back-translated sources, Caswell et al., 2019, "Tagged Back-Translation"). Every
 sentencepiece model: always one piece, never split, and decoded back to its text.
 
 A model with one target language takes no tag; ``--tgt-lang`` then only checks that it names that language.
+:func:`language_prefix` is what every translator (tmt's, CTranslate2's, the server, the explorer) asks for the ids a
+source starts with, and the one place that refuses a target language.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import Protocol
 
 from transformer_mt.config import ConfigError, CorpusConfig, DataConfig
+from transformer_mt.errors import TmtError
 
 # ISO 639-1 / 639-3 codes, optionally with a script or region as NLLB writes them (fra_Latn, zh_Hant, pt-BR)
 LANGUAGE_CODE = re.compile(r"[a-z]{2,3}(?:[_-][A-Za-z]{2,4})?")
 TAG = re.compile(r"<[^<>\s]{1,40}>")  # a corpus tag: one word in angle brackets, e.g. <BT>
+LISTED = 20  # target languages named in one message, at most
+
+
+class LanguageError(TmtError, ValueError):
+    """A target language a model cannot be asked for, worded for the user."""
+
+
+class TagTokenizer(Protocol):
+    """What :func:`language_prefix` needs of a tokenizer (``text.Tokenizer``, which imports this module)."""
+
+    def tag_ids(self, tags: Sequence[str], *, where: str) -> list[int]: ...
 
 
 def language_tag(code: str) -> str:
@@ -72,3 +88,43 @@ def tag_symbols(data: DataConfig) -> list[str]:
     """Every tag a run's sentencepiece model must hold as a user-defined symbol, each once."""
     multilingual = is_multilingual(data)
     return list(dict.fromkeys(t for c in training_corpora(data) for t in source_tags(c, multilingual=multilingual)))
+
+
+def target_language_tags(data: DataConfig, tgt_lang: str | None, *, where: str, option: str = "tgt_lang") -> list[str]:
+    """The tags a source starts with to ask the model of ``data`` for ``tgt_lang``: ``[<2fr>]`` for a multilingual
+    model, none for a model with one target language (``tgt_lang`` may then be None or that language) or none stated
+    (``tgt_lang`` must be None). Anything else is one line naming ``where`` (the model, for messages) and ``option``
+    (how the caller gives the language: ``--tgt-lang``, ``tgt_lang``)."""
+    languages = target_languages(data)
+    if tgt_lang is None:
+        if len(languages) > 1:
+            raise LanguageError(
+                f"{where} is multilingual (target languages {_listed(languages)}); give the target language with "
+                f"{option}, e.g. {option} {languages[0]}"
+            )
+        return []
+    check_language_code(tgt_lang, option)
+    if not languages:
+        raise LanguageError(
+            f"{option} {tgt_lang}: {where} states no target language (its data.corpora name no tgt_lang); "
+            f"leave {option} out"
+        )
+    if tgt_lang not in languages:
+        raise LanguageError(
+            f"{option} {tgt_lang}: {where} does not translate into it; its target languages are {_listed(languages)}"
+        )
+    return [language_tag(tgt_lang)] if len(languages) > 1 else []
+
+
+def language_prefix(
+    data: DataConfig, tok: TagTokenizer, tgt_lang: str | None, *, where: str, option: str = "tgt_lang"
+) -> list[int]:
+    """The ids every source starts with to ask for ``tgt_lang`` (:func:`target_language_tags`, as ``tok``'s ids; a
+    tag ``tok`` would split is a TokenizerError)."""
+    return tok.tag_ids(target_language_tags(data, tgt_lang, where=where, option=option), where=where)
+
+
+def _listed(languages: list[str]) -> str:
+    """The languages as one short list: the first LISTED, then how many more."""
+    more = len(languages) - LISTED
+    return ", ".join(languages[:LISTED]) + (f" and {more} more" if more > 0 else "")

@@ -14,6 +14,7 @@ An imported model brings its own ids and a vocabulary file (:class:`Tokenizer` w
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import sys
@@ -24,8 +25,9 @@ from typing import Any, TextIO
 import sentencepiece as spm
 
 from transformer_mt.errors import TmtError
+from transformer_mt.text.languages import TAG
 from transformer_mt.text.specials import BOS_ID, DEFAULT, EOS_ID, PAD_ID, UNK_ID, SpecialIds
-from transformer_mt.text.textio import TextError, iter_file
+from transformer_mt.text.spm_input import ReadErrorKept, sentencepiece_lines
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<s>", "</s>"
 
@@ -42,12 +44,18 @@ def train_sentencepiece(
     model_type: str = "unigram",
     character_coverage: float = 1.0,
     input_sentence_size: int = 2_000_000,
+    user_defined_symbols: Sequence[str] = (),
+    languages: Sequence[str] = (),
 ) -> Path:
     """Train a sentencepiece model on the lines of ``inputs``; returns the ``.model`` path.
 
     Several inputs (source and target) give a joint vocabulary. Lines are streamed to
     sentencepiece through an iterator, so files of any size work; when there are more
     than ``input_sentence_size`` lines, sentencepiece samples that many.
+    ``user_defined_symbols`` (the tags ``<2fr>``, ``<BT>``) are pieces of their own, never split, and decoded back
+    to their text. ``languages`` (one code per input, "" where not stated) that name more than two languages
+    sample each language's lines with a temperature so that a small language keeps its pieces
+    (:mod:`~transformer_mt.text.spm_input` states the rule, T = 5); one or two languages read every line once.
     """
     if model_type not in ("unigram", "bpe"):
         raise TokenizerError(f"model type {model_type!r} is not supported; use unigram or bpe")
@@ -56,12 +64,14 @@ def train_sentencepiece(
             raise TokenizerError(f"{path}: file not found; give existing text files to train the tokenizer on")
     prefix = Path(model_prefix)
     prefix.parent.mkdir(parents=True, exist_ok=True)
-    reader = _ReadErrorKept(_nonempty_lines(inputs))
+    reader = ReadErrorKept(sentencepiece_lines(inputs, languages, input_sentence_size=input_sentence_size))
     lines: Iterable[str] = reader
     if sys.stderr.isatty():  # sentencepiece reads every line before it trains: show the reading
         from tqdm import tqdm
 
         lines = tqdm(lines, desc="reading for sentencepiece", unit=" lines", leave=False)
+    # passed only with tags: without them the options, and so the model's bytes, stay what they always were
+    tagged: dict[str, Any] = {"user_defined_symbols": list(user_defined_symbols)} if user_defined_symbols else {}
     try:
         spm.SentencePieceTrainer.train(
             sentence_iterator=lines,
@@ -84,6 +94,7 @@ def train_sentencepiece(
             max_sentence_length=1 << 16,
             minloglevel=2,
             num_threads=os.cpu_count() or 1,
+            **tagged,
         )
     except RuntimeError as exc:
         if (
@@ -99,33 +110,6 @@ def train_sentencepiece(
     return prefix.parent / f"{prefix.name}.model"  # sentencepiece appends ".model" to the prefix as given
 
 
-def _nonempty_lines(paths: Iterable[str | os.PathLike]) -> Iterator[str]:
-    """Stripped non-empty lines, read as training reads them (textio: invalid UTF-8 is an error naming the line)."""
-    for path in paths:
-        for line in iter_file(path):
-            line = line.strip()
-            if line:
-                yield line
-
-
-class _ReadErrorKept:
-    """An iterator that remembers the TextError its source raised (sentencepiece re-raises it as a RuntimeError)."""
-
-    def __init__(self, lines: Iterator[str]):
-        self.lines = lines
-        self.error: TextError | None = None
-
-    def __iter__(self) -> Iterator[str]:
-        return self
-
-    def __next__(self) -> str:
-        try:
-            return next(self.lines)
-        except TextError as exc:
-            self.error = exc
-            raise
-
-
 class Tokenizer:
     """One sentencepiece model, and the ids of its pieces.
 
@@ -134,6 +118,11 @@ class Tokenizer:
     MarianMT's vocab.json lists them) sentencepiece only segments: each piece's id is its index in ``vocab``,
     a piece not in it gets ``specials.unk``, and a leading language tag such as ``>>fra<<`` is one piece, as
     ``transformers.MarianTokenizer`` encodes it.
+
+    A tag that is a user-defined symbol of the model (``<2fr>``, ``<BT>``: :mod:`~transformer_mt.text.languages`)
+    is one piece wherever it stands, and decodes back to its text. At the start of a line it is encoded as the
+    tag's id followed by the rest of the line's (``"<2fr> A man."`` -> ``[id(<2fr>)] + encode("A man.")``), the ids
+    the training data and the Translator prefix sources with; sentencepiece alone would put a lone "▁" first.
     """
 
     def __init__(
@@ -206,17 +195,58 @@ class Tokenizer:
             {"enable_sampling": True, "alpha": alpha, "nbest_size": nbest, "num_threads": 1} if alpha > 0 else {}
         )
         if self.vocab is None:
-            return _each_or_all(self.sp.encode, lines, out_type=int, **sample)
+            split = self._leading_tags(lines)
+            if split is None:
+                return _each_or_all(self.sp.encode, lines, out_type=int, **sample)
+            tags, texts = split
+            ids = _each_or_all(self.sp.encode, texts, out_type=int, **sample)
+            return [[self.sp.piece_to_id(t) for t in tag] + seq for tag, seq in zip(tags, ids)]
         unk, index = self.specials.unk, self._index
         return [[index.get(piece, unk) for piece in seq] for seq in self.encode_pieces(lines, **sample)]
 
     def encode_pieces(self, lines: list[str], **sample: Any) -> list[list[str]]:
         if self.vocab is None:
-            return _each_or_all(self.sp.encode, lines, out_type=str, **sample)
+            split = self._leading_tags(lines)
+            if split is None:
+                return _each_or_all(self.sp.encode, lines, out_type=str, **sample)
+            leading, rest = split
+            return [
+                tag + pieces for tag, pieces in zip(leading, _each_or_all(self.sp.encode, rest, out_type=str, **sample))
+            ]
         tags, texts = zip(*map(_split_language_tag, lines)) if lines else ((), ())
         return [
             tag + pieces for tag, pieces in zip(tags, _each_or_all(self.sp.encode, list(texts), out_type=str, **sample))
         ]
+
+    @functools.cached_property
+    def user_defined_symbols(self) -> frozenset[str]:
+        """The model's user-defined symbols (its tags): pieces sentencepiece never splits; none for a tokenizer whose
+        ids come from a vocabulary (its language tag is MarianMT's ``>>fra<<``)."""
+        return frozenset() if self.vocab is not None else user_defined_pieces(self.proto)
+
+    def tag_ids(self, tags: Sequence[str], *, where: str) -> list[int]:
+        """The id of each tag (``<2fr>``, ``<BT>``), a piece of its own. A tag the tokenizer has no piece for, and
+        would split, is a TokenizerError naming ``where``, the tag and the fix."""
+        ids = []
+        for tag in tags:
+            i = self._index.get(tag) if self.vocab is not None else self.sp.piece_to_id(tag)
+            if i is None or (self.vocab is None and (self.sp.is_unknown(i) or self.sp.is_control(i))):
+                raise TokenizerError(
+                    f"{where}: the tokenizer has no piece {tag} and would split it; retrain the tokenizer with the "
+                    f"run's tags (leave tokenizer.model empty), or add {tag} to it as a user-defined symbol"
+                )
+            ids.append(i)
+        return ids
+
+    def _leading_tags(self, lines: list[str]) -> tuple[list[list[str]], list[str]] | None:
+        """Each line's leading tags (user-defined symbols) and the text after them; None when no line starts with
+        one (the common case, decided without reading the model's symbols unless a line starts with "<")."""
+        if not any(line.lstrip().startswith("<") for line in lines) or not self.user_defined_symbols:
+            return None
+        split = [_split_tags(line, self.user_defined_symbols) for line in lines]
+        if not any(tags for tags, _ in split):
+            return None
+        return [tags for tags, _ in split], [text for _, text in split]
 
     def decode(self, ids: list[list[int]], **threads: Any) -> list[str]:
         """Detokenized text; padding, BOS, EOS and the decoder's start are dropped."""
@@ -247,6 +277,70 @@ def _split_language_tag(line: str) -> tuple[list[str], str]:
     "<<") has it as one piece, and sentencepiece segments the rest (tokenization_marian.remove_language_code)."""
     end = line.find("<<") if line.startswith(">>") else -1
     return ([line[: end + 2]], line[end + 2 :]) if end != -1 else ([], line)
+
+
+def _split_tags(line: str, symbols: frozenset[str]) -> tuple[list[str], str]:
+    """The user-defined tags a line starts with (spaces around them ignored, as sentencepiece ignores them) and the
+    rest of the line; no tags: ([], line)."""
+    tags, rest = [], line.lstrip()
+    while (match := TAG.match(rest)) and match.group() in symbols:
+        tags.append(match.group())
+        rest = rest[match.end() :].lstrip()
+    return (tags, rest) if tags else ([], line)
+
+
+USER_DEFINED = 4  # sentencepiece_model.proto: SentencePiece.Type.USER_DEFINED
+
+
+def user_defined_pieces(proto: bytes) -> frozenset[str]:
+    """The pieces of type USER_DEFINED in a serialized sentencepiece ModelProto: its field 1 holds the pieces, each a
+    SentencePiece message of piece (1, string), score (2, float) and type (3, enum). Read here because sentencepiece's
+    Python API does not say which pieces are user-defined, and its protobuf classes need the protobuf package."""
+    if bytes([3 << 3, USER_DEFINED]) not in proto:  # the type field with that value: no piece can be one without it
+        return frozenset()
+    found = set()
+    for field, value in _proto_fields(proto):
+        if field == 1 and isinstance(value, bytes):
+            piece, kind = "", 1
+            for sub, sub_value in _proto_fields(value):
+                if sub == 1 and isinstance(sub_value, bytes):
+                    piece = sub_value.decode("utf-8", errors="replace")
+                elif sub == 3 and isinstance(sub_value, int):
+                    kind = sub_value
+            if kind == USER_DEFINED:
+                found.add(piece)
+    return frozenset(found)
+
+
+def _proto_fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
+    """(field number, value) of a protobuf message: an int for a varint, bytes for a length-delimited field; fixed
+    32- and 64-bit values are skipped. The model was parsed by sentencepiece already, so it is well formed."""
+    pos = 0
+    while pos < len(data):
+        key, pos = _varint(data, pos)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, pos = _varint(data, pos)
+            yield field, value
+        elif wire == 2:
+            size, pos = _varint(data, pos)
+            yield field, data[pos : pos + size]
+            pos += size
+        elif wire in (1, 5):
+            pos += 8 if wire == 1 else 4
+        else:  # groups (3, 4) are not in sentencepiece's schema
+            return
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, pos
+        shift += 7
 
 
 def _read_model(path: str | os.PathLike) -> bytes:
