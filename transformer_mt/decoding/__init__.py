@@ -5,6 +5,8 @@ The modules, bottom to top (each imports only those below it; an import-linter c
 - ``protocol``: what the searches need from a model and its cache, and the hypotheses and steps they give back;
   ``lengths``: the length penalty, the longest output and the positions a batch needs;
 - ``steps``: what greedy and beam search share at a step, and ``check_settings``, the search rules' one check;
+- ``graphs``: how a search runs its steps: the growing cache, a static one, or ``GraphedStep`` (static buffers shared by
+  every batch, a CUDA graph per batch bucket);
 - ``greedy``: greedy search over one batch or several; ``beam``: beam search over one batch;
 - ``search``: ``search`` and ``search_batches``, the one place that picks greedy or beam search;
 - ``results``: what a translator of text offers (``TextTranslator``) and returns, and the checks of a request;
@@ -16,6 +18,7 @@ The modules, bottom to top (each imports only those below it; an import-linter c
 
 from transformer_mt.decoding.batching import translate_ids
 from transformer_mt.decoding.beam import beam_search
+from transformer_mt.decoding.graphs import GraphedStep, GraphStats, static_decoding_by_default
 from transformer_mt.decoding.greedy import greedy_search, greedy_search_batches
 from transformer_mt.decoding.lengths import length_penalty, max_output_length, positions_needed
 from transformer_mt.decoding.loading import CheckpointModel, model_from_checkpoint
@@ -37,6 +40,8 @@ __all__ = [
     "BeamStep",
     "Candidate",
     "CheckpointModel",
+    "GraphStats",
+    "GraphedStep",
     "Hypothesis",
     "MbrError",
     "SearchCache",
@@ -63,6 +68,7 @@ __all__ = [
     "read_candidates",
     "search",
     "search_batches",
+    "static_decoding_by_default",
     "translate_ids",
     "translate_stream",
 ]

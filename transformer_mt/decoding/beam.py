@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from transformer_mt.decoding.graphs import GraphedStep, step_runner
 from transformer_mt.decoding.lengths import length_penalty
 from transformer_mt.decoding.protocol import BeamStep, Hypothesis, SearchModel
 from transformer_mt.decoding.steps import Columns, check_inputs, check_settings, first_true, sentence_limits
@@ -34,6 +35,8 @@ def beam_search(
     nbest: int = 1,
     max_output: int | None = None,
     observer: Callable[[BeamStep], None] | None = None,
+    static_cache: bool = False,
+    graphs: GraphedStep | None = None,
 ) -> list[list[Hypothesis]]:
     """Beam search over a padded batch ``src`` (B, S); per sentence ``nbest`` hypotheses, best first.
 
@@ -63,6 +66,10 @@ def beam_search(
 
     ``observer`` (None: nothing is done for it) is called with every settled step's :class:`BeamStep`, the
     tensors the step already holds, to show the search at work (`tmt explore`); it must not change them.
+
+    How the steps run (:mod:`transformer_mt.decoding.graphs`): on the model's growing cache (the default), on a static
+    cache (``static_cache``), or on ``graphs``' shared static buffers, replayed as CUDA graphs; the same hypotheses
+    up to float rounding.
     """
     check_settings(beam, nbest)  # the vocabulary's bound too, at step 0, once the logits show how many ids there are
     check_inputs(model, src)
@@ -70,7 +77,9 @@ def beam_search(
     if batch == 0:
         return []
     max_lens = sentence_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output)  # (B,)
-    cache = model.init_cache(model.encode(src))
+    longest = int(max_lens.max())
+    runner = step_runner(model, static_cache=static_cache, graphs=graphs)
+    cache = runner.init_cache(model.encode(src), max_len=longest, group=k)
     columns = Columns(cache, never=sp.never_generated, device=device)
     cache.reorder(torch.arange(batch, device=device).repeat_interleave(k), group=k)  # B -> B*k rows, sentence-major
     sent = torch.arange(batch, device=device)  # (b,) original sentence of each active sentence
@@ -80,9 +89,9 @@ def beam_search(
     parents: list[Tensor] = []  # per step s >= 1: (rows of step s,) the row of step s - 1 each extends
     appended: list[Tensor] = []  # per step s >= 1: (rows of step s,) the token each appended
     rank = torch.arange(2 * k, device=device)  # (2k,)
-    for step in range(int(max_lens.max())):
+    for step in range(longest):
         b = sent.numel()
-        lprobs = columns.log_probs(model.decode_step(tokens, cache))  # (b*k, V), or (b*k, K) over the kept ids
+        lprobs = columns.log_probs(runner.decode_step(tokens, cache))  # (b*k, V), or (b*k, K) over the kept ids
         vocab = lprobs.size(1)
         if step == 0:  # the ids the model scores are known now: the beam must leave k non-EOS among the top 2k
             check_settings(beam, nbest, outputs=vocab)

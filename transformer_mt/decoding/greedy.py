@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from transformer_mt.decoding.graphs import GraphedStep, StepRunner, step_runner
 from transformer_mt.decoding.lengths import length_penalty
 from transformer_mt.decoding.protocol import Hypothesis, JoinableCache, SearchCache, SearchModel
 from transformer_mt.decoding.steps import Columns, check_inputs, first_true, sentence_limits
@@ -24,14 +25,24 @@ def greedy_search(
     max_len_b: int = 50,
     lenpen: float = 0.0,
     max_output: int | None = None,
+    static_cache: bool = False,
+    graphs: GraphedStep | None = None,
 ) -> list[Hypothesis]:
     """Pick the most probable token at every step; one hypothesis per sentence of ``src`` (B, S).
 
     A sentence stops at its first EOS or at its maximum length; its row then leaves the batch
     (``cache.reorder`` with the rows still running). ``lenpen`` only changes the reported score.
+    ``static_cache`` and ``graphs``: how the steps run (:func:`greedy_search_batches`).
     """
     return greedy_search_batches(
-        model, [src], max_len_a=max_len_a, max_len_b=max_len_b, lenpen=lenpen, max_output=max_output
+        model,
+        [src],
+        max_len_a=max_len_a,
+        max_len_b=max_len_b,
+        lenpen=lenpen,
+        max_output=max_output,
+        static_cache=static_cache,
+        graphs=graphs,
     )[0]
 
 
@@ -45,6 +56,8 @@ def greedy_search_batches(
     lenpen: float = 0.0,
     max_output: int | None = None,
     batch_tokens: int | None = None,
+    static_cache: bool = False,
+    graphs: GraphedStep | None = None,
 ) -> list[list[Hypothesis]]:
     """:func:`greedy_search` over several padded batches, in order: per batch, one hypothesis per sentence.
 
@@ -56,9 +69,14 @@ def greedy_search_batches(
     ``batch_tokens``. Otherwise the set-aside rows go on alone after that batch. Each sentence is decoded as
     in its own batch: its tokens are the same, up to the float rounding that a batch's padding already
     brings. At most two batches' caches are held at a time.
+
+    How the steps run (:mod:`transformer_mt.decoding.graphs`): on the model's growing cache (the default), on a static
+    cache per batch (``static_cache``), or on ``graphs``' shared static buffers, replayed as CUDA graphs; the last two
+    give the same tokens up to float rounding and never carry rows into the next batch.
     """
     for src in srcs:
         check_inputs(model, src)
+    runner = step_runner(model, static_cache=static_cache, graphs=graphs)
     sp = model.specials
     offsets = np.cumsum([0] + [src.size(0) for src in srcs]).tolist()
     done: list[tuple[Tensor, Tensor, Tensor, int]] = []  # finished rows: sentence, tokens, log-prob, length
@@ -70,7 +88,13 @@ def greedy_search_batches(
             if upcoming:
                 i = upcoming.pop(0)
                 current = _GreedyRows.start(
-                    model, srcs[i], first=offsets[i], max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output
+                    model,
+                    runner,
+                    srcs[i],
+                    first=offsets[i],
+                    max_len_a=max_len_a,
+                    max_len_b=max_len_b,
+                    max_output=max_output,
                 )
             elif parked is not None:
                 current, parked = parked, None
@@ -99,6 +123,7 @@ class _GreedyRows:
 
     def __init__(
         self,
+        runner: StepRunner,
         cache: SearchCache,
         columns: Columns,
         *,
@@ -110,7 +135,7 @@ class _GreedyRows:
         width: int,
         step: int,
     ):
-        self.cache, self.columns, self.width, self.step = cache, columns, width, step
+        self.runner, self.cache, self.columns, self.width, self.step = runner, cache, columns, width, step
         self.sent, self.limit = sent, limit  # (b,) each row's sentence, numbered over all batches; its longest output
         self.tokens, self.cum = tokens, cum  # (b,) each row's newest token; its summed log-probs (float32)
         self.out = out  # (b, L) the tokens so far, L >= every row's limit
@@ -119,6 +144,7 @@ class _GreedyRows:
     def start(
         cls,
         model: SearchModel[Any, Any],
+        runner: StepRunner,
         src: Tensor,
         *,
         first: int,
@@ -129,16 +155,18 @@ class _GreedyRows:
         """The rows of a new batch ``src`` (B, S), sentences numbered from ``first``, nothing decoded yet."""
         rows, device = src.size(0), src.device
         limit = sentence_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output)  # (B,)
-        cache = model.init_cache(model.encode(src))
+        longest = int(limit.max())
+        cache = runner.init_cache(model.encode(src), max_len=longest, group=1)
         columns = Columns(cache, never=model.specials.never_generated, device=device)
         return cls(
+            runner,
             cache,
             columns,
             sent=torch.arange(first, first + rows, device=device),
             limit=limit,
             tokens=torch.full((rows,), model.specials.start, dtype=torch.long, device=device),
             cum=torch.zeros(rows, dtype=torch.float32, device=device),
-            out=torch.empty(rows, int(limit.max()), dtype=torch.long, device=device),
+            out=torch.empty(rows, longest, dtype=torch.long, device=device),
             width=src.size(1),
             step=0,
         )
@@ -149,7 +177,7 @@ class _GreedyRows:
 
     @property
     def joinable(self) -> bool:
-        return isinstance(self.cache, JoinableCache)
+        return self.runner.joins and isinstance(self.cache, JoinableCache)
 
     def joined(self, other: _GreedyRows) -> _GreedyRows:
         """These rows, then ``other``'s, as one batch at their common step."""
@@ -157,6 +185,7 @@ class _GreedyRows:
         out = self.out.new_empty(self.size + other.size, max(self.out.size(1), other.out.size(1)))
         out[:, : self.step] = torch.cat([self.out[:, : self.step], other.out[:, : self.step]])
         return _GreedyRows(
+            self.runner,
             cache,
             self.columns,
             sent=torch.cat([self.sent, other.sent]),
@@ -171,7 +200,7 @@ class _GreedyRows:
     def advance(self, model: SearchModel[Any, Any], done: list[tuple[Tensor, Tensor, Tensor, int]]) -> int:
         """Decode one step; rows that end (EOS or their limit) go to ``done`` and leave. Returns the rows left."""
         step, eos = self.step, model.specials.eos
-        lprobs = self.columns.log_probs(model.decode_step(self.tokens, self.cache))  # (b, V or K)
+        lprobs = self.columns.log_probs(self.runner.decode_step(self.tokens, self.cache))  # (b, V or K)
         # Rank cum + lprobs rather than lprobs alone: the same float32 sums beam search ranks,
         # so beam 1 breaks near-ties exactly as greedy does. max() returns the lowest tied id
         # (the lowest column: kept ids are ascending).

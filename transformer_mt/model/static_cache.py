@@ -102,7 +102,11 @@ class StaticBuffers:
 
     def rewind(self) -> None:
         """Back to position 0 (nothing decoded); the values written stay, masked until written again."""
-        self.position.zero_()
+        self.seek(torch.zeros_like(self.position))
+
+    def seek(self, position: Tensor) -> None:
+        """Set the position (1,) the next step writes, on the device; the mask follows."""
+        self.position.copy_(position)
         torch.le(self.steps, self.position, out=self.self_allowed)
 
     def advance(self) -> None:
