@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,17 @@ import pytest
 import sentencepiece as spm
 
 from tests.conftest import head
-from transformer_mt.config import Config, CorpusConfig, load_config
+from transformer_mt.config import Config, CorpusConfig, DataConfig, load_config
 from transformer_mt.data.prepare import prepare_tokenizers
-from transformer_mt.text import Tokenizer, TokenizerError, train_sentencepiece
+from transformer_mt.errors import TmtError
+from transformer_mt.text import (
+    Tokenizer,
+    TokenizerError,
+    language_tags,
+    tagged,
+    target_language_tags,
+    train_sentencepiece,
+)
 from transformer_mt.text.spm_input import TEMPERATURE, lines_per_language, sentencepiece_lines
 
 LANGS = ("en", "de", "fr", "cs")
@@ -34,35 +43,35 @@ def four(multi30k, tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def tagged(four, tmp_path_factory) -> Tokenizer:
+def tagged_tok(four, tmp_path_factory) -> Tokenizer:
     """A joint 600-piece unigram model over the four languages, with the tags as user-defined symbols."""
-    prefix = tmp_path_factory.mktemp("tagged") / "spm"
+    prefix = tmp_path_factory.mktemp("tagged_tok") / "spm"
     model = train_sentencepiece(
         [four[lang] for lang in LANGS], prefix, vocab_size=600, user_defined_symbols=TAGS, languages=LANGS
     )
     return Tokenizer(model)
 
 
-def test_every_tag_is_one_piece_at_the_start_and_inside_and_decodes_back(tagged, four):
+def test_every_tag_is_one_piece_at_the_start_and_inside_and_decodes_back(tagged_tok, four):
     line = head(four["en"], 1)[0]  # "Two young, White males are outside near many bushes."
-    plain = tagged.encode([line])[0]
-    assert tagged.user_defined_symbols == frozenset(TAGS)
-    for tag, tag_id in zip(TAGS, tagged.tag_ids(TAGS, where="test")):
-        assert tagged.sp.id_to_piece(tag_id) == tag
+    plain = tagged_tok.encode([line])[0]
+    assert tagged_tok.user_defined_symbols == frozenset(TAGS)
+    for tag, tag_id in zip(TAGS, tagged_tok.tag_ids(TAGS, where="test")):
+        assert tagged_tok.sp.id_to_piece(tag_id) == tag
         # at the start: the tag's id, then the line's own ids (the ids the data and the Translator prefix)
-        assert tagged.encode([f"{tag} {line}"])[0] == [tag_id, *plain]
-        assert tagged.encode([f"{tag}{line}"])[0] == [tag_id, *plain]
-        assert tagged.encode_pieces([f"{tag} {line}"])[0][0] == tag
+        assert tagged_tok.encode([f"{tag} {line}"])[0] == [tag_id, *plain]
+        assert tagged_tok.encode([f"{tag}{line}"])[0] == [tag_id, *plain]
+        assert tagged_tok.encode_pieces([f"{tag} {line}"])[0][0] == tag
         # inside a line: still one piece, never split into "<", "2", "f", "r", ">"
-        assert tagged.encode_pieces([f"a {tag} b"])[0].count(tag) == 1
+        assert tagged_tok.encode_pieces([f"a {tag} b"])[0].count(tag) == 1
         # decoding keeps it: nothing dropped
-        assert tagged.decode([[tag_id, *plain]])[0] == f"{tag} {tagged.decode([plain])[0]}"
-    two = tagged.tag_ids(["<2fr>", "<BT>"], where="test")
-    assert tagged.encode([f"<2fr> <BT> {line}"])[0] == [*two, *plain]
+        assert tagged_tok.decode([[tag_id, *plain]])[0] == f"{tag} {tagged_tok.decode([plain])[0]}"
+    two = tagged_tok.tag_ids(["<2fr>", "<BT>"], where="test")
+    assert tagged_tok.encode([f"<2fr> <BT> {line}"])[0] == [*two, *plain]
     # a batch longer than the one-line path, mixing tagged and plain lines: each as alone
     batch = [f"<2cs> {line}", line, "", "<notatag> x"] * 3
-    assert tagged.encode(batch) == [tagged.encode([b])[0] for b in batch]
-    assert tagged.encode(["<notatag> x"])[0] == tagged.sp.encode("<notatag> x")
+    assert tagged_tok.encode(batch) == [tagged_tok.encode([b])[0] for b in batch]
+    assert tagged_tok.encode(["<notatag> x"])[0] == tagged_tok.sp.encode("<notatag> x")
 
 
 def test_a_model_without_tags_encodes_lines_starting_with_a_bracket_as_sentencepiece(spm_model):
@@ -197,3 +206,31 @@ def _config(corpus: dict[str, Path], out_dir: Path, *overrides: str) -> Config:
             *overrides,
         ],
     )
+
+
+def _data(*targets: str) -> DataConfig:
+    return DataConfig(corpora=[CorpusConfig(name=t or "x", src="a", tgt="b", tgt_lang=t) for t in targets])
+
+
+def test_the_target_language_a_model_is_asked_for(tagged_tok):
+    two, one, none = _data("de", "fr"), _data("de"), _data("")
+    tags = language_tags(two, tagged_tok, "fr", where="m.pt", option="--tgt-lang")
+    assert tags == ["<2fr>"]
+    assert tagged(["A man.", "", "  ", "A dog."], tags) == ["<2fr> A man.", "", "  ", "<2fr> A dog."]
+    assert target_language_tags(one, None, where="m.pt") == target_language_tags(one, "de", where="m.pt") == []
+    assert target_language_tags(none, None, where="m.pt") == []
+    refused = [
+        (two, None, r"m.pt is multilingual \(target languages de, fr\); give the target language with --tgt-lang"),
+        (two, "cs", r"--tgt-lang cs: m.pt does not translate into it; its target languages are de, fr"),
+        (two, "French!", r"--tgt-lang: 'French!' is not a language code; use an ISO 639 code"),
+        (two, "x" * 500, r"--tgt-lang: 'x{37}\.\.\.' is not a language code"),
+        (one, "fr", r"--tgt-lang fr: m.pt does not translate into it; its target languages are de"),
+        (none, "de", r"--tgt-lang de: m.pt states no target language .*; leave --tgt-lang out"),
+    ]
+    for data, lang, message in refused:
+        with pytest.raises(TmtError) as info:
+            language_tags(data, tagged_tok, lang, where="m.pt", option="--tgt-lang")
+        assert re.match(message, str(info.value)) and "\n" not in str(info.value), str(info.value)
+    many = _data(*[f"l{chr(97 + i)}{chr(97 + j)}" for i in range(3) for j in range(10)])
+    with pytest.raises(TmtError, match=r"target languages laa, .*, lbj and 10 more\)"):
+        target_language_tags(many, None, where="m.pt")

@@ -9,8 +9,8 @@ back-translated sources, Caswell et al., 2019, "Tagged Back-Translation"). Every
 sentencepiece model: always one piece, never split, and decoded back to its text.
 
 A model with one target language takes no tag; ``--tgt-lang`` then only checks that it names that language.
-:func:`language_prefix` is what every translator (tmt's, CTranslate2's, the server, the explorer) asks for the ids a
-source starts with, and the one place that refuses a target language.
+:func:`language_tags` is what every translator (tmt's, CTranslate2's, the server, the explorer) asks for the tags a
+source starts with, and the one place that refuses a target language; :func:`tagged` puts them on the source lines.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ class LanguageError(TmtError, ValueError):
 
 
 class TagTokenizer(Protocol):
-    """What :func:`language_prefix` needs of a tokenizer (``text.Tokenizer``, which imports this module)."""
+    """What :func:`language_tags` needs of a tokenizer (``text.Tokenizer``, which imports this module)."""
 
     def tag_ids(self, tags: Sequence[str], *, where: str) -> list[int]: ...
 
@@ -116,12 +116,24 @@ def target_language_tags(data: DataConfig, tgt_lang: str | None, *, where: str, 
     return [language_tag(tgt_lang)] if len(languages) > 1 else []
 
 
-def language_prefix(
+def language_tags(
     data: DataConfig, tok: TagTokenizer, tgt_lang: str | None, *, where: str, option: str = "tgt_lang"
-) -> list[int]:
-    """The ids every source starts with to ask for ``tgt_lang`` (:func:`target_language_tags`, as ``tok``'s ids; a
-    tag ``tok`` would split is a TokenizerError)."""
-    return tok.tag_ids(target_language_tags(data, tgt_lang, where=where, option=option), where=where)
+) -> list[str]:
+    """:func:`target_language_tags`, each checked to be one piece of ``tok`` (a tag it would split is a
+    TokenizerError naming ``where`` and the fix): what a translator prefixes its sources with (:func:`tagged`)."""
+    tags = target_language_tags(data, tgt_lang, where=where, option=option)
+    tok.tag_ids(tags, where=where)
+    return tags
+
+
+def tagged(lines: list[str], tags: Sequence[str]) -> list[str]:
+    """Every line with text prefixed by ``tags`` (``"<2fr> A man."``), which the source tokenizer encodes as the tags'
+    ids followed by the line's own (``Tokenizer.encode``): the sources the model was trained on. A blank line stays
+    blank, so it still gives an empty translation."""
+    if not tags:
+        return lines
+    prefix = " ".join(tags) + " "
+    return [prefix + line if line.strip() else line for line in lines]
 
 
 def _listed(languages: list[str]) -> str:

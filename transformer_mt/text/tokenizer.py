@@ -225,12 +225,13 @@ class Tokenizer:
         return frozenset() if self.vocab is not None else user_defined_pieces(self.proto)
 
     def tag_ids(self, tags: Sequence[str], *, where: str) -> list[int]:
-        """The id of each tag (``<2fr>``, ``<BT>``), a piece of its own. A tag the tokenizer has no piece for, and
-        would split, is a TokenizerError naming ``where``, the tag and the fix."""
+        """The id of each tag (``<2fr>``, ``<BT>``), a user-defined symbol of the model (with a vocabulary: a piece of
+        it), so that text starting with it encodes as its id. A tag the tokenizer would split is a TokenizerError
+        naming ``where``, the tag and the fix."""
         ids = []
         for tag in tags:
             i = self._index.get(tag) if self.vocab is not None else self.sp.piece_to_id(tag)
-            if i is None or (self.vocab is None and (self.sp.is_unknown(i) or self.sp.is_control(i))):
+            if i is None or (self.vocab is None and tag not in self.user_defined_symbols):
                 raise TokenizerError(
                     f"{where}: the tokenizer has no piece {tag} and would split it; retrain the tokenizer with the "
                     f"run's tags (leave tokenizer.model empty), or add {tag} to it as a user-defined symbol"
