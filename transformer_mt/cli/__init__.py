@@ -11,6 +11,7 @@ own command.
 from __future__ import annotations
 
 from transformer_mt.cli import (  # noqa: F401 - importing the command modules registers their commands
+    clean,
     convert,
     deploy,
     evaluate,
