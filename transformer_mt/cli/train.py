@@ -49,6 +49,6 @@ def preprocess(
     from transformer_mt.config import load_config
     from transformer_mt.data import preprocess as preprocess_corpora
 
-    for data in preprocess_corpora(load_config(config, set_), log=lambda msg: typer.echo(msg, err=True)):
-        if data is not None:
-            typer.echo(data.summary.format())
+    sets = preprocess_corpora(load_config(config, set_), log=lambda msg: typer.echo(msg, err=True))
+    for summary in [one.data.summary for one in sets.train] + [one.data.summary for one in sets.valid]:
+        typer.echo(summary.format())

@@ -10,6 +10,8 @@ and what to change. Dotted overrides (``model.encoder_layers=3``) go through the
 - ``checks``: :func:`validate`, each section's checks and the allocation bounds (:data:`MAX_PARAMETERS`,
   :func:`model_elements`, :func:`size_problem`); :func:`quote` and :func:`quote_name`, how a message shows a
   value or a name from a file;
+- ``corpora``: the checks of the training corpora and validation sets (:func:`validation_sets`), and the names
+  they go by (:func:`corpus_name`, :func:`valid_set_name`);
 - ``rules``: the search settings' rules (beam, n-best, length penalty, output length) that the
   config, the command line, the server and the search each check with the same functions.
 """
@@ -27,6 +29,7 @@ from transformer_mt.config.checks import (
     size_problem,
     validate,
 )
+from transformer_mt.config.corpora import corpus_name, valid_set_name, validation_sets
 from transformer_mt.config.loading import from_dict, load_config, save_config, stated_keys, to_dict
 from transformer_mt.config.rules import (
     Problem,
@@ -66,6 +69,7 @@ __all__ = [
     "TrainConfig",
     "ValidSetConfig",
     "beam_problem",
+    "corpus_name",
     "from_dict",
     "length_problem",
     "lenpen_problem",
@@ -79,5 +83,7 @@ __all__ = [
     "stated_keys",
     "save_config",
     "to_dict",
+    "valid_set_name",
     "validate",
+    "validation_sets",
 ]

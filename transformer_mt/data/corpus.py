@@ -12,6 +12,11 @@ dropped pair is counted under the first of empty, too long, ratio that applies. 
 are loaded with ``filter_long=False``: nothing but empty pairs is dropped, and the summary
 counts the kept pairs the filters would have removed (``long_kept``).
 
+A corpus of several (``data.corpora``) may have its sources start with tags (``<2fr>``, ``<BT>``): their ids are
+stored at the head of every source (``src_prefix``), count towards ``max_len`` (they take positions) but not
+towards the emptiness and length-ratio tests (they are not text). A :class:`PairFilter` (``data.filters``) drops
+raw pairs before they are encoded, counted as ``dropped_filtered``.
+
 A corpus is encoded once, :data:`CHUNK_LINES` lines at a time, and loaded from its cache after that.
 """
 
@@ -23,9 +28,9 @@ import itertools
 import os
 import shutil
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 from tqdm import tqdm
@@ -43,6 +48,7 @@ from transformer_mt.data.encoded import (
     token_dtype,
     write_meta,
 )
+from transformer_mt.data.summary import CorpusSummary
 from transformer_mt.errors import TmtError
 from transformer_mt.text import DEFAULT, SpecialIds, Tokenizer, count_lines, iter_file
 
@@ -53,60 +59,17 @@ class DataError(TmtError, ValueError):
     """A corpus problem worded for the user: one line naming the file, the line and the fix."""
 
 
-@dataclass
-class CorpusSummary:
-    """What loading a parallel corpus read, kept and dropped."""
+class PairFilter(Protocol):
+    """Cleaning rules over raw text pairs (``data.filters``), applied chunk by chunk in file order while a corpus is
+    encoded; it may keep state across chunks (duplicates)."""
 
-    src_path: str
-    tgt_path: str
-    filtered: bool = True  # max_len and ratio filters applied (training) or only counted (validation)
-    max_len: int = 0
-    max_len_ratio: float = 0.0
-    min_len_for_ratio: int = 0
-    pairs_read: int = 0  # lines in each file
-    kept: int = 0
-    dropped_empty: int = 0  # empty or whitespace-only on either side (or no pieces after normalisation)
-    dropped_too_long: int = 0  # more than max_len pieces on either side
-    dropped_ratio: int = 0  # longer side > max_len_ratio x shorter side
-    long_kept: int = 0  # kept pairs the filters would have dropped (only when filtered is False)
-    src_tokens: int = 0  # pieces in the kept sources, EOS not counted
-    tgt_tokens: int = 0  # pieces in the kept targets, EOS not counted
-    src_unk: int = 0  # <unk> pieces among src_tokens
-    tgt_unk: int = 0
-    src_max: int = 0  # longest kept source, in pieces
-    tgt_max: int = 0
-    cache: str = ""  # the cache directory
-    from_cache: bool = False  # True when this load found the corpus already encoded
+    def key(self) -> dict:
+        """What decides which pairs it drops (the rules and the languages), for the corpus's cache key."""
+        ...
 
-    def format(self) -> str:
-        """A few lines for the log."""
-
-        def side(name: str, tokens: int, unk: int, longest: int) -> str:
-            avg = tokens / self.kept if self.kept else 0.0
-            return f"{name} {tokens:,} (avg {avg:.1f}, max {longest}, unk {100 * unk / max(tokens, 1):.2f}%)"
-
-        if self.filtered:
-            dropped = (
-                f"dropped: {self.dropped_empty:,} empty, {self.dropped_too_long:,} over {self.max_len} pieces, "
-                f"{self.dropped_ratio:,} with length ratio over {self.max_len_ratio:g}"
-            )
-        else:
-            dropped = (
-                f"dropped: {self.dropped_empty:,} empty; not length-filtered: {self.long_kept:,} kept pairs are over "
-                f"{self.max_len} pieces or length ratio {self.max_len_ratio:g}"
-            )
-        return "\n".join(
-            [
-                f"{self.src_path} -> {self.tgt_path}: {self.pairs_read:,} pairs read, "
-                f"{self.kept:,} kept ({100 * self.kept / max(self.pairs_read, 1):.2f}%)",
-                f"  {dropped}",
-                "  tokens: "
-                + side("source", self.src_tokens, self.src_unk, self.src_max)
-                + ", "
-                + side("target", self.tgt_tokens, self.tgt_unk, self.tgt_max),
-                f"  cache: {self.cache} ({'loaded' if self.from_cache else 'written'})",
-            ]
-        )
+    def check(self, srcs: list[str], tgts: list[str]) -> Sequence[str]:
+        """For each pair of a chunk (stripped, non-empty sides): "keep", or the name of the rule that drops it."""
+        ...
 
 
 # --------------------------------------------------------------------------- the encoded corpus, loaded
@@ -116,7 +79,8 @@ class ParallelData:
     """An encoded parallel corpus, memory-mapped from its cache directory.
 
     ``src_lengths`` / ``tgt_lengths`` (N,) int32 are piece counts without EOS / BOS;
-    ``line_numbers`` (N,) int64 are 0-based lines of the text files the pairs came from.
+    ``line_numbers`` (N,) int64 are 0-based lines of the text files the pairs came from; ``src_prefix`` the tag
+    ids every source starts with (stored in the cache, part of ``src_lengths``).
     """
 
     def __init__(
@@ -135,6 +99,7 @@ class ParallelData:
         stored = {**meta["summary"], "src_path": str(src_path), "tgt_path": str(tgt_path)}
         self.summary = CorpusSummary(**stored, cache=str(directory), from_cache=from_cache)
         self.num_pairs = int(meta["num_pairs"])
+        self.src_prefix: list[int] = [int(i) for i in meta.get("key_inputs", {}).get("src_prefix", [])]
         arrays = map_arrays(directory, meta)
         self._src_tokens, self._tgt_tokens = arrays["src.tokens"], arrays["tgt.tokens"]
         self._src_offsets, self._tgt_offsets = arrays["src.offsets"], arrays["tgt.offsets"]
@@ -164,9 +129,9 @@ class ParallelData:
             )
         return list(self._memo[1])  # a copy: callers may reorder or slice it
 
-    def get_batch(self, indices: Ids) -> Batch:
-        """The :class:`Batch` of the pairs ``indices``, in that order."""
-        return collate_pairs(self, indices)
+    def get_batch(self, indices: Ids, *, pad_to_multiple: int = 0) -> Batch:
+        """The :class:`Batch` of the pairs ``indices``, in that order (``pad_to_multiple``: :func:`collate`'s)."""
+        return collate_pairs(self, indices, pad_to_multiple=pad_to_multiple)
 
     def subset(self, keep: np.ndarray) -> ParallelData:
         """A view of the pairs where ``keep`` (N,) bool is True, renumbered 0..kept-1 (e.g. the validation
@@ -200,31 +165,61 @@ def load_parallel(
     cache_dir: str | os.PathLike,
     filter_long: bool = True,
     quiet: bool = False,
+    src_prefix: Sequence[int] = (),
+    pair_filter: PairFilter | None = None,
+    keys: tuple[str, str] | None = None,
+    label: str = "",
 ) -> ParallelData:
     """Load a parallel corpus, encoding it into ``cache_dir`` unless an up-to-date cache is there.
 
-    ``filter_long=False`` (validation sets) drops only empty pairs. Raises :class:`DataError` for
-    missing files, unequal line counts and invalid UTF-8. Ranks of a distributed run should let
-    rank 0 build the cache before the others load it (concurrent builds are safe, only wasteful).
+    ``filter_long=False`` (validation sets) drops only empty pairs. ``src_prefix``: tag ids every source starts
+    with; ``pair_filter``: cleaning rules over the raw pairs (``data.filters``). ``keys`` (the config keys of the
+    two files, e.g. ``data.corpora[1].src``) and ``label`` (the corpus, e.g. ``data.corpora[1] (fr)``) name them in
+    messages. Raises :class:`DataError` for missing files, unequal line counts and invalid UTF-8. Ranks of a
+    distributed run should let rank 0 build the cache before the others load it (concurrent builds are safe, only
+    wasteful).
     """
     if not str(cache_dir):
         raise ValueError(
             "cache_dir is empty; pass a directory (load_corpora uses data.cache_dir, else <train.out_dir>/cache)"
         )
     src_path, tgt_path = Path(src_path), Path(tgt_path)
-    for path in (src_path, tgt_path):
+    for i, path in enumerate((src_path, tgt_path)):
         if not path.is_file():
             raise DataError(
-                f"{path}: file not found; check the data paths (data.train_src / train_tgt / valid_src / valid_tgt)"
+                f"{keys[i]}: {path}: file not found; check the path (relative paths start from the current directory)"
+                if keys
+                else f"{path}: file not found; check the data paths "
+                "(data.train_src / train_tgt / valid_src / valid_tgt)"
             )
-    key, inputs = cache_key(src_path, tgt_path, src_tok, tgt_tok, data_cfg, filter_long=filter_long)
+    key, inputs = cache_key(
+        src_path,
+        tgt_path,
+        src_tok,
+        tgt_tok,
+        data_cfg,
+        filter_long=filter_long,
+        src_prefix=src_prefix,
+        filters=None if pair_filter is None else pair_filter.key(),
+    )
     directory = cache_directory(cache_dir, src_path, tgt_path, key)
     meta = read_meta(directory, key)
     if meta is not None:
         return ParallelData(directory, meta, src_path, tgt_path, from_cache=True, specials=tgt_tok.specials)
     try:
         _encode_corpus(
-            src_path, tgt_path, src_tok, tgt_tok, data_cfg, directory, key, inputs, filter_long=filter_long, quiet=quiet
+            src_path,
+            tgt_path,
+            (src_tok, tgt_tok),
+            data_cfg,
+            directory,
+            key,
+            inputs,
+            filter_long=filter_long,
+            quiet=quiet,
+            src_prefix=list(src_prefix),
+            pair_filter=pair_filter,
+            label=label,
         )
     except OSError as exc:
         if exc.filename is not None and not str(exc.filename).startswith(str(directory.parent)):
@@ -262,10 +257,9 @@ def _aligned_chunks(src_path: Path, tgt_path: Path) -> Iterator[tuple[list[int],
 
 
 def _encode_corpus(
-    src_path,
-    tgt_path,
-    src_tok,
-    tgt_tok,
+    src_path: Path,
+    tgt_path: Path,
+    toks: tuple[Tokenizer, Tokenizer],
     cfg: DataConfig,
     directory: Path,
     key: str,
@@ -273,12 +267,16 @@ def _encode_corpus(
     *,
     filter_long: bool,
     quiet: bool,
+    src_prefix: list[int],
+    pair_filter: PairFilter | None,
+    label: str,
 ) -> None:
     """Encode, filter and write the cache for ``key`` into a temporary directory, then rename it into place."""
+    src_tok, tgt_tok = toks
     n_src, n_tgt = count_lines(src_path), count_lines(tgt_path)
     if n_src != n_tgt:
         raise DataError(
-            f"{src_path} has {n_src} lines but {tgt_path} has {n_tgt}; "
+            f"{label + ': ' if label else ''}{src_path} has {n_src} lines but {tgt_path} has {n_tgt}; "
             "line i of one file must translate line i of the other, "
             "so fix the files to have the same number of lines"
         )
@@ -289,6 +287,7 @@ def _encode_corpus(
         max_len=cfg.max_len,
         max_len_ratio=cfg.max_len_ratio,
         min_len_for_ratio=cfg.min_len_for_ratio,
+        cleaned=pair_filter is not None,
     )
     dtypes = {"src": token_dtype(src_tok), "tgt": token_dtype(tgt_tok)}
     tmp = temporary_directory(directory)
@@ -303,15 +302,19 @@ def _encode_corpus(
         )
         try:
             for numbers, srcs, tgts, n_read, n_empty in _aligned_chunks(src_path, tgt_path):
+                summary.pairs_read += n_read
+                summary.dropped_empty += n_empty
+                if pair_filter is not None:
+                    numbers, srcs, tgts = _cleaned(pair_filter, numbers, srcs, tgts, summary)
                 encoded = {"src": src_tok.encode(srcs), "tgt": tgt_tok.encode(tgts)}
                 lengths = {
                     side: np.fromiter(map(len, seqs), np.int64, count=len(seqs)) for side, seqs in encoded.items()
                 }
-                summary.pairs_read += n_read
-                summary.dropped_empty += n_empty
-                writer.add(
-                    numbers, encoded, lengths, _classify(lengths["src"], lengths["tgt"], cfg, filter_long, summary)
-                )
+                keep = _classify(lengths["src"], lengths["tgt"], cfg, filter_long, summary, prefix=len(src_prefix))
+                if src_prefix:  # the tags head every source, stored with it
+                    encoded["src"] = [src_prefix + ids for ids in encoded["src"]]
+                    lengths["src"] += len(src_prefix)
+                writer.add(numbers, encoded, lengths, keep)
                 bar.update(n_read)
             writer.sync()  # data on disk before meta.json and the rename make it count
         finally:
@@ -326,17 +329,40 @@ def _encode_corpus(
             setattr(summary, f"{side}_tokens", stats["tokens"])
             setattr(summary, f"{side}_unk", stats["unk"])
             setattr(summary, f"{side}_max", stats["max"])
-        stored = {k: v for k, v in dataclasses.asdict(summary).items() if k not in ("cache", "from_cache")}
+        stored = {k: v for k, v in dataclasses.asdict(summary).items() if k not in _NOT_STORED}
+        if not summary.cleaned:  # a corpus encoded without filters keeps the meta.json it always had
+            del stored["cleaned"], stored["dropped_filtered"], stored["filtered_by"]
         write_meta(tmp, key=key, inputs=inputs, summary=stored, writer=writer)
         publish(tmp, directory)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _classify(ls: np.ndarray, lt: np.ndarray, cfg: DataConfig, filter_long: bool, summary: CorpusSummary) -> np.ndarray:
-    """Boolean keep-mask for one chunk of encoded pairs; counts each drop under its first reason."""
+_NOT_STORED = ("cache", "from_cache", "name")  # CorpusSummary fields of this load, not of the cache
+
+
+def _cleaned(
+    pair_filter: PairFilter, numbers: list[int], srcs: list[str], tgts: list[str], summary: CorpusSummary
+) -> tuple[list[int], list[str], list[str]]:
+    """The pairs of a chunk that the cleaning rules keep, the others counted by rule."""
+    verdicts = list(pair_filter.check(srcs, tgts))
+    if len(verdicts) != len(srcs):
+        raise ValueError(f"a pair filter answered {len(verdicts)} verdicts for {len(srcs)} pairs")
+    rows = [i for i, verdict in enumerate(verdicts) if verdict == "keep"]
+    summary.dropped_filtered += len(srcs) - len(rows)
+    for verdict in verdicts:
+        if verdict != "keep":
+            summary.filtered_by[verdict] = summary.filtered_by.get(verdict, 0) + 1
+    return [numbers[i] for i in rows], [srcs[i] for i in rows], [tgts[i] for i in rows]
+
+
+def _classify(
+    ls: np.ndarray, lt: np.ndarray, cfg: DataConfig, filter_long: bool, summary: CorpusSummary, *, prefix: int = 0
+) -> np.ndarray:
+    """Boolean keep-mask for one chunk of encoded pairs; counts each drop under its first reason. ``ls`` are the
+    sources' pieces without the ``prefix`` tags, which count towards max_len only."""
     empty = (ls == 0) | (lt == 0)  # whitespace or control characters only, removed by normalisation
-    too_long = ~empty & ((ls > cfg.max_len) | (lt > cfg.max_len))
+    too_long = ~empty & ((ls + prefix > cfg.max_len) | (lt > cfg.max_len))
     longer, shorter = np.maximum(ls, lt), np.minimum(ls, lt)
     ratio = ~empty & ~too_long & (longer >= cfg.min_len_for_ratio) & (longer > cfg.max_len_ratio * shorter)
     summary.dropped_empty += int(empty.sum())

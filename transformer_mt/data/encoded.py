@@ -18,7 +18,9 @@ directory that looks valid. The key is a sha256 of: the format version; per text
 resolved path, size, mtime_ns, inode, ctime_ns and a hash of its first and last 64 KiB (O(1) however large the
 corpus: a full content hash of a corpus of millions of pairs would cost seconds on every start); the
 sha256 of each sentencepiece model; the sentencepiece version; max_len, max_len_ratio,
-min_len_for_ratio and filter_long. Change any of them and the corpus is re-encoded; stale
+min_len_for_ratio and filter_long; and, only when a corpus has them (so that a corpus without them keeps its key),
+the ids of the tags its sources start with (``src_prefix``) and the cleaning rules applied to its raw pairs with
+the corpus's languages (``filters``). Change any of them and the corpus is re-encoded; stale
 directories are left in place (delete them freely, as any ``*.tmp-*`` left by a crash).
 """
 
@@ -30,6 +32,7 @@ import json
 import os
 import secrets
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -47,9 +50,18 @@ _INDEX_FILES = {"offsets": np.int64, "lengths": np.int32}
 
 
 def cache_key(
-    src_path: Path, tgt_path: Path, src_tok: Tokenizer, tgt_tok: Tokenizer, cfg: DataConfig, *, filter_long: bool
+    src_path: Path,
+    tgt_path: Path,
+    src_tok: Tokenizer,
+    tgt_tok: Tokenizer,
+    cfg: DataConfig,
+    *,
+    filter_long: bool,
+    src_prefix: Sequence[int] = (),
+    filters: dict | None = None,
 ) -> tuple[str, dict]:
-    """(sha256 hex key, the inputs it hashes) for the encoded corpus; see the module docstring."""
+    """(sha256 hex key, the inputs it hashes) for the encoded corpus; see the module docstring. ``src_prefix``: the
+    tag ids every source starts with; ``filters``: what decides which raw pairs the cleaning rules drop (None: none)."""
     inputs = {
         "format": FORMAT_VERSION,
         "src": _fingerprint(src_path),
@@ -62,6 +74,10 @@ def cache_key(
         "min_len_for_ratio": cfg.min_len_for_ratio,
         "filter_long": filter_long,
     }
+    if src_prefix:  # absent without tags: the key of a corpus without them stays what it always was
+        inputs["src_prefix"] = [int(i) for i in src_prefix]
+    if filters:
+        inputs["filters"] = filters
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest(), inputs
 
 

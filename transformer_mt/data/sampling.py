@@ -24,7 +24,8 @@ class SampledSegmentation:
     call on one thread (its multi-threaded encoder hands sentences to threads in a racy order).
     A resumed run and every rank of a distributed run therefore see the same pieces and batches.
     A pair whose sampled segmentation is longer than ``max_len`` on a side keeps its best
-    segmentation for that epoch. Validation and translation never sample.
+    segmentation for that epoch. Validation and translation never sample. The tags a corpus's sources start with
+    (``ParallelData.src_prefix``) stay one piece each, ahead of the sampled source.
 
     It stands in for the :class:`ParallelData` it wraps: ``batches(epoch, ...)`` re-segments for
     that epoch and ``get_batch`` / ``pair`` read the segmentation of the epoch last batched.
@@ -49,7 +50,7 @@ class SampledSegmentation:
             base.num_pairs,
             base.line_numbers,
         )
-        self.specials = base.specials
+        self.specials, self.src_prefix = base.specials, base.src_prefix
         self.alpha, self.nbest, self.seed, self.max_len = alpha, nbest, seed, max_len
         self._toks = {"src": src_tok, "tgt": tgt_tok}
         self._texts = {side: base.texts(side) for side in ("src", "tgt")}
@@ -79,6 +80,8 @@ class SampledSegmentation:
                 int(np.random.SeedSequence([self.seed & 0xFFFF_FFFF, epoch & 0xFFFF_FFFF, k]).generate_state(1)[0])
             )
             seqs = self._toks[side].encode(self._texts[side], alpha=self.alpha, nbest=self.nbest)
+            if side == "src" and self.src_prefix:  # the tags, one piece each, are never sampled
+                seqs = [self.src_prefix + ids for ids in seqs]
             lengths = np.fromiter(map(len, seqs), np.int32, count=len(seqs))
             for i in np.flatnonzero(lengths > self.max_len).tolist():  # too long this epoch: the best one
                 seqs[i] = self.base.pair(i)[k].tolist()
@@ -108,6 +111,6 @@ class SampledSegmentation:
         s, t = int(self._offsets["src"][i]), int(self._offsets["tgt"][i])
         return self._tokens["src"][s : s + self.src_lengths[i]], self._tokens["tgt"][t : t + self.tgt_lengths[i]]
 
-    def get_batch(self, indices: Ids) -> Batch:
+    def get_batch(self, indices: Ids, *, pad_to_multiple: int = 0) -> Batch:
         """The :class:`Batch` of the pairs ``indices`` as segmented for this epoch (ParallelData's collation)."""
-        return collate_pairs(self, indices)
+        return collate_pairs(self, indices, pad_to_multiple=pad_to_multiple)
