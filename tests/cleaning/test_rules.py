@@ -192,3 +192,20 @@ def test_script_and_langid_need_the_languages():
 
     with pytest.raises(CleaningError, match="data.filters.script needs the languages"):
         PairFilter(FiltersConfig(script=True), "en", "")
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("data.filters.min_words=-1", "data.filters.min_words: -1 is negative"),
+        ("data.filters.max_ratio=0.5", "data.filters.max_ratio: 0.5 is below 1"),
+        ("data.filters.max_nonletter=1.5", "data.filters.max_nonletter: 1.5 is outside [0, 1]"),
+        ("data.filters.langid_min_prob=0.9", "data.filters.langid_min_prob: applies only with data.filters.langid"),
+    ],
+)
+def test_the_config_refuses_impossible_filters(override, expected):
+    from transformer_mt.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match=expected.replace("[", r"\[").replace("]", r"\]")):
+        load_config(None, [override], check_files=False)
+    assert load_config(None, ["data.filters.max_ratio=3", "data.filters.langid=true"], check_files=False)

@@ -108,6 +108,7 @@ def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -
     _check_data(cfg.data, cfg.model, fail)
     check_corpora(cfg.data, fail)
     check_valid_sets(cfg.data, fail)
+    _check_filters(cfg.data, fail)
     _check_bounds(cfg, fail)
     if check_files:
         paths = [(dotted, getattr(getattr(cfg, dotted.split(".")[0]), dotted.split(".")[1])) for dotted in PATH_KEYS]
@@ -257,6 +258,26 @@ def _check_data(data: DataConfig, m: ModelConfig, fail: Fail) -> None:
             f"data.{missing}",
             f"is empty while data.{given} is set; give both validation files, or neither to train without validation",
         )
+
+
+def _check_filters(data: DataConfig, fail: Fail) -> None:
+    """data.filters: the cleaning rules' limits (transformer_mt.cleaning); 0 turns each off."""
+    f = data.filters
+    for key in ("min_words", "max_words"):
+        if getattr(f, key) < 0:
+            fail(f"data.filters.{key}", f"{getattr(f, key)} is negative; use 0 (off) or a number of words")
+    if f.min_words and f.max_words and f.max_words < f.min_words:
+        fail(
+            "data.filters.max_words",
+            f"{f.max_words} is below data.filters.min_words={f.min_words}, so no pair could pass; raise it",
+        )
+    if not (f.max_ratio == 0 or f.max_ratio >= 1):
+        fail("data.filters.max_ratio", f"{f.max_ratio:g} is below 1; use 0 (off) or a ratio such as 3")
+    for key in ("max_nonletter", "langid_min_prob"):
+        if not 0 <= getattr(f, key) <= 1:
+            fail(f"data.filters.{key}", f"{getattr(f, key):g} is outside [0, 1]; use 0 (off) or a share such as 0.5")
+    if f.langid_min_prob and not f.langid:
+        fail("data.filters.langid_min_prob", "applies only with data.filters.langid: true; set that too, or 0")
 
 
 # Upper bounds on what a config may ask to allocate. A checkpoint's config is read back through the
