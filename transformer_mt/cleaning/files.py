@@ -103,7 +103,8 @@ def _check_outputs(outputs: CleanOutputs) -> None:
 def _check_lengths(src: Path, tgt: Path) -> None:
     """Files of different line counts are refused before any work when both can be counted (regular files); a
     pipe is checked as it streams (:func:`_aligned_chunks`)."""
-    iter_file(src), iter_file(tgt)  # a missing input is named now
+    for path in (src, tgt):
+        iter_file(path)  # checks the path at once (a missing file is named now), reads nothing
     if src.is_file() and tgt.is_file():
         n_src, n_tgt = count_lines(src), count_lines(tgt)
         if n_src != n_tgt:
