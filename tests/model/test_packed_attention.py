@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from transformer_mt.data.packing import segments
+from transformer_mt.model.ops import cuda, varlen
 from transformer_mt.model.ops.cpu import CpuOps
 from transformer_mt.model.ops.cuda import CudaOps
 from transformer_mt.model.ops.reference import ReferenceOps
@@ -96,6 +97,50 @@ def test_flash_varlen_is_chosen_only_where_its_kernel_applies():
     assert not flash_varlen_applies(q, q, q, dropout_p=0.0)  # not on CUDA
     meta = torch.empty(5, H, D, dtype=torch.bfloat16, device="meta")
     assert not flash_varlen_applies(meta, meta, meta, dropout_p=0.0)
+
+
+def _fake_kernel(calls: list[dict]):
+    """A stand-in for ``varlen_attn`` with its signature: per-sentence SDPA from the cumulative lengths."""
+
+    def varlen_attn(q, k, v, cu_seq_q, cu_seq_k, max_q, max_k, *, window_size=(-1, -1)):
+        calls.append({"cu_dtype": cu_seq_q.dtype, "window_size": window_size, "max": (max_q, max_k)})
+        q_lengths, k_lengths = cu_seq_q.diff().tolist(), cu_seq_k.diff().tolist()
+        return _per_sentence(q, k, v, q_lengths, k_lengths, causal=window_size == (-1, 0))
+
+    return varlen_attn
+
+
+@pytest.mark.parametrize("case", ["causal", "cross"])
+def test_the_cuda_backend_hands_the_packed_layout_to_the_varlen_kernel(case, monkeypatch):
+    """The dispatch and the arguments, proved on a CPU with a stand-in kernel: int32 cumulative lengths, the longest
+    lengths, causal as window (-1, 0); the kernel's output comes back as it is."""
+    calls: list[dict] = []
+    monkeypatch.setattr(varlen, "varlen_attn", _fake_kernel(calls))
+    monkeypatch.setattr(varlen, "CAUSAL_BY_WINDOW", True)
+    monkeypatch.setattr(cuda, "flash_varlen_applies", lambda q, k, v, *, dropout_p: True)
+    q_lengths, k_lengths, causal = CASES[case]
+    q = _packed(q_lengths, dtype=torch.float32, seed=1)
+    k, v = _packed(k_lengths, dtype=torch.float32, seed=2), _packed(k_lengths, dtype=torch.float32, seed=3)
+    out = _varlen(CudaOps(), q, k, v, q_lengths, k_lengths, causal=causal)
+    assert calls == [
+        {"cu_dtype": torch.int32, "window_size": (-1, 0) if causal else (-1, -1), "max": (7, 7 if causal else 6)}
+    ]
+    torch.testing.assert_close(out, _per_sentence(q, k, v, q_lengths, k_lengths, causal=causal))
+
+
+def test_flash_capability_is_asked_once_and_traced_as_a_constant(monkeypatch):
+    """A compiled layer takes the machine's capability as a constant: no graph break, no call per step."""
+    asked: list[int] = []
+
+    def capability(index: int) -> tuple[int, int]:
+        asked.append(index)
+        return (9, 0)
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
+    monkeypatch.setattr(varlen, "_capable", {})
+    compiled = torch.compile(lambda x: x * 2 if varlen.flash_capable(0) else x, backend="eager", fullgraph=True)
+    assert compiled(torch.ones(3)).tolist() == [2.0, 2.0, 2.0] and compiled(torch.ones(3)).tolist() == [2.0] * 3
+    assert asked == [0]
 
 
 @pytest.mark.cuda

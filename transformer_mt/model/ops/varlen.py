@@ -9,7 +9,6 @@ backend computes the reference form. torch 2.10 is tmt's floor; a torch without 
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -29,11 +28,15 @@ FLASH_MIN_CAPABILITY = (8, 0)
 CAUSAL_BY_WINDOW = varlen_attn is not None and "window_size" in inspect.signature(varlen_attn).parameters
 
 
+_capable: dict[int, bool] = {}  # device index -> flash_capable, asked once per device
+
+
 @torch.compiler.assume_constant_result  # a property of the machine: a compiled layer keeps it as a constant
-@functools.cache
 def flash_capable(device_index: int) -> bool:
     """Whether CUDA device ``device_index`` runs flash attention (compute capability 8.0 or newer)."""
-    return torch.cuda.get_device_capability(device_index) >= FLASH_MIN_CAPABILITY
+    if device_index not in _capable:
+        _capable[device_index] = torch.cuda.get_device_capability(device_index) >= FLASH_MIN_CAPABILITY
+    return _capable[device_index]
 
 
 def flash_varlen_applies(q: Tensor, k: Tensor, v: Tensor, *, dropout_p: float) -> bool:
