@@ -6,6 +6,7 @@ the tiny trained checkpoint and real Multi30k sentences. The real capture is the
 from __future__ import annotations
 
 import copy
+import threading
 
 import pytest
 import torch
@@ -123,6 +124,27 @@ def test_the_capture_path_restores_the_position_and_replays(trained) -> None:
     )
     stats = graphs.stats
     assert stats.captures == len(graphs.buckets) > 3 and stats.replays > stats.captures and stats.eager_replays == 0
+
+
+def test_searches_in_two_threads_take_turns(trained) -> None:
+    """A Translator may be shared by threads: two searches on one GraphedStep hold its lock in turn."""
+    model, batches = trained
+    graphs = GraphedStep(model, max_rows=64)
+    expected = [greedy_search_batches(model, [src]) for src in batches]
+    found: dict[int, list] = {}
+
+    def search(i: int) -> None:
+        with torch.inference_mode():
+            found[i] = greedy_search_batches(model, [batches[i]], graphs=graphs)
+
+    threads = [threading.Thread(target=search, args=(i,)) for i in range(len(batches))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(found) == list(range(len(batches)))
+    for i, hyps in found.items():
+        assert_same([[h] for h in hyps[0]], [[h] for h in expected[i][0]])
 
 
 def test_an_older_batchs_cache_is_refused(trained) -> None:

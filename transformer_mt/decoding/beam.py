@@ -79,67 +79,69 @@ def beam_search(
     max_lens = sentence_limits(model, src, max_len_a=max_len_a, max_len_b=max_len_b, max_output=max_output)  # (B,)
     longest = int(max_lens.max())
     runner = step_runner(model, static_cache=static_cache, graphs=graphs)
-    cache = runner.init_cache(model.encode(src), max_len=longest, group=k)
-    columns = Columns(cache, never=sp.never_generated, device=device)
-    cache.reorder(torch.arange(batch, device=device).repeat_interleave(k), group=k)  # B -> B*k rows, sentence-major
-    sent = torch.arange(batch, device=device)  # (b,) original sentence of each active sentence
-    cum = torch.zeros(batch, k, dtype=torch.float32, device=device)  # (b, k) log-prob of each open beam
-    tokens = torch.full((batch * k,), sp.start, dtype=torch.long, device=device)  # (b*k,) newest token
-    finished = _Finished(batch, k, device=device)
-    parents: list[Tensor] = []  # per step s >= 1: (rows of step s,) the row of step s - 1 each extends
-    appended: list[Tensor] = []  # per step s >= 1: (rows of step s,) the token each appended
-    rank = torch.arange(2 * k, device=device)  # (2k,)
-    for step in range(longest):
-        b = sent.numel()
-        lprobs = columns.log_probs(runner.decode_step(tokens, cache))  # (b*k, V), or (b*k, K) over the kept ids
-        vocab = lprobs.size(1)
-        if step == 0:  # the ids the model scores are known now: the beam must leave k non-EOS among the top 2k
-            check_settings(beam, nbest, outputs=vocab)
-        cand = lprobs.add_(cum.view(b * k, 1)).view(b, k, vocab)  # cum + log p: (b*k, V) -> (b, k, V)
-        if step == 0:
-            cand = cand[:, :1]  # (b, 1, V): the k beams are identical copies of the start
-        scores = cand.reshape(b, -1)  # (b, k*V) flat beam-major
-        # steps 2-4 for this step's candidates: pure, so a step whose top-2k cut-off tied can be redone
-        extend = partial(
-            _extend,
-            finished=finished,
-            sent=sent,
-            max_lens=max_lens,
-            k=k,
-            columns=columns,
-            vocab=vocab,
-            step=step,
-            lenpen=lenpen,
-            rank=rank,
-            eos=sp.eos,
-        )
-        top = _top_candidates(scores, 2 * k)
-        ext = extend(top)
-        n_keep, n_tied = torch.stack([ext.keep.sum(), top.tied.sum()]).tolist()  # the step's one host sync
-        if n_tied:  # rare: the cut-off of the top 2k fell among equal scores; settle it by index and redo the step
-            top = _top_candidates(scores, 2 * k, n_tied=n_tied)
-            ext = extend(top)
-            n_keep = int(ext.keep.sum())
-        if observer is not None:
-            observer(BeamStep(step, sent, ext.src_rows, ext.new_tok, ext.new_cum, ext.merged, max_lens[sent], ext.keep))
-        finished.store(sent, ext.merged)
-        if n_keep == 0:
-            break
-        if n_keep < b:  # drop the sentences that are done
-            keep = first_true(ext.keep, n_keep)  # (b',) found on the device
-            rows, new_tok, cum, sent = (
-                ext.src_rows[keep].view(-1),
-                ext.new_tok[keep].view(-1),
-                ext.new_cum[keep],
-                sent[keep],
+    with runner.session():  # a GraphedStep's buffers serve one search at a time
+        cache = runner.init_cache(model.encode(src), max_len=longest, group=k)
+        columns = Columns(cache, never=sp.never_generated, device=device)
+        cache.reorder(torch.arange(batch, device=device).repeat_interleave(k), group=k)  # B -> B*k rows, sentence-major
+        sent = torch.arange(batch, device=device)  # (b,) original sentence of each active sentence
+        cum = torch.zeros(batch, k, dtype=torch.float32, device=device)  # (b, k) log-prob of each open beam
+        tokens = torch.full((batch * k,), sp.start, dtype=torch.long, device=device)  # (b*k,) newest token
+        finished = _Finished(batch, k, device=device)
+        parents: list[Tensor] = []  # per step s >= 1: (rows of step s,) the row of step s - 1 each extends
+        appended: list[Tensor] = []  # per step s >= 1: (rows of step s,) the token each appended
+        rank = torch.arange(2 * k, device=device)  # (2k,)
+        for step in range(longest):
+            b = sent.numel()
+            lprobs = columns.log_probs(runner.decode_step(tokens, cache))  # (b*k, V), or (b*k, K) over the kept ids
+            vocab = lprobs.size(1)
+            if step == 0:  # the ids the model scores are known now: the beam must leave k non-EOS among the top 2k
+                check_settings(beam, nbest, outputs=vocab)
+            cand = lprobs.add_(cum.view(b * k, 1)).view(b, k, vocab)  # cum + log p: (b*k, V) -> (b, k, V)
+            if step == 0:
+                cand = cand[:, :1]  # (b, 1, V): the k beams are identical copies of the start
+            scores = cand.reshape(b, -1)  # (b, k*V) flat beam-major
+            # steps 2-4 for this step's candidates: pure, so a step whose top-2k cut-off tied can be redone
+            extend = partial(
+                _extend,
+                finished=finished,
+                sent=sent,
+                max_lens=max_lens,
+                k=k,
+                columns=columns,
+                vocab=vocab,
+                step=step,
+                lenpen=lenpen,
+                rank=rank,
+                eos=sp.eos,
             )
-        else:
-            keep, rows, new_tok, cum = None, ext.src_rows.view(-1), ext.new_tok.view(-1), ext.new_cum
-        cache.reorder(rows, group=k, kept=keep)  # (b'*k,) follow beams and drop finished sentences in one reorder
-        parents.append(rows)
-        appended.append(new_tok)
-        tokens = new_tok
-    return finished.hypotheses(parents, appended, nbest)
+            top = _top_candidates(scores, 2 * k)
+            ext = extend(top)
+            n_keep, n_tied = torch.stack([ext.keep.sum(), top.tied.sum()]).tolist()  # the step's one host sync
+            if n_tied:  # rare: the cut-off of the top 2k fell among equal scores; settle it by index and redo the step
+                top = _top_candidates(scores, 2 * k, n_tied=n_tied)
+                ext = extend(top)
+                n_keep = int(ext.keep.sum())
+            if observer is not None:
+                limits = max_lens[sent]
+                observer(BeamStep(step, sent, ext.src_rows, ext.new_tok, ext.new_cum, ext.merged, limits, ext.keep))
+            finished.store(sent, ext.merged)
+            if n_keep == 0:
+                break
+            if n_keep < b:  # drop the sentences that are done
+                keep = first_true(ext.keep, n_keep)  # (b',) found on the device
+                rows, new_tok, cum, sent = (
+                    ext.src_rows[keep].view(-1),
+                    ext.new_tok[keep].view(-1),
+                    ext.new_cum[keep],
+                    sent[keep],
+                )
+            else:
+                keep, rows, new_tok, cum = None, ext.src_rows.view(-1), ext.new_tok.view(-1), ext.new_cum
+            cache.reorder(rows, group=k, kept=keep)  # (b'*k,) follow beams and drop finished sentences in one reorder
+            parents.append(rows)
+            appended.append(new_tok)
+            tokens = new_tok
+        return finished.hypotheses(parents, appended, nbest)
 
 
 class _Top(NamedTuple):

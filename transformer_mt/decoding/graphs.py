@@ -17,12 +17,15 @@ eagerly (the *eager replay*, which the CPU tests prove). A batch outside the buc
 wider source than ``max_src``, a longer output than ``max_len``) runs eagerly on a static cache of its own.
 
 One search at a time: a :class:`GraphedStep` serves the latest batch it started (an older batch's cache is refused),
-so greedy search does not carry a batch's last rows into the next one with it, and threads need one each.
+so greedy search does not carry a batch's last rows into the next one with it; searches in several threads take
+turns (each holds its ``lock`` throughout).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, NamedTuple, Protocol
@@ -41,6 +44,10 @@ class StepRunner(Protocol):
 
     joins: bool  # whether two batches' caches may be joined (greedy search carries a batch's last rows along)
 
+    def session(self) -> AbstractContextManager[object]:
+        """Held for a whole search: a :class:`GraphedStep` serves one at a time (its lock), the others any number."""
+        ...
+
     def init_cache(self, enc: Any, *, max_len: int, group: int) -> SearchCache:
         """A fresh cache for the batch ``enc`` encodes: outputs of up to ``max_len`` positions; the search will hold
         ``group`` rows per sentence (its beam)."""
@@ -58,6 +65,9 @@ class GrowingStep:
 
     def __init__(self, model: SearchModel[Any, Any]):
         self.model = model
+
+    def session(self) -> AbstractContextManager[object]:
+        return nullcontext()
 
     def init_cache(self, enc: Any, *, max_len: int, group: int) -> SearchCache:  # noqa: ARG002 - it grows as needed
         return self.model.init_cache(enc)
@@ -192,6 +202,10 @@ class GraphedStep:
         self._live_len = 0  # the positions that batch may decode
         self._tables: tuple[int, ...] = ()  # the sinusoid tables' addresses the graphs read
         self._graph_pool: Any = None
+        self.lock = threading.RLock()  # held by a search from its first step to its last (session)
+
+    def session(self) -> AbstractContextManager[object]:
+        return self.lock
 
     @property
     def buckets(self) -> list[tuple[int, int, int]]:

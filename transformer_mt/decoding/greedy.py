@@ -83,37 +83,38 @@ def greedy_search_batches(
     current: _GreedyRows | None = None
     parked: _GreedyRows | None = None
     upcoming = [i for i, src in enumerate(srcs) if src.size(0)]
-    while True:
-        if current is None:
-            if upcoming:
-                i = upcoming.pop(0)
-                current = _GreedyRows.start(
-                    model,
-                    runner,
-                    srcs[i],
-                    first=offsets[i],
-                    max_len_a=max_len_a,
-                    max_len_b=max_len_b,
-                    max_output=max_output,
-                )
-            elif parked is not None:
-                current, parked = parked, None
-            else:
-                break
-        if parked is not None and parked.step == current.step and batch_tokens is not None:
-            if (current.size + parked.size) * max(current.width, parked.width) <= batch_tokens:
-                current, parked = current.joined(parked), None
-        n = current.advance(model, done)  # the step's one host sync
-        if n == 0:
-            current = None
-        elif (
-            parked is None
-            and upcoming
-            and batch_tokens is not None
-            and 4 * n * current.width <= batch_tokens
-            and current.joinable
-        ):
-            parked, current = current, None
+    with runner.session():  # a GraphedStep's buffers serve one search at a time
+        while True:
+            if current is None:
+                if upcoming:
+                    i = upcoming.pop(0)
+                    current = _GreedyRows.start(
+                        model,
+                        runner,
+                        srcs[i],
+                        first=offsets[i],
+                        max_len_a=max_len_a,
+                        max_len_b=max_len_b,
+                        max_output=max_output,
+                    )
+                elif parked is not None:
+                    current, parked = parked, None
+                else:
+                    break
+            if parked is not None and parked.step == current.step and batch_tokens is not None:
+                if (current.size + parked.size) * max(current.width, parked.width) <= batch_tokens:
+                    current, parked = current.joined(parked), None
+            n = current.advance(model, done)  # the step's one host sync
+            if n == 0:
+                current = None
+            elif (
+                parked is None
+                and upcoming
+                and batch_tokens is not None
+                and 4 * n * current.width <= batch_tokens
+                and current.joinable
+            ):
+                parked, current = current, None
     return _greedy_hypotheses(done, offsets, lenpen=lenpen, pad=sp.pad, eos=sp.eos)
 
 
