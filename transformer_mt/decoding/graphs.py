@@ -2,7 +2,7 @@
 shared by every batch, captured once per batch bucket as a CUDA graph and replayed (:class:`GraphedStep`).
 
 Why: a step of a small model is hundreds of small kernels, each launched by Python, and a growing cache changes the
-shapes at every step, so a GPU waits on the host: decoding is no faster than on a few CPU cores. A static cache
+shapes at every step, so a GPU spends the step waiting for the host to launch the next kernel. A static cache
 (:class:`~transformer_mt.model.StaticDecoderCache`: K/V preallocated, written in place at a device position, attention
 masked to the filled prefix) keeps a step's shapes and addresses fixed; a CUDA graph then replays all its kernels
 with one launch.
