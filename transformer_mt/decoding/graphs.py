@@ -132,7 +132,8 @@ def capture_cuda_graph(step: Callable[[], Tensor], *, pool: Any, warmup: int = 2
             step()
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    # thread_local: another thread's CUDA work (a server's other models) does not break this capture
+    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
         output = step()
     return CapturedStep(graph.replay, output)
 
