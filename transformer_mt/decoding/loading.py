@@ -1,5 +1,6 @@
 """A checkpoint's model rebuilt for decoding: :func:`model_from_checkpoint` reads a checkpoint, checks its
-tokenizers against an ensemble's first member and its position table against the bound, and rebuilds the model
+tokenizers (against an ensemble's first member, and that they hold a multilingual model's language tags) and its
+position table against the bound, and rebuilds the model
 (:mod:`~transformer_mt.decoding.rebuild` checks every stored tensor before anything is allocated).
 """
 
@@ -21,7 +22,7 @@ from transformer_mt.decoding.lengths import positions_needed
 from transformer_mt.decoding.rebuild import rebuild_model
 from transformer_mt.decoding.results import TranslateError
 from transformer_mt.model import Transformer
-from transformer_mt.text import SpecialIds, Tokenizer
+from transformer_mt.text import SpecialIds, Tokenizer, is_multilingual, language_tag, target_languages
 
 
 class CheckpointModel(NamedTuple):
@@ -47,6 +48,9 @@ def model_from_checkpoint(
     cfg = config_from_checkpoint(state, source=str(path))
     if tokenizers_of is None:
         src_tok, tgt_tok = tokenizers_from_checkpoint(state, cfg, source=str(path))
+        # a multilingual model's sources start with a language tag: one piece of its tokenizer, checked once here
+        languages = target_languages(cfg.data) if is_multilingual(cfg.data) else []
+        src_tok.tag_ids([language_tag(lang) for lang in languages], where=str(path))
     else:
         src_tok, tgt_tok = tokenizers_of.src_tok, tokenizers_of.tgt_tok
         differ = [
@@ -62,6 +66,11 @@ def model_from_checkpoint(
             raise TranslateError(
                 f"{path}: its {differ[0]} differ from those of {tokenizers_of.source}; "
                 "an ensemble needs checkpoints trained with the same tokenizer"
+            )
+        if target_languages(cfg.data) != target_languages(tokenizers_of.cfg.data):
+            raise TranslateError(
+                f"{path}: its target languages (data.corpora) differ from those of {tokenizers_of.source}; "
+                "an ensemble needs checkpoints trained into the same languages"
             )
     weights_dict = model_weights(state, weights=weights, source=str(path))
     # the table a Translator sizes for the longest source and output, refused before the model's own is built

@@ -36,6 +36,7 @@ from transformer_mt.explore.analysis import attention_view, run_search, translat
 from transformer_mt.explore.anatomy import anatomy_view
 from transformer_mt.explore.session import Explorer, RequestError
 from transformer_mt.explore.trace import beam_view
+from transformer_mt.text import tagged, target_languages
 
 STATIC = Path(__file__).resolve().parent / "static"
 
@@ -52,6 +53,11 @@ class SentenceRequest(BaseModel):
     beam: int | None = Field(None, description="Beam size, 1 = greedy; default: the checkpoint's decode.beam.")
     lenpen: float | None = Field(
         None, allow_inf_nan=False, description="GNMT length penalty alpha; default: the checkpoint's decode.lenpen."
+    )
+    tgt_lang: str | None = Field(
+        None,
+        description="The target language of a multilingual checkpoint (GET /api/checkpoints lists its languages); "
+        "the source then starts with its tag, <2fr>.",
     )
 
 
@@ -198,7 +204,7 @@ def _add_sentence_routes(app: FastAPI, explorer: Explorer) -> None:
         top alternatives."""
         tr = explorer.translator(req.checkpoint)
         beam, lenpen = explorer.settings(tr, req.beam, req.lenpen)
-        src_ids = explorer.sentence(tr, req.text)
+        src_ids = explorer.sentence(tr, req.text, tags=explorer.language(tr, req.tgt_lang))
         return compute(req, lambda: translation_view(tr, src_ids, beam=beam, lenpen=lenpen, topk=explorer.limits.topk))
 
     @app.post("/api/beam", response_model=BeamResponse)
@@ -207,7 +213,7 @@ def _add_sentence_routes(app: FastAPI, explorer: Explorer) -> None:
         stopped, the winner and why."""
         tr = explorer.translator(req.checkpoint)
         beam, lenpen = explorer.settings(tr, req.beam, req.lenpen)
-        src_ids = explorer.sentence(tr, req.text)
+        src_ids = explorer.sentence(tr, req.text, tags=explorer.language(tr, req.tgt_lang))
         return compute(req, lambda: beam_view(tr, src_ids, beam=beam, lenpen=lenpen))
 
     @app.post("/api/attention")
@@ -219,7 +225,8 @@ def _add_sentence_routes(app: FastAPI, explorer: Explorer) -> None:
         translation."""
         tr = explorer.translator(req.checkpoint)
         beam, lenpen = explorer.settings(tr, req.beam, req.lenpen)
-        explorer.sentence(tr, req.text)
+        tags = explorer.language(tr, req.tgt_lang)
+        explorer.sentence(tr, req.text, tags=tags)
         if req.reference is not None:
             explorer.sentence(tr, req.reference, field_name="reference")
         limits = explorer.limits
@@ -227,7 +234,7 @@ def _add_sentence_routes(app: FastAPI, explorer: Explorer) -> None:
             req,
             lambda: attention_view(
                 tr,
-                req.text,
+                tagged([req.text], tags)[0],  # encoded as the tags' ids, then the sentence's
                 reference=req.reference,
                 beam=beam,
                 lenpen=lenpen,
@@ -244,9 +251,10 @@ def _add_sentence_routes(app: FastAPI, explorer: Explorer) -> None:
         encodings of its positions (n, d_model)."""
         tr = explorer.translator(req.checkpoint)
         beam, lenpen = explorer.settings(tr, req.beam, req.lenpen)
-        srcs = [explorer.sentence(tr, req.text)]
+        tags = explorer.language(tr, req.tgt_lang)
+        srcs = [explorer.sentence(tr, req.text, tags=tags)]
         if req.batch_with is not None:
-            srcs.append(explorer.sentence(tr, req.batch_with, field_name="batch_with"))
+            srcs.append(explorer.sentence(tr, req.batch_with, field_name="batch_with", tags=tags))
         ref = None if req.reference is None else explorer.sentence(tr, req.reference, field_name="reference")
 
         def run() -> (
@@ -275,6 +283,7 @@ def describe_checkpoint(name: str, tr: Any) -> dict:
         "vocab": {"src": tr.src_tok.vocab_size, "tgt": tr.tgt_tok.vocab_size},
         "decode": {"beam": d.beam, "lenpen": d.lenpen, "max_len_a": d.max_len_a, "max_len_b": d.max_len_b},
         "max_src_tokens": tr.max_src_tokens,
+        "languages": target_languages(tr.cfg.data),  # several: each request names one (tgt_lang)
     }
 
 

@@ -6,14 +6,16 @@ filesystem path: the page may be opened by someone who should not learn the serv
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from transformer_mt.config import beam_problem, lenpen_problem
 from transformer_mt.decoding import Translator
+from transformer_mt.errors import TmtError
 from transformer_mt.explore.errors import ExploreError
 from transformer_mt.model import Transformer
-from transformer_mt.text import iter_file
+from transformer_mt.text import iter_file, language_tags, tagged
 
 MAX_EXAMPLES = 500  # lines of the examples file offered in the page's menu
 
@@ -77,9 +79,19 @@ class Explorer:
             raise RequestError(422, f"{problem.key}: {problem.value} {problem.reason}")
         return beam, lenpen
 
-    def sentence(self, tr: Translator, text: str, *, field_name: str = "text") -> list[int]:
+    def language(self, tr: Translator, tgt_lang: str | None) -> list[str]:
+        """The tags a source starts with for the request's ``tgt_lang`` (text.language_tags): 422 naming the field and
+        the checkpoint's languages when the model cannot be asked for it (or, multilingual, is asked for none)."""
+        name = next(n for n, t in self.translators.items() if t is tr)
+        try:
+            return language_tags(tr.cfg.data, tr.src_tok, tgt_lang, where=f"checkpoint {name!r}", option="tgt_lang")
+        except TmtError as exc:
+            raise RequestError(422, str(exc)) from None
+
+    def sentence(self, tr: Translator, text: str, *, field_name: str = "text", tags: Sequence[str] = ()) -> list[int]:
         """The pieces of one sentence, refused when empty (422), a line break or over the limits (413): the page
-        shows one sentence whole, so a sentence the model would truncate is refused rather than cut."""
+        shows one sentence whole, so a sentence the model would truncate is refused rather than cut. A source
+        starts with ``tags`` (a multilingual model's target language), as the Translator's sources do."""
         if not text.strip():
             raise RequestError(422, f"{field_name}: empty; type a sentence or pick an example")
         if "\n" in text or "\r" in text:
@@ -91,7 +103,7 @@ class Explorer:
                 "give a shorter sentence",
             )
         tok = tr.tgt_tok if field_name == "reference" else tr.src_tok
-        ids = tok.encode([text])[0]
+        ids = tok.encode(tagged([text], tags))[0]
         if len(ids) > tr.max_src_tokens:
             raise RequestError(
                 413,

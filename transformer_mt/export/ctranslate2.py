@@ -152,11 +152,18 @@ class CTranslate2Exporter(Exporter):
 
 def decoding_config(cfg: Config) -> dict[str, Any]:
     """The part of the checkpoint's config that decoding the directory like tmt needs (``from_dict`` reads it back):
-    the model section (special ids, positions, limits), the decode defaults, and data.max_len, which the config's
-    checks compare with model.max_positions. Not the rest: data, tokenizer and run paths of the machine that trained
-    it."""
+    the model section (special ids, positions, limits), the decode defaults, data.max_len, which the config's
+    checks compare with model.max_positions, and the corpora's languages and tags (a multilingual model's sources
+    start with a language tag), each file named without its directory. Not the rest: data, tokenizer and run paths
+    of the machine that trained it."""
     sections = to_dict(cfg)
-    return {"model": sections["model"], "decode": sections["decode"], "data": {"max_len": cfg.data.max_len}}
+    data: dict[str, Any] = {"max_len": cfg.data.max_len}
+    if cfg.data.corpora:
+        data["corpora"] = [
+            {**corpus, "src": Path(corpus["src"]).name, "tgt": Path(corpus["tgt"]).name}
+            for corpus in sections["data"]["corpora"]
+        ]
+    return {"model": sections["model"], "decode": sections["decode"], "data": data}
 
 
 def _spm_files(src_proto: bytes, tgt_proto: bytes) -> dict[str, bytes]:

@@ -30,7 +30,15 @@ from transformer_mt.serve.hosts import HostGuard
 from transformer_mt.serve.metrics import CONTENT_TYPE, ServeMetrics
 from transformer_mt.serve.models import ServedModel, load_models, serve_model
 from transformer_mt.serve.options import ServeOptions
-from transformer_mt.serve.schema import ApiError, TranslateRequest, decode_settings, describe_validation, parse_request
+from transformer_mt.serve.schema import (
+    ApiError,
+    TranslateRequest,
+    decode_settings,
+    describe_validation,
+    language_tags,
+    parse_request,
+)
+from transformer_mt.text import tagged, target_languages
 
 __all__ = ["ApiError", "ServedModel", "TranslateRequest", "build_app", "load_models", "serve_model"]
 
@@ -103,8 +111,11 @@ def build_app(models: list[ServedModel], options: ServeOptions, *, hosts: frozen
         else:
             req = parse_request(body, content_type, options)
         served = _pick_model(by_name, req.model, default=models[0])
-        lines = [req.text] if isinstance(req.text, str) else req.text
         beam, lenpen = decode_settings(served.translator, req, options)
+        # a multilingual model's sources start with the language's tag: tagged lines of several languages share
+        # one batch, and the worker measures and truncates them as the Translator will
+        tags = language_tags(served.translator, req, model=served.name)
+        lines = tagged([req.text] if isinstance(req.text, str) else req.text, tags)
         loop = asyncio.get_running_loop()
         job = Job(lines, (beam, lenpen, req.nbest), loop.create_future(), loop, deadline=deadline_of(request.scope))
         on_disconnect(request.scope, lambda: _client_gone(job))
@@ -261,6 +272,8 @@ def _describe_model(m: ServedModel, options: ServeOptions) -> dict:
         "name": m.name,
         "parameters": tr.num_parameters,
         "config": to_dict(cfg)["model"],
+        # the tgt_lang values it takes: several, one required per request; one or none, tgt_lang optional
+        "languages": target_languages(cfg.data),
         "tokenizer": {
             "src_vocab_size": tr.src_tok.vocab_size,
             "tgt_vocab_size": tr.tgt_tok.vocab_size,

@@ -22,7 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from transformer_mt.config import beam_problem, lenpen_problem
 from transformer_mt.decoding import TextTranslator
+from transformer_mt.errors import TmtError
 from transformer_mt.serve.options import ServeOptions
+from transformer_mt.text import language_tags as text_language_tags
 
 
 class ApiError(Exception):
@@ -45,6 +47,11 @@ class TranslateRequest(BaseModel):
         None, allow_inf_nan=False, description="GNMT length penalty alpha; default: decode.lenpen."
     )
     nbest: int = Field(1, description="Hypotheses per line (1..beam); > 1 returns [{text, score}, ...] per line.")
+    tgt_lang: str | None = Field(
+        None,
+        description="The target language (e.g. fr) of a multilingual model, required there (GET /models lists each "
+        "model's languages); a model with one target language takes that one or none.",
+    )
 
 
 def decode_settings(tr: TextTranslator, req: TranslateRequest, options: ServeOptions) -> tuple[int, float]:
@@ -58,6 +65,16 @@ def decode_settings(tr: TextTranslator, req: TranslateRequest, options: ServeOpt
     if problem:
         raise ApiError(422, f"{problem.key}: {problem.value} {problem.reason}")
     return beam, lenpen
+
+
+def language_tags(tr: TextTranslator, req: TranslateRequest, *, model: str) -> list[str]:
+    """The tags the request's lines start with for its ``tgt_lang`` (text.language_tags), checked before the request is
+    queued: a language the model does not translate into, a missing one for a multilingual model, or a value that is
+    no language code is a 422 naming the field, the model by its served name (never its path) and the fix."""
+    try:
+        return text_language_tags(tr.cfg.data, tr.src_tok, req.tgt_lang, where=f"model {model!r}", option="tgt_lang")
+    except TmtError as exc:
+        raise ApiError(422, f"{exc} (GET /models lists each model's languages)") from None
 
 
 TOKEN_MARGIN = 10_000  # tokens past a valid request's most that are parsed anyway, to tell the exact line count
@@ -191,7 +208,7 @@ def describe_validation(errors: Sequence[Mapping[str, Any]]) -> tuple[int, str]:
     if field == "body":
         return 422, 'body: not a JSON object; send a JSON object such as {"text": "A man."}'
     if e.get("type") == "extra_forbidden":
-        return 422, f"{_quote(field)}: unknown field; the fields are text, model, beam, lenpen, nbest"
+        return 422, f"{_quote(field)}: unknown field; the fields are text, model, beam, lenpen, nbest, tgt_lang"
     got = f" (got {_quote(repr(e['input']))})" if "input" in e and not isinstance(e["input"], (dict, list)) else ""
     return 422, f"{field}: {e.get('msg', 'invalid')}{got}"
 

@@ -21,7 +21,7 @@ from transformer_mt.analysis import describe, traced
 from transformer_mt.config import Config, ModelConfig
 from transformer_mt.model import Transformer
 from transformer_mt.runtime import flops
-from transformer_mt.text import DEFAULT, SpecialIds
+from transformer_mt.text import DEFAULT, SpecialIds, language_tag, target_languages
 from transformer_mt.viz.figures import VizError
 
 # Table 3 of the paper (PAPER.md): sizes and parameter counts (37k shared BPE vocabulary);
@@ -164,6 +164,7 @@ def inspect_report(
         f"{m.heads} heads (d_k {dk}, d_v {dv}), d_ff {m.d_ff} {m.activation}, {m.positions} positions; "
         f"vocabulary {vocab[0]:,} source / {vocab[1]:,} target ({shared})",
         f"parameters: {total:,} (sum of p.numel() over model.parameters(); a tied matrix counted once)",
+        *_languages(cfg),
     ]
     size = paper_size(m)
     per = flops.per_target_token(m, vocab=vocab[1], src_len=src_len, tgt_len=tgt_len)
@@ -192,6 +193,17 @@ def inspect_report(
         *render_tree(root, full_layers=full_layers),
     ]
     return lines, {"total_params": total, "tree_params": root.params, "flops_per_token": per, "root": root}
+
+
+def _languages(cfg: Config) -> list[str]:
+    """The line naming the target languages the config's corpora state (none stated: no line)."""
+    languages = target_languages(cfg.data)
+    if len(languages) > 1:
+        tags = ", ".join(language_tag(lang) for lang in languages)
+        return [
+            f"target languages: {', '.join(languages)} (multilingual: --tgt-lang picks one; sources start with {tags})"
+        ]
+    return [f"target language: {languages[0]}"] if languages else []
 
 
 def load_model(target: str | Path, overrides: list[str] | None = None) -> tuple[Transformer, Config, tuple[int, int]]:

@@ -39,7 +39,17 @@ function request() {
   const body = { text: $("source").value, checkpoint: $("checkpoint").value || null };
   if ($("beam").value !== "") body.beam = Number($("beam").value);
   if ($("lenpen").value !== "") body.lenpen = Number($("lenpen").value);
+  if ($("tgt-lang").value !== "") body.tgt_lang = $("tgt-lang").value;
   return body;
+}
+
+function showLanguages(checkpoints) {
+  // A multilingual checkpoint translates into the language chosen here (its tag starts the source); one with a single
+  // target language, or none stated, needs no choice and the select stays hidden.
+  const chosen = checkpoints.find((c) => c.name === $("checkpoint").value) || checkpoints[0];
+  const languages = chosen.languages || [];
+  fillSelect($("tgt-lang"), languages.length > 1 ? languages.map((l) => [l, l]) : []);
+  $("tgt-lang-label").hidden = languages.length < 2;
 }
 
 // ---------------------------------------------------------------- translate: everything for one sentence
@@ -294,6 +304,11 @@ async function start() {
     const [info, examples] = await Promise.all([api("/api/checkpoints"), api("/api/examples")]);
     fillSelect($("checkpoint"), info.checkpoints.map((c) => [c.name, `${c.name} (${c.encoder_layers}+${c.decoder_layers} layers, d_model ${c.d_model}, ${c.heads} heads)`]));
     $("checkpoint").value = info.default;
+    showLanguages(info.checkpoints);
+    $("checkpoint").onchange = () => {
+      showLanguages(info.checkpoints);
+      if ($("source").value.trim()) run();
+    };
     const first = info.checkpoints[0];
     $("beam").value = first.decode.beam;
     $("lenpen").value = first.decode.lenpen;
@@ -309,7 +324,7 @@ async function start() {
   }
   $("go").onclick = run;
   ["source", "reference", "batch-with"].forEach((id) => $(id).addEventListener("keydown", (ev) => { if (ev.key === "Enter") run(); }));
-  $("checkpoint").onchange = () => { if ($("source").value.trim()) run(); };
+  $("tgt-lang").onchange = () => { if ($("source").value.trim()) run(); };
   $("beam-slider").oninput = drawBeamStep;
   $("att-kind").onchange = () => state.attention && drawAttentionControls(state.attention);
   $("att-layer").onchange = drawAttention;
