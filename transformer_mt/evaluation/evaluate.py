@@ -48,30 +48,43 @@ class ValidationError(TmtError, ValueError):
 
 
 def bleu_set(
-    src_path: str, tgt_path: str, src_tok: Tokenizer, *, limit: int, max_src_tokens: int | None = None
+    src_path: str,
+    tgt_path: str,
+    src_tok: Tokenizer,
+    *,
+    limit: int,
+    max_src_tokens: int | None = None,
+    src_prefix: Sequence[int] = (),
 ) -> BleuSet:
-    """The first `limit` (0 = all) validation pairs with text on both sides; sources longer than
+    """The first `limit` (0 = all) validation pairs with text on both sides, each source starting with the tag ids
+    `src_prefix` (a multilingual model's target language, as the translator asks for it); sources longer than
     `max_src_tokens` are truncated, as `tmt translate` does (`truncated` counts them)."""
     pairs = [(s, r) for s, r in zip(read_lines(src_path), read_lines(tgt_path)) if s.strip() and r.strip()]
     if limit > 0:
         pairs = pairs[:limit]
-    src_ids = src_tok.encode([s for s, _ in pairs])
+    src_ids = [list(src_prefix) + ids for ids in src_tok.encode([s for s, _ in pairs])]
     long = [] if max_src_tokens is None else [i for i, ids in enumerate(src_ids) if len(ids) > max_src_tokens]
     for i in long:
         src_ids[i] = src_ids[i][:max_src_tokens]
     return BleuSet(src_ids, [r for _, r in pairs], truncated=len(long))
 
 
-def checked_validation_set(data: ParallelData, *, max_positions: int, name: str) -> tuple[ParallelData, str | None]:
+def checked_validation_set(
+    data: ParallelData,
+    *,
+    max_positions: int,
+    name: str,
+    drop_hint: str = "leave data.valid_src and data.valid_tgt empty",
+) -> tuple[ParallelData, str | None]:
     """The validation set as a model with `max_positions` can take it, checked when loaded rather than at the
-    first validation: refused when empty (ValidationError naming `name`); pairs longer than the positions allow
-    are left out of the loss (training drops them by data.max_len; one giant line would exhaust memory).
-    Returns the pairs kept and the line for the log (None when all are kept)."""
+    first validation: refused when empty (ValidationError naming `name`; `drop_hint` says how to train without it);
+    pairs longer than the positions allow are left out of the loss (training drops them by data.max_len; one
+    giant line would exhaust memory). Returns the pairs kept and the line for the log (None when all are kept)."""
     limit = max_positions - 1  # + EOS on the source, + BOS on the decoder input
     if data.num_pairs == 0:
         raise ValidationError(
             f"{name}: the validation set holds no pairs (empty files, or empty lines only); "
-            "give a validation set, or leave data.valid_src and data.valid_tgt empty to train without one"
+            f"give a validation set, or {drop_hint} to train without one"
         )
     keep = (data.src_lengths <= limit) & (data.tgt_lengths <= limit)
     kept = int(keep.sum())
@@ -83,7 +96,8 @@ def checked_validation_set(data: ParallelData, *, max_positions: int, name: str)
             "check the validation files"
         )
     return data.subset(keep), (
-        f"validation: {data.num_pairs - kept} of {data.num_pairs} pairs longer than {limit} pieces "
+        f"validation{' ' + data.summary.name if data.summary.name else ''}: {data.num_pairs - kept} of "
+        f"{data.num_pairs} pairs longer than {limit} pieces "
         f"(model.max_positions={max_positions}) left out of the validation loss"
     )
 

@@ -18,7 +18,7 @@ import torch
 
 from transformer_mt import runtime
 from transformer_mt.config import Config, TrainConfig
-from transformer_mt.data import ParallelData
+from transformer_mt.data import ValidationSet
 from transformer_mt.errors import TmtError
 from transformer_mt.model.ops.compiling import Compiler
 from transformer_mt.training.policy import CheckpointPolicy
@@ -37,9 +37,9 @@ class TrainError(TmtError, RuntimeError):
 class RunData:
     """What a run trains and validates on."""
 
-    train: Corpus  # the training pairs, re-segmented every epoch with data.subword_alpha
-    valid: ParallelData | None  # the checked validation set; None without one
-    validator: Validator | None  # validates the model on it
+    train: Corpus  # the training pairs (several corpora mixed by weight), re-segmented every epoch with subword_alpha
+    valid: list[ValidationSet] | None  # the checked validation sets; None without one
+    validator: Validator | None  # validates the model on them
 
 
 @dataclass

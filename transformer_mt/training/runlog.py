@@ -23,6 +23,8 @@ not know (later versions may add keys, never rename or remove them). Losses are 
     tokens        target tokens trained on in the window
     tokens_per_s  target tokens per second of the window's training time (validation and checkpoint saves excluded)
     updates_per_s updates per second of the same time
+    share/<name>  with several corpora (data.corpora): corpus <name>'s share of the target tokens trained on so far,
+                  over the whole run (a "corpora" line of train.log shows them too)
 
 ``kind: "valid"``, at every validation (``train.validate_every`` updates, and at the end):
     update, epoch, wall   as for "train"
@@ -31,6 +33,9 @@ not know (later versions may add keys, never rename or remove them). Losses are 
     val_ppl       exp(val_nll)
     val_bleu      sacreBLEU on the first ``train.valid_bleu_sentences`` pairs; absent when BLEU is off (-1)
     best          true when this validation improved ``train.best_metric`` (checkpoint_best.pt was written)
+    valid/<name>/loss, valid/<name>/bleu
+                  with data.valid: set <name>'s own val_loss and val_bleu; val_loss, val_nll and val_bleu are then
+                  the means over the sets (val_ppl the exp of the mean val_nll), and train.log has a line per set
     valid_seconds seconds this validation took
 
 ``kind: "summary"``, once at the end of each session (``tmt train`` or ``--resume``), after the last save:
@@ -119,9 +124,19 @@ class RunLog:
         return dropped
 
     # ------------------------------------------------------------ the three kinds of record
-    def train(self, *, update: int, epoch: int, wall: float, **window: float) -> None:
-        """A "train" record: `window` is `Window.flush()`."""
-        rec = {"update": update, "epoch": epoch, "wall": round(wall, 2), **window}
+    def train(
+        self, *, update: int, epoch: int, wall: float, corpora: dict[str, int] | None = None, **window: float
+    ) -> None:
+        """A "train" record: `window` is `Window.flush()`; `corpora`, with several, the target tokens trained on
+        from each so far (Progress.corpus_tokens), shown as shares."""
+        shares = corpus_shares(corpora or {})
+        rec = {
+            "update": update,
+            "epoch": epoch,
+            "wall": round(wall, 2),
+            **window,
+            **{f"share/{name}": round(share, 4) for name, share in shares.items()},
+        }
         self.record("train", **rec)
         if self.bar is not None and not self.bar.disable:
             self.bar.set_postfix(loss=f"{rec['loss']:.3f}", lr=f"{rec['lr']:.2e}", tok_s=f"{rec['tokens_per_s']:.0f}")
@@ -130,6 +145,9 @@ class RunLog:
                 f"update {update} epoch {epoch}: loss {rec['loss']:.3f} ppl {rec['ppl']:.2f} lr {rec['lr']:.3e} "
                 f"{rec['tokens_per_s']:.0f} tgt tok/s"
             )
+        if shares:
+            shown = ", ".join(f"{name} {100 * share:.1f}%" for name, share in shares.items())
+            self.log(f"corpora at update {update}: {shown} of the target tokens so far")
 
     def valid(self, *, update: int, epoch: int, wall: float, val: dict[str, float], best: bool, seconds: float) -> None:
         """A "valid" record and its log line; `val` holds the val_* values."""
@@ -142,8 +160,16 @@ class RunLog:
             best=best,
             valid_seconds=round(seconds, 2),
         )
-        shown = ", ".join(f"{k[4:]} {v:.2f}" for k, v in val.items())
-        self.log(f"validation at update {update}: {shown}{' (best)' if best else ''}")
+        shown = ", ".join(f"{k[4:]} {v:.2f}" for k, v in val.items() if k.startswith("val_"))
+        means = " (means over the sets)" if any(k.startswith("valid/") for k in val) else ""
+        self.log(f"validation at update {update}{means}: {shown}{' (best)' if best else ''}")
+        sets: dict[str, list[str]] = {}
+        for key, value in val.items():
+            if key.startswith("valid/"):
+                name, metric = key[len("valid/") :].rsplit("/", 1)
+                sets.setdefault(name, []).append(f"{metric} {value:.2f}")
+        for name, values in sets.items():
+            self.log(f"validation at update {update}, {name}: {', '.join(values)}")
 
     def summary(
         self,
@@ -236,6 +262,12 @@ class RunLog:
             if handle is not None:
                 handle.close()
         self.log_file = self.metrics_file = None
+
+
+def corpus_shares(tokens: dict[str, int]) -> dict[str, float]:
+    """Each corpus's share of the target tokens in `tokens` (by name); {} for fewer than two corpora."""
+    total = sum(tokens.values())
+    return {name: n / total for name, n in tokens.items()} if len(tokens) > 1 and total else {}
 
 
 class Window:

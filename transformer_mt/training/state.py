@@ -34,25 +34,42 @@ from transformer_mt.training.optim import Scheduler, restore_optimizer
 @dataclass(frozen=True)
 class Batching:
     """What the epoch batch lists depend on besides the epoch. Saved as the text "data=D max_tokens=M seed=S
-    subword=A/N" (`to_text`, read back by `parse`: the one place that reads it), the form every checkpoint has."""
+    subword=A/N", and with several corpora " corpora=NAME*WEIGHT,... temperature=T" after it (`to_text`, read back
+    by `parse`: the one place that reads it), the form every checkpoint has."""
 
-    data: str  # the encoded training corpus: its cache's name (its key covers the files, tokenizer, length filters)
+    data: str  # the encoded training corpora: their caches' names, joined by "+" (each key covers the files,
+    # tokenizer, length filters, tags and cleaning rules)
     max_tokens: int  # train.max_tokens
     seed: int  # train.seed: the shuffle of every epoch
     subword_alpha: float  # data.subword_alpha, at the text's precision (%g), so that a saved one compares equal
     subword_nbest: int  # data.subword_nbest
+    corpora: str = ""  # data.corpora as "name*weight,..." (weights exact); empty for the one-corpus shorthand
+    temperature: float = 0.0  # data.sampling_temperature (with corpora)
 
     @classmethod
-    def of(cls, *, data: str, max_tokens: int, seed: int, subword_alpha: float, subword_nbest: int) -> Batching:
-        return cls(data, max_tokens, seed, float(f"{subword_alpha:g}"), subword_nbest)
+    def of(
+        cls,
+        *,
+        data: str,
+        max_tokens: int,
+        seed: int,
+        subword_alpha: float,
+        subword_nbest: int,
+        corpora: str = "",
+        temperature: float = 0.0,
+    ) -> Batching:
+        return cls(data, max_tokens, seed, float(f"{subword_alpha:g}"), subword_nbest, corpora, temperature)
 
     def _parts(self) -> dict[str, str]:
-        return {
+        parts = {
             "data": self.data,
             "max_tokens": str(self.max_tokens),
             "seed": str(self.seed),
             "subword": f"{self.subword_alpha:g}/{self.subword_nbest}",
         }
+        if self.corpora:  # absent for the shorthand: its text is what it always was
+            parts.update(corpora=self.corpora, temperature=repr(self.temperature))
+        return parts
 
     def to_text(self) -> str:
         return " ".join(f"{key}={value}" for key, value in self._parts().items())
@@ -71,6 +88,8 @@ class Batching:
                 seed=int(parts["seed"]),
                 subword_alpha=float(alpha),
                 subword_nbest=int(nbest),
+                corpora=parts.get("corpora", ""),
+                temperature=float(parts.get("temperature", "0")),
             )
         except (KeyError, ValueError):
             raise CheckpointError(
@@ -81,7 +100,8 @@ class Batching:
     def changes(self, now: Batching) -> list[str]:
         """What differs in `now`, as "key old -> new"."""
         was, new = self._parts(), now._parts()
-        return [f"{key} {was[key]} -> {value}" for key, value in new.items() if was[key] != value]
+        keys = list(dict.fromkeys([*was, *new]))
+        return [f"{key} {was.get(key, '-')} -> {new.get(key, '-')}" for key in keys if was.get(key) != new.get(key)]
 
 
 @dataclass
@@ -99,14 +119,28 @@ class Progress:
     flops: float = 0.0  # analytic training FLOPs, 3 x forward of every padded batch (runtime/flops.py; all ranks)
     update_seconds: float = 0.0  # seconds inside updates (validation and checkpoints excluded)
     batching: Batching | None = None  # what batch_in_epoch refers to; a resume checks it before using batch_in_epoch
+    # with several corpora: target tokens trained on from each (pieces + EOS, all ranks), by corpus name
+    corpus_tokens: dict[str, int] = field(default_factory=dict)
 
-    def count_update(self, *, epoch: int, batch_in_epoch: int, tokens: int, flops: float, seconds: float) -> None:
-        """One more update done: where it leaves the epoch's batch list, and what it adds to the run's totals."""
+    def count_update(
+        self,
+        *,
+        epoch: int,
+        batch_in_epoch: int,
+        tokens: int,
+        flops: float,
+        seconds: float,
+        corpora: dict[str, int] | None = None,
+    ) -> None:
+        """One more update done: where it leaves the epoch's batch list, and what it adds to the run's totals
+        (``corpora``: its target tokens by corpus, with several)."""
         self.epoch, self.batch_in_epoch = epoch, batch_in_epoch
         self.update += 1
         self.tokens += tokens
         self.flops += flops
         self.update_seconds += seconds
+        for name, n in (corpora or {}).items():
+            self.corpus_tokens[name] = self.corpus_tokens.get(name, 0) + int(n)
 
     def validated(self, metric: float, *, improved: bool) -> None:
         """Count a validation at this update: a new best, or one more without improvement."""
@@ -120,6 +154,9 @@ class Progress:
         """Plain types, the fingerprint as its text."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["batching"] = self.batching.to_text() if self.batching is not None else ""
+        out["corpus_tokens"] = dict(self.corpus_tokens)
+        if not self.corpus_tokens:  # one corpus: the entry a checkpoint always had, nothing more
+            del out["corpus_tokens"]
         return out
 
     @classmethod

@@ -41,14 +41,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 from transformer_mt import runtime
 from transformer_mt.config import ModelConfig, TrainConfig
-from transformer_mt.data import Batch, ParallelData, SampledSegmentation, pack
+from transformer_mt.data import Batch, MixedCorpus, ParallelData, SampledSegmentation, pack
 from transformer_mt.model import Packing, Segments
 from transformer_mt.runtime import flops
 from transformer_mt.training.state import Progress, TrainState
 
-Corpus = (
-    ParallelData | SampledSegmentation
-)  # a training corpus: the encoded pairs, or their re-segmentation every epoch
+# a training corpus: the encoded pairs, their re-segmentation every epoch, or several corpora mixed by weight
+Corpus = ParallelData | SampledSegmentation | MixedCorpus
 
 
 @dataclass(frozen=True)

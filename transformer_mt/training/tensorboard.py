@@ -37,7 +37,8 @@ class TensorBoardLog:
 
     def record(self, rec: dict[str, Any]) -> None:
         """One metrics.jsonl record: ``kind`` (train / valid / summary; inferred from ``val_*`` keys when
-        absent), ``update`` the step; ``val_`` prefixes are dropped under ``valid/``."""
+        absent), ``update`` the step; ``val_`` prefixes are dropped under ``valid/``, and so is a ``valid/`` of a
+        per-set key (valid/<name>/bleu)."""
         kind = rec.get("kind") or ("valid" if any(k.startswith("val_") for k in rec) else "train")
         step = rec.get("update")
         for key, value in rec.items():
@@ -48,7 +49,7 @@ class TensorBoardLog:
                 or not math.isfinite(value)
             ):
                 continue
-            name = key[4:] if kind == "valid" and key.startswith("val_") else key
+            name = key[4:] if kind == "valid" and key.startswith("val_") else key.removeprefix(f"{kind}/")
             self.writer.add_scalar(f"{kind}/{name}", value, global_step=step)
         self.writer.flush()  # a run followed live, or killed, still shows its last record
 

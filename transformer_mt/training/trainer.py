@@ -24,6 +24,7 @@ from transformer_mt import runtime
 from transformer_mt.config import Config, TrainConfig
 from transformer_mt.data import Batch, SampledSegmentation
 from transformer_mt.model import Transformer
+from transformer_mt.training.corpora import corpus_tokens
 from transformer_mt.training.ema import EMA
 from transformer_mt.training.optim import Scheduler
 from transformer_mt.training.run import Run, TrainError, main_rank_work
@@ -163,7 +164,9 @@ class Trainer:
                 if self.on_update is not None:
                     self.on_update(p.update, stats)
                 if self._should_log():
-                    run.runlog.train(update=p.update, epoch=p.epoch, wall=self.clock(), **window.flush())
+                    run.runlog.train(
+                        update=p.update, epoch=p.epoch, wall=self.clock(), corpora=p.corpus_tokens, **window.flush()
+                    )
                 if self._should_validate():
                     with window.paused():  # tokens/s in the log counts training time only
                         self._validate_everywhere()
@@ -200,6 +203,7 @@ class Trainer:
             tokens=stats.tokens,
             flops=flops,
             seconds=stats.seconds,
+            corpora=corpus_tokens(data, u.batches),
         )
         return stats
 
