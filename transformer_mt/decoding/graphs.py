@@ -168,10 +168,11 @@ class GraphedStep:
 
     ``max_rows``, ``max_src``, ``max_len``: the largest batch (rows: sentences x beam), source width and output length
     the buffers grow to (powers of two, when a batch needs them); a batch beyond runs eagerly on its own static cache.
-    Memory per member: keys and values of max_rows x max_len positions and of max_rows x max_src source positions,
-    per layer and head. ``capture``: None captures on a CUDA device and replays eagerly elsewhere; False never
-    captures; True always does (with ``capturer``, what captures: CUDA graphs by default). The model must not change
-    while a GraphedStep serves it (its weights are read at their addresses; a grown sinusoid table is noticed).
+    The default rows take a batch of 4096 source tokens of short sentences at beam 5. Memory per member, per layer and
+    head: keys and values of rows x output positions and of groups x source positions, each the batch's rounded up.
+    ``capture``: None captures on a CUDA device and replays eagerly elsewhere; False never captures; True always does
+    (with ``capturer``, what captures: CUDA graphs by default). The model must not change while a GraphedStep serves
+    it (its weights are read at their addresses; a grown sinusoid table is noticed).
     """
 
     joins = False
@@ -180,7 +181,7 @@ class GraphedStep:
         self,
         model: Transformer | Ensemble,
         *,
-        max_rows: int = 1024,
+        max_rows: int = 4096,
         max_src: int = 512,
         max_len: int = 1024,
         capture: bool | None = None,
