@@ -7,9 +7,11 @@ The Python API::
     translator = transformer_mt.load("runs/multi30k_en_de/checkpoint_best.pt")  # device="auto", dtype="float32"
     translator.translate(["A man is riding a bike."])  # one str per line, with the checkpoint's beam and lenpen
     translator.translate("A man.", beam=5, lenpen=1.0, nbest=3)  # one str in: its n-best [(score, text), ...]
+    translator.translate(["A man."], tgt_lang="fr")  # a multilingual model: one of translator.languages
 
 :func:`load` takes one checkpoint or a list of them (an ensemble) and returns a :class:`Translator`;
-:meth:`Translator.translate` defaults to the checkpoint's ``decode`` settings, and
+:meth:`Translator.translate` defaults to the checkpoint's ``decode`` settings (a multilingual model is asked for
+one of its :attr:`Translator.languages` with ``tgt_lang``), and
 :meth:`Translator.translate_batch` also returns the call's stats. Configs are :class:`Config`
 (:func:`load_config` reads a YAML file), and every user mistake is a :class:`TmtError` worded in one
 line. The command line (``tmt``) is :mod:`transformer_mt.cli`; the layers and what each package owns

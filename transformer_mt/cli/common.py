@@ -24,6 +24,7 @@ __all__ = [
     "BEAM_HELP",
     "LENPEN_HELP",
     "WEIGHTS_HELP",
+    "TGT_LANG_HELP",
     "ENGINE_HELP",
     "COMPUTE_TYPE_HELP",
 ]
@@ -56,6 +57,10 @@ LENPEN_HELP = "GNMT length penalty alpha, ((5+len)/6)^alpha. Default: decode.len
 WEIGHTS_HELP = (
     "ema or raw: the moving average of the weights (train.ema_decay; what validation chose on) or the trained ones. "
     "Default: ema when the checkpoint holds it, else raw."
+)
+TGT_LANG_HELP = (
+    "The target language of a multilingual model (e.g. fr: every source starts with its tag <2fr>); required when "
+    "the model has several, optional with one. tmt inspect lists a checkpoint's languages."
 )
 
 

@@ -14,6 +14,7 @@ from transformer_mt.cli.common import (
     COMPUTE_TYPE_HELP,
     ENGINE_HELP,
     LENPEN_HELP,
+    TGT_LANG_HELP,
     WEIGHTS_HELP,
     build_translator,
     decode_args,
@@ -38,9 +39,10 @@ def translate(
     weights: str | None = typer.Option(None, "--weights", help=WEIGHTS_HELP),
     engine: str = typer.Option("tmt", "--engine", help=ENGINE_HELP),
     compute_type: str | None = typer.Option(None, "--compute-type", help=COMPUTE_TYPE_HELP),
+    tgt_lang: str | None = typer.Option(None, "--tgt-lang", help=TGT_LANG_HELP),
 ) -> None:
     """Translate raw text with greedy or beam search: one output line per input line."""
-    from transformer_mt.decoding import translate_stream
+    from transformer_mt.decoding import LanguageTranslator, translate_stream
     from transformer_mt.text import count_lines, file_chunks, stdin_chunks
 
     chunks = (
@@ -55,6 +57,7 @@ def translate(
         weights=weights,
         compute_type=compute_type,
     )
+    tr = LanguageTranslator(tr, tgt_lang, where=str(checkpoints[0]), option="--tgt-lang")  # refused before any input
     beam, lenpen = decode_args(tr, beam, lenpen, nbest)
     bar = None
     if (

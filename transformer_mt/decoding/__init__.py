@@ -13,7 +13,8 @@ The modules, bottom to top (each imports only those below it; an import-linter c
   ``rebuild``: a checkpoint's weights checked and rebuilt into a model;
 - ``loading``: a checkpoint's model, config and tokenizers; ``batching``: ``translate_ids`` and the text rules'
   encoding; ``streams``: ``translate_stream``, chunks of lines translated and written in order;
-- ``translator``: ``Translator`` and ``load``; ``mbr``: minimum Bayes risk choice among pooled candidate files.
+- ``translator``: ``Translator``, ``LanguageTranslator`` (any translator asked for one target language) and ``load``;
+  ``mbr``: minimum Bayes risk choice among pooled candidate files.
 """
 
 from transformer_mt.decoding.batching import translate_ids
@@ -34,7 +35,7 @@ from transformer_mt.decoding.results import (
 )
 from transformer_mt.decoding.search import search, search_batches
 from transformer_mt.decoding.streams import translate_stream
-from transformer_mt.decoding.translator import Translator, load
+from transformer_mt.decoding.translator import LanguageTranslator, Translator, load
 
 __all__ = [
     "BeamStep",
@@ -43,6 +44,7 @@ __all__ = [
     "GraphStats",
     "GraphedStep",
     "Hypothesis",
+    "LanguageTranslator",
     "MbrError",
     "SearchCache",
     "SearchError",

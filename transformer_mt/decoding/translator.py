@@ -12,6 +12,9 @@ source tokens, search, restore order); `Translator` adds the checkpoint, the tok
 default, plain texts back), and `translate_batch`, what the CLI, the server and the evaluation call (every
 setting explicit, n-best lists and this call's `TranslateStats` back).
 
+A multilingual model (several target languages) is asked for one with ``tgt_lang``, which puts its tag (``<2fr>``)
+at the start of every source; `LanguageTranslator` does that for any translator of text (`tmt translate --tgt-lang`).
+
 A `Translator` is read-only once built: each call returns its own translations and stats, and the
 model's position table is sized when loading, so decoding never changes the model. Several threads may
 translate through one Translator at once (the HTTP server does).
@@ -22,7 +25,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from typing import overload
+from typing import Any, overload
 
 import torch
 
@@ -32,6 +35,7 @@ from transformer_mt.decoding.batching import encode_sources, translate_ids
 from transformer_mt.decoding.lengths import positions_needed
 from transformer_mt.decoding.loading import CheckpointModel, check_position_table, model_from_checkpoint
 from transformer_mt.decoding.results import (
+    TextTranslator,
     TranslateError,
     TranslateStats,
     Translation,
@@ -39,7 +43,7 @@ from transformer_mt.decoding.results import (
     checked_request,
 )
 from transformer_mt.model import Ensemble, Transformer, choose_ops
-from transformer_mt.text import Tokenizer
+from transformer_mt.text import Tokenizer, language_tags, tagged, target_languages
 
 
 class Translator:
@@ -121,6 +125,12 @@ class Translator:
         )
 
     @property
+    def languages(self) -> list[str]:
+        """The target languages the model translates into (its config's data.corpora), in order; several: a
+        multilingual model, which :meth:`translate` asks for one with ``tgt_lang``; none: not stated."""
+        return target_languages(self.cfg.data)
+
+    @property
     def num_parameters(self) -> int:
         """The model's parameters (an ensemble's: all members'), each shared matrix counted once."""
         return sum(p.numel() for p in self.model.parameters())
@@ -142,22 +152,45 @@ class Translator:
     # a str is also a Sequence[str]; this overload comes first
     @overload
     def translate(  # type: ignore[overload-overlap]
-        self, lines: str, beam: int | None = None, lenpen: float | None = None, nbest: int = 1
+        self,
+        lines: str,
+        beam: int | None = None,
+        lenpen: float | None = None,
+        nbest: int = 1,
+        *,
+        tgt_lang: str | None = None,
     ) -> Translation: ...
     @overload
     def translate(
-        self, lines: Sequence[str], beam: int | None = None, lenpen: float | None = None, nbest: int = 1
+        self,
+        lines: Sequence[str],
+        beam: int | None = None,
+        lenpen: float | None = None,
+        nbest: int = 1,
+        *,
+        tgt_lang: str | None = None,
     ) -> list[Translation]: ...
     def translate(
-        self, lines: str | Sequence[str], beam: int | None = None, lenpen: float | None = None, nbest: int = 1
+        self,
+        lines: str | Sequence[str],
+        beam: int | None = None,
+        lenpen: float | None = None,
+        nbest: int = 1,
+        *,
+        tgt_lang: str | None = None,
     ) -> Translation | list[Translation]:
         """Translations of ``lines``, in order: one ``str`` per line when ``nbest`` is 1, else one n-best list of
         ``(score, text)`` per line, best first. A single ``str`` gives a single result. ``beam`` and ``lenpen``
         default to the checkpoint's decode settings; the text rules are ``tmt translate``'s (an empty line
         gives an empty translation, a line over the model's length is truncated). For the stats (lines
-        truncated, tokens, seconds) and the batch size, use :meth:`translate_batch`."""
+        truncated, tokens, seconds) and the batch size, use :meth:`translate_batch`.
+
+        ``tgt_lang`` asks a multilingual model (several :attr:`languages`) for one of them: every source starts with
+        its tag, ``<2fr>``; a model with one target language takes that one or None, a model with none stated only
+        None (:func:`~transformer_mt.text.language_tags` words the refusals, one line each)."""
+        tags = language_tags(self.cfg.data, self.src_tok, tgt_lang, where=self.source)  # before any work
         beam, lenpen = self.decode_defaults(beam, lenpen)
-        batch = [lines] if isinstance(lines, str) else list(lines)
+        batch = tagged([lines] if isinstance(lines, str) else list(lines), tags)
         hypotheses = self.translate_batch(batch, beam=beam, lenpen=lenpen, nbest=nbest).hypotheses
         out: list[Translation] = [nb[0][1] for nb in hypotheses] if nbest == 1 else list(hypotheses)
         return out[0] if isinstance(lines, str) else out
@@ -219,6 +252,31 @@ class Translator:
             max_src_tokens=self.max_src_tokens,
         )
         return TranslationResult(out, stats)
+
+
+class LanguageTranslator:
+    """A :class:`~transformer_mt.decoding.results.TextTranslator` (tmt's Translator, the CTranslate2 engine) asked
+    for one target language: its sources start with the language's tag (:func:`~transformer_mt.text.tagged`; none
+    for a model with one target language). The language is checked when it is built, naming ``option``
+    (``--tgt-lang``), so a command refuses it before reading any input. What `tmt translate` and `tmt evaluate`
+    translate through."""
+
+    def __init__(self, translator: TextTranslator, tgt_lang: str | None, *, where: str, option: str = "tgt_lang"):
+        self.translator = translator
+        self.tags = language_tags(translator.cfg.data, translator.src_tok, tgt_lang, where=where, option=option)
+        self.cfg, self.src_tok, self.tgt_tok = translator.cfg, translator.src_tok, translator.tgt_tok
+        self.max_src_tokens = translator.max_src_tokens
+
+    @property
+    def num_parameters(self) -> int:
+        return self.translator.num_parameters
+
+    def decode_defaults(self, beam: int | None = None, lenpen: float | None = None) -> tuple[int, float]:
+        return self.translator.decode_defaults(beam, lenpen)
+
+    def translate_batch(self, lines: list[str], **settings: Any) -> TranslationResult:
+        """The translator's ``translate_batch`` of the tagged lines, every setting passed on as given."""
+        return self.translator.translate_batch(tagged(lines, self.tags), **settings)
 
 
 def load(
