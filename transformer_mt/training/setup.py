@@ -247,8 +247,8 @@ def compile_for_training(model: Transformer, t: TrainConfig, *, log: Callable[[s
     compiled = compile_model(model, compiler)
     log(
         f"torch.compile ({backend}{'' if t.compile_mode == 'default' else ' ' + t.compile_mode}): "
-        f"{len(compiled.layers)} layers and the {compiled.ops.name} backend's loss passes, compiled on first use; "
-        f"sequences padded to a multiple of {t.pad_to_multiple}"
+        f"{len(compiled.layers)} layers{' and the loss' if compiled.loss else ''} of the {compiled.ops.name} backend, "
+        f"compiled on first use; sequences padded to a multiple of {t.pad_to_multiple}"
     )
     return compiler
 

@@ -79,11 +79,15 @@ class UpdateBatches:
         """Rank r's batches: positions r, r + world_size, ...; empty for a rank left without one at an epoch's end."""
         return self.batches[rank::world_size]
 
-    def rank_batches(self, data: Corpus, rank: int, world_size: int) -> tuple[list[Batch], Batch | None]:
+    def rank_batches(
+        self, data: Corpus, rank: int, world_size: int, *, pad_to_multiple: int = 0
+    ) -> tuple[list[Batch], Batch | None]:
         """Rank r's Batches of this update (its share), and with none the filler it runs with weight 0: the update's
-        first batch."""
+        first batch. `pad_to_multiple`: their lengths padded up to a multiple of it (train.pad_to_multiple)."""
         mine = self.share(rank, world_size)
-        return [data.get_batch(idx) for idx in mine], None if mine else data.get_batch(self.batches[0])
+        pad = pad_to_multiple
+        filler = None if mine else data.get_batch(self.batches[0], pad_to_multiple=pad)
+        return [data.get_batch(idx, pad_to_multiple=pad) for idx in mine], filler
 
 
 def update_schedule(

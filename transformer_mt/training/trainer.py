@@ -194,7 +194,7 @@ class Trainer:
         run, data = self.parts, self.train_data
         if isinstance(data, SampledSegmentation) and u.start == 0:
             run.log(sampling_line(data, u.epoch))
-        mine, filler = u.rank_batches(data, run.dist.rank, run.dist.world_size)
+        mine, filler = u.rank_batches(data, run.dist.rank, run.dist.world_size, pad_to_multiple=run.t.pad_to_multiple)
         stats = self.update(mine, filler=filler, ntokens=target_tokens(data, u.batches))
         flops = update_flops(data, u.batches, run.cfg.model, vocab=self.model.output_size)
         self.progress.count_update(
@@ -247,6 +247,8 @@ class Trainer:
         """Rank 0: the last save, then the summary record and the lines that end the session's log."""
         run = self.parts
         run.policy.save(self.state.state_dict(), run.policy.at_end())
+        if run.compiler is not None:  # what train.compile compiled, and how often
+            run.log(run.compiler.summary())
         cost = run_cost(self.progress, run.t, device=run.device, world_size=run.dist.world_size)
         run.runlog.end(
             self.progress,

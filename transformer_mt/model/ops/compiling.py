@@ -25,6 +25,8 @@ Private torch APIs, each where no public one does the work:
 - ``torch._dynamo.eval_frame._debug_get_cache_entry_list``: a region's graphs (dynamo's cache entries on its code
   object), the number the recompile limit bounds;
 - ``torch._dynamo.utils.counters["graph_break"]``: the graph breaks since the compiler was made (0 expected);
+- ``torch._dynamo.config.specialize_float`` and ``torch.fx.experimental._config.use_duck_shape``: floats traced as
+  constants, equal sizes kept apart (:class:`Compiler` says why);
 - the warning dynamo logs at a recompile limit (logger ``torch._dynamo.convert_frame``, message ``torch._dynamo hit
   config.<limit> ...``), read by a logging filter to tell which region fell back.
 """
@@ -126,6 +128,13 @@ class Compiler:
         self.regions: dict[str, Region] = {}
         self.at_limit: list[str] = []  # regions that reached their recompile limit, in order
         self._breaks_before = _graph_breaks()
+        # Two process settings of torch's, read when a region is traced. The models' floats (dropout rates, norm
+        # epsilons, the loss's smoothing) are constants of a run: traced as symbols (with dynamic sizes, since torch
+        # 2.6), each would restart the trace to specialise them, twice the compile time. Duck sizing gives sizes
+        # that happen to be equal in the first trace one symbol (a batch of 40 rows of 40 tokens; 32 target
+        # positions of a d_model of 32, which then specialises both): the next batch would compile again.
+        torch._dynamo.config.specialize_float = True
+        torch.fx.experimental._config.use_duck_shape = False
         _LimitWatch.install().compilers.add(self)
 
     def _options(self) -> dict[str, Any]:
@@ -247,7 +256,8 @@ class CompiledModel:
 
     compiler: Compiler
     ops: Ops
-    layers: list[str] = field(default_factory=list)
+    layers: list[str] = field(default_factory=list)  # the region of each layer compiled, bottom to top
+    loss: bool = False  # the loss's passes compiled too (the cuda backend's)
 
 
 def compile_model(model: LayerStacks, compiler: Compiler) -> CompiledModel:
@@ -261,7 +271,8 @@ def compile_model(model: LayerStacks, compiler: Compiler) -> CompiledModel:
         for layer in stack:
             compiler.module(layer, region)
             compiled.append(region)
-    if isinstance(ops, CudaOps):
-        ops = ops.compiled(compiler.function)
-        model.use_ops(ops)
-    return CompiledModel(compiler, ops, compiled)
+    if not isinstance(ops, CudaOps):
+        return CompiledModel(compiler, ops, compiled)
+    ops = ops.compiled(compiler.function)
+    model.use_ops(ops)
+    return CompiledModel(compiler, ops, compiled, loss=True)

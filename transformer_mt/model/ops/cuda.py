@@ -39,13 +39,14 @@ KernelCompiler = Callable[[Callable[..., Any], str], Callable[..., Any]]  # (fun
 
 class CudaOps(GenericFastPaths):
     """A GPU's paths (the module's docstring). ``passes``: the loss's passes over a chunk's logits (torch ops, or
-    compiled: :meth:`compiled`)."""
+    compiled: :meth:`compiled`); ``loss_chunk_rows``: rows per chunk of the loss (None: as many as
+    ``chunked_loss.chunk_rows`` fits for the vocabulary)."""
 
     name = "cuda"
-    loss_chunk_rows: int | None = None  # rows per chunk of the loss; None: chunked_loss.chunk_rows for the vocabulary
 
-    def __init__(self, *, passes: ChunkPasses = EAGER):
+    def __init__(self, *, passes: ChunkPasses = EAGER, loss_chunk_rows: int | None = None):
         self.passes = passes
+        self.loss_chunk_rows = loss_chunk_rows
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(compiled loss)" if self.passes is not EAGER else super().__repr__()
@@ -55,7 +56,7 @@ class CudaOps(GenericFastPaths):
         passes = ChunkPasses(
             sums=compile(EAGER.sums, "loss pass"), sums_and_grad=compile(EAGER.sums_and_grad, "loss pass + grad")
         )
-        return type(self)(passes=passes)
+        return type(self)(passes=passes, loss_chunk_rows=self.loss_chunk_rows)
 
     def scale_norm(self, x: Tensor, g: Tensor, eps: float) -> Tensor:
         if not torch.is_grad_enabled():  # inference: the formula, without an autograd Function's call cost
