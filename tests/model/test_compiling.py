@@ -229,3 +229,26 @@ def test_unpadded_collation_is_unchanged(m30k):
             a, b = getattr(before, field.name), getattr(after, field.name)
             assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, field.name
     assert before.src.size(1) == max(len(m30k.pair(int(i))[0]) for i in idx) + 1  # pieces + EOS
+
+
+@pytest.mark.cuda
+def test_on_a_gpu_an_inductor_epoch_in_bf16_compiles_once_per_region_and_matches_the_reference(m30k):
+    """The GPU's case: inductor (Triton kernels), bf16 autocast, the cuda backend's pinned SDPA and compiled loss, over
+    the epoch slice; the first batch's step against the reference ops eager in bf16 (the same autocast, rounded in
+    other places: loss within 1%, each gradient within 5% relative norm)."""
+    part, batches = _epoch_slice(m30k)
+    batches_ = [part.get_batch(idx, pad_to_multiple=8).to("cuda") for idx in batches]
+    model = _model(CudaOps()).cuda()
+    compiler = Compiler(CompileSettings(backend="inductor"))
+    compile_model(model, compiler)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        got = _step(model, batches_[0])
+        want = _step(_model(ReferenceOps()).cuda(), batches_[0])
+        for batch in batches_[1:]:
+            _step(model, batch)
+    assert _graphs(compiler) == {"encoder layer": 1, "decoder layer": 1, "loss pass": 0, "loss pass + grad": 1}
+    assert compiler.graph_breaks() == 0
+    assert float((got["loss"] - want["loss"]).abs() / want["loss"]) < 1e-2
+    for key in want:
+        if key not in ("loss", "nll"):
+            assert float((got[key] - want[key]).norm() / want[key].norm().clamp(min=1e-12)) < 5e-2, key

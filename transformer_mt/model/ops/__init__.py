@@ -12,8 +12,14 @@ a model is built or loaded, from its device and the user's override (``train.ops
                16-bit lanes, C++ kernels of a training step (compiled on first use), the loss fused with the
                vocabulary projection, a decoding step's attention spelled out
 ``cuda``       a GPU's (:mod:`~transformer_mt.model.ops.cuda`): SDPA held to its flash and memory-efficient
-               kernels, and the CPU package's device-generic paths; the place the CUDA kernels grow
+               kernels, the loss in row chunks with bf16 products and float32 sums
+               (:mod:`~transformer_mt.model.ops.chunked_loss`), and the CPU package's device-generic paths; the
+               place the CUDA kernels grow
 =============  ======================================================================================================
+
+Training compiles the layers and the loss's passes with ``torch.compile``, by region
+(:mod:`~transformer_mt.model.ops.compiling`, ``train.compile``): the cuda and reference backends trace, the cpu
+backend's C++ kernels do not (it is never compiled).
 
 ``auto`` is ``cpu`` on a CPU and ``cuda`` on any other device (an MPS device gets the same paths, without the
 kernel pinning, which is CUDA's). A backend holds no state and changes none: two models with different backends
