@@ -40,9 +40,31 @@ def translate(
     engine: str = typer.Option("tmt", "--engine", help=ENGINE_HELP),
     compute_type: str | None = typer.Option(None, "--compute-type", help=COMPUTE_TYPE_HELP),
     tgt_lang: str | None = typer.Option(None, "--tgt-lang", help=TGT_LANG_HELP),
+    sample: bool | None = typer.Option(
+        None,
+        "--sample/--no-sample",
+        help="Draw every token from the model's distribution instead of searching (back-translation); --nbest N: "
+        "N independent samples per line. Default: decode.sample.",
+    ),
+    temperature: float | None = typer.Option(
+        None, "--temperature", help="Sampling: divide the logits by it (above 0). Default: decode.temperature (1)."
+    ),
+    top_k: int | None = typer.Option(
+        None, "--top-k", help="Sampling: only the k most probable tokens (0: all). Default: decode.top_k."
+    ),
+    top_p: float | None = typer.Option(
+        None, "--top-p", help="Sampling: only the nucleus of probability p, in (0, 1] (1: all). Default: decode.top_p."
+    ),
+    epsilon: float | None = typer.Option(
+        None, "--epsilon", help="Sampling: only tokens of probability >= epsilon (0: all). Default: decode.epsilon."
+    ),
+    seed: int | None = typer.Option(
+        None, "--seed", help="Sampling: with each line's number, seeds its samples. Default: decode.seed (0)."
+    ),
 ) -> None:
-    """Translate raw text with greedy or beam search: one output line per input line."""
-    from transformer_mt.decoding import LanguageTranslator, translate_stream
+    """Translate raw text with greedy or beam search, or sample translations (--sample): one output line per input
+    line (with --nbest N, N lines)."""
+    from transformer_mt.decoding import LanguageTranslator, TranslateError, sampling_request, translate_stream
     from transformer_mt.text import count_lines, file_chunks, stdin_chunks
 
     chunks = (
@@ -58,7 +80,21 @@ def translate(
         compute_type=compute_type,
     )
     tr = LanguageTranslator(tr, tgt_lang, where=str(checkpoints[0]), option="--tgt-lang")  # refused before any input
-    beam, lenpen = decode_args(tr, beam, lenpen, nbest)
+    sampling = sampling_request(
+        tr.cfg.decode,
+        sample=sample,
+        beam=beam,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        epsilon=epsilon,
+        seed=seed,
+        options=True,
+    )
+    if sampling is not None and nbest < 1:
+        raise TranslateError(f"--nbest {nbest} is out of range; use 1 or more (the samples per line)")
+    # sampling draws with a beam of 1 whatever decode.beam says; its --nbest samples are not bounded by a beam
+    beam, lenpen = decode_args(tr, beam if sampling is None else 1, lenpen, nbest if sampling is None else 1)
     bar = None
     if (
         input is not None and str(input) != "-" and input.is_file() and sys.stderr.isatty()
@@ -69,7 +105,15 @@ def translate(
     try:
         with safe_output(output, inputs=[input, *checkpoints]) as out:  # -o: a temporary file renamed on success
             stats = translate_stream(
-                tr, chunks, out, beam=beam, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, progress=bar
+                tr,
+                chunks,
+                out,
+                beam=beam,
+                lenpen=lenpen,
+                nbest=nbest,
+                batch_tokens=batch_tokens,
+                progress=bar,
+                sampling=sampling,
             )
     finally:
         if bar is not None:

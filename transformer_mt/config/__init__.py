@@ -32,11 +32,13 @@ from transformer_mt.config.checks import (
 from transformer_mt.config.corpora import corpus_name, valid_set_name, validation_sets
 from transformer_mt.config.loading import from_dict, load_config, save_config, stated_keys, to_dict
 from transformer_mt.config.rules import (
+    MAX_SEED,
     Problem,
     beam_problem,
     length_problem,
     lenpen_problem,
     max_beam,
+    sampling_problem,
     specials_problem,
 )
 from transformer_mt.config.sections import (
@@ -55,6 +57,7 @@ __all__ = [
     "CHOICES",
     "LIMITS",
     "MAX_PARAMETERS",
+    "MAX_SEED",
     "MAX_POSITION_TABLE_BYTES",
     "PATH_KEYS",
     "Config",
@@ -73,6 +76,7 @@ __all__ = [
     "from_dict",
     "length_problem",
     "lenpen_problem",
+    "sampling_problem",
     "load_config",
     "max_beam",
     "model_elements",

@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from transformer_mt.config.corpora import check_corpora, check_valid_sets, data_files
-from transformer_mt.config.rules import beam_problem, length_problem, lenpen_problem, specials_problem
+from transformer_mt.config.rules import (
+    beam_problem,
+    length_problem,
+    lenpen_problem,
+    sampling_problem,
+    specials_problem,
+)
 from transformer_mt.config.sections import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig
 from transformer_mt.errors import TmtError
 
@@ -222,9 +228,17 @@ def _check_schedule(t: TrainConfig, fail: Fail) -> None:
 
 
 def _check_decode(d: DecodeConfig, fail: Fail) -> None:
-    problem = beam_problem(d.beam, d.nbest) or lenpen_problem(d.lenpen) or length_problem(d.max_len_a, d.max_len_b)
+    # with sample, nbest counts independent samples: any number of them, whatever the beam (which is not used)
+    problem = (
+        beam_problem(d.beam, 1 if d.sample else d.nbest)
+        or lenpen_problem(d.lenpen)
+        or length_problem(d.max_len_a, d.max_len_b)
+        or sampling_problem(temperature=d.temperature, top_k=d.top_k, top_p=d.top_p, epsilon=d.epsilon, seed=d.seed)
+    )
     if problem:
         fail(f"decode.{problem.key}", f"{problem.value} {problem.reason}")
+    if d.nbest < 1:
+        fail("decode.nbest", f"{d.nbest} is out of range; use 1 or more")
     if d.batch_tokens < 1:
         fail("decode.batch_tokens", "must be at least 1")
 

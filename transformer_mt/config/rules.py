@@ -1,6 +1,7 @@
 """The rules on search settings, each checked by one function that every layer calls.
 
-The config (``decode.*``, ``train.valid_beam``), the command line (``--beam``, ``--nbest``, ``--lenpen``),
+The config (``decode.*``, ``train.valid_beam``), the command line (``--beam``, ``--nbest``, ``--lenpen``, sampling's
+``--temperature``, ``--top-k``, ``--top-p``, ``--epsilon``, ``--seed``),
 the HTTP server (``beam``, ``nbest``), the :class:`~transformer_mt.decoding.Translator` and the search
 itself all ask the same functions. A function returns ``None`` when the settings are fine, or the
 :class:`Problem` with the first one that is not; each caller words it with the name its user typed
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 class Problem(NamedTuple):
     """A setting a rule refuses: its key (as the rule names it), its value, and why, with the fix."""
 
-    key: str  # beam, nbest, lenpen, max_len_a or max_len_b
+    key: str  # beam, nbest, lenpen, max_len_a, max_len_b, or a sampling setting (temperature, top_k, ...)
     value: Any
     reason: str  # worded to follow the value: "is out of range; use ..."
 
@@ -38,10 +39,20 @@ def max_beam(tgt_vocab_size: int) -> int:
 
 
 def beam_problem(
-    beam: int, nbest: int = 1, *, tgt_vocab_size: int | None = None, limit: int | None = None
+    beam: int, nbest: int = 1, *, tgt_vocab_size: int | None = None, limit: int | None = None, sample: bool = False
 ) -> Problem | None:
     """1 <= beam, at most ``limit`` (a caller's own cap, e.g. a server's --max-beam) and at most what the
-    target vocabulary allows (:func:`max_beam`, when ``tgt_vocab_size`` is known); then 1 <= nbest <= beam."""
+    target vocabulary allows (:func:`max_beam`, when ``tgt_vocab_size`` is known); then 1 <= nbest <= beam.
+    With ``sample`` (sampling instead of search) the beam must be 1 and ``nbest``, the independent samples, 1 or more.
+    """
+    if sample:
+        if beam != 1:
+            return Problem(
+                "beam", beam, "does not apply to sampling, which draws every token; leave it out (nbest: the samples)"
+            )
+        if nbest < 1:
+            return Problem("nbest", nbest, "is out of range; use 1 or more (the independent samples per input)")
+        return None
     vocab_cap = None if tgt_vocab_size is None else max_beam(tgt_vocab_size)
     if beam < 1 or (limit is not None and beam > limit):
         caps = [cap for cap in (limit, vocab_cap) if cap is not None]
@@ -76,6 +87,34 @@ def lenpen_problem(lenpen: float) -> Problem | None:
             "lenpen", lenpen, f"is out of range; use -{MAX_LENPEN:g} to {MAX_LENPEN:g} (the usual range is 0.6 to 1.5)"
         )
     return None
+
+
+MAX_SEED = (
+    1 << 32
+) - 1  # CTranslate2's set_random_seed takes an unsigned 32-bit seed; tmt's own search keeps the same range
+
+
+def sampling_problem(*, temperature: float, top_k: int, top_p: float, epsilon: float, seed: int) -> Problem | None:
+    """The settings of sampling (``decode.sample``): a temperature above 0 (the logits are divided by it), top_k 0 (no
+    cut) or more, top_p in (0, 1] (1: no cut), epsilon in [0, 1) (0: no cut) and a seed of 0 to :data:`MAX_SEED`.
+    NaN fails every comparison, so it is refused too."""
+    if not (math.isfinite(temperature) and temperature > 0):
+        return Problem("temperature", temperature, "must be a number above 0; 1 samples the model's own distribution")
+    if top_k < 0:
+        return Problem("top_k", _short(top_k), "must be 0 (no cut) or more: sample among the k most probable tokens")
+    if not 0 < top_p <= 1:
+        return Problem("top_p", top_p, "is outside (0, 1]; use 1 (no cut) or e.g. 0.9 (the nucleus of 90%)")
+    if not 0 <= epsilon < 1:
+        return Problem("epsilon", epsilon, "is outside [0, 1); use 0 (no cut) or e.g. 0.0003 (Hewitt et al., 2022)")
+    if not 0 <= seed <= MAX_SEED:
+        return Problem("seed", _short(seed), f"is out of range; use 0 to {MAX_SEED}")
+    return None
+
+
+def _short(value: int) -> str | int:
+    """An integer as a message shows it: at most 20 digits (a pasted number of thousands is not echoed)."""
+    text = str(value) if value.bit_length() < 10_000 else "<a huge integer>"
+    return value if len(text) <= 20 else text[:17] + "..."
 
 
 def length_problem(max_len_a: float, max_len_b: int) -> Problem | None:

@@ -216,7 +216,16 @@ class DecodeConfig:
     max_len_a: float = 1.0  # max output length = a * source length + b
     max_len_b: int = 50  # (paper: input length + 50)
     batch_tokens: int = 4096  # source tokens per decoding batch
-    nbest: int = 1  # hypotheses printed per input
+    nbest: int = 1  # hypotheses printed per input (with sample: independent samples per input)
+    # Sampling instead of search (tmt translate --sample, load().translate(sample=True); tmt evaluate and validation
+    # keep searching): each token drawn from softmax(logits / temperature), cut by top_k, then top_p, then epsilon
+    # (each measured on what the one before left, renormalised; the most probable always stays), renormalised.
+    sample: bool = False  # tmt translate draws samples by default (decode.beam is then not used)
+    temperature: float = 1.0  # the logits are divided by it; 1 samples the model's own distribution
+    top_k: int = 0  # only the k most probable tokens (0: no cut)
+    top_p: float = 1.0  # only the nucleus: the fewest most probable tokens whose probability reaches top_p (1: no cut)
+    epsilon: float = 0.0  # only tokens of probability at least epsilon (Hewitt et al., 2022; 0: no cut)
+    seed: int = 0  # with each input line's number, seeds that line's samples (any batch size, any order)
 
 
 @dataclass

@@ -7,8 +7,9 @@ The modules, bottom to top (each imports only those below it; an import-linter c
 - ``steps``: what greedy and beam search share at a step, and ``check_settings``, the search rules' one check;
 - ``graphs``: how a search runs its steps: the growing cache, a static one, or ``GraphedStep`` (static buffers shared by
   every batch, a CUDA graph per batch bucket);
-- ``greedy``: greedy search over one batch or several; ``beam``: beam search over one batch;
-- ``search``: ``search`` and ``search_batches``, the one place that picks greedy or beam search;
+- ``greedy``: greedy search over one batch or several; ``beam``: beam search over one batch; ``sampling``: sampled
+  outputs (temperature, top-k, top-p, epsilon), seeded per line;
+- ``search``: ``search`` and ``search_batches``, the one place that picks greedy or beam search, or sampling;
 - ``results``: what a translator of text offers (``TextTranslator``) and returns, and the checks of a request;
   ``rebuild``: a checkpoint's weights checked and rebuilt into a model;
 - ``loading``: a checkpoint's model, config and tokenizers; ``batching``: ``translate_ids`` and the text rules'
@@ -33,6 +34,7 @@ from transformer_mt.decoding.results import (
     TranslationResult,
     checked_request,
 )
+from transformer_mt.decoding.sampling import Sampling, draw, mixed_seed, sample_batches, sampling_request
 from transformer_mt.decoding.search import search, search_batches
 from transformer_mt.decoding.streams import translate_stream
 from transformer_mt.decoding.translator import LanguageTranslator, Translator, load
@@ -46,6 +48,7 @@ __all__ = [
     "Hypothesis",
     "LanguageTranslator",
     "MbrError",
+    "Sampling",
     "SearchCache",
     "SearchError",
     "SearchModel",
@@ -57,6 +60,7 @@ __all__ = [
     "Translator",
     "beam_search",
     "checked_request",
+    "draw",
     "greedy_search",
     "greedy_search_batches",
     "length_penalty",
@@ -64,10 +68,13 @@ __all__ = [
     "max_output_length",
     "mbr_choose",
     "mbr_files",
+    "mixed_seed",
     "model_from_checkpoint",
     "pool_weights",
     "positions_needed",
     "read_candidates",
+    "sample_batches",
+    "sampling_request",
     "search",
     "search_batches",
     "static_decoding_by_default",

@@ -17,6 +17,7 @@ from transformer_mt import runtime
 from transformer_mt.data import source_tensor
 from transformer_mt.decoding.lengths import positions_needed
 from transformer_mt.decoding.protocol import Hypothesis
+from transformer_mt.decoding.sampling import Sampling
 from transformer_mt.decoding.search import search_batches
 from transformer_mt.model import Ensemble, Transformer
 from transformer_mt.text import Tokenizer
@@ -49,8 +50,12 @@ def translate_ids(
     device: torch.device | str = "cpu",
     dtype: str = "float32",
     max_output: int | None = None,
+    sampling: Sampling | None = None,
+    lines: list[int] | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate id sequences (without EOS; it is appended here) and return n-best lists in input order.
+    ``sampling``: ``nbest`` samples per sequence instead of a search, each sequence's seeded by its line number in
+    ``lines`` (None: its index in ``src_ids``), so that the batches do not change them.
 
     The model's sinusoid table is grown first if this call's longest source or output needs more positions
     (``reserve_positions``), never during decoding (a Translator's model was sized when loading: nothing to do),
@@ -80,6 +85,8 @@ def translate_ids(
                 nbest=nbest,
                 max_output=max_output,
                 batch_tokens=batch_tokens,
+                sampling=sampling,
+                lines=[[i if lines is None else lines[i] for i in chunk] for chunk in chunks],
             )
             for chunk, hyps in zip(chunks, found):
                 for i, nbest_list in zip(chunk, hyps):

@@ -15,6 +15,7 @@ from typing import NamedTuple, Protocol
 
 from transformer_mt.config import Config, length_problem
 from transformer_mt.decoding.lengths import positions_needed
+from transformer_mt.decoding.sampling import Sampling
 from transformer_mt.decoding.steps import check_settings
 from transformer_mt.errors import TmtError
 from transformer_mt.text import Tokenizer
@@ -97,10 +98,12 @@ class TextTranslator(Protocol):
         max_len_b: int | None = None,
         max_output_tokens: int | None = None,
         scores: bool = True,
+        sampling: Sampling | None = None,
     ) -> TranslationResult:
         """n-best (score, text) lists, one per input line, in input order, and this call's stats. ``scores=False``: the
         caller reads the text alone (one best, no score printed), and a translator that would spend time on the
-        scores alone may skip them and give NaN."""
+        scores alone may skip them and give NaN. ``sampling``: ``nbest`` samples per line instead of a search (beam 1),
+        the lines numbered from ``sampling.first_line`` for their seeds; an engine refuses what it cannot honour."""
         ...
 
 
@@ -114,12 +117,14 @@ def checked_request(
     max_len_b: int | None,
     max_output_tokens: int | None,
     positions: int,
+    sample: bool = False,
 ) -> tuple[float, int]:
     """The checks of a ``translate_batch`` call, before anything is encoded (``--beam 100000`` must not allocate
-    first), shared by every engine: beam, n-best and length penalty (SearchError, from ``check_settings``); the
-    output length rule and the cap (TranslateError), within the ``positions`` the engine was loaded with. Returns the
-    (max_len_a, max_len_b) in force."""
-    check_settings(beam, nbest, lenpen=lenpen, outputs=translator.tgt_tok.vocab_size)
+    first), shared by every engine: beam, n-best and length penalty (SearchError, from ``check_settings``; with
+    ``sample``, sampling's beam of 1 and any number of samples); the output length rule and the cap
+    (TranslateError), within the ``positions`` the engine was loaded with. Returns the (max_len_a, max_len_b) in
+    force."""
+    check_settings(beam, nbest, lenpen=lenpen, outputs=translator.tgt_tok.vocab_size, sample=sample)
     d = translator.cfg.decode
     a, b = d.max_len_a if max_len_a is None else max_len_a, d.max_len_b if max_len_b is None else max_len_b
     problem = length_problem(a, b)

@@ -1,7 +1,8 @@
 """Greedy and beam search, outside the model, over its incremental decoding interface: :func:`search` (one batch) and
-:func:`search_batches` (several) here, the one place that picks greedy or beam search; greedy search in
+:func:`search_batches` (several) here, the one place that picks greedy or beam search, or sampling; greedy search in
 :mod:`transformer_mt.decoding.greedy`, beam search in :mod:`transformer_mt.decoding.beam`, what both do at a step in
-:mod:`transformer_mt.decoding.steps`.
+:mod:`transformer_mt.decoding.steps`, sampling (every token drawn, not searched for) in
+:mod:`transformer_mt.decoding.sampling`.
 
 The model is used through the :class:`SearchModel` protocol only (both ``Transformer`` and ``Ensemble``
 satisfy it; this module imports neither): ``encode`` once per batch, ``init_cache`` once,
@@ -51,6 +52,8 @@ from torch import Tensor
 from transformer_mt.decoding.beam import beam_search
 from transformer_mt.decoding.greedy import greedy_search_batches
 from transformer_mt.decoding.protocol import BeamStep, Hypothesis, SearchModel
+from transformer_mt.decoding.sampling import Sampling, sample_batches
+from transformer_mt.decoding.steps import check_settings
 
 
 def search(
@@ -64,8 +67,10 @@ def search(
     nbest: int = 1,
     max_output: int | None = None,
     observer: Callable[[BeamStep], None] | None = None,
+    sampling: Sampling | None = None,
 ) -> list[list[Hypothesis]]:
-    """Translate a padded batch ``src`` (B, S): beam 1 runs greedy search, larger beams beam search.
+    """Translate a padded batch ``src`` (B, S): beam 1 runs greedy search, larger beams beam search; ``sampling``
+    draws ``nbest`` samples per sentence instead (beam 1; the sentences numbered from ``sampling.first_line``).
 
     Returns, per sentence in input order, ``nbest`` hypotheses, best score first. ``max_output`` caps every
     sentence's longest output below ``max_len_a`` x n + ``max_len_b`` (a server's limit). ``observer`` sees each
@@ -81,6 +86,7 @@ def search(
         nbest=nbest,
         max_output=max_output,
         observer=observer,
+        sampling=sampling,
     )[0]
 
 
@@ -96,14 +102,32 @@ def search_batches(
     max_output: int | None = None,
     batch_tokens: int | None = None,
     observer: Callable[[BeamStep], None] | None = None,
+    sampling: Sampling | None = None,
+    lines: Sequence[Sequence[int]] | None = None,
 ) -> list[list[list[Hypothesis]]]:
     """:func:`search` over several padded batches, in order: per batch, per sentence, ``nbest`` hypotheses.
 
-    Beam 1 with one hypothesis is greedy search, which carries a batch's last rows along with the next batch when
-    they fit in ``batch_tokens`` (:func:`~transformer_mt.decoding.greedy.greedy_search_batches`); anything else is
-    beam search, one batch at a time, which checks the settings (:func:`~transformer_mt.decoding.steps.check_settings`:
-    a beam of 1 with ``nbest`` 2 is refused there).
+    With ``sampling``, each sentence's ``nbest`` independent samples
+    (:func:`~transformer_mt.decoding.sampling.sample_batches`; the beam must be 1), seeded by each sentence's line
+    number: ``lines`` gives them per batch (None: 0, 1, ... over the batches in order). Otherwise beam 1 with one
+    hypothesis is greedy search, which carries a batch's last rows along with the next batch when they fit in
+    ``batch_tokens`` (:func:`~transformer_mt.decoding.greedy.greedy_search_batches`); anything else is beam search,
+    one batch at a time, which checks the settings (:func:`~transformer_mt.decoding.steps.check_settings`: a beam of 1
+    with ``nbest`` 2 is refused there).
     """
+    if sampling is not None:
+        check_settings(beam, nbest, lenpen=lenpen, sample=True)
+        return sample_batches(
+            model,
+            srcs,
+            sampling=sampling,
+            nbest=nbest,
+            lines=lines,
+            lenpen=lenpen,
+            max_len_a=max_len_a,
+            max_len_b=max_len_b,
+            max_output=max_output,
+        )
     if beam == 1 and nbest == 1:
         found = greedy_search_batches(
             model,

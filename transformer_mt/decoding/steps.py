@@ -16,15 +16,20 @@ from transformer_mt.decoding.lengths import max_output_length
 from transformer_mt.decoding.protocol import RestrictableCache, SearchCache, SearchError, SearchModel
 
 
-def check_settings(beam: int, nbest: int = 1, *, lenpen: float | None = None, outputs: int | None = None) -> None:
+def check_settings(
+    beam: int, nbest: int = 1, *, lenpen: float | None = None, outputs: int | None = None, sample: bool = False
+) -> None:
     """Refuse, as a SearchError worded ``beam=0 is out of range; ...``, settings that break the search rules of
-    :mod:`transformer_mt.config.rules`: the beam and n-best bounds (``beam_problem``), the beam limit of ``outputs``
-    ids when that count is known, then the length penalty when ``lenpen`` is given (``lenpen_problem``).
+    :mod:`transformer_mt.config.rules`: the beam and n-best bounds (``beam_problem``; with ``sample``, sampling's:
+    beam 1, any number of samples), the beam limit of ``outputs`` ids when that count is known, then the length
+    penalty when ``lenpen`` is given (``lenpen_problem``).
 
     Beam search calls it before anything is allocated and again at its first step, where the model's logits tell
     the number of ids it scores; a translator calls it with its target vocabulary and the length penalty before
     encoding a line (``checked_request``)."""
-    problem = beam_problem(beam, nbest, tgt_vocab_size=outputs) or (None if lenpen is None else lenpen_problem(lenpen))
+    problem = beam_problem(beam, nbest, tgt_vocab_size=outputs, sample=sample) or (
+        None if lenpen is None else lenpen_problem(lenpen)
+    )
     if problem:
         raise SearchError(str(problem))
 

@@ -8,9 +8,10 @@ source tokens, search, restore order); `Translator` adds the checkpoint, the tok
   first.
 
 `load` (``transformer_mt.load``) builds a `Translator` from checkpoints. Its two ways to translate:
-`translate(lines, beam=None, lenpen=None, nbest=1)`, the Python API (the checkpoint's decode settings by
-default, plain texts back), and `translate_batch`, what the CLI, the server and the evaluation call (every
-setting explicit, n-best lists and this call's `TranslateStats` back).
+`translate(lines, beam=None, lenpen=None, nbest=1, sample=None, ...)`, the Python API (the checkpoint's decode
+settings by default, plain texts back; ``sample=True`` draws samples instead of searching), and `translate_batch`,
+what the CLI, the server and the evaluation call (every setting explicit, n-best lists and this call's
+`TranslateStats` back).
 
 A multilingual model (several target languages) is asked for one with ``tgt_lang``, which puts its tag (``<2fr>``)
 at the start of every source; `LanguageTranslator` does that for any translator of text (`tmt translate --tgt-lang`).
@@ -42,6 +43,7 @@ from transformer_mt.decoding.results import (
     TranslationResult,
     checked_request,
 )
+from transformer_mt.decoding.sampling import Sampling, sampling_request
 from transformer_mt.model import Ensemble, Transformer, choose_ops
 from transformer_mt.text import Tokenizer, language_tags, tagged, target_languages
 
@@ -159,6 +161,12 @@ class Translator:
         nbest: int = 1,
         *,
         tgt_lang: str | None = None,
+        sample: bool | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        epsilon: float | None = None,
+        seed: int | None = None,
     ) -> Translation: ...
     @overload
     def translate(
@@ -169,6 +177,12 @@ class Translator:
         nbest: int = 1,
         *,
         tgt_lang: str | None = None,
+        sample: bool | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        epsilon: float | None = None,
+        seed: int | None = None,
     ) -> list[Translation]: ...
     def translate(
         self,
@@ -178,6 +192,12 @@ class Translator:
         nbest: int = 1,
         *,
         tgt_lang: str | None = None,
+        sample: bool | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        epsilon: float | None = None,
+        seed: int | None = None,
     ) -> Translation | list[Translation]:
         """Translations of ``lines``, in order: one ``str`` per line when ``nbest`` is 1, else one n-best list of
         ``(score, text)`` per line, best first. A single ``str`` gives a single result. ``beam`` and ``lenpen``
@@ -187,11 +207,26 @@ class Translator:
 
         ``tgt_lang`` asks a multilingual model (several :attr:`languages`) for one of them: every source starts with
         its tag, ``<2fr>``; a model with one target language takes that one or None, a model with none stated only
-        None (:func:`~transformer_mt.text.language_tags` words the refusals, one line each)."""
+        None (:func:`~transformer_mt.text.language_tags` words the refusals, one line each).
+
+        ``sample=True`` (default: the checkpoint's ``decode.sample``) draws ``nbest`` samples per line instead of
+        searching, with ``temperature``, ``top_k``, ``top_p``, ``epsilon`` and ``seed`` (each the checkpoint's
+        ``decode`` setting when not given; :func:`~transformer_mt.decoding.sampling.sampling_request` says what is
+        refused), each line's samples seeded by (``seed``, its index in ``lines``)."""
         tags = language_tags(self.cfg.data, self.src_tok, tgt_lang, where=self.source)  # before any work
-        beam, lenpen = self.decode_defaults(beam, lenpen)
+        chosen = sampling_request(
+            self.cfg.decode,
+            sample=sample,
+            beam=beam,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            epsilon=epsilon,
+            seed=seed,
+        )
+        beam, lenpen = self.decode_defaults(1 if chosen is not None and beam is None else beam, lenpen)
         batch = tagged([lines] if isinstance(lines, str) else list(lines), tags)
-        hypotheses = self.translate_batch(batch, beam=beam, lenpen=lenpen, nbest=nbest).hypotheses
+        hypotheses = self.translate_batch(batch, beam=beam, lenpen=lenpen, nbest=nbest, sampling=chosen).hypotheses
         out: list[Translation] = [nb[0][1] for nb in hypotheses] if nbest == 1 else list(hypotheses)
         return out[0] if isinstance(lines, str) else out
 
@@ -207,11 +242,13 @@ class Translator:
         max_len_b: int | None = None,
         max_output_tokens: int | None = None,
         scores: bool = True,  # noqa: ARG002 - the search ranks by the scores, so they come at no extra cost
+        sampling: Sampling | None = None,
     ) -> TranslationResult:
         """n-best (score, text) lists, one per input line, in input order (empty lines give [(0.0, "")] * nbest),
         and this call's stats. ``max_len_a`` / ``max_len_b`` override the checkpoint's decode settings
         within the positions sized at load time; ``max_output_tokens`` caps every line's output below them
-        (a server's limit: a line whose own limit is shorter keeps it)."""
+        (a server's limit: a line whose own limit is shorter keeps it). ``sampling``: ``nbest`` samples per line
+        instead of a search (beam 1), line i's seeded by (``sampling.seed``, ``sampling.first_line`` + i)."""
         # before encoding: --beam 100000 must not allocate first
         a, b = checked_request(
             self,
@@ -222,6 +259,7 @@ class Translator:
             max_len_b=max_len_b,
             max_output_tokens=max_output_tokens,
             positions=self.positions,
+            sample=sampling is not None,
         )
         tic = time.perf_counter()
         keep, ids, truncated = encode_sources(self.src_tok, lines, max_src_tokens=self.max_src_tokens)
@@ -237,6 +275,8 @@ class Translator:
             device=self.device,
             dtype="float32",
             max_output=max_output_tokens,
+            sampling=sampling,
+            lines=keep,
         )
         out: list[list[tuple[float, str]]] = [[(0.0, "")] * nbest for _ in lines]
         tgt_tokens = 0

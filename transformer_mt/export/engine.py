@@ -28,6 +28,14 @@ What maps exactly, and what does not (docs/deploying.md has the measured rates):
   for a trained model (those probabilities are next to 0), enough to reorder the beams of an untrained one.
 - Scores are CTranslate2's summed log-probabilities (its kernels differ from torch's in the last digits) divided by
   tmt's penalty; a greedy output cut to its limit is scored by CTranslate2's ``score_batch`` over the kept tokens.
+- Sampling (``sampling``): CTranslate2's ``sampling_temperature``, ``sampling_topk`` (0: every token) and
+  ``sampling_topp``, measured as tmt measures them (top_p on what top_k left, renormalised; the nucleus the fewest
+  tokens reaching p), ``num_hypotheses`` = ``nbest`` independent samples, each cut to its sentence's limit as a
+  greedy output is. Epsilon sampling is not CTranslate2's, and is refused. The draws are CTranslate2's own:
+  ``ctranslate2.set_random_seed`` is called with the seed (and the call's first line) before each call, and a
+  decoding thread of CTranslate2 4.x seeds its generator at its first draw only, so that a run (``tmt translate``: one
+  engine, its chunks in order) is reproduced by the same seed, input, batch size and threads, but a line's samples
+  depend on the batches and the lines around it, unlike tmt's own (one generator per line and sample).
 """
 
 from __future__ import annotations
@@ -42,11 +50,13 @@ from typing import Any
 
 from transformer_mt.config import Config, from_dict
 from transformer_mt.decoding import (
+    Sampling,
     TranslateStats,
     TranslationResult,
     checked_request,
     length_penalty,
     max_output_length,
+    mixed_seed,
     positions_needed,
 )
 from transformer_mt.export.cache import CachedModel, cached_model
@@ -133,11 +143,17 @@ class CTranslate2Translator:
         max_len_b: int | None = None,
         max_output_tokens: int | None = None,
         scores: bool = True,
+        sampling: Sampling | None = None,
     ) -> TranslationResult:
         """n-best (score, text) lists, one per input line, in input order (empty lines give [(0.0, "")] * nbest),
         and this call's stats: ``Translator.translate_batch``'s contract, decoded by CTranslate2. ``scores=False``
         (one best, text alone): CTranslate2 skips the log-softmax that only the scores need, a greedy output past
-        its limit is cut without being scored again, and every score is NaN."""
+        its limit is cut without being scored again, and every score is NaN. ``sampling``: CTranslate2's sampling
+        (the module's docstring); epsilon is refused."""
+        if sampling is not None and sampling.epsilon > 0:
+            raise ExportError(
+                f"--epsilon {sampling.epsilon:g}: CTranslate2 has no epsilon sampling; use --engine tmt, or --top-p"
+            )
         a, b = checked_request(
             self,
             beam=beam,
@@ -147,6 +163,7 @@ class CTranslate2Translator:
             max_len_b=max_len_b,
             max_output_tokens=max_output_tokens,
             positions=self.positions,
+            sample=sampling is not None,
         )
         tic = time.perf_counter()
         keep = [i for i, line in enumerate(lines) if line.strip()]
@@ -172,6 +189,7 @@ class CTranslate2Translator:
             nbest=nbest,
             batch_tokens=batch_tokens or self.cfg.decode.batch_tokens,
             scores=scores,
+            sampling=sampling,
         )
         texts = iter(self.tgt_tok.decode_pieces([h for nb in hyps for _, h in nb], num_threads=1))
         out: list[list[tuple[float, str]]] = [[(0.0, "")] * nbest for _ in lines]
@@ -192,10 +210,15 @@ class CTranslate2Translator:
         nbest: int,
         batch_tokens: int,
         scores: bool,
+        sampling: Sampling | None = None,
     ) -> list[list[Hyp]]:
         """Per source, its n-best (score, pieces), best first, each within the source's own limit."""
         if not pieces:
             return []
+        if sampling is not None:
+            return self._sample(
+                pieces, limits, sampling=sampling, lenpen=lenpen, nbest=nbest, batch_tokens=batch_tokens, scores=scores
+            )
         rerank = beam > 1 and (lenpen != 0 or nbest > 1)  # CTranslate2's n-best at penalty 0, ranked by tmt's penalty
         options = dict(
             beam_size=beam,
@@ -215,6 +238,36 @@ class CTranslate2Translator:
             for i, nb in zip(idx, self._decode([pieces[i] for i in idx], limit, options)):
                 found[i] = nb
         return [self._ranked(nb, lenpen=lenpen, nbest=nbest) for nb in found]
+
+    def _sample(
+        self,
+        pieces: list[list[str]],
+        limits: list[int],
+        *,
+        sampling: Sampling,
+        lenpen: float,
+        nbest: int,
+        batch_tokens: int,
+        scores: bool,
+    ) -> list[list[Hyp]]:
+        """``nbest`` samples per source by CTranslate2's sampler, each cut to its source's limit (a sample's first
+        tokens do not depend on the longest output allowed), best score first."""
+        options = dict(
+            beam_size=1,
+            num_hypotheses=nbest,
+            sampling_topk=sampling.top_k,  # 0: every token, as tmt's top_k 0
+            sampling_topp=sampling.top_p,
+            sampling_temperature=sampling.temperature,
+            max_batch_size=batch_tokens,
+            batch_type="tokens",
+            return_scores=scores or nbest > 1,  # the samples are listed best first
+        )
+        # one seed per call, from the seed and the call's first line: a CTranslate2 that honours a new seed at every
+        # call then gives each chunk of a stream its own draws
+        # (0xFFFFFFFF is CTranslate2's "no seed": a seed from the device instead)
+        require_ctranslate2().set_random_seed(mixed_seed(sampling.seed, sampling.first_line, 0) % 0xFFFFFFFF)
+        found = self._decode(pieces, max(limits), options)
+        return self._cut(found, limits, pieces, lenpen=lenpen, scores=scores or nbest > 1)
 
     def _decode(
         self, pieces: list[list[str]], max_length: int, options: dict[str, Any]
@@ -247,27 +300,28 @@ class CTranslate2Translator:
         lenpen: float,
         scores: bool,
     ) -> list[list[Hyp]]:
-        """Greedy outputs within their limits: greedy's first ``limit`` tokens do not depend on the limit, so an
-        output past it is cut to it (no EOS left: tmt finishes it as it is) and, with ``scores``, scored again, all in
-        one call."""
-        cut = [i for i, (nb, limit) in enumerate(zip(found, limits)) if len(nb[0][0]) > limit]
-        hyps = [nb[0] for nb in found]
-        if cut and not scores:
-            for i in cut:
-                hyps[i] = (hyps[i][0][: limits[i]], math.nan)
-        elif cut:
-            kept = [hyps[i][0][: limits[i]] for i in cut]
-            for i, tokens, scored in zip(
-                cut, kept, self.ct.score_batch([sources[i] for i in cut], kept, max_input_length=0)
-            ):
-                hyps[i] = (
-                    tokens,
-                    sum(scored.log_probs[: len(tokens)]),
-                )  # its log_probs end with EOS's, which is not kept
-        return [
-            [(logprob / length_penalty(len(tokens), lenpen), _text_pieces(tokens, self.eos))]
-            for tokens, logprob in hyps
+        """Greedy outputs, or samples, within their limits: their first ``limit`` tokens do not depend on the limit,
+        so an output past it is cut to it (no EOS left: tmt finishes it as it is) and, with ``scores``, scored again,
+        all in one call; a source's several samples are then listed best score first."""
+        hyps = [list(nb) for nb in found]
+        cut = [
+            (i, k) for i, (nb, limit) in enumerate(zip(found, limits)) for k, (h, _) in enumerate(nb) if len(h) > limit
         ]
+        if cut and not scores:
+            for i, k in cut:
+                hyps[i][k] = (hyps[i][k][0][: limits[i]], math.nan)
+        elif cut:
+            kept = [hyps[i][k][0][: limits[i]] for i, k in cut]
+            scored = self.ct.score_batch([sources[i] for i, _ in cut], kept, max_input_length=0)
+            for (i, k), tokens, result in zip(cut, kept, scored):
+                hyps[i][k] = (tokens, sum(result.log_probs[: len(tokens)]))  # its log_probs end with EOS's, not kept
+        ranked = [
+            [(logprob / length_penalty(len(t), lenpen), _text_pieces(t, self.eos)) for t, logprob in nb] for nb in hyps
+        ]
+        for nb in ranked:
+            if len(nb) > 1:
+                nb.sort(key=lambda s: -s[0])  # stable: equal scores keep CTranslate2's order
+        return ranked
 
 
 def ctranslate2_translator(
