@@ -148,6 +148,7 @@ SHORTHAND_OPTIONS: dict[str, Any] = dict(
 )
 
 
+@pytest.mark.slow  # three tokenizers trained on the 2000-pair slice
 def test_the_one_corpus_shorthand_trains_the_same_model_bytes(corpus_slice, tmp_path):
     out = tmp_path / "run"
     out.mkdir()
