@@ -128,6 +128,7 @@ def check_has_text(cfg: Config) -> None:
     any tokenizer is trained or any summary printed."""
     data = cfg.data
     check_languages(data)
+    check_given_tokenizer(cfg)
     corpora = training_corpora(data)
     if not corpora:
         raise ConfigError("data.train_src is empty: name the training file")
@@ -157,6 +158,21 @@ def check_languages(data: DataConfig) -> None:
     for i, corpus in enumerate(data.corpora):
         if corpus.tag:
             check_tag(corpus.tag, f"data.corpora[{i}].tag")
+
+
+def check_given_tokenizer(cfg: Config) -> None:
+    """A source tokenizer the user gives (tokenizer.model; not a fine-tuning run's, which is its checkpoint's) holds
+    each corpus's tags as one piece each: a TokenizerError naming the corpus, the tag and the fix."""
+    model, data = cfg.tokenizer.model, cfg.data
+    if not model or cfg.train.init_from or not Path(model).is_file():
+        return
+    multilingual = is_multilingual(data)
+    tagged = [(i, c, source_tags(c, multilingual=multilingual)) for i, c in enumerate(data.corpora)]
+    tagged = [(i, c, tags) for i, c, tags in tagged if tags]
+    if tagged:
+        tok = Tokenizer(model)
+        for i, corpus, tags in tagged:
+            tok.tag_ids(tags, where=f"data.corpora[{i}] ({corpus.name}) with tokenizer.model {model}")
 
 
 def _check_file(path: str, key: str, what: str, fix: str) -> None:
