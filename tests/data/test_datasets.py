@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import head
+from tests.conftest import head, run_cli
 from tests.data.multicorpus import corpora_override, corpus_files, tagged_tokenizer, valid_override
 from transformer_mt.config import load_config
 from transformer_mt.data import load_datasets
@@ -92,3 +92,21 @@ def test_filters_drop_raw_pairs_and_are_counted_and_keyed(files, tagged, tmp_pat
     assert cleaned.line_numbers.tolist() == list(range(30))  # the first of each pair is kept
     again = load_datasets(load_config(None, [*base, *rules]), tagged, tagged, quiet=True).train[0].data
     assert again.summary.from_cache and again.summary.filtered_by == cleaned.summary.filtered_by
+
+
+def test_preprocess_encodes_every_corpus_and_set_once(files, tagged_path, tmp_path, capsys) -> None:
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        "data:\n"
+        f"  corpora: [{corpora_override(files).split('=', 1)[1][1:-1]}]\n"
+        f"  valid: [{valid_override(files).split('=', 1)[1][1:-1]}]\n"
+        f"tokenizer: {{model: {tagged_path}}}\n"
+        f"train: {{out_dir: {tmp_path / 'run'}}}\n",
+        encoding="utf-8",
+    )
+    code, out, err = run_cli(["preprocess", "-c", config], capsys)
+    assert code == 0, err
+    names = [line.split(":")[0] for line in out.splitlines() if not line.startswith(" ")]
+    assert names == ["en-de", "en-fr", "bt", "en-de", "en-fr"] and out.count("(written)") == 5
+    code, out, err = run_cli(["preprocess", "-c", config], capsys)
+    assert code == 0 and out.count("(loaded)") == 5, err
