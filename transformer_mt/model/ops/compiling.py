@@ -12,8 +12,10 @@ cuda backend and the reference ops it falls back to are; the cpu backend's C++ k
 Shapes. A graph is specialised to what it was traced with (shapes, dtypes, the training flag, grad mode, whether an
 attention mask is given), and a call that fits none of a region's graphs compiles another. ``dynamic`` is
 ``torch.compile``'s: None (automatic: the first graph static, a dimension that then changes made symbolic) or True
-(symbolic from the first trace, except sizes 0 and 1). Token-budget batches change the batch size and both lengths
-from batch to batch, so a static graph per shape would never stop compiling; padded to a multiple
+(symbolic from the first trace, except sizes 0 and 1), the setting here. Token-budget batches change the batch size
+and both lengths from batch to batch, so a static graph per shape would never stop compiling; automatic dynamic
+shapes compile a static graph first and then one per dimension found to change; symbolic ones from the start make
+one graph per region for a whole epoch (and one more for validation: eval mode, no gradient). Padded to a multiple
 (``train.pad_to_multiple``), the lengths take fewer values, and the kernels get whole tiles.
 
 The recompile limit. Each region holds at most ``recompile_limit`` graphs; at the limit dynamo keeps them, and a
