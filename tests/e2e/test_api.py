@@ -116,9 +116,14 @@ def test_beam_and_lenpen_default_to_the_checkpoints_decode_settings(translator, 
 
     monkeypatch.setattr(Translator, "translate_batch", spy)
     texts = translator.translate(lines)
-    assert seen[-1] == {"beam": 3, "lenpen": 0.6, "nbest": 1}
-    assert translator.translate(lines, lenpen=1.0) and seen[-1] == {"beam": 3, "lenpen": 1.0, "nbest": 1}
-    assert translator.translate(lines, beam=1) and seen[-1] == {"beam": 1, "lenpen": 0.6, "nbest": 1}
+    assert seen[-1] == {"beam": 3, "lenpen": 0.6, "nbest": 1, "sampling": None}
+    assert translator.translate(lines, lenpen=1.0) and seen[-1] == {
+        "beam": 3,
+        "lenpen": 1.0,
+        "nbest": 1,
+        "sampling": None,
+    }
+    assert translator.translate(lines, beam=1) and seen[-1] == {"beam": 1, "lenpen": 0.6, "nbest": 1, "sampling": None}
     monkeypatch.undo()
     expected = translator.translate_batch(lines, beam=3, lenpen=0.6)
     assert isinstance(expected, TranslationResult)
