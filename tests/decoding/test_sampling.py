@@ -283,6 +283,13 @@ def test_the_python_api_and_the_command_line(tiny, tiny_checkpoint, multi30k, tm
     lines = head(multi30k / "val.en", 6)
     expected = _texts(tiny.translate_batch(lines, beam=1, lenpen=0.6, sampling=Sampling(seed=3, top_p=0.9)))
     assert tiny.translate(lines, sample=True, seed=3, top_p=0.9) == [nb[0] for nb in expected]
+    # a checkpoint whose decode section says sample: its settings are the defaults, sample=False searches
+    decode = dataclasses.replace(tiny.cfg.decode, sample=True, seed=3, top_p=0.9)
+    sampler = Translator(
+        tiny.model, tiny.src_tok, tiny.tgt_tok, dataclasses.replace(tiny.cfg, decode=decode), device=tiny.device
+    )
+    assert sampler.translate(lines) == [nb[0] for nb in expected]
+    assert sampler.translate(lines, sample=False) == tiny.translate(lines) != sampler.translate(lines)
     with pytest.raises(SearchError, match="beam=2 does not apply to sampling"):
         tiny.translate(lines, sample=True, beam=2)
     with pytest.raises(SearchError, match="temperature applies to sampling only; add sample=True"):

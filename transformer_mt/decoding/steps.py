@@ -1,7 +1,7 @@
-"""What greedy and beam search share at every step: what the columns of the model's logits stand for and their
-float32 log-softmax (:class:`Columns`), each sentence's longest output, the rows still running found on the device,
-the checks of a search's input, and :func:`check_settings`, the one check of the search settings' rules that the
-searches and every translator call. The conventions they follow are in :mod:`transformer_mt.decoding.search`."""
+"""What greedy and beam search (and sampling) share at every step: what the columns of the model's logits stand for
+and their float32 log-softmax (:class:`Columns`), each sentence's longest output, the rows still running found on the
+device, the checks of a search's input, and :func:`check_settings`, the one check of the search settings' rules that
+the searches and every translator call. The conventions they follow are in :mod:`transformer_mt.decoding.search`."""
 
 from __future__ import annotations
 
