@@ -60,7 +60,8 @@ def test_the_plan_compares_eager_with_the_cuda_backend(tmp_path: Path) -> None:
     assert names[1:5] == headline
     assert names.index("agreement-base") > names.index("translate-recipe-beam5-graphed")
     trains = {s["name"]: s for s in plan if s["kind"] == "train"}
-    assert len(trains) == 7
+    assert len(trains) == 8
+    assert _train_settings(trains.pop("train-base-bf16-backend-padded")) == {**BACKEND["cuda"], "packed": "off"}
     for name, spec in trains.items():
         expected = EAGER if name.endswith("eager") else BACKEND["cuda"]
         assert _train_settings(spec) == expected, name

@@ -4,8 +4,8 @@ What it compares, each row in a process of its own (:mod:`transformer_mt.benchma
 
 - training of the paper's base and big models (25k-token batches) and of the recipe model, in bf16, **eager**
   (the ``reference`` ops: plain torch, padded batches, nothing compiled) against the **cuda backend** (``train.ops:
-  cuda`` with its defaults: compiled layer stacks and loss, packed batches); the recipe also in float32 (TF32), the
-  setting bf16 must not lose to;
+  cuda`` with its defaults: compiled layer stacks and loss, packed batches); base also on the backend with padded
+  batches (what packing adds); the recipe also in float32 (TF32), the setting bf16 must not lose to;
 - the losses of the cuda backend against the reference backend over the same first updates of base, dropout off
   (the same batches; bf16 rounding is the only difference allowed);
 - greedy and beam-5 decoding of test_2016_flickr by the recipe checkpoint, eager and with the static cache and the
@@ -105,7 +105,8 @@ def gpu_check_plan(
             device=device,
             max_tokens=max_tokens,
         )
-        return {**spec, "gpu_check": {"backend": "cuda backend" if settings is backend else "eager"}}
+        label = "eager" if settings is EAGER else "cuda backend" + ("" if settings is backend else ", padded batches")
+        return {**spec, "gpu_check": {"backend": label}}
 
     # the headline rows first: a run cut short by its time budget loses the least
     models = _model_configs(recipe)
@@ -149,6 +150,16 @@ def gpu_check_plan(
                 )
             )
     specs.append(agreement)
+    # what packing adds to compiling: the cuda backend on the padded batches (padded to a multiple of 8)
+    specs.append(
+        training(
+            "train-base-bf16-backend-padded",
+            models[0][1],
+            dtype="bfloat16",
+            settings={**backend, "packed": "off"},
+            max_tokens=GPU_BATCH_TOKENS,
+        )
+    )
     if checkpoint is not None:
         specs += recipe_rows
     for search, beam in (("greedy", 1), ("beam5", 5)):
@@ -309,10 +320,22 @@ def table_rows(phases: list[tuple[dict, dict]], *, measured_peak: float, datashe
                     "",
                     "",
                     "",
-                    f"{res['sentences']} lines" + ("" if spec["representative"] else ", barely trained model"),
+                    f"{res['sentences']} lines"
+                    + ("" if spec["representative"] else ", barely trained model")
+                    + _graph_note(res.get("graphs")),
                 ]
             )
     return rows
+
+
+def _graph_note(stats: dict | None) -> str:
+    """What the graphed search did: captures, replays, steps run eagerly on its buffers, batches outside them."""
+    if not stats:
+        return ""
+    return (
+        f"; {stats['captures']} captures, {stats['replays']} replays, {stats['eager_replays']} eager steps, "
+        f"{stats['eager_batches']} batches outside the buckets"
+    )
 
 
 def render_table(report: dict) -> str:

@@ -267,6 +267,7 @@ def phase_translate(spec: dict) -> dict:
         dtype=spec.get("dtype", "float32"),
         threads=spec["threads"],
         ops=spec.get("ops", "auto"),
+        graphs={"eager": False, "graphed": True}.get(spec.get("mode", ""), None),
     )
     lines = read_input(spec)
     d, beam = translator.cfg.decode, spec["beam"]
@@ -288,4 +289,5 @@ def phase_translate(spec: dict) -> dict:
         "avg_output_len": tokens / len(lines),
         "sentences_per_s": len(lines) / seconds,
         "tokens_per_s": tokens / seconds,
+        **({} if translator.graphs is None else {"graphs": dataclasses.asdict(translator.graphs.stats)}),
     }

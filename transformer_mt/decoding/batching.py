@@ -15,6 +15,7 @@ import torch
 
 from transformer_mt import runtime
 from transformer_mt.data import source_tensor
+from transformer_mt.decoding.graphs import GraphedStep
 from transformer_mt.decoding.lengths import positions_needed
 from transformer_mt.decoding.protocol import Hypothesis
 from transformer_mt.decoding.sampling import Sampling
@@ -52,10 +53,12 @@ def translate_ids(
     max_output: int | None = None,
     sampling: Sampling | None = None,
     lines: list[int] | None = None,
+    graphs: GraphedStep | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate id sequences (without EOS; it is appended here) and return n-best lists in input order.
     ``sampling``: ``nbest`` samples per sequence instead of a search, each sequence's seeded by its line number in
-    ``lines`` (None: its index in ``src_ids``), so that the batches do not change them.
+    ``lines`` (None: its index in ``src_ids``), so that the batches do not change them. ``graphs``: greedy and beam
+    search on its static buffers and CUDA graphs (:class:`~transformer_mt.decoding.graphs.GraphedStep`).
 
     The model's sinusoid table is grown first if this call's longest source or output needs more positions
     (``reserve_positions``), never during decoding (a Translator's model was sized when loading: nothing to do),
@@ -87,6 +90,7 @@ def translate_ids(
                 batch_tokens=batch_tokens,
                 sampling=sampling,
                 lines=[[i if lines is None else lines[i] for i in chunk] for chunk in chunks],
+                graphs=graphs,
             )
             for chunk, hyps in zip(chunks, found):
                 for i, nbest_list in zip(chunk, hyps):

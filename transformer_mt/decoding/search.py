@@ -50,6 +50,7 @@ from typing import Any
 from torch import Tensor
 
 from transformer_mt.decoding.beam import beam_search
+from transformer_mt.decoding.graphs import GraphedStep
 from transformer_mt.decoding.greedy import greedy_search_batches
 from transformer_mt.decoding.protocol import BeamStep, Hypothesis, SearchModel
 from transformer_mt.decoding.sampling import Sampling, sample_batches
@@ -104,6 +105,8 @@ def search_batches(
     observer: Callable[[BeamStep], None] | None = None,
     sampling: Sampling | None = None,
     lines: Sequence[Sequence[int]] | None = None,
+    static_cache: bool = False,
+    graphs: GraphedStep | None = None,
 ) -> list[list[list[Hypothesis]]]:
     """:func:`search` over several padded batches, in order: per batch, per sentence, ``nbest`` hypotheses.
 
@@ -113,7 +116,9 @@ def search_batches(
     hypothesis is greedy search, which carries a batch's last rows along with the next batch when they fit in
     ``batch_tokens`` (:func:`~transformer_mt.decoding.greedy.greedy_search_batches`); anything else is beam search,
     one batch at a time, which checks the settings (:func:`~transformer_mt.decoding.steps.check_settings`: a beam of 1
-    with ``nbest`` 2 is refused there).
+    with ``nbest`` 2 is refused there). ``static_cache`` / ``graphs``: greedy and beam search on preallocated
+    key/value buffers, and with ``graphs`` each step replayed from a CUDA graph per batch bucket
+    (:mod:`~transformer_mt.decoding.graphs`); the same hypotheses as the growing cache's.
     """
     if sampling is not None:
         check_settings(beam, nbest, lenpen=lenpen, sample=True)
@@ -137,6 +142,8 @@ def search_batches(
             max_len_b=max_len_b,
             max_output=max_output,
             batch_tokens=batch_tokens,
+            static_cache=static_cache,
+            graphs=graphs,
         )
         return [[[hyp] for hyp in hyps] for hyps in found]
     return [
@@ -150,6 +157,8 @@ def search_batches(
             max_len_a=max_len_a,
             max_len_b=max_len_b,
             max_output=max_output,
+            static_cache=static_cache,
+            graphs=graphs,
         )
         for src in srcs
     ]

@@ -33,6 +33,7 @@ import torch
 from transformer_mt import runtime
 from transformer_mt.config import Config, beam_problem
 from transformer_mt.decoding.batching import encode_sources, translate_ids
+from transformer_mt.decoding.graphs import GraphedStep, static_decoding_by_default
 from transformer_mt.decoding.lengths import positions_needed
 from transformer_mt.decoding.loading import CheckpointModel, check_position_table, model_from_checkpoint
 from transformer_mt.decoding.results import (
@@ -62,6 +63,7 @@ class Translator:
         device: torch.device,
         max_src_tokens: int | None = None,
         source: str = "checkpoint",
+        graphs: bool | None = None,
     ):
         self.model, self.src_tok, self.tgt_tok, self.cfg = model.eval(), src_tok, tgt_tok, cfg
         self.source = source  # where cfg (the decoding defaults) comes from, for messages
@@ -75,6 +77,12 @@ class Translator:
         )
         check_position_table(cfg, self.positions)
         self.model.reserve_positions(self.positions)
+        # greedy and beam search on static key/value buffers, each step a replayed CUDA graph: by default with the
+        # cuda backend on a GPU (a step there is hundreds of small kernel launches), never on a CPU unless asked
+        use_graphs = static_decoding_by_default(self.model) if graphs is None else graphs
+        self.graphs = (
+            GraphedStep(self.model, max_src=self.max_src_tokens + 1, max_len=self.positions) if use_graphs else None
+        )
 
     @classmethod
     def from_checkpoint(
@@ -86,8 +94,11 @@ class Translator:
         threads: int = 0,
         weights: str | None = None,
         ops: str = "auto",
+        graphs: bool | None = None,
     ) -> Translator:
-        return cls.from_checkpoints([path], device=device, dtype=dtype, threads=threads, weights=weights, ops=ops)
+        return cls.from_checkpoints(
+            [path], device=device, dtype=dtype, threads=threads, weights=weights, ops=ops, graphs=graphs
+        )
 
     @classmethod
     def from_checkpoints(
@@ -99,11 +110,13 @@ class Translator:
         threads: int = 0,
         weights: str | None = None,
         ops: str = "auto",
+        graphs: bool | None = None,
     ) -> Translator:
         """One checkpoint, or several decoded as an ensemble (mean of their probabilities at every
         step); an ensemble's members must share the tokenizers. Decoding defaults come from the first.
         `weights`: "ema", "raw" or None (each checkpoint's EMA weights when it has them; checkpoint.model_weights).
-        `ops`: the backend the models compute with (model.choose_ops: auto, reference, cpu or cuda)."""
+        `ops`: the backend the models compute with (model.choose_ops: auto, reference, cpu or cuda).
+        `graphs`: search on static buffers with CUDA graphs (None: with the cuda backend on a GPU)."""
         if not paths:
             raise TranslateError("give at least one checkpoint (-c FILE)")
         dev = runtime.pick_device(device)
@@ -123,7 +136,14 @@ class Translator:
         max_src = min(m.cfg.model.max_positions for m in members) - 1
         model = models[0] if len(models) == 1 else Ensemble(models)
         return cls(
-            model, first.src_tok, first.tgt_tok, first.cfg, device=dev, max_src_tokens=max_src, source=first.source
+            model,
+            first.src_tok,
+            first.tgt_tok,
+            first.cfg,
+            device=dev,
+            max_src_tokens=max_src,
+            source=first.source,
+            graphs=graphs,
         )
 
     @property
@@ -277,6 +297,7 @@ class Translator:
             max_output=max_output_tokens,
             sampling=sampling,
             lines=keep,
+            graphs=self.graphs,
         )
         out: list[list[tuple[float, str]]] = [[(0.0, "")] * nbest for _ in lines]
         tgt_tokens = 0
