@@ -37,6 +37,7 @@ EXPORT_FORMATS: tuple[Format, ...] = (  # the first is `tmt export`'s default
 )
 IMPORT_FORMATS: tuple[Format, ...] = (
     Format("marian-hf", "Hugging Face MarianMT / OPUS-MT", "transformer_mt.hf.importer:MarianImporter"),
+    Format("m2m100-hf", "Hugging Face M2M100 / NLLB", "transformer_mt.hf.m2m100_importer:M2M100Importer"),
 )
 
 

@@ -35,7 +35,7 @@ CHOICES = {
     "model.activation": ("relu", "gelu", "swish"),
     "model.norm": ("post", "pre", "scale"),
     "model.positions": ("sinusoidal", "learned"),
-    "model.position_layout": ("interleaved", "halves"),
+    "model.position_layout": ("interleaved", "halves", "fairseq"),
     "train.dtype": ("float32", "bfloat16", "float16", "auto"),
     "train.ops": ("auto", "reference", "cpu", "cuda"),  # transformer_mt.model.ops.OPS_CHOICES
     "train.lr_schedule": ("noam", "inverse_sqrt", "linear", "wsd"),
@@ -131,6 +131,10 @@ def _check_model(m: ModelConfig, fail: Fail) -> None:
     for key in ("encoder_layers", "decoder_layers", "d_model", "heads", "d_ff", "max_positions"):
         if getattr(m, key) < 1:
             fail(f"model.{key}", f"must be at least 1, got {getattr(m, key)}")
+    if not 0 <= m.position_offset <= 1024:
+        fail("model.position_offset", f"{m.position_offset} is outside 0..1024; use 0, or 2 for M2M100 / NLLB models")
+    if m.position_offset and m.positions != "sinusoidal":
+        fail("model.position_offset", "offsets sinusoids only; remove it or set model.positions: sinusoidal")
     for key in ("head_dim", "value_dim"):
         if getattr(m, key) < 0:
             fail(f"model.{key}", f"must be 0 (= d_model / heads) or positive, got {getattr(m, key)}")

@@ -162,7 +162,7 @@ def specials_problem(cfg: ModelConfig, vocab_size: int | None = None) -> Problem
     for a, b in (("pad_id", "eos_id"), ("pad_id", "unk_id"), ("unk_id", "eos_id")):
         if named[a] == named[b]:
             return Problem(f"model.{a}", named[a], f"is also model.{b}; the two ids must differ")
-    if cfg.start_id == cfg.eos_id:
+    if cfg.start_id == cfg.eos_id and not cfg.decoder_languages:  # M2M100 / NLLB start from EOS, then a language
         return Problem(
             "model.decoder_start_id",
             cfg.start_id,

@@ -109,7 +109,8 @@ class ModelConfig:
     positions: str = "sinusoidal"  # sinusoidal (paper) or learned (Table 3 row E)
     position_layout: str = (
         "interleaved"  # sinusoid order: interleaved (paper: sin even dims, cos odd) or halves (all sines, then cosines)
-    )
+    )  # or fairseq: halves with the frequencies 10000^(-i / (d/2 - 1)) (fairseq's, M2M100's and NLLB's table)
+    position_offset: int = 0  # the position number of a sequence's first token (M2M100 / NLLB: 2, fairseq's pad + 1)
     max_positions: int = 1024  # longest sequence the model accepts (size of the learned table)
     share_all_embeddings: bool = True  # one matrix for source, target and output (needs a joint vocabulary)
     share_decoder_embeddings: bool = True  # tie target embedding and output projection
@@ -124,6 +125,9 @@ class ModelConfig:
     bos_id: int = 2  # beginning of sentence; -1 = the vocabulary has none
     eos_id: int = 3  # ends every source and target sequence
     decoder_start_id: int = -1  # the decoder's first input; -1 = bos_id
+    # NLLB / M2M100's target languages, space-separated (eng_Latn deu_Latn ...): each is a piece of the target
+    # vocabulary, and the decoder's input starts [start, that piece] for that target language; empty: no such prefix
+    decoder_languages: str = ""
 
     @property
     def start_id(self) -> int:

@@ -74,7 +74,7 @@ def _check(cfg: ModelConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
         ("norm", ("post", "pre", "scale")),
         ("activation", ("relu", "gelu", "swish")),
         ("positions", ("sinusoidal", "learned")),
-        ("position_layout", ("interleaved", "halves")),
+        ("position_layout", ("interleaved", "halves", "fairseq")),
     )
     for key, allowed in choices:
         if getattr(cfg, key) not in allowed:

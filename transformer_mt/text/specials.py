@@ -39,8 +39,10 @@ class SpecialIds:
 
     @property
     def never_generated(self) -> tuple[int, ...]:
-        """Ids the search never emits: padding, the decoder's start and BOS (distinct, ascending)."""
-        return tuple(sorted({i for i in (self.pad, self.start, self.bos) if i != NO_ID}))
+        """Ids the search never emits: padding, the decoder's start and BOS (distinct, ascending). A start that is EOS
+        (M2M100 / NLLB's decoder starts from ``</s>``) stays generable: it ends a hypothesis."""
+        start = self.start if self.start != self.eos else NO_ID
+        return tuple(sorted({i for i in (self.pad, start, self.bos) if i != NO_ID}))
 
     @property
     def not_text(self) -> frozenset[int]:

@@ -1,0 +1,150 @@
+"""NLLB / M2M100 in and out: tiny random ``M2M100ForConditionalGeneration`` models built and saved by transformers,
+with an ``NllbTokenizer`` over a BPE sentencepiece model trained on a Multi30k slice and three real NLLB language
+codes; tmt's numbers are compared with transformers' own forward pass and ``generate``."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.conftest import head
+
+transformers = pytest.importorskip("transformers")
+pytest.importorskip("safetensors")
+
+from transformer_mt.checkpoint import load_checkpoint  # noqa: E402
+from transformer_mt.decoding import model_from_checkpoint  # noqa: E402
+from transformer_mt.hf import HfError  # noqa: E402
+from transformer_mt.hf.m2m100_importer import import_m2m100  # noqa: E402
+
+LANGS = ["eng_Latn", "deu_Latn", "fra_Latn"]
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+
+
+def _spm_bpe(lines: list[str], vocab_size: int) -> bytes:
+    import sentencepiece as spm
+
+    out = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines),
+        model_writer=out,
+        vocab_size=vocab_size,
+        model_type="bpe",
+        minloglevel=2,
+        num_threads=1,
+    )
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def sentences(multi30k) -> list[str]:
+    return head(multi30k / "val.en", 32)
+
+
+@pytest.fixture(scope="module")
+def nllb_dir(multi30k, tmp_path_factory) -> Path:
+    """An NLLB-shaped directory as save_pretrained writes it, plus sentencepiece.bpe.model as on the Hub. The weights
+    are drawn wider than transformers' init (std 0.02 makes every logit nearly equal, so that a search's choices
+    would rest on float rounding) and the LayerNorms perturbed, so that every tensor's place is tested."""
+    root = tmp_path_factory.mktemp("nllb")
+    lines = head(multi30k / "train.en", 1500) + head(multi30k / "train.de", 1500) + head(multi30k / "train.fr", 1500)
+    (root / "sentencepiece.bpe.model").write_bytes(_spm_bpe(lines, 400))
+    tok = transformers.NllbTokenizer.from_pretrained(str(root), additional_special_tokens=LANGS)
+    tok.save_pretrained(str(root))
+    config = transformers.M2M100Config(
+        vocab_size=len(tok),
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=128,
+        init_std=0.25,
+    )
+    torch.manual_seed(0)
+    model = transformers.M2M100ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layer_norm" in name or name.endswith(".bias"):
+                p.add_(0.2 * torch.randn_like(p))
+    model.save_pretrained(str(root))
+    return root
+
+
+@pytest.fixture(scope="module")
+def imported(nllb_dir, tmp_path_factory):
+    out = import_m2m100(nllb_dir, tmp_path_factory.mktemp("tmt") / "nllb.pt")
+    ckpt = load_checkpoint(out)
+    return out, ckpt
+
+
+def _hf(nllb_dir: Path):
+    model = transformers.M2M100ForConditionalGeneration.from_pretrained(str(nllb_dir)).eval()
+    tok = transformers.NllbTokenizer.from_pretrained(str(nllb_dir))
+    return model, tok
+
+
+def _tmt(path: Path):
+    loaded = model_from_checkpoint(path)
+    return loaded.model.eval(), loaded.src_tok
+
+
+def test_import_maps_the_config_and_languages(imported):
+    _, ckpt = imported
+    m = ckpt["config"]["model"]
+    assert (m["norm"], m["position_layout"], m["position_offset"]) == ("pre", "fairseq", 2)
+    assert (m["pad_id"], m["unk_id"], m["bos_id"], m["eos_id"], m["decoder_start_id"]) == (1, 3, 0, 2, 2)
+    assert m["decoder_languages"].split() == LANGS
+
+
+def test_tokenizer_ids_equal_nllbs(nllb_dir, imported, sentences):
+    _, hf_tok = _hf(nllb_dir)
+    _, tok = _tmt(imported[0])
+    hf_tok.src_lang = "eng_Latn"
+    lang = tok.vocab.index("eng_Latn")
+    for line in sentences:
+        assert [lang, *tok.encode([line])[0], 2] == hf_tok(line).input_ids
+
+
+def test_teacher_forced_log_probs_match_transformers(nllb_dir, imported, sentences, multi30k):
+    hf_model, hf_tok = _hf(nllb_dir)
+    model, _ = _tmt(imported[0])
+    targets = head(multi30k / "val.de", 32)
+    hf_tok.src_lang, hf_tok.tgt_lang = "eng_Latn", "deu_Latn"
+    batch = hf_tok(sentences, text_target=targets, return_tensors="pt", padding=True)
+    labels = batch["labels"]  # (B, T): deu_Latn, pieces, </s>, right-padded with <pad>
+    tgt_in = torch.cat([torch.full((labels.size(0), 1), 2), labels[:, :-1]], dim=1)  # </s> + labels, shifted right
+    with torch.no_grad():
+        theirs = hf_model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], decoder_input_ids=tgt_in
+        ).logits.log_softmax(-1)
+        ours = model.decode(tgt_in, model.encode(batch["input_ids"])).log_softmax(-1)
+    real = labels != 1
+    assert real.sum() > 300
+    assert (ours - theirs)[real].abs().max() < 1e-4
+
+
+def test_refuses_what_does_not_map(nllb_dir, tmp_path):
+    for field, value, said in (
+        ("scale_embedding", False, "scale_embedding=false"),
+        ("tie_word_embeddings", False, "tie_word_embeddings=false"),
+        ("activation_function", "tanh", "activation_function"),
+        ("normalize_before", True, "normalize_before"),
+        ("decoder_attention_heads", 2, "decoder_attention_heads=2"),
+    ):
+        bad = tmp_path / field
+        shutil.copytree(nllb_dir, bad)
+        config = json.loads((bad / "config.json").read_text())
+        config[field] = value
+        (bad / "config.json").write_text(json.dumps(config))
+        with pytest.raises(HfError) as err:
+            import_m2m100(bad, tmp_path / f"{field}.pt")
+        message = str(err.value)
+        assert said in message and "\n" not in message and "config.json" in message
