@@ -16,6 +16,7 @@ from transformer_mt.cli import (  # noqa: F401 - importing the command modules r
     deploy,
     evaluate,
     explore,
+    merge,
     score,
     sweep,
     tokenize,

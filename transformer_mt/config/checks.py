@@ -20,7 +20,16 @@ from transformer_mt.config.rules import (
     sampling_problem,
     specials_problem,
 )
-from transformer_mt.config.sections import Config, DataConfig, DecodeConfig, ModelConfig, TokenizerConfig, TrainConfig
+from transformer_mt.config.sections import (
+    LORA_TARGETS,
+    Config,
+    DataConfig,
+    DecodeConfig,
+    FreezeConfig,
+    ModelConfig,
+    TokenizerConfig,
+    TrainConfig,
+)
 from transformer_mt.errors import TmtError
 
 
@@ -110,6 +119,7 @@ def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -
     _check_model(cfg.model, fail)
     _check_tokenizer(cfg.tokenizer, cfg.model, fail)
     _check_train(cfg.train, fail)
+    _check_finetuning(cfg.train, cfg.model, fail)
     _check_decode(cfg.decode, fail)
     _check_data(cfg.data, cfg.model, fail)
     check_corpora(cfg.data, fail)
@@ -208,6 +218,36 @@ def _check_train(t: TrainConfig, fail: Fail) -> None:
     problem = beam_problem(t.valid_beam)
     if problem:
         fail("train.valid_beam", f"{problem.value} {problem.reason}")
+
+
+def _check_finetuning(t: TrainConfig, m: ModelConfig, fail: Fail) -> None:
+    """train.lora and train.freeze: the adapters' rank, scale, dropout and targets; the parts to keep."""
+    lora, freeze = t.lora, t.freeze
+    if lora.rank < 0:
+        fail("train.lora.rank", f"{lora.rank} is negative; use 0 (off) or a small rank such as 8")
+    if lora.alpha <= 0:
+        fail("train.lora.alpha", f"{lora.alpha:g} must be positive; use e.g. 16 (the update is scaled by alpha / rank)")
+    if not 0.0 <= lora.dropout < 1.0:
+        fail("train.lora.dropout", f"{lora.dropout:g} is outside [0, 1); use 0 or e.g. 0.05")
+    for target in lora.targets:
+        if target not in LORA_TARGETS:
+            fail("train.lora.targets", f"{quote(target)} is not one of {', '.join(LORA_TARGETS)}")
+    if lora.rank > 0 and not lora.targets:
+        fail("train.lora.targets", f"is empty; name the projections to adapt, e.g. q,v (of {', '.join(LORA_TARGETS)})")
+    if len(set(lora.targets)) != len(lora.targets):
+        fail("train.lora.targets", "names a projection twice; name each once")
+    for key in ("encoder_layers", "decoder_layers"):
+        if not 0 <= getattr(freeze, key) <= getattr(m, key):
+            fail(
+                f"train.freeze.{key}",
+                f"{getattr(freeze, key)} is outside [0, model.{key}={getattr(m, key)}]; use 0 (none) up to all of them",
+            )
+    if lora.rank > 0 and freeze != FreezeConfig():
+        fail(
+            "train.freeze",
+            "applies without train.lora only: LoRA already keeps every weight but its adapters; "
+            "remove train.freeze or set train.lora.rank: 0",
+        )
 
 
 def _check_schedule(t: TrainConfig, fail: Fail) -> None:

@@ -176,6 +176,8 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
         (item,) = typ.__args__
         if value is None:
             return []
+        if item is str and isinstance(value, str):  # a list of names as one comma string: "q,v", as --set takes it
+            value = [part.strip() for part in value.split(",") if part.strip()]
         if not isinstance(value, list):
             raise ConfigError(f"{where}: expected a list of {_record_keys(item)} entries, got {quote(value)}")
         if len(value) > MAX_RECORDS:

@@ -135,6 +135,33 @@ class ModelConfig:
         return self.bos_id if self.decoder_start_id == -1 else self.decoder_start_id
 
 
+LORA_TARGETS = ("q", "k", "v", "o", "ffn1", "ffn2")  # the projections train.lora.targets may name
+
+
+@dataclass
+class LoraConfig:
+    """Low-rank adapters (LoRA, Hu et al. 2021) as ``train.lora``: each chosen projection computes
+    W x + (alpha / rank) B A x with W frozen and only A (rank, in) and B (out, rank) trained."""
+
+    rank: int = 0  # r, the adapters' inner size; 0 = off (every weight trains, as train.freeze leaves it)
+    alpha: float = 16.0  # the update is scaled by alpha / rank, so that a new rank needs no new learning rate
+    dropout: float = 0.0  # dropout on the adapters' input (the base product sees the input undropped)
+    # which projections get an adapter: q, k, v (attention's W^Q, W^K, W^V), o (W^O), ffn1, ffn2 (the feed-forward's
+    # two products), in every attention of both stacks; a list or a comma string such as "q,v"
+    targets: list[str] = field(default_factory=lambda: ["q", "v"])
+
+
+@dataclass
+class FreezeConfig:
+    """Parts of the model that keep their weights while the rest trains (``train.freeze``; without LoRA)."""
+
+    embeddings: bool = False  # the embedding tables, learned positions and the output projection (tied or not)
+    encoder: bool = False  # every encoder layer and the encoder's final norm
+    decoder: bool = False  # every decoder layer and the decoder's final norm
+    encoder_layers: int = 0  # the first N encoder layers (those nearest the embeddings); 0 = none
+    decoder_layers: int = 0  # the first N decoder layers; 0 = none
+
+
 @dataclass
 class TrainConfig:
     """The optimisation loop, its schedule, checkpoints and stopping rules."""
@@ -199,6 +226,8 @@ class TrainConfig:
     compile_mode: str = "default"
     pad_to_multiple: int = 0  # sequence lengths padded up to a multiple of this (fewer shapes to compile); 0 = auto
     packed: str = "auto"  # variable-length packed batches, no compute on padding: auto (with the cuda backend), on, off
+    lora: LoraConfig = field(default_factory=LoraConfig)  # low-rank adapters; rank 0 = off (full fine-tuning)
+    freeze: FreezeConfig = field(default_factory=FreezeConfig)  # parts kept as they are while the rest trains
 
     @property
     def numbered_spacing(self) -> int:

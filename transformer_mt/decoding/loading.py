@@ -21,7 +21,7 @@ from transformer_mt.config import MAX_POSITION_TABLE_BYTES, Config
 from transformer_mt.decoding.lengths import positions_needed
 from transformer_mt.decoding.rebuild import rebuild_model
 from transformer_mt.decoding.results import TranslateError
-from transformer_mt.model import Transformer
+from transformer_mt.model import Transformer, merge_lora_weights
 from transformer_mt.text import SpecialIds, Tokenizer, is_multilingual, language_tag, target_languages
 
 
@@ -73,6 +73,8 @@ def model_from_checkpoint(
                 "an ensemble needs checkpoints trained into the same languages"
             )
     weights_dict = model_weights(state, weights=weights, source=str(path))
+    # LoRA adapters merged at load: the plain model decodes at its own speed, on every fast path, and exports as is
+    weights_dict = merge_lora_weights(weights_dict, cfg.model, cfg.train.lora)
     # the table a Translator sizes for the longest source and output, refused before the model's own is built
     check_position_table(
         cfg, positions_needed(cfg.model.max_positions, max_len_a=cfg.decode.max_len_a, max_len_b=cfg.decode.max_len_b)

@@ -5,6 +5,14 @@ model computes with."""
 from transformer_mt.model.attention import BlockDiagonal, MultiHeadAttention, Segments, allowed_mask
 from transformer_mt.model.cache import DecoderCache
 from transformer_mt.model.ensemble import Ensemble, EnsembleCache
+from transformer_mt.model.lora import (
+    LoRA,
+    LoraError,
+    adapter_weights,
+    add_lora,
+    is_adapter_name,
+    merge_lora_weights,
+)
 from transformer_mt.model.loss import (
     Packing,
     TeacherForcedLoss,
@@ -33,6 +41,8 @@ __all__ = [
     "Ensemble",
     "EnsembleCache",
     "LayerNorm",
+    "LoRA",
+    "LoraError",
     "MultiHeadAttention",
     "Ops",
     "PackedEncoderOut",
@@ -42,12 +52,16 @@ __all__ = [
     "StaticBuffers",
     "StaticDecoderCache",
     "TeacherForcedLoss",
+    "adapter_weights",
+    "add_lora",
     "Transformer",
     "allowed_mask",
     "choose_ops",
     "count_parameters",
     "fixnorm",
+    "is_adapter_name",
     "label_smoothed_nll_loss",
+    "merge_lora_weights",
     "perplexity",
     "projected_label_smoothed_loss",
     "sinusoids",

@@ -1,6 +1,14 @@
-"""The training loop and what it owns: train state, checkpoint policy, stopping, optimizer, EMA, logs."""
+"""The training loop and what it owns: train state, checkpoint policy, stopping, optimizer, EMA, logs; what trains
+(LoRA adapters, frozen parts) and `tmt merge`."""
 
 from transformer_mt.training.ema import EMA
+from transformer_mt.training.finetuning import (
+    TrainedShare,
+    adapter_path,
+    freeze_parts,
+    merge_checkpoint,
+    prepare_for_training,
+)
 from transformer_mt.training.optim import (
     Scheduler,
     budget_fraction,
@@ -39,18 +47,23 @@ __all__ = [
     "TensorBoardLog",
     "TrainError",
     "TrainResult",
+    "TrainedShare",
     "TrainState",
     "Trainer",
     "UpdateBatches",
     "UpdateStats",
+    "adapter_path",
     "budget_fraction",
     "build_optimizer",
     "build_scheduler",
+    "freeze_parts",
     "inverse_sqrt_lr",
     "linear_lr",
+    "merge_checkpoint",
     "newest_checkpoint",
     "noam_lr",
     "param_groups",
+    "prepare_for_training",
     "resumed_config",
     "set_up",
     "target_tokens",

@@ -34,6 +34,7 @@ from transformer_mt.checkpoint import (
     save_checkpoint,
 )
 from transformer_mt.config import TrainConfig
+from transformer_mt.training.finetuning import adapter_path, adapter_state
 from transformer_mt.training.rundir import RunDirError
 
 LAST, BEST = "checkpoint_last.pt", "checkpoint_best.pt"
@@ -78,8 +79,14 @@ class CheckpointPolicy:
         first = save_checkpoint(state, paths[0])
         for path in paths[1:]:
             copy_checkpoint(first, path)
+        adapters = adapter_state(state)  # a LoRA run's adapters and their config, written beside each checkpoint too
+        if adapters is not None:
+            for path in paths:
+                save_checkpoint(adapters, adapter_path(path))
         if any(path.name not in (LAST, BEST) for path in paths):
-            prune_checkpoints(self.out, self.t.keep_last, keep_every=self.t.keep_every)
+            pruned = prune_checkpoints(self.out, self.t.keep_last, keep_every=self.t.keep_every)
+            for path in pruned:
+                adapter_path(path).unlink(missing_ok=True)
 
 
 def newest_checkpoint(

@@ -22,13 +22,21 @@ from pathlib import Path
 import torch
 
 from transformer_mt import runtime
-from transformer_mt.checkpoint import model_weights
+from transformer_mt.checkpoint import config_from_checkpoint, model_weights
 from transformer_mt.config import Config, TrainConfig, save_config
-from transformer_mt.model import TeacherForcedLoss, Transformer, choose_ops, count_parameters
+from transformer_mt.model import (
+    TeacherForcedLoss,
+    Transformer,
+    choose_ops,
+    count_parameters,
+    is_adapter_name,
+    merge_lora_weights,
+)
 from transformer_mt.model.ops.compiling import Compiler, CompileSettings, compile_model, compile_setting, pad_multiple
 from transformer_mt.text import Tokenizer
 from transformer_mt.training.corpora import batching_of, check_batching, load_data
 from transformer_mt.training.ema import EMA
+from transformer_mt.training.finetuning import TrainedShare, prepare_for_training
 from transformer_mt.training.optim import build_optimizer, build_scheduler
 from transformer_mt.training.policy import CheckpointPolicy
 from transformer_mt.training.run import Run, RunData, TrainError, main_rank_work
@@ -113,6 +121,9 @@ def set_up(cfg: Config, *, resume: bool, overwrite: bool = False) -> Run:
             f"model: {count_parameters(state.model):,} parameters; device {device}, dtype {t.dtype}, "
             f"{torch.get_num_threads()} threads{processes(dist, t)}"
         )
+        share = TrainedShare.of(state.model)
+        if share.frozen:  # LoRA or frozen parts: what trains, and what it holds in memory
+            log(share.describe())
 
         # 8. the module the training forward runs, built last and straight into the Run: a failure before it leaves
         # no DDP wrapper alive to outlive the process group (Run.close says why that matters)
@@ -182,8 +193,8 @@ def build_state(
     so it alone keeps the moving average (of the unwrapped model)."""
     ops = choose_ops(t.ops, device, setting="train.ops")  # the backend for this device (model.ops)
     model = Transformer(cfg.model, src_vocab_size=toks[0].vocab_size, tgt_vocab_size=toks[1].vocab_size, ops=ops)
-    model = model.to(device)
-    optimizer = build_optimizer(model, t)
+    model = prepare_for_training(model.to(device), t)  # train.lora's adapters, or train.freeze's parts frozen
+    optimizer = build_optimizer(model, t)  # of the parameters that train
     return TrainState(
         cfg=cfg,
         train_cfg=t,
@@ -198,10 +209,17 @@ def build_state(
 
 
 def initialize(state: TrainState, init: dict, *, source: Path) -> None:
-    """A fine-tuning run's first weights: the checkpoint's (its EMA weights when it has them, as decoding takes them),
-    and the moving average restarted from them. Optimizer, schedule and progress stay fresh."""
+    """A fine-tuning run's first weights: the checkpoint's (its EMA weights when it has them, as decoding takes them,
+    with a LoRA checkpoint's adapters merged in), and the moving average restarted from them. Optimizer, schedule and
+    progress stay fresh; a LoRA run's new adapters keep their initialisation (B = 0: the model starts as the
+    checkpoint)."""
+    saved = config_from_checkpoint(init, source=str(source))
+    # a LoRA checkpoint's adapters folded in: a LoRA run from it starts fresh adapters on its merged weights
+    weights = merge_lora_weights(model_weights(init, source=str(source)), saved.model, saved.train.lora)
     try:
-        state.model.load_state_dict(model_weights(init, source=str(source)))
+        missing, _ = state.model.load_state_dict(weights, strict=False)
+        if any(not is_adapter_name(name) for name in missing) or weights.keys() - state.model.state_dict().keys():
+            state.model.load_state_dict(weights)  # torch names the first missing or unexpected tensor
     except RuntimeError as exc:  # missing, unexpected or differently shaped tensors: torch lists them, one per line
         first = next((line.strip() for line in str(exc).splitlines()[1:] if line.strip()), str(exc).strip())
         raise TrainError(

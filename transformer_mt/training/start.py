@@ -24,6 +24,7 @@ from transformer_mt.checkpoint import (
 from transformer_mt.config import Config
 from transformer_mt.data import prepare_tokenizers
 from transformer_mt.decoding.rebuild import check_fit
+from transformer_mt.model import merge_lora_weights
 from transformer_mt.text import Tokenizer
 from transformer_mt.training.policy import newest_checkpoint
 
@@ -71,6 +72,7 @@ def check_checkpoint_weights(state: dict, *, source: Path, weights: tuple[str | 
     file_bytes = source.stat().st_size if source.is_file() else None
     for which in weights:
         chosen = model_weights(state, weights=which, source=str(source))
+        chosen = merge_lora_weights(chosen, saved.model, saved.train.lora)  # base weights checked; adapters on load
         check_fit(
             saved.model,
             chosen,

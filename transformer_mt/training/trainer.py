@@ -26,6 +26,7 @@ from transformer_mt.data import Batch, SampledSegmentation
 from transformer_mt.model import Transformer
 from transformer_mt.training.corpora import corpus_tokens
 from transformer_mt.training.ema import EMA
+from transformer_mt.training.finetuning import TrainedShare
 from transformer_mt.training.optim import Scheduler
 from transformer_mt.training.run import Run, TrainError, main_rank_work
 from transformer_mt.training.run_config import train_config_from_cli
@@ -250,6 +251,10 @@ class Trainer:
         if run.compiler is not None:  # what train.compile compiled, and how often
             run.log(run.compiler.summary())
         cost = run_cost(self.progress, run.t, device=run.device, world_size=run.dist.world_size)
+        share = TrainedShare.of(self.state.model)
+        if share.frozen:  # LoRA or frozen parts: what trained, in the summary record and the log's last lines
+            cost = {**cost, **share.as_record()}
+            run.log(share.describe())
         run.runlog.end(
             self.progress,
             reason=reason,
