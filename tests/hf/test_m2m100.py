@@ -18,7 +18,7 @@ transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
 
 from transformer_mt.checkpoint import load_checkpoint  # noqa: E402
-from transformer_mt.decoding import model_from_checkpoint  # noqa: E402
+from transformer_mt.decoding import ForcedPrefix, model_from_checkpoint, search  # noqa: E402
 from transformer_mt.hf import HfError  # noqa: E402
 from transformer_mt.hf.m2m100_importer import import_m2m100  # noqa: E402
 
@@ -74,6 +74,7 @@ def nllb_dir(multi30k, tmp_path_factory) -> Path:
         for name, p in model.named_parameters():
             if "layer_norm" in name or name.endswith(".bias"):
                 p.add_(0.2 * torch.randn_like(p))
+        model.model.shared.weight[2] *= 2.5  # a longer </s> row, so that some outputs end before the length limit
     model.save_pretrained(str(root))
     return root
 
@@ -148,3 +149,47 @@ def test_refuses_what_does_not_map(nllb_dir, tmp_path):
             import_m2m100(bad, tmp_path / f"{field}.pt")
         message = str(err.value)
         assert said in message and "\n" not in message and "config.json" in message
+
+
+def _generate_both(nllb_dir: Path, imported, sentences: list[str], tgt: str, *, beam: int, length: int):
+    """transformers' generate and tmt's search of the same sources, both with ``length`` pieces at most after the
+    language code; tmt never generates <s> and <pad>, which transformers is told to suppress too."""
+    hf_model, hf_tok = _hf(nllb_dir)
+    model, tok = _tmt(imported[0])
+    hf_tok.src_lang = "eng_Latn"
+    batch = hf_tok(sentences, return_tensors="pt", padding=True)
+    code = tok.vocab.index(tgt)
+    with torch.no_grad():
+        out = hf_model.generate(
+            **batch,
+            num_beams=beam,
+            do_sample=False,
+            length_penalty=0.0,
+            forced_bos_token_id=code,
+            max_new_tokens=length + 1,
+            suppress_tokens=[0, 1],
+            early_stopping=False,
+        )
+        hyps = search(
+            ForcedPrefix(model, [code]), batch["input_ids"], beam=beam, lenpen=0.0, max_len_a=0, max_len_b=length
+        )
+    theirs = []
+    for row in out.tolist():
+        assert row[:2] == [2, code]
+        pieces = row[2:]
+        theirs.append(pieces[: pieces.index(2)] if 2 in pieces else [p for p in pieces if p != 1])
+    return [h[0].tokens for h in hyps], theirs
+
+
+@pytest.mark.parametrize("tgt", ["deu_Latn", "fra_Latn"])
+def test_greedy_equals_generate(nllb_dir, imported, sentences, tgt):
+    ours, theirs = _generate_both(nllb_dir, imported, sentences, tgt, beam=1, length=24)
+    assert any(len(t) < 24 for t in theirs)  # some end with </s> before the limit
+    assert ours == theirs
+
+
+@pytest.mark.parametrize("tgt", ["deu_Latn", "fra_Latn"])
+def test_beam4_equals_generate(nllb_dir, imported, sentences, tgt):
+    ours, theirs = _generate_both(nllb_dir, imported, sentences, tgt, beam=4, length=24)
+    assert any(len(t) < 24 for t in theirs)
+    assert ours == theirs

@@ -25,6 +25,7 @@ from transformer_mt.decoding.greedy import greedy_search, greedy_search_batches
 from transformer_mt.decoding.lengths import length_penalty, max_output_length, positions_needed
 from transformer_mt.decoding.loading import CheckpointModel, model_from_checkpoint
 from transformer_mt.decoding.mbr import Candidate, MbrError, mbr_choose, mbr_files, pool_weights, read_candidates
+from transformer_mt.decoding.prefix import ForcedPrefix
 from transformer_mt.decoding.protocol import BeamStep, Hypothesis, SearchCache, SearchError, SearchModel
 from transformer_mt.decoding.results import (
     TextTranslator,
@@ -40,6 +41,7 @@ from transformer_mt.decoding.streams import translate_stream
 from transformer_mt.decoding.translator import LanguageTranslator, Translator, load
 
 __all__ = [
+    "ForcedPrefix",
     "BeamStep",
     "Candidate",
     "CheckpointModel",
