@@ -102,7 +102,11 @@ def _suggest(name: str, valid: list[str]) -> str:
     close = difflib.get_close_matches(name, valid, n=1, cutoff=0.5) if len(name) <= 100 else []
     if close:
         return f"did you mean '{close[0]}'?"
-    return "valid keys: " + ", ".join(valid)
+    listed = ", ".join(valid)
+    if len(listed) <= 300:
+        return "valid keys: " + listed
+    # a section of many keys (train): the message stays one readable line, the rest is in the docs
+    return f"valid keys include: {listed[:240].rsplit(', ', 1)[0]}, ... (docs/configuration.md lists all {len(valid)})"
 
 
 def _coerce_bool(value: Any, where: str) -> bool:
@@ -179,7 +183,8 @@ def _coerce(value: Any, typ: Any, where: str) -> Any:
         if item is str and isinstance(value, str):  # a list of names as one comma string: "q,v", as --set takes it
             value = [part.strip() for part in value.split(",") if part.strip()]
         if not isinstance(value, list):
-            raise ConfigError(f"{where}: expected a list of {_record_keys(item)} entries, got {quote(value)}")
+            what = f"{_record_keys(item)} entries" if dataclasses.is_dataclass(item) else "names (or one comma string)"
+            raise ConfigError(f"{where}: expected a list of {what}, got {quote(value)}")
         if len(value) > MAX_RECORDS:
             raise ConfigError(f"{where}: {len(value):,} entries; give at most {MAX_RECORDS}")
         return [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
