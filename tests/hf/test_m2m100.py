@@ -193,3 +193,27 @@ def test_beam4_equals_generate(nllb_dir, imported, sentences, tgt):
     ours, theirs = _generate_both(nllb_dir, imported, sentences, tgt, beam=4, length=24)
     assert any(len(t) < 24 for t in theirs)
     assert ours == theirs
+
+
+def test_export_loads_in_transformers_and_round_trips(nllb_dir, imported, sentences, tmp_path):
+    from transformer_mt.hf.m2m100_exporter import export_m2m100
+
+    path, ckpt = imported
+    out = export_m2m100(path, tmp_path / "exported")
+    again = load_checkpoint(import_m2m100(out, tmp_path / "again.pt"))
+    assert again["config"] == ckpt["config"]
+    assert again["tokenizers"]["src_vocab"] == ckpt["tokenizers"]["src_vocab"]
+    assert again["model"].keys() == ckpt["model"].keys()
+    assert all(torch.equal(again["model"][k], ckpt["model"][k]) for k in ckpt["model"])
+    original, _ = _hf(nllb_dir)
+    exported, tok = _hf(out)
+    tok.src_lang = "eng_Latn"
+    batch = tok(sentences, return_tensors="pt", padding=True)
+    _, their_tok = _hf(nllb_dir)
+    their_tok.src_lang = "eng_Latn"
+    assert batch["input_ids"].tolist() == their_tok(sentences, return_tensors="pt", padding=True)["input_ids"].tolist()
+    start = torch.tensor([[2, tok.convert_tokens_to_ids("fra_Latn")]] * len(sentences))
+    with torch.no_grad():
+        a = original(**batch, decoder_input_ids=start).logits
+        b = exported(**batch, decoder_input_ids=start).logits
+    assert torch.equal(a, b)

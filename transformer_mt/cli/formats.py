@@ -34,6 +34,7 @@ class Format:
 EXPORT_FORMATS: tuple[Format, ...] = (  # the first is `tmt export`'s default
     Format("ctranslate2", "CTranslate2", "transformer_mt.export.ctranslate2:CTranslate2Exporter"),
     Format("marian-hf", "Hugging Face MarianMT, transformers", "transformer_mt.hf.exporter:MarianExporter"),
+    Format("m2m100-hf", "Hugging Face M2M100 / NLLB, transformers", "transformer_mt.hf.m2m100_exporter:M2M100Exporter"),
 )
 IMPORT_FORMATS: tuple[Format, ...] = (
     Format("marian-hf", "Hugging Face MarianMT / OPUS-MT", "transformer_mt.hf.importer:MarianImporter"),

@@ -11,7 +11,8 @@ found as ``model.encoder.embed_tokens`` / ``model.decoder.embed_tokens`` / ``lm_
 matrix ``src_embed`` = ``tgt_embed`` = ``output_proj``; ``model.encoder.layer_norm`` / ``model.decoder.layer_norm``
 are ``encoder_norm`` / ``decoder_norm``.
 
-The tokenizer: ``sentencepiece.bpe.model`` segments, and ``tokenizer.json`` gives each piece its id (NLLB's
+The tokenizer: ``sentencepiece.bpe.model`` segments, and ``tokenizer.json`` (without it: NllbTokenizer's
+conversion of the sentencepiece model, :func:`nllb_pieces`) gives each piece its id (NLLB's
 fairseq layout: ``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3, sentencepiece's piece i at i + 1, then the added
 tokens: ``<mask>`` and the language codes, at the ids the file states). The language codes
 (``tokenizer_config.json``'s ``extra_special_tokens`` or ``additional_special_tokens``) become
@@ -26,6 +27,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import sentencepiece as spm
 import torch
 from torch import Tensor
 
@@ -57,6 +59,7 @@ SHARED = (
     "lm_head.weight",
 )
 LANGUAGE_CODE = re.compile(r"[a-z]{2,3}(?:_[A-Z][a-z]{3})?|__[a-z]{2,3}__")  # NLLB's fra_Latn, M2M100's __fr__
+NLLB_SPECIALS = ["<s>", "<pad>", "</s>", "<unk>"]  # fairseq's dictionary: ids 0-3
 FINAL_NORMS = {"encoder_norm": "model.encoder.layer_norm", "decoder_norm": "model.decoder.layer_norm"}
 
 
@@ -117,14 +120,14 @@ def read_tokenizer(directory: Path) -> tuple[bytes, list[str], list[str]]:
     """The sentencepiece model, the piece of every id (``tokenizer.json``: its model's vocabulary and added tokens)
     and the language codes, in the order the tokenizer lists them."""
     spm_path, json_path = directory / SPM, directory / TOKENIZER_JSON
-    for path in (spm_path, json_path):
-        if not path.is_file():
-            raise HfError(
-                f"{path}: not found; NLLB's tokenizer files (sentencepiece.bpe.model, tokenizer.json) belong "
-                "beside config.json"
-            )
+    if not spm_path.is_file():
+        raise HfError(f"{spm_path}: not found; NLLB's sentencepiece model belongs beside config.json")
     if spm_path.stat().st_size > MAX_VOCAB_BYTES:
         raise HfError(f"{spm_path}: more than {MAX_VOCAB_BYTES:,} bytes; download it again")
+    proto = spm_path.read_bytes()
+    codes = _language_codes(directory / TOKENIZER_CONFIG)
+    if not json_path.is_file():  # NllbTokenizer converts the sentencepiece model: its ids follow nllb_pieces
+        return proto, nllb_pieces(proto, codes), codes
     table = read_json(json_path, max_bytes=MAX_VOCAB_BYTES)
     model = table.get("model")
     pieces = model.get("vocab") if isinstance(model, dict) else None
@@ -136,26 +139,38 @@ def read_tokenizer(directory: Path) -> tuple[bytes, list[str], list[str]]:
         if not isinstance(token, dict) or not isinstance(token.get("content"), str):
             raise HfError(f"{json_path}: an added token {quote(token)} has no content; re-save the tokenizer")
         ids[token["content"]] = token.get("id")
-    vocab: list[str | None] = [None] * len(ids)
+    listed: list[str | None] = [None] * len(ids)
     for piece, index in ids.items():
-        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(ids) or vocab[index]:
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(ids) or listed[index]:
             raise HfError(
                 f"{json_path}: piece {quote(piece)} has id {quote(index)}; ids must be 0..{len(ids) - 1}, each once"
             )
-        vocab[index] = piece
-    tok_config_path = directory / TOKENIZER_CONFIG
-    tok_config = read_json(tok_config_path) if tok_config_path.is_file() else {}
+        listed[index] = piece
+    missing = [code for code in codes if code not in ids]
+    if missing:
+        raise HfError(f"{json_path}: the language code {quote(missing[0])} is not in it; re-save the tokenizer")
+    return proto, [p for p in listed if p is not None], codes
+
+
+def _language_codes(path: Path) -> list[str]:
+    """The language codes ``tokenizer_config.json`` lists (``extra_special_tokens``, formerly
+    ``additional_special_tokens``), in order."""
+    tok_config = read_json(path) if path.is_file() else {}
     listed = tok_config.get("extra_special_tokens") or tok_config.get("additional_special_tokens") or []
     if not isinstance(listed, list):
-        raise HfError(f"{tok_config_path}: extra_special_tokens must be a list of language codes")
+        raise HfError(f'{path}: extra_special_tokens must be a list of language codes, e.g. ["fra_Latn"]')
     codes = [c.get("content") if isinstance(c, dict) else c for c in listed]
     for code in codes:
-        if not isinstance(code, str) or not LANGUAGE_CODE.fullmatch(code) or code not in ids:
-            raise HfError(
-                f"{tok_config_path}: {quote(code)} is not a language code of the vocabulary (e.g. fra_Latn); "
-                "re-save the tokenizer"
-            )
-    return spm_path.read_bytes(), [p for p in vocab if p is not None], [c for c in codes if isinstance(c, str)]
+        if not isinstance(code, str) or not LANGUAGE_CODE.fullmatch(code):
+            raise HfError(f"{path}: {quote(code)} is not a language code (e.g. fra_Latn); re-save the tokenizer")
+    return [c for c in codes if isinstance(c, str)]
+
+
+def nllb_pieces(proto: bytes, languages: list[str]) -> list[str]:
+    """The piece of every id as NllbTokenizer converts a sentencepiece model with ``languages`` as its codes:
+    fairseq's <s> <pad> </s> <unk>, sentencepiece's pieces from its fourth on (id + 1), <mask>, the codes."""
+    sp = spm.SentencePieceProcessor(model_proto=proto)
+    return NLLB_SPECIALS + [sp.id_to_piece(i) for i in range(3, sp.get_piece_size())] + ["<mask>", *languages]
 
 
 def m2m100_layout(model: Transformer, stored: dict[str, Stored]) -> Layout:

@@ -1,0 +1,136 @@
+"""``tmt export --format m2m100-hf -o DIR``: a tmt checkpoint of M2M100's architecture as an M2M100 / NLLB directory.
+
+``transformers.M2M100ForConditionalGeneration.from_pretrained(DIR)`` and ``NllbTokenizer.from_pretrained(DIR)``
+load it with no custom code: ``config.json`` (:func:`~transformer_mt.hf.m2m100_config.m2m100_config`),
+``generation_config.json``, ``model.safetensors`` (the importer's names, :mod:`~transformer_mt.hf.m2m100_importer`,
+the one shared matrix as ``model.shared.weight``), ``sentencepiece.bpe.model`` and ``tokenizer_config.json``
+(``NllbTokenizer`` with the checkpoint's language codes), and the ``tmt_export.json`` marker.
+
+The tokenizer is rebuilt by transformers from the sentencepiece model, which gives NllbTokenizer's ids: ``<s>``,
+``<pad>``, ``</s>``, ``<unk>``, sentencepiece's pieces from its fourth on, ``<mask>``, then the language codes. A
+checkpoint whose vocabulary is in another order (NLLB-200's own puts the codes before ``<mask>``) is refused, in one
+line, rather than written with a tokenizer whose ids would not be the model's.
+
+Refused as well (:func:`~transformer_mt.hf.m2m100_config.m2m100_refusal`): any model section M2M100 cannot compute
+(post-norm, other positions, an output bias, a restricted output layer, separate vocabularies).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from torch import Tensor
+
+from transformer_mt import __version__
+from transformer_mt.checkpoint import Exporter, output_problem, staged_directory, write_export_marker
+from transformer_mt.decoding import model_from_checkpoint
+from transformer_mt.hf.errors import HfError, require_safetensors
+from transformer_mt.hf.m2m100_config import m2m100_config, m2m100_refusal
+from transformer_mt.hf.m2m100_importer import FINAL_NORMS, SPM, nllb_pieces
+from transformer_mt.hf.vocab import TOKENIZER_CONFIG
+from transformer_mt.hf.weights import ATTENTION, DECODER, ENCODER, SAFETENSORS
+from transformer_mt.model import Transformer
+
+GENERATION_CONFIG = "generation_config.json"
+
+
+class M2M100Exporter(Exporter):
+    """`tmt export --format m2m100-hf`: :func:`export_m2m100`, float32 weights only."""
+
+    def convert(
+        self,
+        checkpoint: str | os.PathLike,
+        output: str | os.PathLike,
+        *,
+        quantization: str | None = None,
+        force: bool = False,
+    ) -> Path:
+        if quantization is not None:
+            raise HfError("--quantization applies to --format ctranslate2 only; m2m100-hf writes float32 weights")
+        return export_m2m100(checkpoint, output, force=force)
+
+    def summary(self, output: Path, *, quantization: str | None) -> str:  # noqa: ARG002 - always float32
+        return (
+            f"wrote {output} (m2m100-hf); load it with M2M100ForConditionalGeneration.from_pretrained and "
+            "NllbTokenizer.from_pretrained"
+        )
+
+
+def export_m2m100(checkpoint: str | os.PathLike, output: str | os.PathLike, *, force: bool = False) -> Path:
+    """Write ``checkpoint`` (its EMA weights when it has them) as the M2M100 directory ``output``; returns it."""
+    out = Path(output)
+    problem = output_problem(out, force=force)
+    if problem:
+        raise HfError(problem)
+    model, cfg, src_tok, tgt_tok, _ = model_from_checkpoint(checkpoint)
+    refusal = m2m100_refusal(cfg.model)
+    if refusal is None and src_tok != tgt_tok:
+        refusal = "the source and target tokenizers differ; M2M100 has one vocabulary"
+    languages = cfg.model.decoder_languages.split()
+    if refusal is None and nllb_pieces(src_tok.proto, languages) != src_tok.pieces():
+        refusal = (
+            "its vocabulary is not in NllbTokenizer's order (<s> <pad> </s> <unk>, the sentencepiece pieces, <mask>, "
+            "the model.decoder_languages codes)"
+        )
+    if refusal:
+        raise HfError(f"{checkpoint}: cannot export to m2m100-hf: {refusal}")
+    st = require_safetensors()
+    m = cfg.model
+    files = {
+        "config.json": m2m100_config(m, vocab_size=src_tok.vocab_size),
+        GENERATION_CONFIG: {
+            "decoder_start_token_id": m.start_id,
+            "bos_token_id": m.bos_id,
+            "eos_token_id": m.eos_id,
+            "pad_token_id": m.pad_id,
+            "bad_words_ids": [[m.bos_id], [m.pad_id]],  # tmt's search never generates them
+            "num_beams": cfg.decode.beam,
+            **({"length_penalty": 0.0} if cfg.decode.lenpen == 0 else {}),
+            "max_length": 512,
+        },
+        TOKENIZER_CONFIG: {
+            "tokenizer_class": "NllbTokenizer",
+            "extra_special_tokens": languages,
+            "src_lang": languages[0] if languages else None,
+            "legacy_behaviour": False,
+            "model_max_length": m.max_positions,
+        },
+    }
+    notes = {
+        "exported_by": f"transformer_mt {__version__}",
+        "checkpoint": Path(checkpoint).name,
+        "format": "m2m100-hf",
+        "note": "generate(forced_bos_token_id=<target language code's id>) is tmt's --tgt-lang",
+    }
+    with staged_directory(out) as staging:
+        for name, content in files.items():
+            (staging / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        (staging / SPM).write_bytes(src_tok.proto)
+        st.save_file(m2m100_state(model), str(staging / SAFETENSORS), metadata={"format": "pt"})
+        write_export_marker(staging, notes)
+    return out
+
+
+def m2m100_state(model: Transformer) -> dict[str, Tensor]:
+    """``model``'s weights under M2M100's names, contiguous float32 copies; the shared matrix once."""
+    cfg = model.cfg
+    state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    out = {"model.shared.weight": state["src_embed.weight"]}
+    for ours, theirs in FINAL_NORMS.items():
+        for kind in ("weight", "bias"):
+            out[f"{theirs}.{kind}"] = state[f"{ours}.{kind}"]
+    for stack, count, plain in (("encoder", cfg.encoder_layers, ENCODER), ("decoder", cfg.decoder_layers, DECODER)):
+        for i in range(count):
+            hf, ours = f"model.{stack}.layers.{i}.", f"{stack}.{i}."
+            for theirs, mine in ATTENTION[stack].items():
+                for kind in ("weight", "bias"):  # tmt's fused [W^Q; W^K; W^V] rows
+                    q, k, v = state[f"{ours}{mine}.in_{kind}"].split(cfg.d_model)
+                    for p, part in (("q", q), ("k", k), ("v", v)):
+                        out[f"{hf}{theirs}.{p}_proj.{kind}"] = part
+                    out[f"{hf}{theirs}.out_proj.{kind}"] = state[f"{ours}{mine}.out.{kind}"]
+            for theirs, mine in plain.items():
+                for kind in ("weight", "bias"):
+                    out[f"{hf}{theirs}.{kind}"] = state[f"{ours}{mine}.{kind}"]
+    return {k: v.contiguous() for k, v in out.items()}
