@@ -97,12 +97,16 @@ def test_lora_fine_tuning_lowers_the_loss_resumes_exactly_and_merges(tiny_run, t
         resume=True,
     )
     assert [r["loss"] for r in _rows(split, "train")] == [r["loss"] for r in _rows(whole, "train")]
+    capsys.readouterr()  # the runs' own log lines
+    code, _, err = run_cli(["train", "--resume", split, "--set", "train.lora.rank=8"], capsys)
+    assert code == 2 and err.count("\n") == 1 and "train.lora and train.freeze cannot change" in err
     resumed = load_checkpoint(split / "checkpoint_last.pt")
     for name, tensor in last["model"].items():
         assert torch.equal(tensor, resumed["model"][name]), name
 
     # decoding the LoRA checkpoint (merged at load) and its `tmt merge` output give the same translations
     merged = tmp_path / "merged.pt"
+    capsys.readouterr()
     code, out, err = run_cli(["merge", "-c", whole / "checkpoint_last.pt", "-o", merged], capsys)
     assert code == 0, err
     plain = load_checkpoint(merged)
@@ -115,6 +119,7 @@ def test_lora_fine_tuning_lowers_the_loss_resumes_exactly_and_merges(tiny_run, t
     b = transformer_mt.load(merged, device="cpu").translate(lines)
     assert a == b
 
+    capsys.readouterr()
     code, _, err = run_cli(["merge", "-c", init], capsys)  # an ordinary checkpoint: one line, exit 2
     assert code == 2 and err.count("\n") == 1 and "no LoRA adapters" in err
 
@@ -122,8 +127,15 @@ def test_lora_fine_tuning_lowers_the_loss_resumes_exactly_and_merges(tiny_run, t
 def test_freezing_the_encoder_keeps_its_weights_bit_identical(tiny_run, tmp_path):
     init = tiny_run.checkpoint
     out = tmp_path / "frozen"
-    _fine_tune(tmp_path, tiny_run.corpus, init, out, max_updates=3, freeze={"encoder": True, "decoder_layers": 1})
-    before, after = load_checkpoint(init)["model"], load_checkpoint(out / "checkpoint_last.pt")["model"]
+    freeze = {"encoder": True, "decoder_layers": 1}
+    _fine_tune(tmp_path, tiny_run.corpus, init, out, max_updates=3, freeze=freeze, ema_decay=0.5)
+    last = load_checkpoint(out / "checkpoint_last.pt")
+    before, after = load_checkpoint(init)["model"], last["model"]
+    # the moving average keeps shadows of what trains only; decoding takes them over the frozen weights
+    assert last["ema"]["weights"] and not any(n.startswith(("encoder", "decoder.0.")) for n in last["ema"]["weights"])
+    import transformer_mt
+
+    assert len(transformer_mt.load(out / "checkpoint_last.pt", device="cpu").translate(["A man.", ""])) == 2
     frozen = [n for n in before if n.startswith(("encoder.", "encoder_norm.", "decoder.0."))]
     trained = [n for n in before if n.startswith("decoder.1.") and n.endswith("weight")]
     assert frozen and trained

@@ -37,7 +37,7 @@ def ema_decay_at(ema_decay: float, updates: int) -> float:
 
 
 class EMA:
-    """fp32 shadow copies of `model`'s floating parameters, moved towards the parameters by `update()`."""
+    """fp32 shadow copies of `model`'s floating parameters that train, moved towards the parameters by `update()`."""
 
     def __init__(self, model: nn.Module, *, decay: float):
         if not 0.0 <= decay < 1.0:
@@ -48,7 +48,7 @@ class EMA:
         self.names: dict[str, int] = {}
         index: dict[int, int] = {}
         for name, p in model.named_parameters(remove_duplicate=False):
-            if not p.is_floating_point():
+            if not p.is_floating_point() or not p.requires_grad:  # a frozen weight (LoRA, train.freeze) is its own mean
                 continue
             if id(p) not in index:
                 index[id(p)] = len(self.params)

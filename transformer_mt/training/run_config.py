@@ -85,5 +85,10 @@ def resumed_config(run_dir: Path, overrides: list[str]) -> Config:
             f"--resume {run_dir}: model.* and tokenizer.* cannot change when resuming; "
             "start a new run in another train.out_dir"
         )
+    if cfg.train.lora != saved.train.lora or cfg.train.freeze != saved.train.freeze:  # the parameters that train
+        raise ConfigError(
+            f"--resume {run_dir}: train.lora and train.freeze cannot change when resuming (the optimizer holds the "
+            "parameters they train); start a new run with --init-from one of its checkpoints"
+        )
     cfg.train.out_dir = str(run_dir)
     return cfg
