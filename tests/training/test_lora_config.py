@@ -60,3 +60,13 @@ def test_tmt_merge_of_a_file_that_is_not_there_is_one_line(tmp_path: Path, capsy
     torch.save({"x": 1}, tmp_path / "out.pt")
     code, _, err = run_cli(["merge", "-c", tmp_path / "nope.pt", "-o", tmp_path / "out.pt"], capsys)
     assert code == 2 and "--force" in err and err.count("\n") == 1
+
+
+def test_overwrite_removes_the_adapter_files_with_their_checkpoints(tmp_path: Path) -> None:
+    from transformer_mt.training.rundir import remove_old_run
+
+    names = ["checkpoint_last.pt", "checkpoint_last.adapter.pt", "checkpoint_4.pt", "checkpoint_4.adapter.pt"]
+    for name in [*names, "notes.txt"]:
+        (tmp_path / name).write_bytes(b"x")
+    assert remove_old_run([tmp_path / "checkpoint_last.pt", tmp_path / "checkpoint_4.pt"]) == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from transformer_mt.checkpoint import numbered_checkpoints
 from transformer_mt.errors import TmtError
+from transformer_mt.training.finetuning import adapter_path
 
 try:  # POSIX; elsewhere runs are not locked
     import fcntl
@@ -151,10 +152,12 @@ def check_new_run(out_dir: str | os.PathLike, *, overwrite: bool) -> list[Path]:
 
 
 def remove_old_run(found: list[Path]) -> int:
-    """Delete the old run's checkpoints :func:`check_new_run` found; returns how many were there."""
+    """Delete the old run's checkpoints :func:`check_new_run` found (and a LoRA run's adapter files beside them);
+    returns how many checkpoints were there."""
     for path in found:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+        adapter_path(path).unlink(missing_ok=True)  # a LoRA run's adapter file beside it
     return len(found)
 
 
