@@ -70,3 +70,12 @@ def test_overwrite_removes_the_adapter_files_with_their_checkpoints(tmp_path: Pa
         (tmp_path / name).write_bytes(b"x")
     assert remove_old_run([tmp_path / "checkpoint_last.pt", tmp_path / "checkpoint_4.pt"]) == 2
     assert [p.name for p in tmp_path.iterdir()] == ["notes.txt"]
+
+
+def test_averaging_lora_checkpoints_is_refused_in_one_line(tmp_path: Path) -> None:
+    from transformer_mt.checkpoint import CheckpointError, average_checkpoints, save_checkpoint
+
+    path = save_checkpoint({"model": {"encoder.0.ffn.fc1.lora.A": torch.zeros(2, 3)}}, tmp_path / "checkpoint_4.pt")
+    with pytest.raises(CheckpointError, match="holds LoRA adapters, which do not average") as err:
+        average_checkpoints([path, path])
+    assert "\n" not in str(err.value)

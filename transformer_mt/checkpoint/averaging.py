@@ -43,6 +43,11 @@ def average_checkpoints(paths: Sequence[str | os.PathLike], *, weights: str | No
         last = load_checkpoint(path)
         if not isinstance(last.get("model"), dict):
             raise CheckpointError(f"{path}: checkpoint has no 'model' weights; give checkpoints written by `tmt train`")
+        if any("lora" in name.split(".") for name in last["model"]):  # the mean of B A is not mean(B) mean(A)
+            raise CheckpointError(
+                f"{path}: holds LoRA adapters, which do not average; merge each checkpoint first (tmt merge -c ...) "
+                "and average the merged ones"
+            )
         tokenizers = (unpack_tokenizers(last, source=str(path)), unpack_vocabularies(last, source=str(path)))
         if first is None:
             first = {
