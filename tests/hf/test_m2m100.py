@@ -217,3 +217,39 @@ def test_export_loads_in_transformers_and_round_trips(nllb_dir, imported, senten
         a = original(**batch, decoder_input_ids=start).logits
         b = exported(**batch, decoder_input_ids=start).logits
     assert torch.equal(a, b)
+
+
+def test_translator_puts_both_languages(nllb_dir, imported, sentences):
+    """Translator.translate(tgt_lang=, src_lang=) of an imported NLLB model: the source code on the source, the
+    target code forced after the decoder's start, the text equal to transformers' generate and batch_decode."""
+    from transformer_mt.decoding import Translator
+    from transformer_mt.text import LanguageError
+
+    translator = Translator.from_checkpoint(imported[0], device="cpu")
+    assert translator.languages == LANGS
+    hf_model, hf_tok = _hf(nllb_dir)
+    hf_tok.src_lang = "eng_Latn"
+    batch = hf_tok(sentences[:8], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        out = hf_model.generate(
+            **batch,
+            num_beams=4,
+            length_penalty=0.0,
+            forced_bos_token_id=hf_tok.convert_tokens_to_ids("fra_Latn"),
+            max_new_tokens=17,
+            suppress_tokens=[0, 1],
+        )
+    theirs = hf_tok.batch_decode(out, skip_special_tokens=True)
+    src_prefix, tgt_prefix = (
+        translator.src_tok.tag_ids(["eng_Latn"], where="test"),
+        [hf_tok.convert_tokens_to_ids("fra_Latn")],
+    )
+    result = translator.translate_batch(
+        sentences[:8], beam=4, lenpen=0.0, max_len_a=0.0, max_len_b=16, src_prefix=src_prefix, tgt_prefix=tgt_prefix
+    )
+    assert [nb[0][1] for nb in result.hypotheses] == theirs
+    assert translator.translate(sentences[0], beam=4, lenpen=0.0, tgt_lang="fra_Latn", src_lang="eng_Latn")
+    for tgt, src in (("fra_Latn", None), ("spa_Latn", "eng_Latn")):
+        with pytest.raises(LanguageError) as err:
+            translator.translate(sentences[0], tgt_lang=tgt, src_lang=src)
+        assert "\n" not in str(err.value) and ("src_lang" in str(err.value) or "spa_Latn" in str(err.value))

@@ -9,7 +9,7 @@ order.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -17,6 +17,7 @@ from transformer_mt import runtime
 from transformer_mt.data import source_tensor
 from transformer_mt.decoding.graphs import GraphedStep
 from transformer_mt.decoding.lengths import positions_needed
+from transformer_mt.decoding.prefix import ForcedPrefix
 from transformer_mt.decoding.protocol import Hypothesis
 from transformer_mt.decoding.sampling import Sampling
 from transformer_mt.decoding.search import search_batches
@@ -54,11 +55,14 @@ def translate_ids(
     sampling: Sampling | None = None,
     lines: list[int] | None = None,
     graphs: GraphedStep | None = None,
+    prefix: Sequence[int] = (),
 ) -> list[list[Hypothesis]]:
     """Translate id sequences (without EOS; it is appended here) and return n-best lists in input order.
     ``sampling``: ``nbest`` samples per sequence instead of a search, each sequence's seeded by its line number in
     ``lines`` (None: its index in ``src_ids``), so that the batches do not change them. ``graphs``: greedy and beam
-    search on its static buffers and CUDA graphs (:class:`~transformer_mt.decoding.graphs.GraphedStep`).
+    search on its static buffers and CUDA graphs (:class:`~transformer_mt.decoding.graphs.GraphedStep`). ``prefix``:
+    the decoder's input starts [start, *prefix] (:class:`~transformer_mt.decoding.prefix.ForcedPrefix`, NLLB's target
+    language; a Transformer on its growing cache), and the hypotheses hold the pieces after it.
 
     The model's sinusoid table is grown first if this call's longest source or output needs more positions
     (``reserve_positions``), never during decoding (a Translator's model was sized when loading: nothing to do),
@@ -66,7 +70,8 @@ def translate_ids(
     """
     device = torch.device(device)
     if src_ids:
-        model.reserve_positions(positions_needed(max(map(len, src_ids)) + 1, max_len_a=max_len_a, max_len_b=max_len_b))
+        needed = positions_needed(max(map(len, src_ids)) + 1, max_len_a=max_len_a, max_len_b=max_len_b)
+        model.reserve_positions(needed + len(prefix))
     order = sorted(range(len(src_ids)), key=lambda i: len(src_ids[i]), reverse=True)
     results: list[list[Hypothesis] | None] = [None] * len(src_ids)
     # validation during training; an eval-mode model (a Translator's, shared by threads) stays as it is
@@ -78,8 +83,10 @@ def translate_ids(
             chunks = list(_token_batches(order, src_ids, batch_tokens))
             # (B, S) each: pieces + EOS, right-padded
             srcs = [source_tensor([src_ids[i] for i in chunk], specials=model.specials).to(device) for chunk in chunks]
+            if prefix and not isinstance(model, Transformer):
+                raise TypeError("a forced decoder prefix needs one Transformer, not an ensemble")
             found = search_batches(
-                model,
+                ForcedPrefix(model, prefix) if prefix and isinstance(model, Transformer) else model,
                 srcs,
                 beam=beam,
                 lenpen=lenpen,
@@ -90,7 +97,7 @@ def translate_ids(
                 batch_tokens=batch_tokens,
                 sampling=sampling,
                 lines=[[i if lines is None else lines[i] for i in chunk] for chunk in chunks],
-                graphs=graphs,
+                graphs=None if prefix else graphs,
             )
             for chunk, hyps in zip(chunks, found):
                 for i, nbest_list in zip(chunk, hyps):

@@ -16,7 +16,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from transformer_mt.config import ModelConfig
 from transformer_mt.model import DecoderCache, EncoderOut, Transformer
+from transformer_mt.text import LanguageError, Tokenizer
 
 
 class ForcedPrefix:
@@ -41,6 +43,9 @@ class ForcedPrefix:
     def encode(self, src: Tensor) -> EncoderOut:
         return self.model.encode(src)
 
+    def reserve_positions(self, n: int) -> None:
+        self.model.reserve_positions(n + len(self.prefix))
+
     def max_output_length(self) -> int | None:
         limit = self.model.max_output_length()
         return None if limit is None else limit - len(self.prefix)
@@ -58,3 +63,22 @@ class ForcedPrefix:
         if cache.position == len(self.prefix):  # an int: no host sync
             tokens = torch.full_like(tokens, self.prefix[-1])
         return self.model.decode_step(tokens, cache)
+
+
+def decoder_language_ids(
+    cfg: ModelConfig, tok: Tokenizer, tgt_lang: str | None, src_lang: str | None, *, where: str
+) -> tuple[list[int], list[int]]:
+    """An NLLB model's (``model.decoder_languages``) source prefix [code of ``src_lang``] and forced decoder prefix
+    [code of ``tgt_lang``], their ids in ``tok``'s vocabulary; both languages must be among the model's, each refusal
+    one line naming ``where`` and the languages it knows."""
+    languages = cfg.decoder_languages.split()
+    ids = []
+    for option, lang in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
+        if lang is None or lang not in languages:
+            shown = "" if lang is None else f" {lang[:40]!r} is not one of its languages;"
+            raise LanguageError(
+                f"{where} names the language on both sides (NLLB);{shown} give {option}, one of "
+                f"{', '.join(languages[:20])}{' ...' if len(languages) > 20 else ''}"
+            )
+        ids.append([tok.tag_ids([lang], where=where)[0]])
+    return ids[0], ids[1]

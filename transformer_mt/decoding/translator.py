@@ -36,6 +36,7 @@ from transformer_mt.decoding.batching import encode_sources, translate_ids
 from transformer_mt.decoding.graphs import GraphedStep, static_decoding_by_default
 from transformer_mt.decoding.lengths import positions_needed
 from transformer_mt.decoding.loading import CheckpointModel, check_position_table, model_from_checkpoint
+from transformer_mt.decoding.prefix import decoder_language_ids
 from transformer_mt.decoding.results import (
     TextTranslator,
     TranslateError,
@@ -150,7 +151,7 @@ class Translator:
     def languages(self) -> list[str]:
         """The target languages the model translates into (its config's data.corpora), in order; several: a
         multilingual model, which :meth:`translate` asks for one with ``tgt_lang``; none: not stated."""
-        return target_languages(self.cfg.data)
+        return self.cfg.model.decoder_languages.split() or target_languages(self.cfg.data)
 
     @property
     def num_parameters(self) -> int:
@@ -181,6 +182,7 @@ class Translator:
         nbest: int = 1,
         *,
         tgt_lang: str | None = None,
+        src_lang: str | None = None,
         sample: bool | None = None,
         temperature: float | None = None,
         top_k: int | None = None,
@@ -197,6 +199,7 @@ class Translator:
         nbest: int = 1,
         *,
         tgt_lang: str | None = None,
+        src_lang: str | None = None,
         sample: bool | None = None,
         temperature: float | None = None,
         top_k: int | None = None,
@@ -212,6 +215,7 @@ class Translator:
         nbest: int = 1,
         *,
         tgt_lang: str | None = None,
+        src_lang: str | None = None,
         sample: bool | None = None,
         temperature: float | None = None,
         top_k: int | None = None,
@@ -227,13 +231,22 @@ class Translator:
 
         ``tgt_lang`` asks a multilingual model (several :attr:`languages`) for one of them: every source starts with
         its tag, ``<2fr>``; a model with one target language takes that one or None, a model with none stated only
-        None (:func:`~transformer_mt.text.language_tags` words the refusals, one line each).
+        None (:func:`~transformer_mt.text.language_tags` words the refusals, one line each). An NLLB model
+        (``model.decoder_languages``) takes both ``src_lang`` and ``tgt_lang``: the source starts with the source
+        language's code, the decoder's input with [start, the target language's code].
 
         ``sample=True`` (default: the checkpoint's ``decode.sample``) draws ``nbest`` samples per line instead of
         searching, with ``temperature``, ``top_k``, ``top_p``, ``epsilon`` and ``seed`` (each the checkpoint's
         ``decode`` setting when not given; :func:`~transformer_mt.decoding.sampling.sampling_request` says what is
         refused), each line's samples seeded by (``seed``, its index in ``lines``)."""
-        tags = language_tags(self.cfg.data, self.src_tok, tgt_lang, where=self.source)  # before any work
+        if self.cfg.model.decoder_languages:  # NLLB: the source's language on the source, the target's on the decoder
+            src_prefix, tgt_prefix = decoder_language_ids(
+                self.cfg.model, self.tgt_tok, tgt_lang, src_lang, where=self.source
+            )
+            tags: list[str] = []
+        else:
+            src_prefix, tgt_prefix = [], []
+            tags = language_tags(self.cfg.data, self.src_tok, tgt_lang, where=self.source)  # before any work
         chosen = sampling_request(
             self.cfg.decode,
             sample=sample,
@@ -246,7 +259,9 @@ class Translator:
         )
         beam, lenpen = self.decode_defaults(1 if chosen is not None and beam is None else beam, lenpen)
         batch = tagged([lines] if isinstance(lines, str) else list(lines), tags)
-        hypotheses = self.translate_batch(batch, beam=beam, lenpen=lenpen, nbest=nbest, sampling=chosen).hypotheses
+        hypotheses = self.translate_batch(
+            batch, beam=beam, lenpen=lenpen, nbest=nbest, sampling=chosen, src_prefix=src_prefix, tgt_prefix=tgt_prefix
+        ).hypotheses
         out: list[Translation] = [nb[0][1] for nb in hypotheses] if nbest == 1 else list(hypotheses)
         return out[0] if isinstance(lines, str) else out
 
@@ -263,12 +278,16 @@ class Translator:
         max_output_tokens: int | None = None,
         scores: bool = True,  # noqa: ARG002 - the search ranks by the scores, so they come at no extra cost
         sampling: Sampling | None = None,
+        src_prefix: Sequence[int] = (),
+        tgt_prefix: Sequence[int] = (),
     ) -> TranslationResult:
         """n-best (score, text) lists, one per input line, in input order (empty lines give [(0.0, "")] * nbest),
         and this call's stats. ``max_len_a`` / ``max_len_b`` override the checkpoint's decode settings
         within the positions sized at load time; ``max_output_tokens`` caps every line's output below them
         (a server's limit: a line whose own limit is shorter keeps it). ``sampling``: ``nbest`` samples per line
-        instead of a search (beam 1), line i's seeded by (``sampling.seed``, ``sampling.first_line`` + i)."""
+        instead of a search (beam 1), line i's seeded by (``sampling.seed``, ``sampling.first_line`` + i).
+        ``src_prefix`` / ``tgt_prefix``: ids every source starts with, and the decoder's forced start after its start
+        id (an NLLB model's language codes, :func:`~transformer_mt.decoding.prefix.decoder_language_ids`)."""
         # before encoding: --beam 100000 must not allocate first
         a, b = checked_request(
             self,
@@ -283,6 +302,7 @@ class Translator:
         )
         tic = time.perf_counter()
         keep, ids, truncated = encode_sources(self.src_tok, lines, max_src_tokens=self.max_src_tokens)
+        ids = [[*src_prefix, *seq] for seq in ids] if src_prefix else ids
         hyps = translate_ids(
             self.model,
             ids,
@@ -298,6 +318,7 @@ class Translator:
             sampling=sampling,
             lines=keep,
             graphs=self.graphs,
+            prefix=tgt_prefix,
         )
         out: list[list[tuple[float, str]]] = [[(0.0, "")] * nbest for _ in lines]
         tgt_tokens = 0
