@@ -253,3 +253,44 @@ def test_translator_puts_both_languages(nllb_dir, imported, sentences):
         with pytest.raises(LanguageError) as err:
             translator.translate(sentences[0], tgt_lang=tgt, src_lang=src)
         assert "\n" not in str(err.value) and ("src_lang" in str(err.value) or "spa_Latn" in str(err.value))
+
+
+def test_marian_export_refuses_an_nllb_model(imported, tmp_path):
+    from transformer_mt.hf import export_marian
+
+    with pytest.raises(HfError, match="m2m100-hf"):
+        export_marian(imported[0], tmp_path / "marian")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("encoder_layerdrop", 1.5, "encoder_layerdrop=1.5"),
+        ("vocab_size", 999, "vocab_size=999"),
+        ("d_model", 30, "d_model=30"),
+        ("pad_token_id", 2, "pad_token_id"),
+        ("model_type", "marian", "model_type"),
+    ],
+)
+def test_refuses_crafted_configs_in_one_line(nllb_dir, tmp_path, field, value, said):
+    bad = tmp_path / "bad"
+    shutil.copytree(nllb_dir, bad)
+    config = json.loads((bad / "config.json").read_text())
+    config[field] = value
+    (bad / "config.json").write_text(json.dumps(config))
+    with pytest.raises(HfError) as err:
+        import_m2m100(bad, tmp_path / "out.pt")
+    assert said in str(err.value) and "\n" not in str(err.value)
+    assert not (tmp_path / "out.pt").exists()
+
+
+def test_refuses_a_tensor_of_another_shape(nllb_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    bad = tmp_path / "bad"
+    shutil.copytree(nllb_dir, bad)
+    state = load_file(str(bad / "model.safetensors"))
+    state["model.decoder.layers.1.fc1.weight"] = torch.zeros(65, 32)
+    save_file(state, str(bad / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(HfError, match=r"model\.decoder\.layers\.1\.fc1\.weight has shape \(65, 32\)"):
+        import_m2m100(bad, tmp_path / "out.pt")

@@ -207,6 +207,11 @@ def marian_config(cfg: ModelConfig, *, src_vocab_size: int, tgt_vocab_size: int)
 
 def marian_refusal(cfg: ModelConfig) -> str | None:
     """Why ``cfg`` cannot be written as a MarianMT model (one clause naming the key and the fix), or None."""
+    if cfg.position_layout == "fairseq" or cfg.position_offset or cfg.decoder_languages:
+        return (
+            f"model.position_layout={cfg.position_layout}, model.position_offset={cfg.position_offset}: an M2M100 / "
+            "NLLB model (fairseq's sinusoids, the target language on the decoder); export it with --format m2m100-hf"
+        )
     if cfg.norm != "post":
         return (
             f"model.norm={cfg.norm}: MarianMT's layers are post-norm (LayerNorm after each residual add, no final norm "
