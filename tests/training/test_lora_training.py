@@ -143,3 +143,27 @@ def test_freezing_the_encoder_keeps_its_weights_bit_identical(tiny_run, tmp_path
         assert torch.equal(before[name], after[name]), name
     assert all(not torch.equal(before[n], after[n]) for n in trained)
     assert not list(out.glob("*.adapter.pt"))
+
+
+def test_export_of_a_lora_checkpoint_is_of_its_merged_weights(tiny_run, tmp_path, capsys):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    out = tmp_path / "lora"
+    _fine_tune(tmp_path, tiny_run.corpus, tiny_run.checkpoint, out, max_updates=2, validate_every=2, **LORA)
+    ckpt = out / "checkpoint_last.pt"
+    capsys.readouterr()
+    assert run_cli(["merge", "-c", ckpt, "-o", tmp_path / "merged.pt"], capsys)[0] == 0
+    for name in ("checkpoint_last", "merged"):
+        source = ckpt if name == "checkpoint_last" else tmp_path / "merged.pt"
+        code, _, err = run_cli(["export", "-c", source, "-o", tmp_path / f"ct2_{name}"], capsys)
+        assert code == 0, err
+    a = ctranslate2.Translator(str(tmp_path / "ct2_checkpoint_last"), device="cpu")
+    b = ctranslate2.Translator(str(tmp_path / "ct2_merged"), device="cpu")
+    pieces = [["▁A", "▁man", "▁is", "▁riding", "."], ["▁Two", "▁dogs", "."]]
+    assert [r.hypotheses for r in a.translate_batch(pieces)] == [r.hypotheses for r in b.translate_batch(pieces)]
+    # the adapters changed the model: the export is not the base checkpoint's
+    base = tmp_path / "ct2_base"
+    assert run_cli(["export", "-c", tiny_run.checkpoint, "-o", base], capsys)[0] == 0
+    assert (base / "model.bin").read_bytes() != (tmp_path / "ct2_checkpoint_last" / "model.bin").read_bytes()
+    assert (tmp_path / "ct2_merged" / "model.bin").read_bytes() == (
+        tmp_path / "ct2_checkpoint_last" / "model.bin"
+    ).read_bytes()
