@@ -294,3 +294,22 @@ def test_refuses_a_tensor_of_another_shape(nllb_dir, tmp_path):
     save_file(state, str(bad / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(HfError, match=r"model\.decoder\.layers\.1\.fc1\.weight has shape \(65, 32\)"):
         import_m2m100(bad, tmp_path / "out.pt")
+
+
+def test_tmt_translate_with_src_and_tgt_lang(imported, sentences, tmp_path, capsys):
+    """`tmt translate --src-lang --tgt-lang` of an imported NLLB model: the Python API's translations, line for
+    line; without --src-lang, one line naming it and exit code 2."""
+    from tests.conftest import run_cli
+    from transformer_mt.decoding import Translator
+
+    src = tmp_path / "src.en"
+    src.write_text("\n".join([*sentences[:6], "", sentences[6]]) + "\n", encoding="utf-8")
+    args = ["translate", "-c", imported[0], src, "--beam", "4", "--lenpen", "0", "--device", "cpu"]
+    code, out, err = run_cli([*args, "--src-lang", "eng_Latn", "--tgt-lang", "deu_Latn"], capsys)
+    assert code == 0, err
+    expected = Translator.from_checkpoint(imported[0], device="cpu").translate(
+        [*sentences[:6], "", sentences[6]], beam=4, lenpen=0.0, tgt_lang="deu_Latn", src_lang="eng_Latn"
+    )
+    assert out.split("\n")[:-1] == expected and expected[6] == ""
+    code, out, err = run_cli([*args, "--tgt-lang", "deu_Latn"], capsys)
+    assert code == 2 and "src_lang" in err and len(err.strip().splitlines()) == 1

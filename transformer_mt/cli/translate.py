@@ -40,6 +40,9 @@ def translate(
     engine: str = typer.Option("tmt", "--engine", help=ENGINE_HELP),
     compute_type: str | None = typer.Option(None, "--compute-type", help=COMPUTE_TYPE_HELP),
     tgt_lang: str | None = typer.Option(None, "--tgt-lang", help=TGT_LANG_HELP),
+    src_lang: str | None = typer.Option(
+        None, "--src-lang", help="The source's language, for an NLLB / M2M100 model (e.g. eng_Latn)."
+    ),
     sample: bool | None = typer.Option(
         None,
         "--sample/--no-sample",
@@ -79,7 +82,9 @@ def translate(
         weights=weights,
         compute_type=compute_type,
     )
-    tr = LanguageTranslator(tr, tgt_lang, where=str(checkpoints[0]), option="--tgt-lang")  # refused before any input
+    tr = LanguageTranslator(
+        tr, tgt_lang, where=str(checkpoints[0]), option="--tgt-lang", src_lang=src_lang
+    )  # refused before any input
     sampling = sampling_request(
         tr.cfg.decode,
         sample=sample,

@@ -341,11 +341,31 @@ class LanguageTranslator:
     for one target language: its sources start with the language's tag (:func:`~transformer_mt.text.tagged`; none
     for a model with one target language). The language is checked when it is built, naming ``option``
     (``--tgt-lang``), so a command refuses it before reading any input. What `tmt translate` and `tmt evaluate`
-    translate through."""
+    translate through. An NLLB model (``model.decoder_languages``, tmt's Translator only) takes ``src_lang`` too:
+    its sources start with that language's code and its decoder with the target's, as :meth:`Translator.translate`
+    puts them."""
 
-    def __init__(self, translator: TextTranslator, tgt_lang: str | None, *, where: str, option: str = "tgt_lang"):
+    def __init__(
+        self,
+        translator: TextTranslator,
+        tgt_lang: str | None,
+        *,
+        where: str,
+        option: str = "tgt_lang",
+        src_lang: str | None = None,
+    ):
         self.translator = translator
-        self.tags = language_tags(translator.cfg.data, translator.src_tok, tgt_lang, where=where, option=option)
+        self.nllb: tuple[Translator, list[int], list[int]] | None = None  # the translator, source and decoder prefix
+        if translator.cfg.model.decoder_languages:
+            if not isinstance(translator, Translator):
+                raise TranslateError(
+                    f"{where}: an NLLB model names its target language on the decoder, which only tmt's engine "
+                    "decodes; use --engine tmt"
+                )
+            src, tgt = decoder_language_ids(translator.cfg.model, translator.tgt_tok, tgt_lang, src_lang, where=where)
+            self.nllb, self.tags = (translator, src, tgt), []
+        else:
+            self.tags = language_tags(translator.cfg.data, translator.src_tok, tgt_lang, where=where, option=option)
         self.cfg, self.src_tok, self.tgt_tok = translator.cfg, translator.src_tok, translator.tgt_tok
         self.max_src_tokens = translator.max_src_tokens
 
@@ -358,6 +378,9 @@ class LanguageTranslator:
 
     def translate_batch(self, lines: list[str], **settings: Any) -> TranslationResult:
         """The translator's ``translate_batch`` of the tagged lines, every setting passed on as given."""
+        if self.nllb is not None:
+            translator, src, tgt = self.nllb
+            return translator.translate_batch(lines, **settings, src_prefix=src, tgt_prefix=tgt)
         return self.translator.translate_batch(tagged(lines, self.tags), **settings)
 
 
