@@ -96,3 +96,38 @@ def test_only_the_adapters_get_gradients_and_the_base_keeps_its_dtype():
     # B starts at zero: the first gradient reaches B only (A's is B^T times the output's, exactly zero)
     assert all(g.abs().sum() > 0 for name, g in grads.items() if name.endswith(".B"))
     assert all(torch.count_nonzero(g) == 0 for name, g in grads.items() if name.endswith(".A"))
+
+
+@pytest.mark.parametrize("ops", ["reference", "cpu"])
+def test_packed_training_gives_the_padded_loss_and_adapter_gradients(ops):
+    """train.packed runs the adapters through the same projections: loss and every adapter's gradient as padded."""
+    from transformer_mt.data import collate, pack
+    from transformer_mt.model import Packing, Segments, TeacherForcedLoss
+
+    model = _adapted(tiny_model_config(), LoraConfig(rank=2, targets=ALL), ops=ops).train()
+    g = torch.Generator().manual_seed(3)
+    lengths = [(5, 7), (9, 4), (3, 3), (8, 6)]
+    pairs = [
+        (torch.randint(4, 40, (s,), generator=g).tolist(), torch.randint(4, 40, (t,), generator=g).tolist())
+        for s, t in lengths
+    ]
+    batch = collate(pairs)
+    p = pack(batch, pad=0)
+    packing = Packing(
+        Segments(p.src_cu_seqlens, p.src_max_len, p.src_positions),
+        Segments(p.tgt_cu_seqlens, p.tgt_max_len, p.tgt_positions),
+    )
+    results = []
+    for args, kwargs in (
+        ((batch.src, batch.tgt_in, batch.tgt_out), {}),
+        ((p.src, p.tgt_in, p.tgt_out), {"packing": packing}),
+    ):
+        model.zero_grad(set_to_none=True)
+        loss, _, _ = TeacherForcedLoss(model, label_smoothing=0.1)(*args, **kwargs)
+        loss.backward()
+        results.append((loss.detach(), {n: q.grad.clone() for n, q in model.named_parameters() if q.grad is not None}))
+    (padded, padded_grads), (packed, packed_grads) = results
+    torch.testing.assert_close(packed, padded, rtol=1e-5, atol=0)
+    assert padded_grads.keys() == packed_grads.keys() and all(is_adapter_name(n) for n in padded_grads)
+    for name, grad in padded_grads.items():
+        torch.testing.assert_close(packed_grads[name], grad, rtol=0, atol=1e-5 * float(grad.abs().max()) + 1e-8)
