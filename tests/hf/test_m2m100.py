@@ -313,3 +313,19 @@ def test_tmt_translate_with_src_and_tgt_lang(imported, sentences, tmp_path, caps
     assert out.split("\n")[:-1] == expected and expected[6] == ""
     code, out, err = run_cli([*args, "--tgt-lang", "deu_Latn"], capsys)
     assert code == 2 and "src_lang" in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_import_and_export(nllb_dir, imported, tmp_path, capsys):
+    from tests.conftest import run_cli
+
+    code, out, err = run_cli(["import", nllb_dir, "--from", "m2m100-hf", "-o", tmp_path / "c.pt"], capsys)
+    assert code == 0, err
+    ckpt = load_checkpoint(tmp_path / "c.pt")
+    assert all(torch.equal(ckpt["model"][k], v) for k, v in imported[1]["model"].items())
+    code, out, err = run_cli(
+        ["export", "-c", tmp_path / "c.pt", "--format", "m2m100-hf", "-o", tmp_path / "hf"], capsys
+    )
+    assert code == 0, err
+    assert (tmp_path / "hf" / "model.safetensors").is_file() and "m2m100-hf" in out
+    code, out, err = run_cli(["import", tmp_path / "hf", "--from", "marian-hf", "-o", tmp_path / "m.pt"], capsys)
+    assert code == 2 and err.startswith("tmt: error: ") and len(err.strip().splitlines()) == 1
