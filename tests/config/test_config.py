@@ -102,7 +102,10 @@ def test_model_options_for_converted_checkpoints(tmp_path):
     assert (cfg.model.activation, cfg.model.position_layout, cfg.model.output_bias) == ("swish", "halves", True)
     for text, message in (
         ("model:\n  activation: silu\n", r"model\.activation: 'silu' is not one of relu, gelu, swish$"),
-        ("model:\n  position_layout: split\n", r"model\.position_layout: 'split' is not one of interleaved, halves$"),
+        (
+            "model:\n  position_layout: split\n",
+            r"model\.position_layout: 'split' is not one of interleaved, halves, fairseq$",
+        ),
         ("model:\n  output_bias: maybe\n", r"model\.output_bias: .*'maybe'"),
         (
             "model:\n  positions: learned\n  position_layout: halves\n",
