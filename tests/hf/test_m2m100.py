@@ -329,3 +329,22 @@ def test_cli_import_and_export(nllb_dir, imported, tmp_path, capsys):
     assert (tmp_path / "hf" / "model.safetensors").is_file() and "m2m100-hf" in out
     code, out, err = run_cli(["import", tmp_path / "hf", "--from", "marian-hf", "-o", tmp_path / "m.pt"], capsys)
     assert code == 2 and err.startswith("tmt: error: ") and len(err.strip().splitlines()) == 1
+
+
+def test_ctranslate2_export_refuses_an_nllb_model(imported, tmp_path):
+    pytest.importorskip("ctranslate2")
+    from transformer_mt.export import ExportError, export
+
+    with pytest.raises(ExportError, match="m2m100-hf"):
+        export(imported[0], tmp_path / "ct2")
+
+
+def test_sampling_with_both_languages_is_seeded(imported, sentences):
+    from transformer_mt.decoding import Translator
+
+    translator = Translator.from_checkpoint(imported[0], device="cpu")
+    samples = translator.translate(
+        sentences[:4], nbest=2, sample=True, seed=3, tgt_lang="fra_Latn", src_lang="eng_Latn"
+    )
+    again = translator.translate(sentences[:4], nbest=2, sample=True, seed=3, tgt_lang="fra_Latn", src_lang="eng_Latn")
+    assert samples == again and all(len(nb) == 2 for nb in samples)

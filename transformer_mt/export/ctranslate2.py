@@ -185,6 +185,11 @@ def build_spec(
     encoder_layers: list[Any] = list(model.encoder)
     decoder_layers: list[Any] = list(model.decoder)
     attn: MultiHeadAttention = (encoder_layers or decoder_layers)[0].self_attn
+    if cfg.decoder_languages or cfg.position_offset:  # an M2M100 / NLLB model: its target language on the decoder
+        raise ExportError(
+            "model.decoder_languages / model.position_offset: an NLLB / M2M100 model's decoder starts with its target "
+            "language, which tmt's CTranslate2 export does not write; export it with --format m2m100-hf"
+        )
     if attn.dk != attn.dv:
         raise ExportError(
             f"model.head_dim={attn.dk} differs from model.value_dim={attn.dv}; CTranslate2 needs one size per head for "
