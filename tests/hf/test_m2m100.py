@@ -348,3 +348,71 @@ def test_sampling_with_both_languages_is_seeded(imported, sentences):
     )
     again = translator.translate(sentences[:4], nbest=2, sample=True, seed=3, tgt_lang="fra_Latn", src_lang="eng_Latn")
     assert samples == again and all(len(nb) == 2 for nb in samples)
+
+
+@pytest.fixture(scope="module")
+def m2m100_dir(nllb_dir, tmp_path_factory) -> Path:
+    """An M2M100-shaped directory: M2M100Tokenizer's vocab.json (fairseq's four specials, then the sentencepiece
+    pieces), its 100 language tokens __xx__ and 8 made-up words after it, and a random model of that size."""
+    import sentencepiece as spm
+
+    root = tmp_path_factory.mktemp("m2m100")
+    shutil.copy(nllb_dir / "sentencepiece.bpe.model", root / "sentencepiece.bpe.model")
+    sp = spm.SentencePieceProcessor(model_file=str(root / "sentencepiece.bpe.model"))
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    vocab.update({sp.id_to_piece(i): 1 + i for i in range(3, sp.get_piece_size())})
+    (root / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
+    tok = transformers.M2M100Tokenizer(
+        vocab_file=str(root / "vocab.json"), spm_file=str(root / "sentencepiece.bpe.model")
+    )
+    tok.save_pretrained(str(root))
+    config = transformers.M2M100Config(
+        vocab_size=len(vocab) + 100 + 8,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=128,
+        init_std=0.25,
+    )
+    torch.manual_seed(1)
+    model = transformers.M2M100ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layer_norm" in name or name.endswith(".bias"):
+                p.add_(0.2 * torch.randn_like(p))
+        model.model.shared.weight[2] *= 4.0
+    model.save_pretrained(str(root))
+    return root
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_m2m100_tokenizer_and_search_match(m2m100_dir, sentences, tmp_path, beam):
+    """An M2M100Tokenizer directory (vocab.json, __fr__): the source ids are M2M100Tokenizer's, and greedy / beam 4
+    into __fr__ equal generate's."""
+    path = import_m2m100(m2m100_dir, tmp_path / "m2m.pt")
+    model, tok = _tmt(path)
+    hf_model = transformers.M2M100ForConditionalGeneration.from_pretrained(str(m2m100_dir)).eval()
+    hf_tok = transformers.M2M100Tokenizer.from_pretrained(str(m2m100_dir))
+    hf_tok.src_lang = "en"
+    batch = hf_tok(sentences, return_tensors="pt", padding=True)
+    en, fr = tok.tag_ids(["__en__", "__fr__"], where="test")
+    assert fr == hf_tok.get_lang_id("fr")
+    for row, line in zip(batch["input_ids"].tolist(), sentences):
+        assert [i for i in row if i != 1] == [en, *tok.encode([line])[0], 2]
+    with torch.no_grad():
+        out = hf_model.generate(
+            **batch,
+            num_beams=beam,
+            length_penalty=0.0,
+            forced_bos_token_id=fr,
+            max_new_tokens=21,
+            suppress_tokens=[0, 1],
+        )
+        hyps = search(ForcedPrefix(model, [fr]), batch["input_ids"], beam=beam, lenpen=0.0, max_len_a=0, max_len_b=20)
+    theirs = [row[2:][: row[2:].index(2)] if 2 in row[2:] else [p for p in row[2:] if p != 1] for row in out.tolist()]
+    assert any(len(t) < 20 for t in theirs)
+    assert [h[0].tokens for h in hyps] == theirs

@@ -11,8 +11,9 @@ found as ``model.encoder.embed_tokens`` / ``model.decoder.embed_tokens`` / ``lm_
 matrix ``src_embed`` = ``tgt_embed`` = ``output_proj``; ``model.encoder.layer_norm`` / ``model.decoder.layer_norm``
 are ``encoder_norm`` / ``decoder_norm``.
 
-The tokenizer: ``sentencepiece.bpe.model`` segments, and ``tokenizer.json`` (without it: NllbTokenizer's
-conversion of the sentencepiece model, :func:`nllb_pieces`) gives each piece its id (NLLB's
+The tokenizer: ``sentencepiece.bpe.model`` segments, and ``tokenizer.json`` (without it: M2M100Tokenizer's
+``vocab.json`` and language tokens ``__fr__``, or NllbTokenizer's conversion of the sentencepiece model,
+:func:`nllb_pieces`) gives each piece its id (NLLB's
 fairseq layout: ``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3, sentencepiece's piece i at i + 1, then the added
 tokens: ``<mask>`` and the language codes, at the ids the file states). The language codes
 (``tokenizer_config.json``'s ``extra_special_tokens`` or ``additional_special_tokens``) become
@@ -43,9 +44,9 @@ from transformer_mt.config import (
     to_dict,
     validate,
 )
-from transformer_mt.hf.errors import HfError, brief
+from transformer_mt.hf.errors import HfError, brief, require_transformers
 from transformer_mt.hf.m2m100_config import model_config_from_m2m100
-from transformer_mt.hf.vocab import MAX_VOCAB_BYTES, TOKENIZER_CONFIG, read_json
+from transformer_mt.hf.vocab import MAX_VOCAB_BYTES, TOKENIZER_CONFIG, VOCAB, read_json, read_vocab
 from transformer_mt.hf.weights import ATTENTION, DECODER, ENCODER, Layout, Stored, check_stored, open_weights
 from transformer_mt.model import Transformer
 from transformer_mt.text import SpecialIds, Tokenizer, TokenizerError
@@ -125,6 +126,8 @@ def read_tokenizer(directory: Path) -> tuple[bytes, list[str], list[str]]:
     if spm_path.stat().st_size > MAX_VOCAB_BYTES:
         raise HfError(f"{spm_path}: more than {MAX_VOCAB_BYTES:,} bytes; download it again")
     proto = spm_path.read_bytes()
+    if (directory / VOCAB).is_file() and not json_path.is_file():
+        return proto, *_m2m100_vocab(directory)
     codes = _language_codes(directory / TOKENIZER_CONFIG)
     if not json_path.is_file():  # NllbTokenizer converts the sentencepiece model: its ids follow nllb_pieces
         return proto, nllb_pieces(proto, codes), codes
@@ -150,6 +153,22 @@ def read_tokenizer(directory: Path) -> tuple[bytes, list[str], list[str]]:
     if missing:
         raise HfError(f"{json_path}: the language code {quote(missing[0])} is not in it; re-save the tokenizer")
     return proto, [p for p in listed if p is not None], codes
+
+
+def _m2m100_vocab(directory: Path) -> tuple[list[str], list[str]]:
+    """M2M100Tokenizer's ids: ``vocab.json``, then ``__xx__`` for each language of transformers' list named by
+    ``tokenizer_config.json``'s ``language_codes`` (m2m100: 100 languages), then ``num_madeup_words`` pieces
+    that never occur (fairseq's ``madeupword0000`` ...), and those language tokens."""
+    path = directory / TOKENIZER_CONFIG
+    tok_config = read_json(path) if path.is_file() else {}
+    table = require_transformers().models.m2m_100.tokenization_m2m_100.FAIRSEQ_LANGUAGE_CODES
+    name, madeup = tok_config.get("language_codes", "m2m100"), tok_config.get("num_madeup_words", 8)
+    if not isinstance(name, str) or name not in table:
+        raise HfError(f"{path}: language_codes={quote(name)} is not one of {', '.join(table)}; re-save the tokenizer")
+    if not isinstance(madeup, int) or isinstance(madeup, bool) or not 0 <= madeup <= 64:
+        raise HfError(f"{path}: num_madeup_words={quote(madeup)} must be an integer from 0 to 64 (M2M100's: 8)")
+    codes = [f"__{code}__" for code in table[name]]
+    return read_vocab(directory / VOCAB) + codes + [f"madeupword{i:04d}" for i in range(madeup)], codes
 
 
 def _language_codes(path: Path) -> list[str]:
