@@ -416,3 +416,21 @@ def test_m2m100_tokenizer_and_search_match(m2m100_dir, sentences, tmp_path, beam
     theirs = [row[2:][: row[2:].index(2)] if 2 in row[2:] else [p for p in row[2:] if p != 1] for row in out.tolist()]
     assert any(len(t) < 20 for t in theirs)
     assert [h[0].tokens for h in hyps] == theirs
+
+
+@pytest.mark.parametrize(
+    ("edit", "said"),
+    [
+        (lambda t: t["added_tokens"].append({"id": 5, "content": "zzz"}), "has id 5"),
+        (lambda t: t["model"].__setitem__("vocab", []), "model.vocab must be an object"),
+    ],
+)
+def test_refuses_a_damaged_tokenizer_json(nllb_dir, tmp_path, edit, said):
+    bad = tmp_path / "bad"
+    shutil.copytree(nllb_dir, bad)
+    table = json.loads((bad / "tokenizer.json").read_text(encoding="utf-8"))
+    edit(table)
+    (bad / "tokenizer.json").write_text(json.dumps(table), encoding="utf-8")
+    with pytest.raises(HfError) as err:
+        import_m2m100(bad, tmp_path / "out.pt")
+    assert said in str(err.value) and "tokenizer.json" in str(err.value) and "\n" not in str(err.value)

@@ -96,7 +96,7 @@ def import_m2m100(directory: str | os.PathLike, output: str | os.PathLike, *, fo
         data=DataConfig(max_len=max(1, min(DataConfig().max_len, model_cfg.max_positions - 3))),
         tokenizer=TokenizerConfig(joint=True, vocab_size=len(vocab)),
         model=model_cfg,
-        decode=DecodeConfig(beam=4, lenpen=1.0),
+        decode=DecodeConfig(beam=4),  # tmt's search settings: lenpen is GNMT's, not generate's length_penalty
     )
     problem = size_problem(model_elements(model_cfg, src_vocab_size=len(vocab), tgt_vocab_size=len(vocab)))
     if problem:
