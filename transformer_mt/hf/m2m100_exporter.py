@@ -7,9 +7,11 @@ the one shared matrix as ``model.shared.weight``), ``sentencepiece.bpe.model`` a
 (``NllbTokenizer`` with the checkpoint's language codes), and the ``tmt_export.json`` marker.
 
 The tokenizer is rebuilt by transformers from the sentencepiece model, which gives NllbTokenizer's ids: ``<s>``,
-``<pad>``, ``</s>``, ``<unk>``, sentencepiece's pieces from its fourth on, ``<mask>``, then the language codes. A
-checkpoint whose vocabulary is in another order (NLLB-200's own puts the codes before ``<mask>``) is refused, in one
-line, rather than written with a tokenizer whose ids would not be the model's.
+``<pad>``, ``</s>``, ``<unk>``, sentencepiece's pieces from its fourth on, ``<mask>``, then the language codes; or,
+for a model imported from M2M100Tokenizer's files (``__fr__`` codes), ``vocab.json`` and the name of transformers'
+language list (:func:`m2m100_tokenizer_files`). A checkpoint whose vocabulary is in neither order (NLLB-200's own
+puts the codes before ``<mask>``) is refused, in one line, rather than written with a tokenizer whose ids would not be
+the model's.
 
 Refused as well (:func:`~transformer_mt.hf.m2m100_config.m2m100_refusal`): any model section M2M100 cannot compute
 (post-norm, other positions, an output bias, a restricted output layer, separate vocabularies).
@@ -26,12 +28,13 @@ from torch import Tensor
 from transformer_mt import __version__
 from transformer_mt.checkpoint import Exporter, output_problem, staged_directory, write_export_marker
 from transformer_mt.decoding import model_from_checkpoint
-from transformer_mt.hf.errors import HfError, require_safetensors
+from transformer_mt.hf.errors import HfError, require_safetensors, require_transformers
 from transformer_mt.hf.m2m100_config import m2m100_config, m2m100_refusal
 from transformer_mt.hf.m2m100_importer import FINAL_NORMS, SPM, nllb_pieces
-from transformer_mt.hf.vocab import TOKENIZER_CONFIG
+from transformer_mt.hf.vocab import TOKENIZER_CONFIG, VOCAB
 from transformer_mt.hf.weights import ATTENTION, DECODER, ENCODER, SAFETENSORS
 from transformer_mt.model import Transformer
+from transformer_mt.text import Tokenizer
 
 GENERATION_CONFIG = "generation_config.json"
 
@@ -69,16 +72,17 @@ def export_m2m100(checkpoint: str | os.PathLike, output: str | os.PathLike, *, f
     if refusal is None and src_tok != tgt_tok:
         refusal = "the source and target tokenizers differ; M2M100 has one vocabulary"
     languages = cfg.model.decoder_languages.split()
-    if refusal is None and nllb_pieces(src_tok.proto, languages) != src_tok.pieces():
+    m2m100 = m2m100_tokenizer_files(src_tok, languages, max_length=cfg.model.max_positions)
+    if refusal is None and m2m100 is None and nllb_pieces(src_tok.proto, languages) != src_tok.pieces():
         refusal = (
-            "its vocabulary is not in NllbTokenizer's order (<s> <pad> </s> <unk>, the sentencepiece pieces, <mask>, "
-            "the model.decoder_languages codes)"
+            "its vocabulary is in neither NllbTokenizer's order (<s> <pad> </s> <unk>, the sentencepiece pieces, "
+            "<mask>, the model.decoder_languages codes) nor M2M100Tokenizer's (vocab.json, __xx__ codes, made-up words)"
         )
     if refusal:
         raise HfError(f"{checkpoint}: cannot export to m2m100-hf: {refusal}")
     st = require_safetensors()
     m = cfg.model
-    files = {
+    files: dict[str, object] = {
         "config.json": m2m100_config(m, vocab_size=src_tok.vocab_size),
         GENERATION_CONFIG: {
             "decoder_start_token_id": m.start_id,
@@ -98,6 +102,8 @@ def export_m2m100(checkpoint: str | os.PathLike, output: str | os.PathLike, *, f
             "model_max_length": m.max_positions,
         },
     }
+    if m2m100 is not None:  # M2M100Tokenizer: vocab.json, and the language list by its name
+        files[TOKENIZER_CONFIG], files[VOCAB] = m2m100
     notes = {
         "exported_by": f"transformer_mt {__version__}",
         "checkpoint": Path(checkpoint).name,
@@ -111,6 +117,30 @@ def export_m2m100(checkpoint: str | os.PathLike, output: str | os.PathLike, *, f
         st.save_file(m2m100_state(model), str(staging / SAFETENSORS), metadata={"format": "pt"})
         write_export_marker(staging, notes)
     return out
+
+
+def m2m100_tokenizer_files(
+    tok: Tokenizer, languages: list[str], *, max_length: int
+) -> tuple[dict, dict[str, int]] | None:
+    """``tokenizer_config.json`` and ``vocab.json`` of an M2M100Tokenizer giving ``tok``'s ids, or None when its
+    vocabulary is not M2M100Tokenizer's: vocab.json's pieces, then ``languages`` (``__xx__``), one of transformers'
+    language lists (``language_codes``) in its order, then made-up words."""
+    if not languages or not all(code.startswith("__") and code.endswith("__") for code in languages):
+        return None
+    table = require_transformers().models.m2m_100.tokenization_m2m_100.FAIRSEQ_LANGUAGE_CODES
+    name = next((n for n, codes in table.items() if [f"__{c}__" for c in codes] == languages), None)
+    pieces = tok.pieces()
+    start = pieces.index(languages[0]) if languages[0] in pieces else -1
+    madeup = len(pieces) - start - len(languages)
+    if name is None or start < 0 or pieces[start : start + len(languages)] != languages or madeup < 0:
+        return None
+    config = {
+        "tokenizer_class": "M2M100Tokenizer",
+        "language_codes": name,
+        "num_madeup_words": madeup,
+        "model_max_length": max_length,
+    }
+    return config, {piece: i for i, piece in enumerate(pieces[:start])}
 
 
 def m2m100_state(model: Transformer) -> dict[str, Tensor]:
