@@ -107,9 +107,9 @@ class ModelConfig:
     norm: str = "post"  # post = LayerNorm(x + sublayer(x)) (paper); pre = x + sublayer(LayerNorm(x));
     # scale = pre placement with ScaleNorm g * x / ||x|| and FixNorm embeddings (Nguyen & Salazar 2019)
     positions: str = "sinusoidal"  # sinusoidal (paper) or learned (Table 3 row E)
-    position_layout: str = (
-        "interleaved"  # sinusoid order: interleaved (paper: sin even dims, cos odd) or halves (all sines, then cosines)
-    )  # or fairseq: halves with the frequencies 10000^(-i / (d/2 - 1)) (fairseq's, M2M100's and NLLB's table)
+    # sinusoid order: interleaved (paper: sin even dims, cos odd), halves (all sines, then cosines) or fairseq (halves
+    # with the frequencies 10000^(-i / (d/2 - 1)): fairseq's, M2M100's and NLLB's table)
+    position_layout: str = "interleaved"
     position_offset: int = 0  # the position number of a sequence's first token (M2M100 / NLLB: 2, fairseq's pad + 1)
     max_positions: int = 1024  # longest sequence the model accepts (size of the learned table)
     share_all_embeddings: bool = True  # one matrix for source, target and output (needs a joint vocabulary)
