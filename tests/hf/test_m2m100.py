@@ -456,3 +456,17 @@ def test_m2m100_tokenizer_round_trip(m2m100_dir, sentences, tmp_path):
     start = torch.tensor([[2, toks[0].get_lang_id("fr")]] * len(sentences))
     with torch.no_grad():
         assert torch.equal(*(m(**batch, decoder_input_ids=start).logits for m in models))
+
+
+def test_training_an_nllb_model_is_refused(imported, tmp_path):
+    """tmt's data put no language codes on an NLLB model's pairs: a run with training data is refused in one line,
+    rather than fine-tuning the model on inputs it was never trained with."""
+    import dataclasses
+
+    from transformer_mt.config import ConfigError, from_dict, validate
+
+    cfg = from_dict(imported[1]["config"])
+    validate(cfg, check_files=False)  # the imported checkpoint itself is fine
+    cfg.data = dataclasses.replace(cfg.data, train_src=str(tmp_path / "a.en"), train_tgt=str(tmp_path / "a.de"))
+    with pytest.raises(ConfigError, match=r"model\.decoder_languages: .*fine-tune it with transformers$"):
+        validate(cfg, check_files=False)

@@ -122,6 +122,12 @@ def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -
     _check_finetuning(cfg.train, cfg.model, fail)
     _check_decode(cfg.decode, fail)
     _check_data(cfg.data, cfg.model, fail)
+    if cfg.model.decoder_languages and (cfg.data.corpora or cfg.data.train_src):
+        fail(
+            "model.decoder_languages",
+            "an NLLB / M2M100 model's training pairs need its language codes on both sides, which tmt's data do not "
+            "add; translate with it, or fine-tune it with transformers",
+        )
     check_corpora(cfg.data, fail)
     check_valid_sets(cfg.data, fail)
     _check_filters(cfg.data, fail)
