@@ -96,7 +96,7 @@ def test_a_new_format_is_one_registry_line(tmp_path, capsys, monkeypatch):
     assert code == 0 and back.read_bytes() == b"weights"
     assert out == f"wrote {back} (from echo {tmp_path / 'e'}); translate with: tmt translate -c {back}\n"
     code, _, err = run_cli(["export", "-c", ckpt, "-o", tmp_path / "o", "--format", "onnx"], capsys)
-    assert code == 2 and err.rstrip().endswith("choose one of: ctranslate2, marian-hf, echo")
+    assert code == 2 and err.rstrip().endswith("choose one of: ctranslate2, marian-hf, m2m100-hf, echo")
 
 
 @pytest.mark.slow

@@ -116,14 +116,15 @@ def test_beam_and_lenpen_default_to_the_checkpoints_decode_settings(translator, 
 
     monkeypatch.setattr(Translator, "translate_batch", spy)
     texts = translator.translate(lines)
-    assert seen[-1] == {"beam": 3, "lenpen": 0.6, "nbest": 1, "sampling": None}
+    untagged: dict[str, object] = {"sampling": None, "src_prefix": [], "tgt_prefix": []}  # no sampling, no codes
+    assert seen[-1] == {"beam": 3, "lenpen": 0.6, "nbest": 1, **untagged}
     assert translator.translate(lines, lenpen=1.0) and seen[-1] == {
         "beam": 3,
         "lenpen": 1.0,
         "nbest": 1,
-        "sampling": None,
+        **untagged,
     }
-    assert translator.translate(lines, beam=1) and seen[-1] == {"beam": 1, "lenpen": 0.6, "nbest": 1, "sampling": None}
+    assert translator.translate(lines, beam=1) and seen[-1] == {"beam": 1, "lenpen": 0.6, "nbest": 1, **untagged}
     monkeypatch.undo()
     expected = translator.translate_batch(lines, beam=3, lenpen=0.6)
     assert isinstance(expected, TranslationResult)
