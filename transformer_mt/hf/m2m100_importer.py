@@ -47,7 +47,7 @@ from transformer_mt.config import (
 from transformer_mt.hf.errors import HfError, brief, require_transformers
 from transformer_mt.hf.m2m100_config import model_config_from_m2m100
 from transformer_mt.hf.vocab import MAX_VOCAB_BYTES, TOKENIZER_CONFIG, VOCAB, read_json, read_vocab
-from transformer_mt.hf.weights import ATTENTION, DECODER, ENCODER, Layout, Stored, check_stored, open_weights
+from transformer_mt.hf.weights import Layout, Stored, check_stored, map_layers, open_weights
 from transformer_mt.model import Transformer
 from transformer_mt.text import SpecialIds, Tokenizer, TokenizerError
 
@@ -209,19 +209,7 @@ def m2m100_layout(model: Transformer, stored: dict[str, Stored]) -> Layout:
     for ours, theirs in FINAL_NORMS.items():
         for kind in ("weight", "bias"):
             one(f"{ours}.{kind}", f"{theirs}.{kind}")
-    for stack, count, plain in (("encoder", cfg.encoder_layers, ENCODER), ("decoder", cfg.decoder_layers, DECODER)):
-        for i in range(count):
-            hf, ours = f"model.{stack}.layers.{i}.", f"{stack}.{i}."
-            for theirs, mine in ATTENTION[stack].items():
-                for kind in ("weight", "bias"):  # [W^Q; W^K; W^V] rows, as tmt's fused projection holds them
-                    fused = expected[f"{ours}{mine}.in_{kind}"]  # (3 D, D) or (3 D,)
-                    pieces = tuple(f"{hf}{theirs}.{p}_proj.{kind}" for p in "qkv")
-                    parts[f"{ours}{mine}.in_{kind}"] = pieces
-                    shapes.update({piece: ((fused[0] // 3, *fused[1:]),) for piece in pieces})
-                    one(f"{ours}{mine}.out.{kind}", f"{hf}{theirs}.out_proj.{kind}")
-            for theirs, mine in plain.items():
-                for kind in ("weight", "bias"):
-                    one(f"{ours}{mine}.{kind}", f"{hf}{theirs}.{kind}")
+    map_layers(cfg, expected, parts, shapes)
     if set(expected) != set(parts):
         raise AssertionError(f"no M2M100 tensor for {sorted(set(expected) - set(parts))}")
     required = frozenset(name for names in parts.values() for name in names)

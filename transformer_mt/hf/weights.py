@@ -34,7 +34,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from transformer_mt.config import quote, quote_name
+from transformer_mt.config import ModelConfig, quote, quote_name
 from transformer_mt.hf.errors import HfError, brief, require_safetensors
 from transformer_mt.hf.vocab import MAX_CONFIG_BYTES, read_json
 from transformer_mt.model import Transformer, sinusoids
@@ -204,6 +204,38 @@ def _same(t: Tensor) -> Tensor:
     return t
 
 
+def map_layers(
+    cfg: ModelConfig,
+    expected: dict[str, tuple[int, ...]],
+    parts: dict[str, tuple[str, ...]],
+    shapes: dict[str, tuple[tuple[int, ...], ...]],
+) -> None:
+    """Add every encoder and decoder layer's tensors to ``parts`` (tmt name -> the Hugging Face names it is made of)
+    and ``shapes`` (Hugging Face name -> its allowed shapes): the BART family's layer names, which MarianMT and
+    M2M100 / NLLB share; ``expected``: tmt's state dict shapes."""
+    for stack, count, plain in (("encoder", cfg.encoder_layers, ENCODER), ("decoder", cfg.decoder_layers, DECODER)):
+        for i in range(count):
+            hf, ours = f"model.{stack}.layers.{i}.", f"{stack}.{i}."
+            names = {
+                f"{ours}{mine}.out.{kind}": f"{hf}{theirs}.out_proj.{kind}"
+                for theirs, mine in ATTENTION[stack].items()
+                for kind in ("weight", "bias")
+            }
+            names |= {
+                f"{ours}{mine}.{kind}": f"{hf}{theirs}.{kind}"
+                for theirs, mine in plain.items()
+                for kind in ("weight", "bias")
+            }
+            for theirs, mine in ATTENTION[stack].items():
+                for kind in ("weight", "bias"):  # [W^Q; W^K; W^V] rows, as tmt's fused projection holds them
+                    fused = expected[f"{ours}{mine}.in_{kind}"]  # (3 D, D) or (3 D,)
+                    pieces = tuple(f"{hf}{theirs}.{p}_proj.{kind}" for p in "qkv")
+                    parts[f"{ours}{mine}.in_{kind}"] = pieces
+                    shapes.update({piece: ((fused[0] // 3, *fused[1:]),) for piece in pieces})
+            for mine, theirs in names.items():
+                parts[mine], shapes[theirs] = (theirs,), (expected[mine],)
+
+
 def marian_layout(model: Transformer, stored: Collection[str]) -> Layout:
     """The MarianMT tensors that make ``model``'s state dict (``model`` may live on the meta device: only its
     shapes are read), by name and shape; ``stored``: the names a file holds (which of the aliases of a shared
@@ -241,19 +273,7 @@ def marian_layout(model: Transformer, stored: Collection[str]) -> Layout:
     for name in POSITIONS:  # MarianMT's sinusoids: compared with tmt's, not imported
         shapes[name] = ((cfg.max_positions, cfg.d_model),)
         optional.add(name)
-    for stack, count, plain in (("encoder", cfg.encoder_layers, ENCODER), ("decoder", cfg.decoder_layers, DECODER)):
-        for i in range(count):
-            hf, ours = f"model.{stack}.layers.{i}.", f"{stack}.{i}."
-            for theirs, mine in ATTENTION[stack].items():
-                for kind in ("weight", "bias"):  # [W^Q; W^K; W^V] rows, as tmt's fused projection holds them
-                    fused = expected[f"{ours}{mine}.in_{kind}"]  # (3 D, D) or (3 D,)
-                    pieces = tuple(f"{hf}{theirs}.{p}_proj.{kind}" for p in "qkv")
-                    parts[f"{ours}{mine}.in_{kind}"] = pieces
-                    shapes.update({piece: ((fused[0] // 3, *fused[1:]),) for piece in pieces})
-                    one(f"{ours}{mine}.out.{kind}", f"{hf}{theirs}.out_proj.{kind}")
-            for theirs, mine in plain.items():
-                for kind in ("weight", "bias"):
-                    one(f"{ours}{mine}.{kind}", f"{hf}{theirs}.{kind}")
+    map_layers(cfg, expected, parts, shapes)
     if set(expected) - set(parts) != {"output_proj.bias"}:
         raise AssertionError(f"no MarianMT tensor for {sorted(set(expected) - set(parts) - {'output_proj.bias'})}")
     return Layout(parts, shapes, frozenset(shapes) - optional)
