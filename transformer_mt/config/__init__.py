@@ -29,7 +29,7 @@ from transformer_mt.config.checks import (
     size_problem,
     validate,
 )
-from transformer_mt.config.corpora import corpus_name, valid_set_name, validation_sets
+from transformer_mt.config.corpora import corpus_name, model_language, valid_set_name, validation_sets
 from transformer_mt.config.loading import from_dict, load_config, save_config, stated_keys, to_dict
 from transformer_mt.config.rules import (
     MAX_SEED,
@@ -85,6 +85,7 @@ __all__ = [
     "sampling_problem",
     "load_config",
     "max_beam",
+    "model_language",
     "model_elements",
     "quote",
     "quote_name",

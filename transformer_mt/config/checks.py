@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
-from transformer_mt.config.corpora import check_corpora, check_valid_sets, data_files
+from transformer_mt.config.corpora import check_coded_pairs, check_corpora, check_valid_sets, data_files
 from transformer_mt.config.rules import (
     beam_problem,
     length_problem,
@@ -122,12 +122,8 @@ def validate(cfg: Config, *, source: str = "config", check_files: bool = True) -
     _check_finetuning(cfg.train, cfg.model, fail)
     _check_decode(cfg.decode, fail)
     _check_data(cfg.data, cfg.model, fail)
-    if cfg.model.decoder_languages and (cfg.data.corpora or cfg.data.train_src):
-        fail(
-            "model.decoder_languages",
-            "an NLLB / M2M100 model's training pairs need its language codes on both sides, which tmt's data do not "
-            "add; translate with it, or fine-tune it with transformers",
-        )
+    if cfg.model.decoder_languages:
+        check_coded_pairs(cfg.data, cfg.model.decoder_languages.split(), fail, init_from=cfg.train.init_from)
     check_corpora(cfg.data, fail)
     check_valid_sets(cfg.data, fail)
     _check_filters(cfg.data, fail)

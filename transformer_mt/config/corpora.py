@@ -9,7 +9,7 @@ the config alone, so ``load_config`` refuses it.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from transformer_mt.config.sections import CorpusConfig, DataConfig, ValidSetConfig
@@ -129,6 +129,49 @@ def check_valid_sets(data: DataConfig, fail: Fail) -> None:
                 f"no set has tgt_lang {lang!r}, a target language of the corpora; add a validation set for it, so that "
                 "each direction is validated (or give no validation sets)",
             )
+
+
+def model_language(languages: Sequence[str], lang: str) -> str | None:
+    """``lang`` as the language code of an NLLB / M2M100 model whose codes are ``languages``
+    (``model.decoder_languages``): itself when listed (``fra_Latn``, ``__fr__``), M2M100's ``__fr__`` for ``fr``,
+    else None."""
+    if lang in languages:
+        return lang
+    wrapped = f"__{lang}__"
+    return wrapped if wrapped in languages else None
+
+
+def check_coded_pairs(data: DataConfig, languages: Sequence[str], fail: Fail, *, init_from: str) -> None:
+    """The training and validation pairs of an NLLB / M2M100 model (``model.decoder_languages``: ``languages``):
+    each source starts with its language's code and each target with its own, so every corpus and validation set
+    names both languages, each one of the model's; the shorthands, which name none, are refused. Such a model is
+    imported, never trained from scratch: training data without ``train.init_from`` are refused."""
+    shown = ", ".join(languages[:4]) + (" ..." if len(languages) > 4 else "")
+    if not init_from and (data.corpora or data.train_src):
+        fail(
+            "model.decoder_languages",
+            "names an NLLB / M2M100 model's language codes, which only an imported model's tokenizer holds: import "
+            "the model (tmt import --from m2m100-hf) and fine-tune it with --init-from",
+        )
+    for key in ("train_src", "valid_src"):
+        if getattr(data, key):
+            section = "data.corpora" if key == "train_src" else "data.valid"
+            fail(
+                f"data.{key}",
+                f"an NLLB / M2M100 model (model.decoder_languages) reads the language codes of both sides: give the "
+                f"pairs as {section}, each with src_lang and tgt_lang (its codes: {shown})",
+            )
+    for name, records in (("corpora", data.corpora), ("valid", data.valid)):
+        for i, record in enumerate(records):
+            for side in ("src_lang", "tgt_lang"):
+                lang = getattr(record, side)
+                if not lang or model_language(languages, lang) is None:
+                    said = f"{lang[:40]!r} is not one of the model's language codes" if lang else "is empty"
+                    fail(
+                        f"data.{name}[{i}].{side}",
+                        f"{said}; an NLLB / M2M100 model starts the {'source' if side == 'src_lang' else 'target'} "
+                        f"with its code: give one of {shown}",
+                    )
 
 
 def _check_name(name: str, key: str, index: int, seen: dict[str, int], what: str, fail: Fail) -> None:

@@ -14,7 +14,8 @@ counts the kept pairs the filters would have removed (``long_kept``).
 
 A corpus of several (``data.corpora``) may have its sources start with tags (``<2fr>``, ``<BT>``): their ids are
 stored at the head of every source (``src_prefix``), count towards ``max_len`` (they take positions) but not
-towards the emptiness and length-ratio tests (they are not text). A :class:`PairFilter` (``data.filters``) drops
+towards the emptiness and length-ratio tests (they are not text). An NLLB model's targets start with their language's
+code (``tgt_prefix``), stored and counted the same way. A :class:`PairFilter` (``data.filters``) drops
 raw pairs before they are encoded, counted as ``dropped_filtered``.
 
 A corpus is encoded once, :data:`CHUNK_LINES` lines at a time, and loaded from its cache after that.
@@ -80,7 +81,8 @@ class ParallelData:
 
     ``src_lengths`` / ``tgt_lengths`` (N,) int32 are piece counts without EOS / BOS;
     ``line_numbers`` (N,) int64 are 0-based lines of the text files the pairs came from; ``src_prefix`` the tag
-    ids every source starts with (stored in the cache, part of ``src_lengths``).
+    ids every source starts with (stored in the cache, part of ``src_lengths``), ``tgt_prefix`` those every target
+    starts with (an NLLB model's target language code; part of ``tgt_lengths``).
     """
 
     def __init__(
@@ -100,6 +102,7 @@ class ParallelData:
         self.summary = CorpusSummary(**stored, cache=str(directory), from_cache=from_cache)
         self.num_pairs = int(meta["num_pairs"])
         self.src_prefix: list[int] = [int(i) for i in meta.get("key_inputs", {}).get("src_prefix", [])]
+        self.tgt_prefix: list[int] = [int(i) for i in meta.get("key_inputs", {}).get("tgt_prefix", [])]
         arrays = map_arrays(directory, meta)
         self._src_tokens, self._tgt_tokens = arrays["src.tokens"], arrays["tgt.tokens"]
         self._src_offsets, self._tgt_offsets = arrays["src.offsets"], arrays["tgt.offsets"]
@@ -166,6 +169,7 @@ def load_parallel(
     filter_long: bool = True,
     quiet: bool = False,
     src_prefix: Sequence[int] = (),
+    tgt_prefix: Sequence[int] = (),
     pair_filter: PairFilter | None = None,
     keys: tuple[str, str] | None = None,
     label: str = "",
@@ -173,11 +177,11 @@ def load_parallel(
     """Load a parallel corpus, encoding it into ``cache_dir`` unless an up-to-date cache is there.
 
     ``filter_long=False`` (validation sets) drops only empty pairs. ``src_prefix``: tag ids every source starts
-    with; ``pair_filter``: cleaning rules over the raw pairs (``data.filters``). ``keys`` (the config keys of the
-    two files, e.g. ``data.corpora[1].src``) and ``label`` (the corpus, e.g. ``data.corpora[1] (fr)``) name them in
-    messages. Raises :class:`DataError` for missing files, unequal line counts and invalid UTF-8. Ranks of a
-    distributed run should let rank 0 build the cache before the others load it (concurrent builds are safe, only
-    wasteful).
+    with, ``tgt_prefix`` every target; ``pair_filter``: cleaning rules over the raw pairs (``data.filters``).
+    ``keys`` (the config keys of the two files, e.g. ``data.corpora[1].src``) and ``label`` (the corpus, e.g.
+    ``data.corpora[1] (fr)``) name them in messages. Raises :class:`DataError` for missing files, unequal line
+    counts and invalid UTF-8. Ranks of a distributed run should let rank 0 build the cache before the others load it
+    (concurrent builds are safe, only wasteful).
     """
     if not str(cache_dir):
         raise ValueError(
@@ -200,6 +204,7 @@ def load_parallel(
         data_cfg,
         filter_long=filter_long,
         src_prefix=src_prefix,
+        tgt_prefix=tgt_prefix,
         filters=None if pair_filter is None else pair_filter.key(),
     )
     directory = cache_directory(cache_dir, src_path, tgt_path, key)
@@ -218,6 +223,7 @@ def load_parallel(
             filter_long=filter_long,
             quiet=quiet,
             src_prefix=list(src_prefix),
+            tgt_prefix=list(tgt_prefix),
             pair_filter=pair_filter,
             label=label,
         )
@@ -268,6 +274,7 @@ def _encode_corpus(
     filter_long: bool,
     quiet: bool,
     src_prefix: list[int],
+    tgt_prefix: list[int],
     pair_filter: PairFilter | None,
     label: str,
 ) -> None:
@@ -310,10 +317,14 @@ def _encode_corpus(
                 lengths = {
                     side: np.fromiter(map(len, seqs), np.int64, count=len(seqs)) for side, seqs in encoded.items()
                 }
-                keep = _classify(lengths["src"], lengths["tgt"], cfg, filter_long, summary, prefix=len(src_prefix))
-                if src_prefix:  # the tags head every source, stored with it
-                    encoded["src"] = [src_prefix + ids for ids in encoded["src"]]
-                    lengths["src"] += len(src_prefix)
+                prefixes = {"src": src_prefix, "tgt": tgt_prefix}
+                keep = _classify(
+                    lengths["src"], lengths["tgt"], cfg, filter_long, summary, prefix=(len(src_prefix), len(tgt_prefix))
+                )
+                for side, prefix in prefixes.items():
+                    if prefix:  # the tags (an NLLB model's codes) head every sentence, stored with it
+                        encoded[side] = [prefix + ids for ids in encoded[side]]
+                        lengths[side] += len(prefix)
                 writer.add(numbers, encoded, lengths, keep)
                 bar.update(n_read)
             writer.sync()  # data on disk before meta.json and the rename make it count
@@ -357,12 +368,18 @@ def _cleaned(
 
 
 def _classify(
-    ls: np.ndarray, lt: np.ndarray, cfg: DataConfig, filter_long: bool, summary: CorpusSummary, *, prefix: int = 0
+    ls: np.ndarray,
+    lt: np.ndarray,
+    cfg: DataConfig,
+    filter_long: bool,
+    summary: CorpusSummary,
+    *,
+    prefix: tuple[int, int] = (0, 0),
 ) -> np.ndarray:
-    """Boolean keep-mask for one chunk of encoded pairs; counts each drop under its first reason. ``ls`` are the
-    sources' pieces without the ``prefix`` tags, which count towards max_len only."""
+    """Boolean keep-mask for one chunk of encoded pairs; counts each drop under its first reason. ``ls`` / ``lt``
+    are the pieces without the ``prefix`` tags (source, target), which count towards max_len only."""
     empty = (ls == 0) | (lt == 0)  # whitespace or control characters only, removed by normalisation
-    too_long = ~empty & ((ls + prefix > cfg.max_len) | (lt > cfg.max_len))
+    too_long = ~empty & ((ls + prefix[0] > cfg.max_len) | (lt + prefix[1] > cfg.max_len))
     longer, shorter = np.maximum(ls, lt), np.minimum(ls, lt)
     ratio = ~empty & ~too_long & (longer >= cfg.min_len_for_ratio) & (longer > cfg.max_len_ratio * shorter)
     summary.dropped_empty += int(empty.sum())

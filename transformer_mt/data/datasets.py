@@ -7,6 +7,11 @@ target language's (``<2fr>``) in a multilingual run, then its own (``<BT>``), ea
 corpus's languages, when any rule is on. Each validation set (``data.valid``, or ``valid_src`` / ``valid_tgt``)
 starts its sources with its target language's tag in a multilingual run, and is neither cleaned nor length-filtered.
 The shorthands read exactly as they always did: same caches, same pairs.
+
+An NLLB / M2M100 model (``model.decoder_languages``, imported and fine-tuned with ``--init-from``) reads no ``<2fr>``
+tag: every source starts with its language's code and every target with its own (``eng_Latn`` ... ``fra_Latn`` ...),
+so that teacher forcing gives the decoder [``</s>``, ``fra_Latn``, pieces] and the labels [``fra_Latn``, pieces,
+``</s>``], as transformers' NllbTokenizer makes them for fine-tuning (``text_target``).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from transformer_mt.config import (
     FiltersConfig,
     ValidSetConfig,
     corpus_name,
+    model_language,
     valid_set_name,
     validation_sets,
 )
@@ -58,6 +64,7 @@ class ValidationSet:
     config: ValidSetConfig
     data: ParallelData
     src_prefix: list[int]  # the tag ids its sources start with (its target language's in a multilingual run)
+    tgt_prefix: list[int] = dataclasses.field(default_factory=list)  # an NLLB model's: its target language's code
 
 
 @dataclass
@@ -76,11 +83,16 @@ def load_datasets(cfg: Config, src_tok: Tokenizer, tgt_tok: Tokenizer, *, quiet:
     check_has_text(cfg)  # a resumed or fine-tuning run trains no tokenizer: check here too
     cache_dir = Path(data.cache_dir or Path(cfg.train.out_dir) / "cache")
     multilingual, shorthand = is_multilingual(data), not data.corpora
+    coded = cfg.model.decoder_languages.split()  # an NLLB model's language codes: none for tmt's own models
     train = []
     for i, corpus in enumerate(training_corpora(data)):
         key, name = ("data.train_src", corpus_name(corpus)) if shorthand else (f"data.corpora[{i}]", corpus.name)
         label = "" if shorthand else f"{key} ({name})"
-        tags = source_tags(corpus, multilingual=multilingual)
+        if coded:
+            src_prefix, tgt_prefix = language_codes(corpus, coded, (src_tok, tgt_tok), where=label or key)
+        else:
+            tags = source_tags(corpus, multilingual=multilingual)
+            src_prefix, tgt_prefix = (src_tok.tag_ids(tags, where=label or key) if tags else []), []
         loaded = load_parallel(
             corpus.src,
             corpus.tgt,
@@ -89,7 +101,8 @@ def load_datasets(cfg: Config, src_tok: Tokenizer, tgt_tok: Tokenizer, *, quiet:
             data,
             cache_dir=cache_dir,
             quiet=quiet,
-            src_prefix=src_tok.tag_ids(tags, where=label or key) if tags else (),
+            src_prefix=src_prefix,
+            tgt_prefix=tgt_prefix,
             pair_filter=cleaning_rules(data.filters, corpus, label=label or key),
             keys=None if shorthand else (f"{key}.src", f"{key}.tgt"),
             label=label,
@@ -100,7 +113,11 @@ def load_datasets(cfg: Config, src_tok: Tokenizer, tgt_tok: Tokenizer, *, quiet:
     for i, v in enumerate(validation_sets(data)):
         key, name = (f"data.valid[{i}]", valid_set_name(v)) if data.valid else ("data.valid_src", valid_set_name(v))
         label = f"{key} ({name})" if data.valid else ""
-        prefix = src_tok.tag_ids([language_tag(v.tgt_lang)], where=label) if multilingual else []
+        if coded:
+            prefix, tgt_prefix = language_codes(v, coded, (src_tok, tgt_tok), where=label or key)
+        else:
+            prefix = src_tok.tag_ids([language_tag(v.tgt_lang)], where=label) if multilingual else []
+            tgt_prefix = []
         loaded = load_parallel(
             v.src,
             v.tgt,
@@ -111,12 +128,29 @@ def load_datasets(cfg: Config, src_tok: Tokenizer, tgt_tok: Tokenizer, *, quiet:
             filter_long=False,
             quiet=quiet,
             src_prefix=prefix,
+            tgt_prefix=tgt_prefix,
             keys=(f"{key}.src", f"{key}.tgt") if data.valid else None,
             label=label,
         )
         loaded.summary.name = name if data.valid else ""
-        valid.append(ValidationSet(name, key, v, loaded, prefix))
+        valid.append(ValidationSet(name, key, v, loaded, prefix, tgt_prefix))
     return Datasets(train, valid, shorthand)
+
+
+def language_codes(
+    record: CorpusConfig | ValidSetConfig,
+    languages: list[str],
+    tokenizers: tuple[Tokenizer, Tokenizer],
+    *,
+    where: str,
+) -> tuple[list[int], list[int]]:
+    """The ids an NLLB / M2M100 model's pair of ``record`` starts with: [code of src_lang] (and a corpus's own tag)
+    on the source, [code of tgt_lang] on the target; the config's checks made sure both are among ``languages``."""
+    src_tok, tgt_tok = tokenizers
+    src_code = model_language(languages, record.src_lang) or record.src_lang
+    tgt_code = model_language(languages, record.tgt_lang) or record.tgt_lang
+    own = [record.tag] if isinstance(record, CorpusConfig) and record.tag else []
+    return src_tok.tag_ids([src_code, *own], where=where), tgt_tok.tag_ids([tgt_code], where=where)
 
 
 # --------------------------------------------------------------------------- checks before any work
@@ -127,7 +161,7 @@ def check_has_text(cfg: Config) -> None:
     (empty, or blank lines only), reading each only up to its first text: one line naming the key or file, before
     any tokenizer is trained or any summary printed."""
     data = cfg.data
-    check_languages(data)
+    check_languages(data, model_codes=cfg.model.decoder_languages.split())
     check_given_tokenizer(cfg)
     corpora = training_corpora(data)
     if not corpora:
@@ -147,14 +181,16 @@ def check_has_text(cfg: Config) -> None:
                 )
 
 
-def check_languages(data: DataConfig) -> None:
-    """Every language code a corpus or validation set states is one, and every corpus tag is one word in angle
-    brackets (ConfigError naming the key)."""
+def check_languages(data: DataConfig, *, model_codes: Sequence[str] = ()) -> None:
+    """Every language code a corpus or validation set states is one (or one of ``model_codes``, an NLLB / M2M100
+    model's own, such as ``__fr__``), and every corpus tag is one word in angle brackets (ConfigError naming the
+    key)."""
     for name, records in (("corpora", data.corpora), ("valid", data.valid)):
         for i, record in enumerate(records):
             for side in ("src_lang", "tgt_lang"):
-                if getattr(record, side):
-                    check_language_code(getattr(record, side), f"data.{name}[{i}].{side}")
+                lang = getattr(record, side)
+                if lang and lang not in model_codes:
+                    check_language_code(lang, f"data.{name}[{i}].{side}")
     for i, corpus in enumerate(data.corpora):
         if corpus.tag:
             check_tag(corpus.tag, f"data.corpora[{i}].tag")

@@ -58,10 +58,12 @@ def cache_key(
     *,
     filter_long: bool,
     src_prefix: Sequence[int] = (),
+    tgt_prefix: Sequence[int] = (),
     filters: dict | None = None,
 ) -> tuple[str, dict]:
     """(sha256 hex key, the inputs it hashes) for the encoded corpus; see the module docstring. ``src_prefix``: the
-    tag ids every source starts with; ``filters``: what decides which raw pairs the cleaning rules drop (None: none)."""
+    tag ids every source starts with, ``tgt_prefix`` every target; ``filters``: what decides which raw pairs the
+    cleaning rules drop (None: none)."""
     inputs = {
         "format": FORMAT_VERSION,
         "src": _fingerprint(src_path),
@@ -76,6 +78,8 @@ def cache_key(
     }
     if src_prefix:  # absent without tags: the key of a corpus without them stays what it always was
         inputs["src_prefix"] = [int(i) for i in src_prefix]
+    if tgt_prefix:
+        inputs["tgt_prefix"] = [int(i) for i in tgt_prefix]
     if filters:
         inputs["filters"] = filters
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest(), inputs

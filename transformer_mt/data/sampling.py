@@ -25,7 +25,8 @@ class SampledSegmentation:
     A resumed run and every rank of a distributed run therefore see the same pieces and batches.
     A pair whose sampled segmentation is longer than ``max_len`` on a side keeps its best
     segmentation for that epoch. Validation and translation never sample. The tags a corpus's sources start with
-    (``ParallelData.src_prefix``) stay one piece each, ahead of the sampled source.
+    (``ParallelData.src_prefix``), and an NLLB model's target codes (``tgt_prefix``), stay one piece each, ahead
+    of the sampled sentence.
 
     It stands in for the :class:`ParallelData` it wraps: ``batches(epoch, ...)`` re-segments for
     that epoch and ``get_batch`` / ``pair`` read the segmentation of the epoch last batched.
@@ -50,7 +51,7 @@ class SampledSegmentation:
             base.num_pairs,
             base.line_numbers,
         )
-        self.specials, self.src_prefix = base.specials, base.src_prefix
+        self.specials, self.src_prefix, self.tgt_prefix = base.specials, base.src_prefix, base.tgt_prefix
         self.alpha, self.nbest, self.seed, self.max_len = alpha, nbest, seed, max_len
         self._toks = {"src": src_tok, "tgt": tgt_tok}
         self._texts = {side: base.texts(side) for side in ("src", "tgt")}
@@ -80,8 +81,9 @@ class SampledSegmentation:
                 int(np.random.SeedSequence([self.seed & 0xFFFF_FFFF, epoch & 0xFFFF_FFFF, k]).generate_state(1)[0])
             )
             seqs = self._toks[side].encode(self._texts[side], alpha=self.alpha, nbest=self.nbest)
-            if side == "src" and self.src_prefix:  # the tags, one piece each, are never sampled
-                seqs = [self.src_prefix + ids for ids in seqs]
+            prefix = self.src_prefix if side == "src" else self.tgt_prefix
+            if prefix:  # the tags, one piece each, are never sampled
+                seqs = [prefix + ids for ids in seqs]
             lengths = np.fromiter(map(len, seqs), np.int32, count=len(seqs))
             for i in np.flatnonzero(lengths > self.max_len).tolist():  # too long this epoch: the best one
                 seqs[i] = self.base.pair(i)[k].tolist()

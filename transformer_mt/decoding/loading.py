@@ -49,7 +49,9 @@ def model_from_checkpoint(
     if tokenizers_of is None:
         src_tok, tgt_tok = tokenizers_from_checkpoint(state, cfg, source=str(path))
         # a multilingual model's sources start with a language tag: one piece of its tokenizer, checked once here
-        languages = target_languages(cfg.data) if is_multilingual(cfg.data) else []
+        # (an NLLB model's start with its codes instead, checked when a translation names them)
+        tagged = is_multilingual(cfg.data) and not cfg.model.decoder_languages
+        languages = target_languages(cfg.data) if tagged else []
         src_tok.tag_ids([language_tag(lang) for lang in languages], where=str(path))
     else:
         src_tok, tgt_tok = tokenizers_of.src_tok, tokenizers_of.tgt_tok

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from transformer_mt.config import ModelConfig
+from transformer_mt.config import ModelConfig, model_language
 from transformer_mt.model import DecoderCache, EncoderOut, Transformer
 from transformer_mt.text import LanguageError, Tokenizer
 
@@ -74,11 +74,12 @@ def decoder_language_ids(
     languages = cfg.decoder_languages.split()
     ids = []
     for option, lang in (("src_lang", src_lang), ("tgt_lang", tgt_lang)):
-        if lang is None or lang not in languages:
+        code = None if lang is None else model_language(languages, lang)  # M2M100's __fr__ also as fr
+        if lang is None or code is None:
             shown = "" if lang is None else f" {lang[:40]!r} is not one of its languages;"
             raise LanguageError(
                 f"{where} names the language on both sides (NLLB);{shown} give {option}, one of "
                 f"{', '.join(languages[:20])}{' ...' if len(languages) > 20 else ''}"
             )
-        ids.append([tok.tag_ids([lang], where=where)[0]])
+        ids.append([tok.tag_ids([code], where=where)[0]])
     return ids[0], ids[1]

@@ -41,6 +41,7 @@ class BleuSet:
     src_ids: list[list[int]]  # source pieces, without EOS
     refs: list[str]  # reference lines as written (sacreBLEU tokenizes them)
     truncated: int = 0  # sources cut to the model's length
+    tgt_prefix: Sequence[int] = ()  # an NLLB model's forced decoder start after its start id: the target's code
 
 
 class ValidationError(TmtError, ValueError):
@@ -55,10 +56,12 @@ def bleu_set(
     limit: int,
     max_src_tokens: int | None = None,
     src_prefix: Sequence[int] = (),
+    tgt_prefix: Sequence[int] = (),
 ) -> BleuSet:
     """The first `limit` (0 = all) validation pairs with text on both sides, each source starting with the tag ids
     `src_prefix` (a multilingual model's target language, as the translator asks for it); sources longer than
-    `max_src_tokens` are truncated, as `tmt translate` does (`truncated` counts them)."""
+    `max_src_tokens` are truncated, as `tmt translate` does (`truncated` counts them). `tgt_prefix`: an NLLB
+    model's target language code, which the searches put after the decoder's start (not scored, not in the output)."""
     pairs = [(s, r) for s, r in zip(read_lines(src_path), read_lines(tgt_path)) if s.strip() and r.strip()]
     if limit > 0:
         pairs = pairs[:limit]
@@ -66,7 +69,7 @@ def bleu_set(
     long = [] if max_src_tokens is None else [i for i, ids in enumerate(src_ids) if len(ids) > max_src_tokens]
     for i in long:
         src_ids[i] = src_ids[i][:max_src_tokens]
-    return BleuSet(src_ids, [r for _, r in pairs], truncated=len(long))
+    return BleuSet(src_ids, [r for _, r in pairs], truncated=len(long), tgt_prefix=tuple(tgt_prefix))
 
 
 def checked_validation_set(
@@ -155,6 +158,7 @@ def validation_bleu(
         batch_tokens=decode.batch_tokens,
         device=device,
         dtype=dtype,
+        prefix=pairs.tgt_prefix,
     )
     text = tgt_tok.decode([h[0].tokens for h in hyps])
     return score(text, [pairs.refs], metrics=("bleu",))["bleu"]["score"]

@@ -91,6 +91,7 @@ class Validator:
                 limit=self.t.valid_bleu_sentences,
                 max_src_tokens=limit,
                 src_prefix=vset.src_prefix,
+                tgt_prefix=vset.tgt_prefix,
             )
             if pairs.truncated:
                 self.log(
