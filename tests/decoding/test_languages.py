@@ -84,6 +84,9 @@ def test_wrong_or_missing_languages_are_one_line_errors(multi, spm_model, tmp_pa
     assert plain.languages == []
     with pytest.raises(TmtError, match=r"^tgt_lang de: .* states no target language"):
         plain.translate(["A man."], tgt_lang="de")
+    # a source language is an NLLB model's alone
+    with pytest.raises(TmtError, match=r"^src_lang en: .* reads no source language .*; leave it out$"):
+        tr.translate(["A man."], tgt_lang="fr", src_lang="en")
 
 
 def test_a_checkpoint_whose_tokenizer_lacks_a_language_tag_is_refused_when_loaded(multi, spm_model, tmp_path):
@@ -131,6 +134,7 @@ def test_tmt_translate_and_evaluate_take_tgt_lang(multi, lines, tmp_path, capsys
         ([], "is multilingual (target languages de, fr); give the target language with --tgt-lang, e.g. --tgt-lang de"),
         (["--tgt-lang", "cs"], "--tgt-lang cs: "),
         (["--tgt-lang", "x y"], "--tgt-lang: 'x y' is not a language code"),
+        (["--tgt-lang", "fr", "--src-lang", "en"], "--src-lang en: "),  # only an NLLB model reads one
     ):
         for command in (["translate", "-c", multi, *args, src], ["evaluate", "-c", multi, "--src", src, "--ref", ref]):
             code, out, err = run_cli([*command, *args] if command[0] == "evaluate" else command, capsys)

@@ -69,7 +69,7 @@ def test_tgt_lang_picks_the_language_and_concurrent_requests_each_get_theirs(mul
         ({"text": "A man.", "tgt_lang": 7}, "tgt_lang: Input should be a valid string (got 7)"),
         (
             {"text": "A man.", "tgt_lang": "fr", "lang": "fr"},
-            "lang: unknown field; the fields are text, model, beam, lenpen, nbest, tgt_lang",
+            "lang: unknown field; the fields are text, model, beam, lenpen, nbest, tgt_lang, src_lang",
         ),
     ],
 )

@@ -62,6 +62,7 @@ TGT_LANG_HELP = (
     "The target language of a multilingual model (e.g. fr: every source starts with its tag <2fr>); required when "
     "the model has several, optional with one. tmt inspect lists a checkpoint's languages."
 )
+SRC_LANG_HELP = "The source's language, for an NLLB / M2M100 model, by its code (e.g. eng_Latn; M2M100: en)."
 
 
 ENGINE_HELP = (

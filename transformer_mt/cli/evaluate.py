@@ -13,6 +13,7 @@ from transformer_mt.cli.common import (
     COMPUTE_TYPE_HELP,
     ENGINE_HELP,
     LENPEN_HELP,
+    SRC_LANG_HELP,
     TGT_LANG_HELP,
     WEIGHTS_HELP,
     build_translator,
@@ -39,6 +40,7 @@ def evaluate(
     engine: str = typer.Option("tmt", "--engine", help=ENGINE_HELP),
     compute_type: str | None = typer.Option(None, "--compute-type", help=COMPUTE_TYPE_HELP),
     tgt_lang: str | None = typer.Option(None, "--tgt-lang", help=TGT_LANG_HELP),
+    src_lang: str | None = typer.Option(None, "--src-lang", help=SRC_LANG_HELP),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object instead of text."),
 ) -> None:
     """Translate SRC, write the hypotheses, print BLEU, chrF, sentences/s and target tokens/s."""
@@ -56,7 +58,9 @@ def evaluate(
         weights=weights,
         compute_type=compute_type,
     )
-    tr = LanguageTranslator(tr, tgt_lang, where=str(checkpoints[0]), option="--tgt-lang")  # refused before any input
+    tr = LanguageTranslator(
+        tr, tgt_lang, where=str(checkpoints[0]), option="--tgt-lang", src_lang=src_lang
+    )  # refused before any input
     beam, lenpen = decode_args(tr, beam, lenpen, 1)
     output = output or checkpoints[0].parent / f"{src.name}.{checkpoints[0].stem}.hyp"
     result = evaluate_file(

@@ -14,6 +14,7 @@ from transformer_mt.cli.common import (
     COMPUTE_TYPE_HELP,
     ENGINE_HELP,
     LENPEN_HELP,
+    SRC_LANG_HELP,
     TGT_LANG_HELP,
     WEIGHTS_HELP,
     build_translator,
@@ -40,9 +41,7 @@ def translate(
     engine: str = typer.Option("tmt", "--engine", help=ENGINE_HELP),
     compute_type: str | None = typer.Option(None, "--compute-type", help=COMPUTE_TYPE_HELP),
     tgt_lang: str | None = typer.Option(None, "--tgt-lang", help=TGT_LANG_HELP),
-    src_lang: str | None = typer.Option(
-        None, "--src-lang", help="The source's language, for an NLLB / M2M100 model (e.g. eng_Latn)."
-    ),
+    src_lang: str | None = typer.Option(None, "--src-lang", help=SRC_LANG_HELP),
     sample: bool | None = typer.Option(
         None,
         "--sample/--no-sample",

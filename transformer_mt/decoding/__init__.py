@@ -25,7 +25,7 @@ from transformer_mt.decoding.greedy import greedy_search, greedy_search_batches
 from transformer_mt.decoding.lengths import length_penalty, max_output_length, positions_needed
 from transformer_mt.decoding.loading import CheckpointModel, model_from_checkpoint
 from transformer_mt.decoding.mbr import Candidate, MbrError, mbr_choose, mbr_files, pool_weights, read_candidates
-from transformer_mt.decoding.prefix import ForcedPrefix
+from transformer_mt.decoding.prefix import ForcedPrefix, decoder_language_ids
 from transformer_mt.decoding.protocol import BeamStep, Hypothesis, SearchCache, SearchError, SearchModel
 from transformer_mt.decoding.results import (
     TextTranslator,
@@ -62,6 +62,7 @@ __all__ = [
     "Translator",
     "beam_search",
     "checked_request",
+    "decoder_language_ids",
     "draw",
     "greedy_search",
     "greedy_search_batches",

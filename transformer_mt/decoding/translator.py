@@ -47,7 +47,7 @@ from transformer_mt.decoding.results import (
 )
 from transformer_mt.decoding.sampling import Sampling, sampling_request
 from transformer_mt.model import Ensemble, Transformer, choose_ops
-from transformer_mt.text import Tokenizer, language_tags, tagged, target_languages
+from transformer_mt.text import LanguageError, Tokenizer, language_tags, tagged, target_languages
 
 
 class Translator:
@@ -245,6 +245,11 @@ class Translator:
             )
             tags: list[str] = []
         else:
+            if src_lang is not None:
+                raise LanguageError(
+                    f"src_lang {src_lang[:40]}: {self.source} reads no source language (only an NLLB / M2M100 "
+                    "model's sources start with their language's code); leave it out"
+                )
             src_prefix, tgt_prefix = [], []
             tags = language_tags(self.cfg.data, self.src_tok, tgt_lang, where=self.source)  # before any work
         chosen = sampling_request(
@@ -301,7 +306,9 @@ class Translator:
             sample=sampling is not None,
         )
         tic = time.perf_counter()
-        keep, ids, truncated = encode_sources(self.src_tok, lines, max_src_tokens=self.max_src_tokens)
+        # an NLLB model's source code takes a position too: the pieces are cut to what is left
+        limit = self.max_src_tokens - len(src_prefix)
+        keep, ids, truncated = encode_sources(self.src_tok, lines, max_src_tokens=limit)
         ids = [[*src_prefix, *seq] for seq in ids] if src_prefix else ids
         hyps = translate_ids(
             self.model,
@@ -365,6 +372,11 @@ class LanguageTranslator:
             src, tgt = decoder_language_ids(translator.cfg.model, translator.tgt_tok, tgt_lang, src_lang, where=where)
             self.nllb, self.tags = (translator, src, tgt), []
         else:
+            if src_lang is not None:
+                raise LanguageError(
+                    f"{option.replace('tgt', 'src')} {src_lang[:40]}: {where} reads no source language (only an NLLB / "
+                    f"M2M100 model's sources start with their language's code); leave it out"
+                )
             self.tags = language_tags(translator.cfg.data, translator.src_tok, tgt_lang, where=where, option=option)
         self.cfg, self.src_tok, self.tgt_tok = translator.cfg, translator.src_tok, translator.tgt_tok
         self.max_src_tokens = translator.max_src_tokens

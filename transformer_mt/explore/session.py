@@ -167,5 +167,11 @@ def load_explorer(
     if not specs:
         raise ExploreError("give at least one checkpoint (-c FILE)")
     translators = {name: Translator.from_checkpoint(path, device=device) for name, path in name_checkpoints(specs)}
+    for name, tr in translators.items():
+        if tr.cfg.model.decoder_languages:  # its pages put no codes on a sentence, so it would be read untranslated
+            raise ExploreError(
+                f"-c {name}: an NLLB / M2M100 model reads the language codes of both sides, which the explorer's "
+                "pages do not put on a sentence; translate it with tmt translate --src-lang --tgt-lang or tmt serve"
+            )
     source = Path(examples) if examples is not None else None
     return Explorer(translators, read_examples(source), source.name if source is not None else "", limits, threads)

@@ -35,6 +35,7 @@ from transformer_mt.serve.schema import (
     TranslateRequest,
     decode_settings,
     describe_validation,
+    language_codes,
     language_tags,
     parse_request,
 )
@@ -114,10 +115,13 @@ def build_app(models: list[ServedModel], options: ServeOptions, *, hosts: frozen
         beam, lenpen = decode_settings(served.translator, req, options)
         # a multilingual model's sources start with the language's tag: tagged lines of several languages share
         # one batch, and the worker measures and truncates them as the Translator will
+        # (an NLLB model's: its codes, the source's before the pieces and the target's after the decoder's start)
         tags = language_tags(served.translator, req, model=served.name)
+        codes = language_codes(served.translator, req, model=served.name)
         lines = tagged([req.text] if isinstance(req.text, str) else req.text, tags)
         loop = asyncio.get_running_loop()
-        job = Job(lines, (beam, lenpen, req.nbest), loop.create_future(), loop, deadline=deadline_of(request.scope))
+        settings = (beam, lenpen, req.nbest, *codes)
+        job = Job(lines, settings, loop.create_future(), loop, deadline=deadline_of(request.scope))
         on_disconnect(request.scope, lambda: _client_gone(job))
         try:
             served.batcher.submit(job)
@@ -273,7 +277,8 @@ def _describe_model(m: ServedModel, options: ServeOptions) -> dict:
         "parameters": tr.num_parameters,
         "config": to_dict(cfg)["model"],
         # the tgt_lang values it takes: several, one required per request; one or none, tgt_lang optional
-        "languages": target_languages(cfg.data),
+        "languages": cfg.model.decoder_languages.split() or target_languages(cfg.data),
+        "src_lang": bool(cfg.model.decoder_languages),  # NLLB / M2M100: each request names src_lang too
         "tokenizer": {
             "src_vocab_size": tr.src_tok.vocab_size,
             "tgt_vocab_size": tr.tgt_tok.vocab_size,

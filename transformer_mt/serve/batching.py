@@ -84,7 +84,8 @@ class Job:
     """One request: its lines and decode settings, where its answer goes, and the worker's progress on it."""
 
     lines: list[str]
-    settings: tuple[int, float, int]  # (beam, lenpen, nbest): only equal settings share one search
+    # (beam, lenpen, nbest), and an NLLB model's (source prefix, decoder prefix): only equal settings share a search
+    settings: tuple
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     deadline: float = math.inf  # time.monotonic() after which nobody waits for the answer
@@ -284,7 +285,8 @@ class Batcher:
         return parts
 
     def _decode(self, parts: list[Part]) -> None:
-        beam, lenpen, nbest = parts[0][0].settings
+        beam, lenpen, nbest, *codes = parts[0][0].settings
+        extra = {"src_prefix": codes[0], "tgt_prefix": codes[1]} if codes else {}
         lines = [line for job, start, end in parts for line in job.lines[start:end]]
         now = time.monotonic()
         for job, start, _ in parts:
@@ -294,7 +296,7 @@ class Batcher:
             self._in_batch = len(parts)
         self.busy = True
         try:
-            results = self.translate(lines, beam=beam, lenpen=lenpen, nbest=nbest)
+            results = self.translate(lines, beam=beam, lenpen=lenpen, nbest=nbest, **extra)
             if len(results) != len(lines):
                 raise RuntimeError(f"translate returned {len(results)} results for {len(lines)} lines")
         except Exception as exc:  # noqa: BLE001 - find the request at fault; the worker must live on

@@ -7,7 +7,7 @@ it, for batch sizes and the truncation warnings) and translating a batch under t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,14 +41,39 @@ class Runner:
             tokens.append(min(len(pieces), limit) + 1)
         return tokens, warnings
 
-    def translate(self, lines: list[str], *, beam: int, lenpen: float, nbest: int) -> list:
+    def translate(
+        self,
+        lines: list[str],
+        *,
+        beam: int,
+        lenpen: float,
+        nbest: int,
+        src_prefix: Sequence[int] = (),
+        tgt_prefix: Sequence[int] = (),
+    ) -> list:
         """n-best lists, one per line, in order. With ``max_output_tokens``, no line's output is longer than the
         cap; a line whose checkpoint limit (decode.max_len_a x source + max_len_b) is shorter keeps it, so its
-        translation is the Translator's own."""
+        translation is the Translator's own. ``src_prefix`` / ``tgt_prefix``: an NLLB model's language codes
+        (Translator.translate_batch; given only to tmt's Translator)."""
         # an answer carries scores only with n-best lists (one best is sent as text)
-        result = self.tr.translate_batch(
-            lines, beam=beam, lenpen=lenpen, nbest=nbest, max_output_tokens=self.cap or None, scores=nbest > 1
-        )
+        cap, scores = self.cap or None, nbest > 1
+        if src_prefix or tgt_prefix:
+            if not isinstance(self.tr, Translator):  # the request's checks refused it: schema.language_codes
+                raise ServeError("an NLLB model's language codes need tmt's Translator")
+            result = self.tr.translate_batch(
+                lines,
+                beam=beam,
+                lenpen=lenpen,
+                nbest=nbest,
+                max_output_tokens=cap,
+                scores=scores,
+                src_prefix=src_prefix,
+                tgt_prefix=tgt_prefix,
+            )
+        else:
+            result = self.tr.translate_batch(
+                lines, beam=beam, lenpen=lenpen, nbest=nbest, max_output_tokens=cap, scores=scores
+            )
         self.events.generated(result.stats.tgt_tokens)
         return result.hypotheses
 

@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from transformer_mt.config import beam_problem, lenpen_problem
-from transformer_mt.decoding import TextTranslator
+from transformer_mt.decoding import TextTranslator, Translator, decoder_language_ids
 from transformer_mt.errors import TmtError
 from transformer_mt.serve.options import ServeOptions
 from transformer_mt.text import language_tags as text_language_tags
@@ -52,6 +52,11 @@ class TranslateRequest(BaseModel):
         description="The target language (e.g. fr) of a multilingual model, required there (GET /models lists each "
         "model's languages); a model with one target language takes that one or none.",
     )
+    src_lang: str | None = Field(
+        None,
+        description="The source language of an NLLB / M2M100 model by its code (e.g. eng_Latn), required there with "
+        "tgt_lang (e.g. fra_Latn); other models take none.",
+    )
 
 
 def decode_settings(tr: TextTranslator, req: TranslateRequest, options: ServeOptions) -> tuple[int, float]:
@@ -71,10 +76,37 @@ def language_tags(tr: TextTranslator, req: TranslateRequest, *, model: str) -> l
     """The tags the request's lines start with for its ``tgt_lang`` (text.language_tags), checked before the request is
     queued: a language the model does not translate into, a missing one for a multilingual model, or a value that is
     no language code is a 422 naming the field, the model by its served name (never its path) and the fix."""
+    if tr.cfg.model.decoder_languages:  # its codes go on both sides instead: language_codes
+        return []
+    if req.src_lang is not None:
+        raise ApiError(
+            422,
+            f"src_lang: model {model!r} reads no source language (only an NLLB / M2M100 model's sources start with "
+            "their language's code); leave it out",
+        )
     try:
         return text_language_tags(tr.cfg.data, tr.src_tok, req.tgt_lang, where=f"model {model!r}", option="tgt_lang")
     except TmtError as exc:
         raise ApiError(422, f"{exc} (GET /models lists each model's languages)") from None
+
+
+def language_codes(tr: TextTranslator, req: TranslateRequest, *, model: str) -> tuple[tuple[int, ...], ...]:
+    """An NLLB / M2M100 model's (``model.decoder_languages``) source prefix and forced decoder prefix for the
+    request's ``src_lang`` and ``tgt_lang`` (decoding.decoder_language_ids), checked before the request is queued:
+    a missing or unknown code is a 422 naming the field and the model's codes. Empty for other models."""
+    if not tr.cfg.model.decoder_languages:
+        return ()
+    if not isinstance(tr, Translator):
+        raise ApiError(
+            422,
+            f"model {model!r}: an NLLB model names its target language on the decoder, which only "
+            "tmt's engine decodes; serve it without --engine ctranslate2",
+        )
+    try:
+        src, tgt = decoder_language_ids(tr.cfg.model, tr.tgt_tok, req.tgt_lang, req.src_lang, where=f"model {model!r}")
+    except TmtError as exc:
+        raise ApiError(422, f"{exc} (GET /models lists each model's languages)") from None
+    return tuple(src), tuple(tgt)
 
 
 TOKEN_MARGIN = 10_000  # tokens past a valid request's most that are parsed anyway, to tell the exact line count
@@ -208,7 +240,10 @@ def describe_validation(errors: Sequence[Mapping[str, Any]]) -> tuple[int, str]:
     if field == "body":
         return 422, 'body: not a JSON object; send a JSON object such as {"text": "A man."}'
     if e.get("type") == "extra_forbidden":
-        return 422, f"{_quote(field)}: unknown field; the fields are text, model, beam, lenpen, nbest, tgt_lang"
+        return (
+            422,
+            f"{_quote(field)}: unknown field; the fields are text, model, beam, lenpen, nbest, tgt_lang, src_lang",
+        )
     got = f" (got {_quote(repr(e['input']))})" if "input" in e and not isinstance(e["input"], (dict, list)) else ""
     return 422, f"{field}: {e.get('msg', 'invalid')}{got}"
 

@@ -196,7 +196,15 @@ def inspect_report(
 
 
 def _languages(cfg: Config) -> list[str]:
-    """The line naming the target languages the config's corpora state (none stated: no line)."""
+    """The line naming the target languages the config's corpora state (none stated: no line); an NLLB / M2M100
+    model's language codes, which name both sides."""
+    codes = cfg.model.decoder_languages.split()
+    if codes:
+        shown = ", ".join(codes[:20]) + (f" and {len(codes) - 20} more" if len(codes) > 20 else "")
+        return [
+            f"languages: {shown} (NLLB / M2M100: --src-lang and --tgt-lang pick two; the source starts with its code, "
+            "the decoder with the target's)"
+        ]
     languages = target_languages(cfg.data)
     if len(languages) > 1:
         tags = ", ".join(language_tag(lang) for lang in languages)
