@@ -458,15 +458,320 @@ def test_m2m100_tokenizer_round_trip(m2m100_dir, sentences, tmp_path):
         assert torch.equal(*(m(**batch, decoder_input_ids=start).logits for m in models))
 
 
-def test_training_an_nllb_model_is_refused(imported, tmp_path):
-    """tmt's data put no language codes on an NLLB model's pairs: a run with training data is refused in one line,
-    rather than fine-tuning the model on inputs it was never trained with."""
+def _fine_tune_yaml(tmp_path: Path, multi30k: Path, out: Path, **train) -> Path:
+    """A fine-tuning config for the imported model: English -> German and English -> French, 200 Multi30k pairs
+    each under NLLB's codes, one validation set per direction."""
+    files = {}
+    for split, n in (("train", 200), ("val", 16)):
+        for lang in ("en", "de", "fr"):
+            files[f"{split}.{lang}"] = tmp_path / f"{split}.{lang}"
+            if not files[f"{split}.{lang}"].exists():
+                files[f"{split}.{lang}"].write_text("\n".join(head(multi30k / f"{split}.{lang}", n)) + "\n")
+    pairs = [("de", "deu_Latn"), ("fr", "fra_Latn")]
+    cfg = {
+        "data": {
+            "corpora": [
+                {
+                    "name": f"en-{t}",
+                    "src": str(files["train.en"]),
+                    "tgt": str(files[f"train.{t}"]),
+                    "src_lang": "eng_Latn",
+                    "tgt_lang": code,
+                }
+                for t, code in pairs
+            ],
+            "valid": [
+                {
+                    "name": f"en-{t}",
+                    "src": str(files["val.en"]),
+                    "tgt": str(files[f"val.{t}"]),
+                    "src_lang": "eng_Latn",
+                    "tgt_lang": code,
+                }
+                for t, code in pairs
+            ],
+            "max_len": 120,  # the tiny model's 128 positions
+        },
+        "train": {
+            "out_dir": str(out),
+            "device": "cpu",
+            "threads": 1,
+            "lr_schedule": "inverse_sqrt",
+            "warmup_updates": 1,
+            "lr": 0.003,
+            "max_tokens": 1500,
+            "max_updates": 6,
+            "validate_every": 3,
+            "save_every": 3,
+            "valid_bleu_sentences": 8,
+            "valid_beam": 1,
+            "best_metric": "loss",
+            "log_every": 1,
+            "keep_last": 2,
+            "seed": 5,
+            **train,
+        },
+        "model": {"dropout": 0.0},
+    }
+    path = tmp_path / f"{out.name}.yaml"
+    path.write_text(json.dumps(cfg), encoding="utf-8")  # JSON is YAML
+    return path
+
+
+def test_fine_tuning_pairs_are_nllbs_own(nllb_dir, imported, multi30k, tmp_path):
+    """An imported NLLB model's training pairs as NllbTokenizer makes them for fine-tuning (``text_target``): the
+    source [eng_Latn, pieces] + </s>, the labels [deu_Latn, pieces, </s>]; and tmt's teacher-forced loss of a
+    collated batch equals transformers' loss with those labels."""
+    from transformer_mt.data import collate, load_datasets
+    from transformer_mt.model import TeacherForcedLoss
+    from transformer_mt.training import train_config_from_cli
+
+    cfg = train_config_from_cli(
+        config=_fine_tune_yaml(tmp_path, multi30k, tmp_path / "run"),
+        overrides=[],
+        resume=None,
+        overwrite=False,
+        init_from=imported[0],
+    )
+    model, tok = _tmt(imported[0])
+    sets = load_datasets(cfg, tok, tok, quiet=True)
+    hf_model, hf_tok = _hf(nllb_dir)
+    hf_tok.src_lang, hf_tok.tgt_lang = "eng_Latn", "deu_Latn"
+    en, de = head(tmp_path / "train.en", 40), head(tmp_path / "train.de", 40)
+    german = sets.train[0].data
+    assert german.num_pairs == 200
+    rows = list(range(40))
+    for i in rows:
+        src, tgt = (ids.tolist() for ids in german.pair(i))
+        theirs = hf_tok(en[german.line_numbers[i]], text_target=de[german.line_numbers[i]])
+        assert src + [2] == theirs["input_ids"] and tgt + [2] == theirs["labels"]
+    assert [v.tgt_prefix for v in sets.valid] == [[tok.vocab.index("deu_Latn")], [tok.vocab.index("fra_Latn")]]
+
+    batch = collate([german.pair(i) for i in rows], specials=german.specials)
+    with torch.no_grad():
+        loss_sum, nll_sum, n_tokens = TeacherForcedLoss(model, label_smoothing=0.0)(
+            batch.src, batch.tgt_in, batch.tgt_out
+        )
+        lines = [int(german.line_numbers[i]) for i in rows]
+        enc = hf_tok([en[i] for i in lines], text_target=[de[i] for i in lines], return_tensors="pt", padding=True)
+        labels = enc["labels"].masked_fill(enc["labels"] == 1, -100)
+        theirs = hf_model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], labels=labels).loss
+    assert int(n_tokens) == int((labels != -100).sum())
+    assert abs(float(nll_sum) / int(n_tokens) - float(theirs)) < 1e-4
+
+
+@pytest.mark.slow
+def test_lora_fine_tuning_of_an_imported_nllb_model(imported, multi30k, tmp_path, capsys):
+    """`tmt train --init-from` an imported NLLB model with LoRA on two new directions: the validation loss of each
+    falls, validation BLEU decodes with the target's code forced (equal to Translator.translate's), a resumed run
+    gives the uninterrupted run's losses and weights bit for bit, and the result translates with its codes."""
+    import sacrebleu
+
+    import transformer_mt
+    from transformer_mt.training import train, train_config_from_cli
+
+    lora = {"lora": {"rank": 4, "alpha": 8, "targets": "q,k,v,o,ffn1,ffn2"}}
+
+    def run(out: Path, **extra) -> None:
+        config = _fine_tune_yaml(tmp_path, multi30k, out, **{**lora, **extra})
+        train(train_config_from_cli(config=config, overrides=[], resume=None, overwrite=False, init_from=imported[0]))
+
+    def rows(out: Path, kind: str) -> list[dict]:
+        lines = (out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+        return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+    whole = tmp_path / "whole"
+    run(whole)
+    valid = rows(whole, "valid")
+    assert [r["update"] for r in valid] == [3, 6]
+    for name in ("en-de", "en-fr"):
+        assert valid[1][f"valid/{name}/loss"] < valid[0][f"valid/{name}/loss"], valid
+
+    # validation BLEU of en-fr at update 6 is what the Translator gives checkpoint_last.pt's weights
+    translator = transformer_mt.load(whole / "checkpoint_last.pt", device="cpu")
+    lines = head(tmp_path / "val.en", 8)
+    hyps = translator.translate(lines, beam=1, src_lang="eng_Latn", tgt_lang="fra_Latn")
+    bleu = sacrebleu.corpus_bleu(hyps, [head(tmp_path / "val.fr", 8)]).score
+    assert abs(bleu - valid[1]["valid/en-fr/bleu"]) < 1e-9
+
+    split = tmp_path / "split"
+    run(split, max_updates=3)
+    train(
+        train_config_from_cli(config=None, overrides=["train.max_updates=6"], resume=split, overwrite=False),
+        resume=True,
+    )
+    assert [r["loss"] for r in rows(split, "train")] == [r["loss"] for r in rows(whole, "train")]
+    a, b = (load_checkpoint(d / "checkpoint_last.pt")["model"] for d in (whole, split))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize(
+    "edit, said",
+    [
+        ({"train_src": "a.en", "train_tgt": "a.de", "corpora": []}, "data.train_src: an NLLB / M2M100 model"),
+        (
+            {"corpora": [{"name": "x", "src": "a.en", "tgt": "a.de", "tgt_lang": "deu_Latn"}]},
+            "data.corpora[0].src_lang: is empty",
+        ),
+        (
+            {"corpora": [{"name": "x", "src": "a.en", "tgt": "a.de", "src_lang": "eng_Latn", "tgt_lang": "spa_Latn"}]},
+            "data.corpora[0].tgt_lang: 'spa_Latn' is not one of the model's language codes",
+        ),
+        (
+            {"valid": [{"name": "v", "src": "a.en", "tgt": "a.de", "src_lang": "eng_Latn"}]},
+            "data.valid[0].tgt_lang: is empty",
+        ),
+    ],
+)
+def test_fine_tuning_data_without_codes_is_refused(imported, tmp_path, edit, said):
+    """An imported NLLB model's fine-tuning data must name both languages of every pair by the model's codes: one
+    line naming the key otherwise."""
     import dataclasses
 
-    from transformer_mt.config import ConfigError, from_dict, validate
+    from transformer_mt.config import ConfigError, CorpusConfig, ValidSetConfig, from_dict, validate
 
     cfg = from_dict(imported[1]["config"])
     validate(cfg, check_files=False)  # the imported checkpoint itself is fine
-    cfg.data = dataclasses.replace(cfg.data, train_src=str(tmp_path / "a.en"), train_tgt=str(tmp_path / "a.de"))
-    with pytest.raises(ConfigError, match=r"model\.decoder_languages: .*fine-tune it with transformers$"):
+    good = CorpusConfig(name="x", src="a.en", tgt="a.de", src_lang="eng_Latn", tgt_lang="deu_Latn")
+    scratch = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, corpora=[good]))
+    with pytest.raises(ConfigError, match=r"model\.decoder_languages: .* fine-tune it with --init-from$"):
+        validate(scratch, check_files=False)  # not from the imported model: its codes are in no tokenizer
+    cfg.train = dataclasses.replace(cfg.train, init_from="nllb.pt")
+    good = CorpusConfig(name="x", src="a.en", tgt="a.de", src_lang="eng_Latn", tgt_lang="deu_Latn")
+    changes = {"corpora": [good], **edit}
+    changes["corpora"] = [c if isinstance(c, CorpusConfig) else CorpusConfig(**c) for c in changes["corpora"]]
+    if "valid" in changes:
+        changes["valid"] = [ValidSetConfig(**v) for v in changes["valid"]]
+    cfg.data = dataclasses.replace(cfg.data, **changes)
+    with pytest.raises(ConfigError) as err:
         validate(cfg, check_files=False)
+    assert said in str(err.value) and "\n" not in str(err.value)
+
+
+def test_evaluate_serve_and_explore_with_both_languages(imported, sentences, tmp_path, capsys):
+    """An imported NLLB model through `tmt evaluate --src-lang --tgt-lang` (the Python API's translations written),
+    `tmt serve` (a request's src_lang and tgt_lang; requests of two target languages each get theirs; a missing or
+    unknown code is one line of 422 JSON and the server keeps serving), and `tmt explore` (refused in one line)."""
+    import threading
+
+    httpx = pytest.importorskip("httpx")
+    pytest.importorskip("fastapi")
+    from tests.conftest import run_cli
+    from tests.serve.conftest import serving
+    from transformer_mt.decoding import Translator
+    from transformer_mt.explore import ExploreError, load_explorer
+    from transformer_mt.serve import ServeOptions
+
+    translator = Translator.from_checkpoint(imported[0], device="cpu")
+    lines = sentences[:6]
+    want = {t: translator.translate(lines, beam=2, src_lang="eng_Latn", tgt_lang=t) for t in ("deu_Latn", "fra_Latn")}
+    assert want["deu_Latn"] != want["fra_Latn"]
+
+    src, ref, hyp = tmp_path / "src.en", tmp_path / "ref.de", tmp_path / "hyp.de"
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    ref.write_text("\n".join(want["fra_Latn"]) + "\n", encoding="utf-8")
+    args = ["evaluate", "-c", imported[0], "--src", src, "--ref", ref, "-o", hyp, "--beam", "2", "--device", "cpu"]
+    code, _, err = run_cli([*args, "--src-lang", "eng_Latn", "--tgt-lang", "deu_Latn", "--json"], capsys)
+    assert code == 0, err
+    assert hyp.read_text(encoding="utf-8").splitlines() == want["deu_Latn"]
+    code, _, err = run_cli([*args, "--tgt-lang", "deu_Latn"], capsys)
+    assert code == 2 and "src_lang" in err and len(err.strip().splitlines()) == 1
+
+    with serving(translator, ServeOptions(batch_wait_ms=200)) as (url, served):
+        model = httpx.get(f"{url}/models").json()["models"][0]
+        assert model["languages"] == LANGS and model["src_lang"] is True
+        got: dict[str, list[str]] = {}
+
+        def ask(tgt: str) -> None:
+            body = {"text": lines, "src_lang": "eng_Latn", "tgt_lang": tgt, "beam": 2}
+            r = httpx.post(f"{url}/translate", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            got[tgt] = r.json()["translations"]
+
+        threads = [threading.Thread(target=ask, args=(t,)) for t in want]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert got == want
+        for body, said in (
+            ({"text": "A man.", "tgt_lang": "deu_Latn"}, "give src_lang"),
+            ({"text": "A man.", "src_lang": "eng_Latn", "tgt_lang": "spa_Latn"}, "'spa_Latn' is not one of"),
+        ):
+            r = httpx.post(f"{url}/translate", json=body, timeout=60)
+            assert r.status_code == 422 and said in r.json()["error"] and "\n" not in r.json()["error"]
+        r = httpx.post(
+            f"{url}/translate", json={"text": lines, "src_lang": "eng_Latn", "tgt_lang": "fra_Latn", "beam": 2}
+        )
+        assert r.status_code == 200 and r.json()["translations"] == want["fra_Latn"]
+
+    with pytest.raises(ExploreError) as refused:
+        load_explorer([str(imported[0])])
+    assert "NLLB" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def _nllb200_order(nllb_dir: Path, out: Path) -> int:
+    """A copy of ``nllb_dir`` whose tokenizer files put the language codes before <mask>, as NLLB-200's own do (the
+    fixture's, converted by transformers, put <mask> first); returns the first code's id."""
+    shutil.copytree(nllb_dir, out)
+    table = json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))
+    ids = {t["content"]: t["id"] for t in table["added_tokens"]}
+    mask = ids["<mask>"]
+    assert [ids[c] for c in LANGS] == [mask + 1, mask + 2, mask + 3]
+    moved = {mask: mask + 3, **{mask + 1 + i: mask + i for i in range(3)}}
+
+    def move(i: int) -> int:
+        return moved.get(i, i)
+
+    table["model"]["vocab"] = {piece: move(i) for piece, i in table["model"]["vocab"].items()}
+    for token in table["added_tokens"]:
+        token["id"] = move(token["id"])
+    for special in ((table.get("post_processor") or {}).get("special_tokens") or {}).values():
+        special["ids"] = [move(i) for i in special["ids"]]
+    (out / "tokenizer.json").write_text(json.dumps(table), encoding="utf-8")
+    config = json.loads((out / "tokenizer_config.json").read_text(encoding="utf-8"))
+    if "added_tokens_decoder" in config:
+        config["added_tokens_decoder"] = {str(move(int(k))): v for k, v in config["added_tokens_decoder"].items()}
+    (out / "tokenizer_config.json").write_text(json.dumps(config), encoding="utf-8")
+    return mask
+
+
+def test_nllb200_id_order_exports_with_its_own_ids(nllb_dir, sentences, tmp_path):
+    """NLLB-200's tokenizer holds the language codes before <mask>: such a model imports, exports with a
+    tokenizer.json that gives NllbTokenizer the same ids (sentences, codes, <mask>), the exported model computes the
+    original's logits, and importing the export again gives the same checkpoint."""
+    from transformer_mt.hf.m2m100_exporter import export_m2m100
+
+    first = _nllb200_order(nllb_dir, tmp_path / "nllb200")
+    original = transformers.NllbTokenizer.from_pretrained(str(tmp_path / "nllb200"))
+    specials = [*LANGS, "<mask>"]
+    assert original.convert_tokens_to_ids(specials) == [first, first + 1, first + 2, first + 3]
+    ckpt = import_m2m100(tmp_path / "nllb200", tmp_path / "a.pt")
+    out = export_m2m100(ckpt, tmp_path / "exported")
+    assert (out / "tokenizer.json").is_file()
+    exported = transformers.NllbTokenizer.from_pretrained(str(out))
+    assert exported.convert_tokens_to_ids(specials) == original.convert_tokens_to_ids(specials)
+    for tok in (original, exported):
+        tok.src_lang, tok.tgt_lang = "fra_Latn", "deu_Latn"
+    targets = sentences[::-1]
+    assert exported(sentences, text_target=targets).input_ids == original(sentences, text_target=targets).input_ids
+    assert exported(sentences, text_target=targets)["labels"] == original(sentences, text_target=targets)["labels"]
+    batch = original(sentences, return_tensors="pt", padding=True)
+    start = torch.tensor([[2, first + 1]] * len(sentences))  # </s> deu_Latn
+    models = [
+        transformers.M2M100ForConditionalGeneration.from_pretrained(str(d)).eval() for d in (tmp_path / "nllb200", out)
+    ]
+    with torch.no_grad():
+        assert torch.equal(*(m(**batch, decoder_input_ids=start).logits for m in models))
+    a, b = load_checkpoint(ckpt), load_checkpoint(import_m2m100(out, tmp_path / "b.pt"))
+    assert a["config"] == b["config"] and a["tokenizers"]["src_vocab"] == b["tokenizers"]["src_vocab"]
+    assert a["model"].keys() == b["model"].keys() and all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+
+
+def test_inspect_names_an_nllb_models_codes(imported, capsys):
+    from tests.conftest import run_cli
+
+    code, out, err = run_cli(["inspect", imported[0]], capsys)
+    assert code == 0, err
+    assert f"languages: {', '.join(LANGS)} (NLLB / M2M100: --src-lang and --tgt-lang pick two" in out
+    assert "<2" not in out

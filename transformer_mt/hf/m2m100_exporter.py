@@ -9,9 +9,11 @@ the one shared matrix as ``model.shared.weight``), ``sentencepiece.bpe.model`` a
 The tokenizer is rebuilt by transformers from the sentencepiece model, which gives NllbTokenizer's ids: ``<s>``,
 ``<pad>``, ``</s>``, ``<unk>``, sentencepiece's pieces from its fourth on, ``<mask>``, then the language codes; or,
 for a model imported from M2M100Tokenizer's files (``__fr__`` codes), ``vocab.json`` and the name of transformers'
-language list (:func:`m2m100_tokenizer_files`). A checkpoint whose vocabulary is in neither order (NLLB-200's own
-puts the codes before ``<mask>``) is refused, in one line, rather than written with a tokenizer whose ids would not be
-the model's.
+language list (:func:`m2m100_tokenizer_files`). A vocabulary of the same pieces in another order (NLLB-200's own puts
+the codes before ``<mask>``) is written as ``tokenizer.json`` too: the tokenizer transformers builds from the
+sentencepiece model, its ids replaced by the checkpoint's (:func:`tokenizer_json_with_ids`), which NllbTokenizer then
+reads instead of converting. A vocabulary of other pieces is refused, in one line, rather than written with a
+tokenizer whose ids would not be the model's.
 
 Refused as well (:func:`~transformer_mt.hf.m2m100_config.m2m100_refusal`): any model section M2M100 cannot compute
 (post-norm, other positions, an output bias, a restricted output layer, separate vocabularies).
@@ -30,7 +32,7 @@ from transformer_mt.checkpoint import Exporter, output_problem, staged_directory
 from transformer_mt.decoding import model_from_checkpoint
 from transformer_mt.hf.errors import HfError, require_safetensors, require_transformers
 from transformer_mt.hf.m2m100_config import m2m100_config, m2m100_refusal
-from transformer_mt.hf.m2m100_importer import FINAL_NORMS, SPM, nllb_pieces
+from transformer_mt.hf.m2m100_importer import FINAL_NORMS, SPM, TOKENIZER_JSON, nllb_pieces
 from transformer_mt.hf.vocab import TOKENIZER_CONFIG, VOCAB
 from transformer_mt.hf.weights import ATTENTION, DECODER, ENCODER, SAFETENSORS
 from transformer_mt.model import Transformer
@@ -73,10 +75,13 @@ def export_m2m100(checkpoint: str | os.PathLike, output: str | os.PathLike, *, f
         refusal = "the source and target tokenizers differ; M2M100 has one vocabulary"
     languages = cfg.model.decoder_languages.split()
     m2m100 = m2m100_tokenizer_files(src_tok, languages, max_length=cfg.model.max_positions)
-    if refusal is None and m2m100 is None and nllb_pieces(src_tok.proto, languages) != src_tok.pieces():
+    converted, pieces = nllb_pieces(src_tok.proto, languages), src_tok.pieces()
+    reordered = refusal is None and m2m100 is None and converted != pieces  # NLLB-200's own order, or another
+    if reordered and (sorted(converted) != sorted(pieces) or len(set(pieces)) != len(pieces)):
         refusal = (
-            "its vocabulary is in neither NllbTokenizer's order (<s> <pad> </s> <unk>, the sentencepiece pieces, "
-            "<mask>, the model.decoder_languages codes) nor M2M100Tokenizer's (vocab.json, __xx__ codes, made-up words)"
+            "its vocabulary holds other pieces than NllbTokenizer's (<s> <pad> </s> <unk>, the sentencepiece pieces, "
+            "<mask>, the model.decoder_languages codes) and is not M2M100Tokenizer's (vocab.json, __xx__ codes, "
+            "made-up words)"
         )
     if refusal:
         raise HfError(f"{checkpoint}: cannot export to m2m100-hf: {refusal}")
@@ -110,6 +115,8 @@ def export_m2m100(checkpoint: str | os.PathLike, output: str | os.PathLike, *, f
         "format": "m2m100-hf",
         "note": "generate(forced_bos_token_id=<target language code's id>) is tmt's --tgt-lang",
     }
+    if reordered:
+        files[TOKENIZER_JSON] = tokenizer_json_with_ids(src_tok.proto, files[TOKENIZER_CONFIG], pieces)
     with staged_directory(out) as staging:
         for name, content in files.items():
             (staging / name).write_text(json.dumps(content, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -117,6 +124,28 @@ def export_m2m100(checkpoint: str | os.PathLike, output: str | os.PathLike, *, f
         st.save_file(m2m100_state(model), str(staging / SAFETENSORS), metadata={"format": "pt"})
         write_export_marker(staging, notes)
     return out
+
+
+def tokenizer_json_with_ids(proto: bytes, tok_config: object, pieces: list[str]) -> dict:
+    """The ``tokenizer.json`` NllbTokenizer builds from the sentencepiece model ``proto`` and ``tok_config``, with
+    every id (the model's vocabulary, the added tokens, the template's special tokens) replaced by the piece's index
+    in ``pieces``: the same segmentation, the checkpoint's ids."""
+    import tempfile
+
+    ids = {piece: i for i, piece in enumerate(pieces)}
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / SPM).write_bytes(proto)
+        (Path(tmp) / TOKENIZER_CONFIG).write_text(json.dumps(tok_config), encoding="utf-8")
+        built = require_transformers().NllbTokenizer.from_pretrained(tmp)
+        table = json.loads(built.backend_tokenizer.to_str())
+    vocab = table["model"]["vocab"]  # BPE: piece -> id
+    table["model"]["vocab"] = {piece: ids[piece] for piece in vocab}
+    for token in table.get("added_tokens", []):
+        token["id"] = ids[token["content"]]
+    post = table.get("post_processor") or {}
+    for special in (post.get("special_tokens") or {}).values():
+        special["ids"] = [ids[token] for token in special["tokens"]]
+    return table
 
 
 def m2m100_tokenizer_files(
