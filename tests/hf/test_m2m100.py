@@ -775,3 +775,16 @@ def test_inspect_names_an_nllb_models_codes(imported, capsys):
     assert code == 0, err
     assert f"languages: {', '.join(LANGS)} (NLLB / M2M100: --src-lang and --tgt-lang pick two" in out
     assert "<2" not in out
+
+
+def test_an_ensemble_of_nllb_models_forces_the_code(imported, sentences):
+    """Two copies of an imported NLLB model decode as an ensemble with both codes put on: the single model's
+    translations, greedy and beam 4 (the members' mean of equal probabilities is each one's)."""
+    from transformer_mt.decoding import Translator
+
+    one = Translator.from_checkpoint(imported[0], device="cpu")
+    two = Translator.from_checkpoints([imported[0], imported[0]], device="cpu")
+    for beam in (1, 4):
+        for tgt in ("deu_Latn", "fra_Latn"):
+            want = one.translate(sentences[:8], beam=beam, lenpen=0.0, src_lang="eng_Latn", tgt_lang=tgt)
+            assert two.translate(sentences[:8], beam=beam, lenpen=0.0, src_lang="eng_Latn", tgt_lang=tgt) == want

@@ -83,10 +83,8 @@ def translate_ids(
             chunks = list(_token_batches(order, src_ids, batch_tokens))
             # (B, S) each: pieces + EOS, right-padded
             srcs = [source_tensor([src_ids[i] for i in chunk], specials=model.specials).to(device) for chunk in chunks]
-            if prefix and not isinstance(model, Transformer):
-                raise TypeError("a forced decoder prefix needs one Transformer, not an ensemble")
             found = search_batches(
-                ForcedPrefix(model, prefix) if prefix and isinstance(model, Transformer) else model,
+                ForcedPrefix(model, prefix) if prefix else model,
                 srcs,
                 beam=beam,
                 lenpen=lenpen,

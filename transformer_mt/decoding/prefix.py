@@ -17,16 +17,16 @@ import torch
 from torch import Tensor
 
 from transformer_mt.config import ModelConfig, model_language
-from transformer_mt.model import DecoderCache, EncoderOut, Transformer
+from transformer_mt.model import DecoderCache, EncoderOut, Ensemble, EnsembleCache, Transformer
 from transformer_mt.text import LanguageError, Tokenizer
 
 
 class ForcedPrefix:
-    """``model`` (a :class:`~transformer_mt.model.Transformer`) whose decoder input starts [start, *prefix]: a
-    :class:`~transformer_mt.decoding.protocol.SearchModel` over its growing cache (a static cache is the model's
-    own and is refused by the searches for this wrapper)."""
+    """``model`` (a :class:`~transformer_mt.model.Transformer`, or an :class:`~transformer_mt.model.Ensemble` of
+    them) whose decoder input starts [start, *prefix]: a :class:`~transformer_mt.decoding.protocol.SearchModel` over
+    its growing cache (a static cache is the model's own and is refused by the searches for this wrapper)."""
 
-    def __init__(self, model: Transformer, prefix: Sequence[int]):
+    def __init__(self, model: Transformer | Ensemble, prefix: Sequence[int]):
         if not prefix:
             raise ValueError("a forced prefix holds at least one id")
         self.model, self.prefix = model, tuple(int(i) for i in prefix)
@@ -40,7 +40,7 @@ class ForcedPrefix:
     def training(self, mode: bool) -> None:
         self.model.train(mode)
 
-    def encode(self, src: Tensor) -> EncoderOut:
+    def encode(self, src: Tensor) -> EncoderOut | list[EncoderOut]:
         return self.model.encode(src)
 
     def reserve_positions(self, n: int) -> None:
@@ -50,19 +50,20 @@ class ForcedPrefix:
         limit = self.model.max_output_length()
         return None if limit is None else limit - len(self.prefix)
 
-    def init_cache(self, enc: EncoderOut) -> DecoderCache:
+    def init_cache(self, enc: EncoderOut | list[EncoderOut]) -> DecoderCache | EnsembleCache:
         """The model's cache with the start and every forced piece but the last decoded (their logits unused)."""
-        cache = self.model.init_cache(enc)
-        rows, device = enc.memory.size(0), enc.memory.device
+        cache = self.model.init_cache(enc)  # type: ignore[arg-type]  # an ensemble's encoder outputs are its own
+        memory = (enc[0] if isinstance(enc, list) else enc).memory
+        rows, device = memory.size(0), memory.device
         for token in (self.specials.start, *self.prefix[:-1]):
             self.model.decode_step(torch.full((rows,), token, dtype=torch.long, device=device), cache)
         return cache
 
-    def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
+    def decode_step(self, tokens: Tensor, cache: DecoderCache | EnsembleCache) -> Tensor:
         """:meth:`Transformer.decode_step`; the search's first step (its start id) reads the last forced piece."""
         if cache.position == len(self.prefix):  # an int: no host sync
             tokens = torch.full_like(tokens, self.prefix[-1])
-        return self.model.decode_step(tokens, cache)
+        return self.model.decode_step(tokens, cache)  # type: ignore[arg-type]  # the model's own cache
 
 
 def decoder_language_ids(

@@ -34,6 +34,11 @@ class EnsembleCache:
         for cache in self.caches:
             cache.reorder(indices, group=group, kept=kept)
 
+    @property
+    def position(self) -> int:
+        """The position the next step decodes: the members step together, so the first one's."""
+        return self.caches[0].position
+
     def joined(self, other: EnsembleCache) -> EnsembleCache:
         """This batch's rows, then ``other``'s, in every member's cache (see DecoderCache.joined; growing caches
         only)."""
