@@ -56,7 +56,8 @@ class ForcedPrefix:
         memory = (enc[0] if isinstance(enc, list) else enc).memory
         rows, device = memory.size(0), memory.device
         for token in (self.specials.start, *self.prefix[:-1]):
-            self.model.decode_step(torch.full((rows,), token, dtype=torch.long, device=device), cache)
+            step = torch.full((rows,), token, dtype=torch.long, device=device)
+            self.model.decode_step(step, cache)  # type: ignore[arg-type]  # the model's own cache
         return cache
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache | EnsembleCache) -> Tensor:

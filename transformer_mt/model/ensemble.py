@@ -35,7 +35,7 @@ class EnsembleCache:
             cache.reorder(indices, group=group, kept=kept)
 
     @property
-    def position(self) -> int:
+    def position(self) -> int | Tensor:
         """The position the next step decodes: the members step together, so the first one's."""
         return self.caches[0].position
 
