@@ -59,7 +59,7 @@ score() {  # CHECKPOINT TGT [--tgt-lang TGT]: cased sacreBLEU and chrF of test_2
   local ckpt=$1 tgt=$2; shift 2
   $tmt evaluate -c "$ckpt" --src $data/test_2016_flickr.en --ref $data/test_2016_flickr."$tgt" --beam 5 --lenpen 1.5 \
     -o "$(dirname "$ckpt")/test_2016_flickr.$tgt" --json "$@" \
-    | $py -c 'import json, sys; r = json.load(sys.stdin); print(f"{r[\"bleu\"]:.1f} | {r[\"chrf\"]:.1f}")'
+    | $py -c 'import json, sys; r = json.load(sys.stdin); print("%.1f | %.1f" % (r["bleu"], r["chrf"]))'
 }
 updates() { grep -o "stopped at update [0-9]*" "$1/train.log" | tail -1 | grep -o "[0-9]*$"; }
 if [ "$dry" = 1 ]; then
