@@ -35,8 +35,9 @@ class MarianDir:
     activation: str
 
 
-def train_spm(lines: list[str], vocab_size: int) -> bytes:
-    """A unigram sentencepiece model with sentencepiece's own default ids (unk 0, bos 1, eos 2), as Marian's are."""
+def train_spm(lines: list[str], vocab_size: int, *, model_type: str = "unigram") -> bytes:
+    """A sentencepiece model (unigram: Marian's; bpe: NLLB's) with sentencepiece's own default ids (unk 0, bos 1,
+    eos 2)."""
     import sentencepiece as spm
 
     out = io.BytesIO()
@@ -44,7 +45,7 @@ def train_spm(lines: list[str], vocab_size: int) -> bytes:
         sentence_iterator=iter(lines),
         model_writer=out,
         vocab_size=vocab_size,
-        model_type="unigram",
+        model_type=model_type,
         minloglevel=2,
         num_threads=1,
     )

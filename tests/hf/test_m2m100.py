@@ -4,7 +4,6 @@ codes; tmt's numbers are compared with transformers' own forward pass and ``gene
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 import torch
 
 from tests.conftest import head
+from tests.hf.conftest import train_spm
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
@@ -24,21 +24,6 @@ from transformer_mt.hf.m2m100_importer import import_m2m100  # noqa: E402
 
 LANGS = ["eng_Latn", "deu_Latn", "fra_Latn"]
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
-
-
-def _spm_bpe(lines: list[str], vocab_size: int) -> bytes:
-    import sentencepiece as spm
-
-    out = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines),
-        model_writer=out,
-        vocab_size=vocab_size,
-        model_type="bpe",
-        minloglevel=2,
-        num_threads=1,
-    )
-    return out.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +38,7 @@ def nllb_dir(multi30k, tmp_path_factory) -> Path:
     would rest on float rounding) and the LayerNorms perturbed, so that every tensor's place is tested."""
     root = tmp_path_factory.mktemp("nllb")
     lines = head(multi30k / "train.en", 1500) + head(multi30k / "train.de", 1500) + head(multi30k / "train.fr", 1500)
-    (root / "sentencepiece.bpe.model").write_bytes(_spm_bpe(lines, 400))
+    (root / "sentencepiece.bpe.model").write_bytes(train_spm(lines, 400, model_type="bpe"))
     tok = transformers.NllbTokenizer.from_pretrained(str(root), additional_special_tokens=LANGS)
     tok.save_pretrained(str(root))
     config = transformers.M2M100Config(
