@@ -26,6 +26,33 @@ LANGS = ["eng_Latn", "deu_Latn", "fra_Latn"]
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
 
 
+def _save_random_m2m100(root: Path, vocab_size: int, *, seed: int, eos_scale: float) -> None:
+    """A tiny random M2M100ForConditionalGeneration saved in ``root``: weights drawn wider than transformers' init
+    (std 0.02 makes every logit nearly equal, so that a search's choices would rest on float rounding), the LayerNorms
+    and biases perturbed so that every tensor's place is tested, and the </s> row scaled by ``eos_scale`` so that some
+    outputs end before the length limit."""
+    config = transformers.M2M100Config(
+        vocab_size=vocab_size,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=128,
+        init_std=0.25,
+    )
+    torch.manual_seed(seed)
+    model = transformers.M2M100ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "layer_norm" in name or name.endswith(".bias"):
+                p.add_(0.2 * torch.randn_like(p))
+        model.model.shared.weight[2] *= eos_scale
+    model.save_pretrained(str(root))
+
+
 @pytest.fixture(scope="module")
 def sentences(multi30k) -> list[str]:
     return head(multi30k / "val.en", 32)
@@ -41,26 +68,7 @@ def nllb_dir(multi30k, tmp_path_factory) -> Path:
     (root / "sentencepiece.bpe.model").write_bytes(train_spm(lines, 400, model_type="bpe"))
     tok = transformers.NllbTokenizer.from_pretrained(str(root), additional_special_tokens=LANGS)
     tok.save_pretrained(str(root))
-    config = transformers.M2M100Config(
-        vocab_size=len(tok),
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=128,
-        init_std=0.25,
-    )
-    torch.manual_seed(0)
-    model = transformers.M2M100ForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "layer_norm" in name or name.endswith(".bias"):
-                p.add_(0.2 * torch.randn_like(p))
-        model.model.shared.weight[2] *= 2.5  # a longer </s> row, so that some outputs end before the length limit
-    model.save_pretrained(str(root))
+    _save_random_m2m100(root, len(tok), seed=0, eos_scale=2.5)
     return root
 
 
@@ -351,26 +359,7 @@ def m2m100_dir(nllb_dir, tmp_path_factory) -> Path:
         vocab_file=str(root / "vocab.json"), spm_file=str(root / "sentencepiece.bpe.model")
     )
     tok.save_pretrained(str(root))
-    config = transformers.M2M100Config(
-        vocab_size=len(vocab) + 100 + 8,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        max_position_embeddings=128,
-        init_std=0.25,
-    )
-    torch.manual_seed(1)
-    model = transformers.M2M100ForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "layer_norm" in name or name.endswith(".bias"):
-                p.add_(0.2 * torch.randn_like(p))
-        model.model.shared.weight[2] *= 4.0
-    model.save_pretrained(str(root))
+    _save_random_m2m100(root, len(vocab) + 100 + 8, seed=1, eos_scale=4.0)
     return root
 
 
