@@ -26,7 +26,7 @@ from typing import Any
 
 from transformer_mt.config import ModelConfig, quote
 from transformer_mt.hf.errors import HfError
-from transformer_mt.hf.marian_config import ACTIVATIONS, MarianShape, _Fields, _json
+from transformer_mt.hf.marian_config import ACTIVATIONS, MarianShape, _Fields, _json, shape_fields
 
 MODEL_TYPE = "m2m_100"
 # Fields that must hold the value M2M100's code computes with, and why tmt cannot follow another.
@@ -165,19 +165,7 @@ def m2m100_config(cfg: ModelConfig, *, vocab_size: int) -> dict[str, Any]:
     return {
         "architectures": ["M2M100ForConditionalGeneration"],
         "model_type": MODEL_TYPE,
-        "d_model": cfg.d_model,
-        "encoder_layers": cfg.encoder_layers,
-        "decoder_layers": cfg.decoder_layers,
-        "encoder_attention_heads": cfg.heads,
-        "decoder_attention_heads": cfg.heads,
-        "encoder_ffn_dim": cfg.d_ff,
-        "decoder_ffn_dim": cfg.d_ff,
-        "activation_function": cfg.activation,
-        "dropout": cfg.dropout,
-        "attention_dropout": cfg.attention_dropout,
-        "activation_dropout": cfg.activation_dropout,
-        "encoder_layerdrop": 0.0,  # tmt trains without LayerDrop
-        "decoder_layerdrop": 0.0,
+        **shape_fields(cfg),
         "max_position_embeddings": cfg.max_positions,
         "scale_embedding": True,
         "tie_word_embeddings": True,

@@ -167,12 +167,10 @@ def model_config_from_marian(config: dict[str, Any], *, unk_id: int, source: str
     return MarianShape(model, src_vocab, tgt_vocab)
 
 
-def marian_config(cfg: ModelConfig, *, src_vocab_size: int, tgt_vocab_size: int) -> dict[str, Any]:
-    """The ``config.json`` of a MarianMT model equal to ``cfg`` (:func:`marian_refusal` must have passed)."""
-    shared = cfg.share_all_embeddings
+def shape_fields(cfg: ModelConfig) -> dict[str, Any]:
+    """The ``config.json`` fields MarianMT and M2M100 (both of BART's family) write alike: the sizes, the activation,
+    the dropouts, and no LayerDrop (tmt trains without it)."""
     return {
-        "architectures": ["MarianMTModel"],
-        "model_type": "marian",
         "d_model": cfg.d_model,
         "encoder_layers": cfg.encoder_layers,
         "decoder_layers": cfg.decoder_layers,
@@ -186,6 +184,16 @@ def marian_config(cfg: ModelConfig, *, src_vocab_size: int, tgt_vocab_size: int)
         "activation_dropout": cfg.activation_dropout,
         "encoder_layerdrop": 0.0,
         "decoder_layerdrop": 0.0,
+    }
+
+
+def marian_config(cfg: ModelConfig, *, src_vocab_size: int, tgt_vocab_size: int) -> dict[str, Any]:
+    """The ``config.json`` of a MarianMT model equal to ``cfg`` (:func:`marian_refusal` must have passed)."""
+    shared = cfg.share_all_embeddings
+    return {
+        "architectures": ["MarianMTModel"],
+        "model_type": "marian",
+        **shape_fields(cfg),
         "max_position_embeddings": cfg.max_positions,
         "scale_embedding": True,
         "vocab_size": src_vocab_size,
